@@ -1,0 +1,69 @@
+"""Compiling a candidate: importing it in a sandboxed child, so its module-level load_inline runs
+there, with one build directory per code hash and the compiler's full log kept.
+
+    result = build(code_path, code_hash, builds_root, timeout_s=900)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from . import sandbox
+from .records import BuildResult
+
+LOG_LIMIT = 200_000  # characters of build log kept: nvcc can print megabytes of warnings
+
+
+def build_dir_for(builds_root: Path, code_hash: str) -> Path:
+    return builds_root / code_hash
+
+
+def clear_stale_locks(build_dir: Path) -> list[Path]:
+    """torch's FileBaton leaves a `lock` file behind when a build is killed, and the next build of the
+    same extension then waits on it forever. One build per hash runs at a time (the caller ensures
+    it), so any lock found before we start is stale."""
+    removed = []
+    for lock in build_dir.rglob("lock"):
+        lock.unlink(missing_ok=True)
+        removed.append(lock)
+    return removed
+
+
+def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
+          max_jobs: int | None = None) -> BuildResult:
+    build_dir = build_dir_for(builds_root.resolve(), code_hash)
+    code_path = code_path.resolve()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    stale = clear_stale_locks(build_dir)
+    sandbox.own_for_child(build_dir)
+    env = {"TORCH_EXTENSIONS_DIR": str(build_dir), "MAX_JOBS": str(max_jobs or os.cpu_count() or 1)}
+    started = time.monotonic()
+    child = sandbox.start("pipeline.harness", ["build", str(code_path)], timeout_s, env)
+    message = child.receive()
+    code, log = child.finish()
+    seconds = time.monotonic() - started
+    if stale:
+        log = f"[kgen] removed stale lock(s) left by a killed build: {', '.join(map(str, stale))}\n" + log
+    ok = bool(message and message.get("event") == "build" and message.get("ok")) and code == 0
+    if child.timed_out:
+        log += f"\n[kgen] build killed after {timeout_s:.0f} s\n"
+    elif not ok and message is None:
+        log += f"\n[kgen] build process ended with status {code} before reporting\n"
+    elif not ok:
+        log += f"\n[kgen] {message.get('error', 'build failed')}\n"
+    if len(log) > LOG_LIMIT:
+        log = log[: LOG_LIMIT // 2] + "\n[kgen] ... log cut ...\n" + log[-LOG_LIMIT // 2:]
+    return BuildResult(code_hash=code_hash, ok=ok and not child.timed_out, timed_out=child.timed_out,
+                       log=log, seconds=seconds, build_dir=str(build_dir))
+
+
+def summary_line(result: BuildResult) -> str:
+    """The line of a build log that says what went wrong, for tables and one-line errors."""
+    lines = result.log.splitlines()
+    for marker in ("error:", "Error building extension", "[kgen]", "Error", "error"):
+        for line in lines:
+            if marker in line:
+                return line.strip()[:300]
+    return lines[-1].strip()[:300] if lines else "build failed"

@@ -1,0 +1,186 @@
+"""The config.yaml schema, and loading it with errors that name the key.
+
+    cfg = load_config("config.yaml")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message is one line naming the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class Sampling(_Strict):
+    """Sampling parameters sent with every request to a model."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    """Sampling temperature; None leaves the server's default."""
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    """Nucleus sampling mass; None leaves the server's default."""
+    max_tokens: int | None = Field(default=None, gt=0)
+    """Cap on generated tokens; None leaves the server's default."""
+    seed: int | None = None
+    """Server-side sampling seed, where the server supports one."""
+
+
+class Price(_Strict):
+    """Dollars per million tokens, for the cost column."""
+
+    input_per_mtok: float = Field(default=0.0, ge=0)
+    """Price of a million prompt tokens."""
+    output_per_mtok: float = Field(default=0.0, ge=0)
+    """Price of a million completion tokens."""
+
+
+class ModelConfig(_Strict):
+    """One model to ask."""
+
+    name: str = Field(min_length=1)
+    """Our name for this model; it labels attempts."""
+    provider: Literal["openai", "replay"]
+    """openai: any OpenAI-compatible endpoint. replay: recorded completions from a JSONL file."""
+    model: str = ""
+    """The model id sent to the server (openai provider)."""
+    base_url: str | None = None
+    """Endpoint for the openai provider (OpenAI, vLLM, SGLang, llama.cpp, Ollama...)."""
+    api_key_env: str | None = None
+    """Name of the environment variable that holds the key; the key itself never goes in the config."""
+    replay_file: str | None = None
+    """JSONL of recorded completions keyed by task and backend (replay provider)."""
+    sampling: Sampling = Field(default_factory=Sampling)
+    """Sampling parameters."""
+    max_concurrency: int = Field(default=4, ge=1, le=512)
+    """Requests in flight at once against this endpoint."""
+    max_retries: int = Field(default=5, ge=0, le=20)
+    """Retries the openai SDK makes, with backoff, on 408/409/429/5xx and connection errors."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """Timeout of one request."""
+    price: Price = Field(default_factory=Price)
+    """Token prices for cost accounting."""
+
+    @model_validator(mode="after")
+    def _provider_fields(self) -> "ModelConfig":
+        if self.provider == "openai" and not self.model:
+            raise ValueError("provider openai needs 'model' (the model id)")
+        if self.provider == "replay" and not self.replay_file:
+            raise ValueError("provider replay needs 'replay_file'")
+        return self
+
+
+class TaskSelection(_Strict):
+    """Which reference tasks to run, and at what size."""
+
+    names: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    """Task names (file stems) or glob patterns over them."""
+    size: str | dict[str, Any] = "default"
+    """A size preset the task declares (small, default, ...) or a mapping of module globals to override."""
+    directory: str = "reference_tasks"
+    """Folder of task files, relative to the config file."""
+
+
+class EvalConfig(_Strict):
+    """How candidates are checked and timed."""
+
+    trials: int = Field(default=5, ge=1, le=100)
+    """Correctness trials with fresh random inputs."""
+    tolerance: float = Field(default=1e-4, gt=0, lt=1)
+    """Default relative tolerance for float32 (a task may declare its own)."""
+    timed_calls: int = Field(default=30, ge=3, le=10000)
+    """Timed calls after warm-up; the median is recorded."""
+    warmup_calls: int = Field(default=5, ge=1, le=1000)
+    """Untimed calls before timing."""
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Wall-clock limit of one evaluation child, after which its process group is killed."""
+    build_timeout_s: float = Field(default=900.0, gt=0)
+    """Wall-clock limit of one build."""
+    memory_limit_gb: float = Field(default=16.0, gt=0)
+    """Address-space limit of a cpu-backend child."""
+    compile_baseline: bool = True
+    """Also time torch.compile of the reference."""
+    check_shapes: bool = True
+    """Also check the candidate at the task's other sizes, to flag shape-specialized kernels."""
+    profile: bool = True
+    """Profile one call to flag kernels whose time goes to PyTorch's own ops."""
+    floor_slack: float = Field(default=0.85, gt=0, le=1)
+    """A time below floor x this is rejected as impossible_timing."""
+
+
+class Config(_Strict):
+    """The whole config.yaml."""
+
+    models: list[ModelConfig] = Field(min_length=1)
+    """Models to ask."""
+    tasks: TaskSelection = Field(default_factory=TaskSelection)
+    """Which tasks, at which size."""
+    prompt_template: str = "one_shot.j2"
+    """A template file in prompts/."""
+    samples: int = Field(default=1, ge=1, le=1000)
+    """Completions asked per task and model."""
+    backend: Literal["cuda", "cpu", "auto"] = "auto"
+    """cuda, cpu, or auto (cuda where a GPU is visible, else cpu)."""
+    database: str = "db/kgen.db"
+    """The SQLite store, relative to the config file."""
+    generated_dir: str = "generated"
+    """Where extracted code is saved by content hash."""
+    build_dir: str = "builds"
+    """Where per-hash build directories live."""
+    evaluation: EvalConfig = Field(default_factory=EvalConfig)
+    """Checking and timing."""
+    build_workers: int = Field(default=0, ge=0, le=256)
+    """Parallel builds; 0 sizes the pool to the machine's cores and memory."""
+
+    base_dir: Path = Field(default=Path("."), exclude=True)
+    """Folder of the config file; relative paths resolve against it."""
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelConfig]) -> list[ModelConfig]:
+        names = [m.name for m in models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"model names must be unique, repeated: {', '.join(dupes)}")
+        return models
+
+    def path(self, value: str) -> Path:
+        p = Path(value)
+        return p if p.is_absolute() else self.base_dir / p
+
+
+def _loc(err: dict[str, Any]) -> str:
+    return ".".join(str(part) for part in err["loc"]) or "(top level)"
+
+
+def parse_config(data: Any, base_dir: Path, source: str = "config") -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{source}: {_loc(err)}: {msg}") from None
+    cfg.base_dir = base_dir
+    return cfg
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse_config(data, path.resolve().parent, str(path))

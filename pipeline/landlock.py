@@ -1,0 +1,74 @@
+"""Landlock: the child confines itself before it imports candidate code.
+
+After `restrict(read=[...], write=[...])` the process (and anything it starts) can read only beneath
+the read paths, write only beneath the write paths, open no TCP connection, and signal no process
+outside itself. The database lives outside every allowed path, so a candidate can neither read nor
+write it, whatever uid it runs as. Needs Linux 5.13+; on older kernels `restrict` returns False and
+the other layers (allow-listed environment, process group, uid drop) still hold.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+
+_SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446
+_PATH_BENEATH = 1
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_ALL_V1 = (1 << 13) - 1  # execute .. make_sym
+_REFER, _TRUNCATE, _IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_NET_BIND_TCP, _NET_CONNECT_TCP = 1, 2
+_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1, 2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def abi_version() -> int:
+    version = _libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return int(version) if version > 0 else 0
+
+
+def restrict(read: list[str], write: list[str], devices: list[str] = ("/dev",)) -> bool:
+    abi = abi_version()
+    if abi < 1:
+        return False
+    fs = _ALL_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0) | (_IOCTL_DEV if abi >= 5 else 0)
+    net = (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0
+    scoped = (_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL) if abi >= 6 else 0
+    attr = struct.pack("QQQ", fs, net, scoped)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    buf = ctypes.create_string_buffer(attr[:size], size)
+    ruleset = _libc.syscall(_SYS_CREATE, buf, ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return False
+    reading = _EXECUTE | _READ_FILE | _READ_DIR
+    device_rights = reading | _WRITE_FILE | (_IOCTL_DEV if abi >= 5 else 0) | (_TRUNCATE if abi >= 3 else 0)
+    try:
+        for paths, rights in ((read, reading), (write, fs), (devices, device_rights)):
+            for path in paths:
+                _add(ruleset, path, rights & fs)
+        if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS, required by restrict_self
+            return False
+        return _libc.syscall(_SYS_RESTRICT, ctypes.c_int(ruleset), ctypes.c_uint32(0)) == 0
+    finally:
+        os.close(ruleset)
+
+
+def _add(ruleset: int, path: str, rights: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return  # a path that does not exist needs no rule
+    try:
+        if not os.path.isdir(path):
+            # Rights that only make sense on directories are refused for a file.
+            rights &= _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV
+        attr = struct.pack("=Qi", rights, fd)
+        buf = ctypes.create_string_buffer(attr, len(attr))
+        if _libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_PATH_BENEATH), buf,
+                         ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), f"landlock: cannot add a rule for {path}")
+    finally:
+        os.close(fd)

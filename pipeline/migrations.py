@@ -1,0 +1,187 @@
+"""The kgen database schema, as an append-only list of numbered migrations.
+
+    migrate(db)   # safe on every open; applies only what this file has not yet seen
+
+Never edit or reorder a migration that has shipped: databases in the wild have recorded
+its name as applied and will not run it again. Add a new function at the end instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import sqlite_utils
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = []
+migration = MIGRATIONS.append
+
+_APPLIED = "_kgen_migrations"
+
+
+def migrate(db: sqlite_utils.Database) -> None:
+    db[_APPLIED].create({"name": str, "applied_at": str}, pk="name", if_not_exists=True)
+    applied = {row["name"] for row in db[_APPLIED].rows}
+    for fn in MIGRATIONS:
+        if fn.__name__ in applied:
+            continue
+        # A crash mid-migration must not leave a half-built schema recorded as applied.
+        with db.atomic():
+            fn(db)
+            # ignore=True: a second process opening the same fresh file may have raced us
+            # here; every migration is written to be harmless when repeated.
+            db[_APPLIED].insert(
+                {"name": fn.__name__, "applied_at": datetime.now(timezone.utc).isoformat()},
+                ignore=True,
+            )
+
+
+def _fts(db: sqlite_utils.Database, table: str, columns: list[str]) -> None:
+    # Triggers keep the index current without the store having to remember to update it.
+    if not db[table].detect_fts():
+        db[table].enable_fts(columns, create_triggers=True)
+
+
+@migration
+def m001_initial(db: sqlite_utils.Database) -> None:
+    # Every create is if_not_exists so that a process which lost a race to migrate the
+    # same new file can run this again harmlessly.
+    db["runs"].create(
+        {
+            "id": str,
+            "started_utc": str,
+            "finished_utc": str,
+            "config_json": str,
+            "plan_json": str,
+            "status": str,
+            "backend": str,
+            "device": str,
+            "torch_version": str,
+            "cuda_version": str,
+            "note": str,
+        },
+        pk="id",
+        not_null=["started_utc", "status"],
+        if_not_exists=True,
+    )
+
+    db["tasks"].create(
+        {"id": str, "name": str, "source_sha": str, "source": str, "path": str},
+        pk="id",
+        not_null=["name", "source_sha", "source"],
+        if_not_exists=True,
+    )
+
+    db["prompts"].create(
+        {"id": str, "task_id": str, "template": str, "backend": str, "text": str},
+        pk="id",
+        not_null=["text"],
+        if_not_exists=True,
+    )
+
+    db["completions"].create(
+        {
+            "id": str,
+            "run_id": str,
+            "task_id": str,
+            "prompt_id": str,
+            "model": str,
+            "provider": str,
+            "model_id": str,
+            "base_url": str,
+            "sample": int,
+            "cache_key": str,
+            "text": str,
+            "reasoning": str,
+            "prompt_tokens": int,
+            "completion_tokens": int,
+            "reasoning_tokens": int,
+            "cost_usd": float,
+            "finish_reason": str,
+            "seconds": float,
+            "error": str,
+            "created_utc": str,
+        },
+        pk="id",
+        not_null=["created_utc"],
+        if_not_exists=True,
+    )
+    db["completions"].create_index(["cache_key"], if_not_exists=True)
+    _fts(db, "completions", ["text", "reasoning"])
+
+    db["builds"].create(
+        {
+            "code_hash": str,
+            "ok": int,
+            "timed_out": int,
+            "log": str,
+            "seconds": float,
+            "build_dir": str,
+            "backend": str,
+            "torch_version": str,
+            "created_utc": str,
+        },
+        pk="code_hash",
+        not_null=["ok", "timed_out"],
+        if_not_exists=True,
+    )
+    _fts(db, "builds", ["log"])
+
+    db["attempts"].create(
+        {
+            "id": str,
+            "run_id": str,
+            "task_id": str,
+            "task": str,
+            "model": str,
+            "sample": int,
+            "backend": str,
+            "template": str,
+            "completion_id": str,
+            "code_hash": str,
+            "verdict": str,
+            "flags": str,
+            "error": str,
+            "detail": str,
+            "time_ms": float,
+            "eager_ms": float,
+            "compile_ms": float,
+            "floor_ms": float,
+            "speedup_eager": float,
+            "speedup_compile": float,
+            "floor_fraction": float,
+            "result_json": str,
+            "device": str,
+            "torch_version": str,
+            "cuda_version": str,
+            "size": str,
+            "created_utc": str,
+        },
+        pk="id",
+        not_null=["run_id", "task", "model", "sample", "backend", "template", "verdict"],
+        if_not_exists=True,
+    )
+    # One row per attempt slot: re-evaluating a slot replaces it, so counts stay honest.
+    db["attempts"].create_index(
+        ["run_id", "task", "model", "template", "sample", "backend"],
+        index_name="attempts_slot",
+        unique=True,
+        if_not_exists=True,
+    )
+    db["attempts"].create_index(["verdict"], if_not_exists=True)
+    db["attempts"].create_index(["task"], if_not_exists=True)
+
+    db["baselines"].create(
+        {
+            "key": str,
+            "task": str,
+            "size": str,
+            "device": str,
+            "torch_version": str,
+            "result_json": str,
+            "created_utc": str,
+        },
+        pk="key",
+        not_null=["result_json"],
+        if_not_exists=True,
+    )

@@ -1,0 +1,228 @@
+"""Typed records that cross a stage or process boundary.
+
+Each stage takes and returns these, so a stage can be run, tested and stored on its own.
+Nothing here imports the rest of the package.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Backend = Literal["cuda", "cpu"]
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class Verdict(str, enum.Enum):
+    """The fixed set of outcomes an attempt can end in."""
+
+    extract_failed = "extract_failed"
+    build_failed = "build_failed"
+    build_timeout = "build_timeout"
+    load_failed = "load_failed"
+    runtime_error = "runtime_error"
+    timeout = "timeout"
+    crashed = "crashed"
+    wrong_type = "wrong_type"
+    wrong_shape = "wrong_shape"
+    wrong_dtype = "wrong_dtype"
+    non_finite = "non_finite"
+    mismatch = "mismatch"
+    inputs_mutated = "inputs_mutated"
+    nondeterministic = "nondeterministic"
+    impossible_timing = "impossible_timing"
+    correct = "correct"
+    waiting_gpu = "waiting_gpu"
+    model_error = "model_error"
+
+    @property
+    def failed_before_running(self) -> bool:
+        return self in {Verdict.extract_failed, Verdict.build_failed, Verdict.build_timeout,
+                        Verdict.model_error}
+
+
+class Flag(str, enum.Enum):
+    """Marks stored beside a correct verdict."""
+
+    no_custom_kernel = "no_custom_kernel"
+    shape_specialized = "shape_specialized"
+
+
+class Usage(Record):
+    prompt_tokens: int = 0
+    """Tokens in the prompt, as the server reported them."""
+    completion_tokens: int = 0
+    """Tokens generated, reasoning included."""
+    reasoning_tokens: int = 0
+    """Tokens the server says were spent on hidden reasoning (0 where not reported)."""
+
+
+class Completion(Record):
+    """What a model answered for one prompt."""
+
+    text: str = ""
+    """The answer's visible content."""
+    reasoning: str | None = None
+    """Reasoning text, where the server returns it separately."""
+    usage: Usage = Field(default_factory=Usage)
+    """Token counts for this call."""
+    model_id: str = ""
+    """The model id the server answered as."""
+    finish_reason: str | None = None
+    """Why generation stopped (stop, length, ...)."""
+    seconds: float = 0.0
+    """Wall time of the call."""
+    error: str | None = None
+    """Set when the call failed; the text is then empty."""
+
+
+class Extraction(Record):
+    """The ModelNew code pulled out of a completion."""
+
+    code: str | None = None
+    """The final fenced block that defines ModelNew, or None."""
+    code_hash: str | None = None
+    """sha256 of the code (first 16 hex digits), which names its file and build directory."""
+    error: str | None = None
+    """Why nothing could be extracted."""
+    blocks_seen: int = 0
+    """How many fenced blocks the completion held."""
+
+
+class BuildResult(Record):
+    """The outcome of compiling one candidate (running its module-level load_inline)."""
+
+    code_hash: str
+    """Which code was built."""
+    ok: bool
+    """True when the module imported and every extension compiled."""
+    timed_out: bool = False
+    """True when the build ran past its limit and was killed."""
+    log: str = ""
+    """The compiler's and the import's full output."""
+    seconds: float = 0.0
+    """Wall time of the build."""
+    build_dir: str = ""
+    """The per-hash directory the extension lives in."""
+    cached: bool = False
+    """True when a previous successful build of the same hash was reused."""
+
+
+class TrialResult(Record):
+    """One correctness trial of a candidate against the float64 reference."""
+
+    index: int
+    """Trial number, in order."""
+    variant: str
+    """Which input family was used (base, scaled, heavy, needle, alt_shape...)."""
+    ok: bool
+    """True when every check of this trial passed."""
+    verdict: Verdict | None = None
+    """The failing check's verdict; None when ok."""
+    error: str | None = None
+    """What went wrong, in one line."""
+    max_abs_err: float | None = None
+    """Largest absolute difference from the reference."""
+    max_rel_err: float | None = None
+    """Largest difference relative to the reference's magnitude."""
+
+
+class Timing(Record):
+    """Timing statistics of one callable, in milliseconds."""
+
+    median_ms: float
+    """Median over the timed calls."""
+    p25_ms: float
+    """25th percentile."""
+    p75_ms: float
+    """75th percentile."""
+    n: int
+    """Number of timed calls."""
+
+
+class Baselines(Record):
+    """Reference timings measured on the same device in the same run."""
+
+    eager: Timing | None = None
+    """The reference Model, as written, in float32."""
+    compiled: Timing | None = None
+    """torch.compile of the reference Model."""
+    floor_ms: float | None = None
+    """Bytes every input must be read, over the measured device bandwidth."""
+    bandwidth_gbs: float | None = None
+    """The measured device bandwidth (read plus write bytes of a large copy, per second)."""
+    input_bytes: int = 0
+    """Bytes of all inputs at the timed size."""
+
+
+class EvalResult(Record):
+    """The parent's verdict on one candidate."""
+
+    verdict: Verdict
+    """The outcome."""
+    flags: list[Flag] = Field(default_factory=list)
+    """Marks beside a correct verdict."""
+    error: str | None = None
+    """One-line reason for a failure."""
+    detail: str | None = None
+    """Longer text: a traceback or the child's last output."""
+    trials: list[TrialResult] = Field(default_factory=list)
+    """Per-trial outcomes."""
+    timing: Timing | None = None
+    """The candidate's timing, when it was correct."""
+    baselines: Baselines | None = None
+    """Eager, compile and floor on the same device."""
+    wall_ms_per_call: float | None = None
+    """The parent's own clock over a block of calls, divided by the count: an upper bound."""
+    device: str = ""
+    """Device name the attempt ran on."""
+    torch_version: str = ""
+    cuda_version: str | None = None
+    eval_seconds: float = 0.0
+    """Wall time of the whole evaluation, build excluded."""
+
+    @property
+    def time_ms(self) -> float | None:
+        return self.timing.median_ms if self.timing else None
+
+    def _ratio(self, base: Timing | None) -> float | None:
+        if self.timing is None or base is None or self.timing.median_ms <= 0:
+            return None
+        return base.median_ms / self.timing.median_ms
+
+    @property
+    def speedup_eager(self) -> float | None:
+        return self._ratio(self.baselines.eager if self.baselines else None)
+
+    @property
+    def speedup_compile(self) -> float | None:
+        return self._ratio(self.baselines.compiled if self.baselines else None)
+
+    @property
+    def floor_fraction(self) -> float | None:
+        """Floor time over our time: 1.0 means the kernel runs at the bandwidth floor."""
+        if self.timing is None or not self.baselines or not self.baselines.floor_ms:
+            return None
+        return self.baselines.floor_ms / self.timing.median_ms
+
+
+def summary_fields(result: EvalResult) -> dict[str, Any]:
+    """The flat numbers stored in an attempt row."""
+    b = result.baselines
+    return {
+        "verdict": result.verdict.value,
+        "flags": ",".join(f.value for f in result.flags),
+        "error": result.error,
+        "time_ms": result.time_ms,
+        "eager_ms": b.eager.median_ms if b and b.eager else None,
+        "compile_ms": b.compiled.median_ms if b and b.compiled else None,
+        "floor_ms": b.floor_ms if b else None,
+        "speedup_eager": result.speedup_eager,
+        "speedup_compile": result.speedup_compile,
+        "floor_fraction": result.floor_fraction,
+    }

@@ -1,0 +1,135 @@
+"""The reference process: expected outputs in float64 and baseline timings, in a process that never
+imported candidate code, so a candidate that patches torch cannot move them.
+
+    python -m pipeline.reference --result-fd N      (the job arrives as one JSON line on stdin)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import tasks, wire
+from .timing import Clock, measure_bandwidth, summarize
+
+
+def _as64(inputs: list[Any]) -> list[Any]:
+    return [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    diff = (a.double() - b.double()).abs().max().item()
+    return diff / max(b.double().abs().max().item(), 1e-30)
+
+
+class Reference:
+    def __init__(self, job: dict[str, Any]):
+        self.job = job
+        self.device = job["device"]
+        self.task = tasks.load_file(Path(job["task_path"]))
+        self.models: dict[str, tuple[Any, Any]] = {}
+
+    def models_for(self, size: str):
+        """(task module, float32 model, float64 model) at a size, built under the shared init seed."""
+        key = json.dumps(size, sort_keys=True)
+        if key not in self.models:
+            module = tasks.load_module(self.task, size)
+            m32 = tasks.make_model(module, module.Model, self.job["init_seed"], self.device)
+            m64 = tasks.make_model(module, module.Model, self.job["init_seed"], self.device)
+            if isinstance(m64, torch.nn.Module):
+                m64 = m64.double()
+            self.models[key] = (module, m32, m64)
+        return self.models[key]
+
+    def expected(self, size: str, seed: int, variant: str) -> dict[str, Any]:
+        module, m32, m64 = self.models_for(size)
+        inputs = tasks.make_inputs(module, seed, variant, self.device)
+        with torch.no_grad():
+            ref = m64(*_as64(inputs))
+            desc = wire.describe(ref, self.job["sample_seed"])
+            out32 = m32(*inputs)
+            # How far PyTorch's own float32 lands from float64 here: evidence for the tolerance.
+            desc["fp32_rel_err"] = _rel_err(out32, ref) if isinstance(out32, torch.Tensor) else None
+            desc["ref_dtype"] = str(out32.dtype).removeprefix("torch.") if isinstance(out32, torch.Tensor) else None
+        return desc
+
+    def baselines(self, send) -> None:
+        job = self.job
+        module, m32, _ = self.models_for(job["size"])
+        clock = Clock(self.device)
+        seeds = job["timed"]
+        inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
+        result: dict[str, Any] = {"event": "baselines", "input_bytes": tasks.input_bytes(inputs)}
+        result["eager"] = self._time(m32, module, seeds, clock, job["warmup"])
+        if job.get("compile_baseline"):
+            try:
+                compiled = torch.compile(m32)
+                result["compiled"] = self._time(compiled, module, seeds, clock, job["warmup"] + 2)
+            except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
+                result["compile_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        bandwidth = measure_bandwidth(self.device)
+        result["bandwidth_gbs"] = bandwidth
+        result["floor_ms"] = result["input_bytes"] / (bandwidth * 1e9) * 1e3
+        send(result)
+
+    def _time(self, model, module, seeds: list[int], clock: Clock, warmup: int) -> dict[str, float]:
+        inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
+        times = []
+        with torch.no_grad():
+            for _ in range(warmup):
+                model(*inputs)
+            for seed in seeds:
+                fresh = tasks.make_inputs(module, seed, "base", self.device)
+                for dst, src in zip(inputs, fresh):
+                    if isinstance(dst, torch.Tensor) and dst.shape == src.shape:
+                        dst.copy_(src)
+                del fresh
+                ms, _ = clock.time_call(lambda: model(*inputs))
+                times.append(ms)
+        return summarize(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pipeline.reference")
+    parser.add_argument("--result-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    fd = args.result_fd
+    job = json.loads(sys.stdin.readline())
+    if job["device"].startswith("cuda"):
+        torch.cuda.init()
+
+    def send(message: dict[str, Any]) -> None:
+        wire.send(fd, message)
+
+    ref = Reference(job)
+    env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else _cpu_name(),
+           "torch_version": torch.__version__, "cuda_version": torch.version.cuda}
+    send({"event": "ready", **env})
+    job.update(json.loads(sys.stdin.readline()))  # the parent says whether baselines are cached
+    for spec in job["trials"]:
+        send({"event": "expected", "index": spec["index"], **ref.expected(spec["size"], spec["seed"], spec["variant"])})
+    for i, seed in enumerate(job["timed"]):
+        send({"event": "expected_timed", "index": i, **ref.expected(job["size"], seed, "base")})
+    if job.get("baselines"):
+        ref.baselines(send)
+    send({"event": "done"})
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

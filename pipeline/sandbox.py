@@ -1,0 +1,141 @@
+"""Starting a child process that may run hostile code.
+
+The child gets: a fresh process group (so a timeout kills everything it spawned), an environment
+built from an allow-list (no API keys, tokens or database paths), its own temporary working
+directory as HOME and TMPDIR, and, when we run as root, an unprivileged uid so it can neither
+read nor write the database. Resource limits are applied by the child itself first thing
+(pipeline.harness.apply_limits), before any candidate code is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import wire
+
+# Variables a compiler, CUDA or torch needs; everything else (keys, tokens, KGEN_*, proxies) stays out.
+ENV_ALLOW = (
+    "PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
+    "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "NVCC_APPEND_FLAGS",
+)
+UNPRIVILEGED_UID = 65534  # nobody
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def child_env(extra: dict[str, str] | None = None, home: str = "/tmp") -> dict[str, str]:
+    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    env.update(HOME=home, TMPDIR=home, PYTHONPATH=PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1",
+               PYTHONUNBUFFERED="1", PYTHONNOUSERSITE="1")
+    env.update(extra or {})
+    return env
+
+
+@functools.cache
+def drop_privileges() -> bool:
+    """Run children as nobody when we are root, the user did not opt out, and nobody can run our
+    Python at all (a Python under /root, mode 0700, cannot be); otherwise children keep our uid and
+    rely on Landlock and the environment allow-list."""
+    if os.geteuid() != 0 or os.environ.get("KGEN_SANDBOX_UID", "nobody") == "same":
+        return False
+    try:
+        probe = subprocess.run([sys.executable, "-s", "-c", "import torch, pipeline.harness"],
+                               env=child_env(), cwd="/", user=UNPRIVILEGED_UID, group=UNPRIVILEGED_UID,
+                               extra_groups=[], capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
+
+
+def own_for_child(path: Path) -> None:
+    """Hand a directory the child must write (its tmp dir, a build dir) to the child's uid."""
+    if drop_privileges():
+        for p in [path, *path.rglob("*")]:
+            os.chown(p, UNPRIVILEGED_UID, UNPRIVILEGED_UID, follow_symlinks=False)
+
+
+@dataclass
+class Child:
+    """A running sandboxed child with a command pipe (its stdin) and a result pipe."""
+
+    proc: subprocess.Popen
+    reader: wire.LineReader
+    log_path: Path
+    workdir: Path
+    started: float
+    deadline: float
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    timed_out: bool = False
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            wire.send(self.proc.stdin.fileno(), message)
+        except (BrokenPipeError, OSError):
+            pass  # the child died; its exit status tells the story
+
+    def receive(self) -> dict[str, Any] | None:
+        """The next message, or None when the child closed the pipe or ran out of time."""
+        try:
+            msg = self.reader.read(self.deadline - time.monotonic())
+        except TimeoutError:
+            self.timed_out = True
+            self.kill()
+            return None
+        if msg is not None:
+            msg["_at"] = time.monotonic()
+            self.messages.append(msg)
+        return msg
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def finish(self, grace: float = 10.0) -> tuple[int, str]:
+        """Wait for exit (killing the group at the deadline), then return (returncode, log)."""
+        try:
+            self.proc.wait(timeout=max(0.1, min(grace, self.deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            self.timed_out = True
+        self.kill()  # stragglers it forked or left behind
+        code = self.proc.wait()
+        os.close(self.reader.fd)
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        return code, log
+
+
+def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str] | None = None) -> Child:
+    """Start `python -m module args...` sandboxed; messages come back on a pipe named by fd number."""
+    workdir = Path(tempfile.mkdtemp(prefix="kgen-child-"))
+    log_path = workdir / "output.log"
+    log = open(log_path, "wb")
+    read_fd, write_fd = os.pipe()
+    os.set_inheritable(read_fd, False)
+    env = child_env(extra_env, home=str(workdir))
+    own_for_child(workdir)
+    kwargs: dict[str, Any] = {}
+    if drop_privileges():
+        kwargs.update(user=UNPRIVILEGED_UID, group=UNPRIVILEGED_UID, extra_groups=[])
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-s", "-m", module, "--result-fd", str(write_fd), *args],
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env,
+            pass_fds=(write_fd,), start_new_session=True, close_fds=True, **kwargs)
+    finally:
+        os.close(write_fd)
+        log.close()
+    now = time.monotonic()
+    return Child(proc, wire.LineReader(read_fd), log_path, workdir, now, now + timeout)

@@ -1,0 +1,218 @@
+"""Reference tasks in KernelBench's file contract, their sizes and input domains, and inputs from a seed.
+
+A task file defines `Model`, `get_inputs()` and `get_init_inputs()`. Two optional globals are ours:
+`KGEN_SIZES` (named presets of module globals, e.g. "small") and `KGEN_DOMAINS` (the valid domain of
+each input). A KernelBench file without them runs unchanged at its own size with its own input
+distribution, re-seeded per trial.
+
+This module is imported by the sandboxed harness, so it must not import store, config or llm.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import math
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_SIZE = "default"
+VARIANTS = ("base", "scaled", "heavy", "needle")
+
+
+class TaskError(ValueError):
+    """A task file that cannot be used; the message names the file."""
+
+
+@dataclass(frozen=True)
+class TaskFile:
+    name: str
+    path: Path
+    source: str
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+
+def discover(directory: Path, patterns: list[str]) -> list[TaskFile]:
+    """Task files in `directory` whose stem matches any pattern, in pattern order then name order."""
+    if not directory.is_dir():
+        raise TaskError(f"{directory}: no such task folder")
+    directory = directory.resolve()  # children run elsewhere
+    files = sorted(p for p in directory.glob("*.py") if not p.name.startswith("_"))
+    chosen: list[Path] = []
+    for pattern in patterns:
+        hits = [p for p in files if fnmatch.fnmatchcase(p.stem, pattern)]
+        if not hits:
+            known = ", ".join(p.stem for p in files) or "none"
+            raise TaskError(f"tasks: '{pattern}' matches no file in {directory} (have: {known})")
+        chosen += [p for p in hits if p not in chosen]
+    return [TaskFile(p.stem, p, p.read_text()) for p in chosen]
+
+
+def load_file(path: Path) -> TaskFile:
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise TaskError(f"{path}: no such task file")
+    return TaskFile(path.stem, path, path.read_text())
+
+
+def load_module(task: TaskFile, size: str | dict[str, Any] = DEFAULT_SIZE) -> types.ModuleType:
+    """Execute the task's source in a fresh module, with the chosen size's globals applied."""
+    module = types.ModuleType(f"kgen_task_{task.name}")
+    module.__file__ = str(task.path)
+    try:
+        exec(compile(task.source, str(task.path), "exec"), module.__dict__)
+    except Exception as exc:  # a task file is user input: report it, naming the file
+        raise TaskError(f"{task.path}: fails to load: {type(exc).__name__}: {exc}") from exc
+    for needed in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(module, needed):
+            raise TaskError(f"{task.path}: missing {needed} (KernelBench contract)")
+    module.__dict__.update(resolve_size(module, size))
+    return module
+
+
+def size_presets(module: types.ModuleType) -> dict[str, dict[str, Any]]:
+    presets = getattr(module, "KGEN_SIZES", None) or {}
+    return {DEFAULT_SIZE: {}, **presets}
+
+
+def resolve_size(module: types.ModuleType, size: str | dict[str, Any]) -> dict[str, Any]:
+    """The globals to override for a size; an unknown preset name falls back to the file's own size."""
+    if isinstance(size, dict):
+        return dict(size)
+    return dict(size_presets(module).get(size, {}))
+
+
+def effective_size(module: types.ModuleType, size: str | dict[str, Any]) -> str:
+    """The name under which a size is recorded."""
+    if isinstance(size, dict):
+        return ",".join(f"{k}={v}" for k, v in sorted(size.items()))
+    return size if size in size_presets(module) else DEFAULT_SIZE
+
+
+def other_sizes(module: types.ModuleType, size: str | dict[str, Any]) -> list[str]:
+    """Declared presets to check shape-generality against: all but the chosen one and the (huge) default."""
+    chosen = effective_size(module, size)
+    return [s for s in size_presets(module) if s not in (chosen, DEFAULT_SIZE)]
+
+
+def domains(module: types.ModuleType, count: int) -> list[str]:
+    declared = list(getattr(module, "KGEN_DOMAINS", None) or [])
+    return (declared + ["fixed"] * count)[:count]
+
+
+def tolerance(module: types.ModuleType, default: float) -> float:
+    return float(getattr(module, "KGEN_TOLERANCE", default))
+
+
+def make_model(module: types.ModuleType, cls: type, init_seed: int, device: str) -> torch.nn.Module:
+    """Build Model or ModelNew the way KernelBench does: same seed before construction, so weights match."""
+    torch.manual_seed(init_seed)
+    init = module.get_init_inputs()
+    torch.manual_seed(init_seed)
+    model = cls(*init)
+    return model.to(device) if isinstance(model, torch.nn.Module) else model
+
+
+def make_inputs(module: types.ModuleType, seed: int, variant: str, device: str) -> list[Any]:
+    """Inputs for one trial: the file's own get_inputs() under `seed`, then reshaped into `variant`
+    within each input's declared domain. Deterministic for a given seed, device and torch version,
+    so the reference process and the candidate's process see bitwise-identical inputs."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown input variant {variant!r}")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        raw = list(module.get_inputs())
+    raw = [x.to(device) if isinstance(x, torch.Tensor) else x for x in raw]
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed + 0x9E3779B9)
+    out = []
+    for x, domain in zip(raw, domains(module, len(raw))):
+        if isinstance(x, torch.Tensor):
+            x = _shape_to_domain(x, domain, variant, gen, module)
+        out.append(x)
+    return out
+
+
+def input_bytes(inputs: list[Any]) -> int:
+    return sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+
+
+def _uniform(gen: torch.Generator, lo: float, hi: float) -> float:
+    return lo + (hi - lo) * torch.rand((), generator=gen, device=gen.device).item()
+
+
+def _randn(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
+
+
+def _real(x: torch.Tensor, variant: str, gen: torch.Generator) -> torch.Tensor:
+    """A real-valued input with a random scale and offset per trial, so the answer moves by far more
+    than the tolerance between trials and a constant or closed-form guess cannot pass."""
+    if variant == "base" or not x.is_floating_point() or x.numel() == 0:
+        return x
+    scale = math.exp(_uniform(gen, -2.0, 2.0))
+    offset = _uniform(gen, -2.0, 2.0)
+    if variant == "heavy":
+        # A lognormal scale mixture of normals: heavy tails that a sampled estimate gets wrong.
+        y = _randn(x, gen) * torch.exp(_randn(x, gen)) * scale + offset
+    else:
+        y = x * scale + offset
+    if variant in ("scaled", "heavy") and x.dim() >= 2:
+        rows = torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), generator=gen, device=x.device)
+        y = y * (0.25 + 3.75 * rows.to(x.dtype))
+    if variant == "needle":
+        # Rare large values at random places: a kernel that skips part of the input misses them.
+        flat = y.reshape(-1)
+        k = max(1, flat.numel() // 4096)
+        idx = torch.randint(0, flat.numel(), (k,), generator=gen, device=x.device)
+        sign = torch.randint(0, 2, (k,), generator=gen, device=x.device).to(x.dtype) * 2 - 1
+        mag = 20 + 80 * torch.rand((k,), generator=gen, device=x.device).to(x.dtype)
+        flat[idx] = offset + sign * mag * (scale + abs(offset))
+        y = flat.reshape(x.shape)
+    return y.to(x.dtype).contiguous()
+
+
+def _shape_to_domain(x: torch.Tensor, domain: str, variant: str, gen: torch.Generator,
+                     module: types.ModuleType) -> torch.Tensor:
+    kind, _, arg = domain.partition(":")
+    if kind == "fixed" or variant == "base":
+        return x
+    if kind == "real":
+        return _real(x, variant, gen)
+    if kind == "positive":
+        return _real(x, variant, gen).abs() + 1e-3
+    if kind == "simplex":
+        dim = int(arg or -1)
+        # Logits with a random temperature; spread stays under ~60 so softmax never underflows to 0
+        # in float32 (log(0) would make the reference itself infinite).
+        temp = math.exp(_uniform(gen, -2.0, 1.5))
+        logits = _randn(x, gen) * temp
+        if variant == "heavy":
+            logits = logits * torch.exp(_randn(x, gen).clamp(max=1.5))
+        if variant == "needle":
+            flat = logits.reshape(-1)
+            k = max(1, flat.numel() // 4096)
+            idx = torch.randint(0, flat.numel(), (k,), generator=gen, device=x.device)
+            flat[idx] += _uniform(gen, 8.0, 15.0)
+            logits = flat.reshape(x.shape)
+        return logits.clamp(-30, 30).softmax(dim=dim).to(x.dtype).contiguous()
+    if kind == "index":
+        high = int(getattr(module, arg)) if arg and not arg.isdigit() else int(arg or (int(x.max()) + 1))
+        if variant == "heavy":
+            # Targets concentrated on a few classes.
+            few = torch.randint(0, high, (4,), generator=gen, device=x.device)
+            pick = torch.randint(0, 4, x.shape, generator=gen, device=x.device)
+            return few[pick].to(x.dtype)
+        return torch.randint(0, high, x.shape, generator=gen, device=x.device, dtype=x.dtype)
+    if kind == "sign":
+        p = _uniform(gen, 0.1, 0.9)
+        bits = torch.rand(x.shape, generator=gen, device=x.device) < p
+        return (bits.to(x.dtype) * 2 - 1).contiguous()
+    raise TaskError(f"unknown input domain {domain!r} (known: real, positive, simplex:D, index:N, sign, fixed)")

@@ -1,0 +1,125 @@
+"""Clocks for timing a callable the same way in the reference process and in the candidate's child.
+
+`Clock` takes its own references to every timing function when it is built, which the harness does
+before importing the candidate, so a candidate that patches torch.cuda.Event, synchronize or
+time.perf_counter changes nothing we call. Each timed call ends only when the whole device is idle
+(work on side streams counts), and caches are flushed before it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+L2_FLUSH_BYTES = 256 << 20  # twice the largest L2 of current parts
+CPU_FLUSH_BYTES = 64 << 20  # past a server CPU's last-level cache share
+
+
+class Clock:
+    def __init__(self, device: str):
+        self.device = device
+        self.cuda = device.startswith("cuda")
+        self._ns = time.perf_counter_ns
+        if self.cuda:
+            self._event = torch.cuda.Event
+            self._record = torch.cuda.Event.record
+            self._elapsed = torch.cuda.Event.elapsed_time
+            self._sync = torch.cuda.synchronize
+            self._reset_l2 = _persisting_l2_reset()
+            self._flush_buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+        else:
+            self._flush_buf = torch.empty(CPU_FLUSH_BYTES // 4, dtype=torch.float32)
+
+    def sync(self) -> None:
+        if self.cuda:
+            self._sync()
+
+    def flush(self) -> None:
+        if self.cuda and self._reset_l2 is not None:
+            self._reset_l2()
+        self._flush_buf.fill_(1.0)
+        self.sync()
+
+    def now_ns(self) -> int:
+        return self._ns()
+
+    def time_call(self, fn: Callable[[], Any]) -> tuple[float, Any]:
+        """Milliseconds of one call measured until the device is idle, and its result."""
+        self.flush()
+        if self.cuda:
+            start, end = self._event(enable_timing=True), self._event(enable_timing=True)
+            self._record(start)
+            out = fn()
+            self._sync()  # device-wide: side streams are waited for, and so counted
+            self._record(end)
+            self._sync()
+            return float(self._elapsed(start, end)), out
+        t0 = self._ns()
+        out = fn()
+        return (self._ns() - t0) / 1e6, out
+
+    def block_ms(self, fn: Callable[[], Any], calls: int) -> float:
+        """Wall milliseconds of `calls` back-to-back calls ending with a device sync."""
+        self.sync()
+        t0 = self._ns()
+        for _ in range(calls):
+            fn()
+        self.sync()
+        return (self._ns() - t0) / 1e6
+
+
+def _persisting_l2_reset() -> Callable[[], None] | None:
+    """Reset any persisting-L2 carve-out a candidate set, so lines it pinned are flushed too."""
+    try:
+        import ctypes
+
+        rt = ctypes.CDLL("libcudart.so", mode=ctypes.RTLD_LOCAL)
+    except OSError:
+        try:
+            import ctypes
+            import glob
+            import os
+
+            libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "cu*", "lib",
+                                          "libcudart.so*"))
+            libs += glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libcudart*.so*"))
+            if not libs:
+                return None
+            rt = ctypes.CDLL(libs[0], mode=ctypes.RTLD_LOCAL)
+        except OSError:
+            return None
+    set_limit, reset = rt.cudaDeviceSetLimit, rt.cudaCtxResetPersistingL2Cache
+    limit_persisting_l2 = 0x06  # cudaLimitPersistingL2CacheSize
+
+    def run() -> None:
+        set_limit(limit_persisting_l2, ctypes.c_size_t(0))
+        reset()
+
+    return run
+
+
+def summarize(times_ms: list[float]) -> dict[str, float]:
+    qs = statistics.quantiles(times_ms, n=4) if len(times_ms) >= 2 else [times_ms[0]] * 3
+    return {"median_ms": statistics.median(times_ms), "p25_ms": qs[0], "p75_ms": qs[2], "n": len(times_ms)}
+
+
+def measure_bandwidth(device: str) -> float:
+    """Device memory bandwidth in GB/s: the better of a large copy (read plus write bytes) and a
+    large read-only reduction, median of several repeats. The floor is inputs' bytes over this."""
+    clock = Clock(device)
+    numel = (1 << 30) // 4 if clock.cuda else (256 << 20) // 4
+    if clock.cuda:
+        free, _ = torch.cuda.mem_get_info()
+        numel = min(numel, int(free * 0.2) // 4)
+    src = torch.ones(numel, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    copies, reads = [], []
+    for _ in range(7):
+        ms, _ = clock.time_call(lambda: dst.copy_(src))
+        copies.append(2 * numel * 4 / (ms / 1e3) / 1e9)
+        ms, _ = clock.time_call(lambda: src.sum())
+        reads.append(numel * 4 / (ms / 1e3) / 1e9)
+    return max(statistics.median(copies), statistics.median(reads))
