@@ -185,3 +185,12 @@ def m001_initial(db: sqlite_utils.Database) -> None:
         not_null=["result_json"],
         if_not_exists=True,
     )
+
+
+@migration
+def m002_run_key(db: sqlite_utils.Database) -> None:
+    # A run is identified by what it plans (tasks, models, template, samples, backend, size), so
+    # re-running the same command finds it and does only what is missing.
+    if "key" not in db["runs"].columns_dict:
+        db["runs"].add_column("key", str)
+    db["runs"].create_index(["key"], if_not_exists=True)

@@ -198,14 +198,25 @@ class Store:
         torch_version: str,
         cuda_version: str | None,
         note: str | None = None,
+        key: str | None = None,
     ) -> str:
         run_id = new_id()
         self.db["runs"].insert(dict(
             id=run_id, started_utc=_now(), finished_utc=None, status="running",
             config_json=config_json, plan_json=plan_json, backend=backend, device=device,
-            torch_version=torch_version, cuda_version=cuda_version, note=note,
+            torch_version=torch_version, cuda_version=cuda_version, note=note, key=key,
         ))
         return run_id
+
+    @_locked
+    def find_run(self, key: str) -> str | None:
+        """The newest run with this plan key, for resuming."""
+        row = self._one("SELECT id FROM runs WHERE key = ? ORDER BY id DESC LIMIT 1", [key])
+        return row["id"] if row else None
+
+    @_locked
+    def resume_run(self, run_id: str) -> None:
+        self.db["runs"].update(run_id, {"status": "running", "finished_utc": None})
 
     @_locked
     def finish_run(self, run_id: str, status: str) -> None:

@@ -1,0 +1,246 @@
+"""kgen: generate GPU kernels with language models, and keep only the speedups that are real.
+
+    kgen run                      # the batch in config.yaml
+    kgen attempts --verdict correct --json
+    kgen show 01JF...             # prompt, completion, code, build log, verdict detail
+    kgen eval my_kernel.py --task mse --backend cpu --size small
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .config import Config, ConfigError, load_config
+from .records import EvalResult
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class KgenError(click.ClickException):
+    """A user error shown as one line, without a traceback."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"Error: {self.message}", err=True)
+
+
+def _config(path: str) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise KgenError(str(exc)) from None
+
+
+def _database(db: str | None, config: str) -> Path:
+    if db:
+        return Path(db)
+    if Path(config).is_file():
+        cfg = _config(config)
+        return cfg.path(cfg.database)
+    return Path("db/kgen.db")
+
+
+def _store(db: str | None, config: str, must_exist: bool = True):
+    from .store import Store, StoreError
+
+    path = _database(db, config)
+    if must_exist and not path.exists():
+        raise KgenError(f"{path}: no database yet (run `kgen run` first, or pass --db)")
+    try:
+        return Store.open(path)
+    except StoreError as exc:
+        raise KgenError(str(exc)) from None
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kgen")
+def main() -> None:
+    """Generate kernels with language models; build, verify and time them; keep what is real."""
+
+
+config_option = click.option("-c", "--config", default="config.yaml", show_default=True,
+                             help="The config file.")
+db_option = click.option("--db", default=None, help="The SQLite database (default: the config's).")
+
+
+@main.command()
+@config_option
+@click.option("--backend", type=click.Choice(["cuda", "cpu", "auto"]), default=None,
+              help="Override the config's backend.")
+@click.option("--new", "fresh", is_flag=True, help="Start a new run instead of resuming the same plan.")
+@click.option("--retry-errors", is_flag=True, help="Redo slots whose model call failed.")
+def run(config: str, backend: str | None, fresh: bool, retry_errors: bool) -> None:
+    """Run the batch in the config: resume it if the same plan ran before."""
+    from .llm import ProviderError
+    from .progress import Progress
+    from .run import Runner
+    from .tasks import TaskError
+
+    cfg = _config(config)
+    store = _store(None, config, must_exist=False)
+    try:
+        progress = Progress(console)
+        runner = Runner(cfg, store, backend=backend, on_event=progress.event)
+    except (ProviderError, TaskError) as exc:
+        raise KgenError(str(exc)) from None
+    with progress:
+        run_id = asyncio.run(runner.run(fresh=fresh, retry_errors=retry_errors))
+    summary_table(store, run_id, runner.backend)
+
+
+def summary_table(store, run_id: str, backend: str) -> None:
+    rows = store.attempts(run=run_id)
+    table = Table(title=f"run {run_id} ({backend})")
+    for col in ("task", "model", "attempts", "correct", "wrong", "failed", "best x eager", "best x compile",
+                "floor frac", "verdicts"):
+        table.add_column(col, justify="left" if col in ("task", "model", "verdicts") else "right")
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["model"]), []).append(r)
+    wrong = {"mismatch", "wrong_shape", "wrong_dtype", "wrong_type", "non_finite", "inputs_mutated",
+             "nondeterministic", "impossible_timing"}
+    for (task, model), rs in sorted(groups.items()):
+        correct = [r for r in rs if r["verdict"] == "correct"]
+        counts: dict[str, int] = {}
+        for r in rs:
+            counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+        best = max(correct, key=lambda r: r["speedup_eager"] or 0, default=None)
+        table.add_row(task, model, str(len(rs)), str(len(correct)),
+                      str(sum(r["verdict"] in wrong for r in rs)),
+                      str(len(rs) - len(correct) - sum(r["verdict"] in wrong for r in rs)),
+                      _fmt(best and best["speedup_eager"]), _fmt(best and best["speedup_compile"]),
+                      _fmt(best and best["floor_fraction"]),
+                      ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
+    console.print(table)
+
+
+@main.command()
+@config_option
+@db_option
+@click.option("--run", "run_id", default=None, help="Only this run (an id; 'latest' for the newest).")
+@click.option("--task", default=None, help="Only this task.")
+@click.option("--model", default=None, help="Only this model.")
+@click.option("--verdict", default=None, help="Only this verdict (correct, mismatch, build_failed, ...).")
+@click.option("--flag", default=None, help="Only attempts with this flag (no_custom_kernel, shape_specialized).")
+@click.option("-n", "--limit", type=int, default=None, help="At most this many, newest first.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def attempts(config, db, run_id, task, model, verdict, flag, limit, as_json) -> None:
+    """List stored attempts, newest first."""
+    store = _store(db, config)
+    if run_id == "latest":
+        run_id = store.latest_run_id()
+    rows = store.attempts(run=run_id, task=task, model=model, verdict=verdict, flag=flag, limit=limit)
+    keys = ("id", "run", "task", "model", "sample", "backend", "verdict", "flags", "error", "time_ms", "eager_ms",
+            "compile_ms", "floor_ms", "speedup_eager", "speedup_compile", "floor_fraction", "code_hash")
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps({k: r.get(k) for k in keys}))
+        return
+    table = Table()
+    for col in ("id", "task", "model", "sample", "backend", "verdict", "flags", "time ms", "x eager", "x compile",
+                "error"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["id"], r["task"], r["model"], str(r["sample"]), r["backend"], r["verdict"],
+                      ",".join(r["flags"]), _fmt(r["time_ms"]), _fmt(r["speedup_eager"]),
+                      _fmt(r["speedup_compile"]), (r["error"] or "")[:80])
+    console.print(table)
+
+
+@main.command()
+@click.argument("attempt_id")
+@config_option
+@db_option
+@click.option("--full", is_flag=True, help="Do not fold the reasoning or cut long logs.")
+def show(attempt_id: str, config: str, db: str | None, full: bool) -> None:
+    """Show one attempt: prompt, completion, code, build log and verdict detail."""
+    from .store import StoreError
+
+    store = _store(db, config)
+    try:
+        a = store.attempt(attempt_id)
+    except StoreError as exc:
+        raise KgenError(str(exc)) from None
+    if a is None:
+        raise KgenError(f"no attempt with id {attempt_id}")
+    generated = _generated_dir(config)
+    code = (generated / f"{a['code_hash']}.py") if a.get("code_hash") else None
+    from .show import render_attempt
+
+    render_attempt(console, a, code.read_text() if code and code.exists() else None, full)
+
+
+def _generated_dir(config: str) -> Path:
+    if Path(config).is_file():
+        cfg = _config(config)
+        return cfg.path(cfg.generated_dir)
+    return Path("generated")
+
+
+@main.command(name="eval")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--task", "task_name", required=True, help="A task name in the task folder, or a task file path.")
+@click.option("--backend", type=click.Choice(["cuda", "cpu", "auto"]), default="auto", show_default=True)
+@click.option("--size", default=None, help="A size the task declares (small, odd, default); default: the config's.")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--no-store", is_flag=True, help="Do not record the result in the database.")
+def eval_command(path, task_name, backend, size, config, as_json, no_store) -> None:
+    """Evaluate one candidate file written anywhere, and print (and store) its verdict."""
+    from .evalone import evaluate_file
+
+    cfg = _config(config) if Path(config).is_file() else None
+    try:
+        result, attempt_id = evaluate_file(Path(path), task_name, backend, size, cfg, store=not no_store)
+    except ValueError as exc:
+        raise KgenError(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(eval_json(result, attempt_id)))
+    else:
+        _print_result(result, attempt_id)
+    sys.exit(0 if result.verdict.value == "correct" else 1)
+
+
+def eval_json(result: EvalResult, attempt_id: str | None) -> dict[str, Any]:
+    from .records import summary_fields
+
+    out = summary_fields(result)
+    out["flags"] = [f.value for f in result.flags]
+    out["id"] = attempt_id
+    out["device"] = result.device
+    out["trials"] = [t.model_dump(mode="json") for t in result.trials]
+    return out
+
+
+def _print_result(result: EvalResult, attempt_id: str | None) -> None:
+    data = eval_json(result, attempt_id)
+    colour = "green" if result.verdict.value == "correct" else "red"
+    console.print(f"[bold {colour}]{result.verdict.value}[/]" + (f"  flags: {', '.join(data['flags'])}"
+                                                                  if data["flags"] else ""))
+    if result.error:
+        console.print(f"error: {result.error}")
+    for key in ("time_ms", "eager_ms", "compile_ms", "floor_ms", "speedup_eager", "speedup_compile",
+                "floor_fraction"):
+        console.print(f"{key:>16}: {_fmt(data[key], 4)}")
+    if attempt_id:
+        console.print(f"stored as attempt {attempt_id}")
+
+
+if __name__ == "__main__":
+    main()

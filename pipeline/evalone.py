@@ -1,0 +1,67 @@
+"""`kgen eval`: judge one candidate file written anywhere, with the same evaluator as a batch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from . import build as build_stage
+from . import evaluate, tasks
+from .config import Config, EvalConfig
+from .records import EvalResult, Verdict
+from .run import resolve_backend
+
+
+def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
+    if name.endswith(".py") or "/" in name:
+        return tasks.load_file(Path(name))
+    directory = cfg.path(cfg.tasks.directory) if cfg else Path("reference_tasks")
+    return tasks.discover(directory, [name])[0]
+
+
+def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cfg: Config | None,
+                  store: bool = True) -> tuple[EvalResult, str | None]:
+    """Build, check and time the file; returns the result and, when stored, the attempt id."""
+    import torch
+
+    from .store import Store
+
+    task = _task(task_name, cfg)
+    backend, gpu = resolve_backend(backend)
+    if backend == "cuda" and not gpu:
+        raise ValueError("--backend cuda: no CUDA device is visible on this machine")
+    settings = cfg.evaluation if cfg else EvalConfig()
+    chosen_size = size or (cfg.tasks.size if cfg else "default")
+    code = path.read_text()
+    code_hash = hashlib.sha256(code.encode()).hexdigest()[:16]
+    generated = cfg.path(cfg.generated_dir) if cfg else Path("generated")
+    generated.mkdir(parents=True, exist_ok=True)
+    code_path = generated / f"{code_hash}.py"
+    if not code_path.exists():
+        code_path.write_text(code)
+    db = Store.open(cfg.path(cfg.database) if cfg else Path("db/kgen.db")) if store else None
+    built = build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
+                              settings.build_timeout_s)
+    if db:
+        db.save_build(built, backend, torch.__version__)
+    if not built.ok:
+        verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
+        result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
+    else:
+        bench = evaluate.prepare(task, chosen_size, backend, settings, db.get_baseline if db else None)
+        if db and bench.baselines:
+            db.save_baseline(evaluate.baseline_key(bench), task.name, bench.size_name, bench.env["device_name"],
+                             bench.env["torch_version"], bench.baselines.model_dump_json())
+        result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings)
+    if not db:
+        return result, None
+    run_id = db.start_run(json.dumps({"eval": str(path)}), "[]", backend, result.device or backend,
+                          torch.__version__, torch.version.cuda, note=f"kgen eval {path}")
+    task_id = db.upsert_task(task.name, str(task.path), task.source)
+    size_name = chosen_size if isinstance(chosen_size, str) else json.dumps(chosen_size, sort_keys=True)
+    attempt_id = db.save_attempt(run_id=run_id, task_id=task_id, task=task.name, model="(file)", sample=0,
+                                 backend=backend, template="-", completion_id=None, code_hash=code_hash,
+                                 result=result, size=size_name)
+    db.finish_run(run_id, "done")
+    return result, attempt_id

@@ -1,0 +1,235 @@
+"""A batch from plan to summary: prompt, model, extract, build, evaluate, store, as overlapping stages.
+
+    run_id = asyncio.run(Runner(cfg, store).run())
+
+A run is a deterministic plan (task x model x template x sample). Its key is a hash of what it
+plans, so running the same config again resumes that run and does only the slots not yet stored.
+Model calls run concurrently (a limit per endpoint), builds on a CPU pool, evaluations one at a time
+per device, so a device never waits on a compiler while work is ready. Only this process writes
+the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from . import build as build_stage
+from . import evaluate, extract, prompts, tasks
+from .config import Config, ModelConfig
+from .llm import ChatRequest, Provider, make_provider
+from .records import BuildResult, EvalResult, Verdict
+from .store import Store
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One planned attempt."""
+
+    task: tasks.TaskFile
+    model: ModelConfig
+    template: str
+    sample: int
+    backend: str
+
+    @property
+    def key(self) -> tuple[str, str, str, int, str]:
+        return (self.task.name, self.model.name, self.template, self.sample, self.backend)
+
+
+def resolve_backend(requested: str) -> tuple[str, bool]:
+    """(backend, gpu_present). auto means cuda where a GPU is visible, else cpu."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    if requested == "auto":
+        return ("cuda" if gpu else "cpu"), gpu
+    return requested, gpu
+
+
+def plan(cfg: Config, backend: str) -> list[Slot]:
+    task_files = tasks.discover(cfg.path(cfg.tasks.directory), cfg.tasks.names)
+    return [Slot(t, m, cfg.prompt_template, s, backend)
+            for t in task_files for m in cfg.models for s in range(cfg.samples)]
+
+
+def plan_key(cfg: Config, backend: str, slots: list[Slot]) -> str:
+    planned = {"slots": [list(s.key) + [s.task.sha] for s in slots], "size": cfg.tasks.size,
+               "evaluation": cfg.evaluation.model_dump(), "backend": backend}
+    return hashlib.sha256(json.dumps(planned, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cache_key(model: ModelConfig, messages: list[dict[str, str]], sample: int, backend: str, task: str) -> str:
+    """Everything that changes a completion, nothing that only changes transport (retries, timeouts)."""
+    parts = {"provider": model.provider, "base_url": model.base_url, "model": model.model,
+             "replay_file": model.replay_file, "sampling": model.sampling.model_dump(), "messages": messages,
+             "sample": sample, "backend": backend if model.provider == "replay" else None,
+             "task": task if model.provider == "replay" else None}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def default_build_workers() -> int:
+    """Builds are memory-hungry (nvcc or g++ on torch headers takes ~1.5 GB each); size by cores and RAM."""
+    cores = os.cpu_count() or 1
+    try:
+        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    except (ValueError, OSError):
+        mem_gb = 8
+    return max(1, min(cores, int(mem_gb // 2)))
+
+
+class Runner:
+    def __init__(self, cfg: Config, store: Store, backend: str | None = None,
+                 on_event: Callable[[str, Slot, Any], None] | None = None):
+        self.cfg = cfg
+        self.store = store
+        self.backend, self.gpu = resolve_backend(backend or cfg.backend)
+        self.on_event = on_event or (lambda stage, slot, info: None)
+        self.providers: dict[str, Provider] = {m.name: make_provider(m, cfg.base_dir) for m in cfg.models}
+        self.slots = plan(cfg, self.backend)
+        self.key = plan_key(cfg, self.backend, self.slots)
+        self.generated = cfg.path(cfg.generated_dir)
+        self.builds_root = cfg.path(cfg.build_dir)
+        workers = cfg.build_workers or default_build_workers()
+        self.build_pool = asyncio.Semaphore(workers)
+        self.build_jobs = max(1, (os.cpu_count() or 1) // workers)
+        self.eval_lane = asyncio.Semaphore(1)  # one device, one evaluation at a time: timings stay true
+        self.build_locks: dict[str, asyncio.Lock] = {}
+        self.benches: dict[str, asyncio.Task] = {}
+        self.task_ids: dict[str, str] = {}
+
+    async def run(self, fresh: bool = False, retry_errors: bool = False) -> str:
+        import torch
+
+        run_id = None if fresh else self.store.find_run(self.key)
+        if run_id is None:
+            config_json = self.cfg.model_dump_json(exclude={"base_dir"})
+            plan_json = json.dumps([list(s.key) for s in self.slots])
+            device = torch.cuda.get_device_name() if self.backend == "cuda" and self.gpu else self.backend
+            run_id = self.store.start_run(config_json, plan_json, self.backend, device, torch.__version__,
+                                          torch.version.cuda, key=self.key)
+        else:
+            self.store.resume_run(run_id)
+        self.run_id = run_id
+        done = self.store.attempt_slots(run_id)
+        redo = self._redo(run_id, retry_errors)
+        todo = [s for s in self.slots if s.key not in done or s.key in redo]
+        for slot in self.slots:
+            self.on_event("planned" if slot in todo else "skipped", slot, None)
+        for t in {s.task.name: s.task for s in self.slots}.values():
+            self.task_ids[t.name] = self.store.upsert_task(t.name, str(t.path), t.source)
+        results = await asyncio.gather(*(self._attempt(s, retry_errors) for s in todo), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        self.store.finish_run(run_id, "failed" if failures else "done")
+        if failures:
+            raise failures[0]
+        return run_id
+
+    def _redo(self, run_id: str, retry_errors: bool) -> set[tuple]:
+        """Stored slots to do again: model errors when asked, and slots that waited for a GPU we now have."""
+        again = {Verdict.waiting_gpu.value} if self.gpu and self.backend == "cuda" else set()
+        if retry_errors:
+            again.add(Verdict.model_error.value)
+        if not again:
+            return set()
+        return {(a["task"], a["model"], a["template"], a["sample"], a["backend"])
+                for a in self.store.attempts(run=run_id) if a["verdict"] in again}
+
+    async def _attempt(self, slot: Slot, retry_errors: bool) -> None:
+        task_id = self.task_ids[slot.task.name]
+        text = prompts.render(slot.template, slot.task, slot.backend, self.cfg.base_dir / "prompts")
+        prompt_id = self.store.save_prompt(task_id, slot.template, slot.backend, text)
+        messages = prompts.messages(text)
+        key = cache_key(slot.model, messages, slot.sample, slot.backend, slot.task.name)
+        cached = self.store.cached_completion(key)
+        if cached:
+            completion_id, completion = cached
+        else:
+            self.on_event("calling", slot, None)
+            completion = await self.providers[slot.model.name].complete(
+                ChatRequest(task=slot.task.name, backend=slot.backend, messages=messages, sample=slot.sample))
+            cost = (completion.usage.prompt_tokens * slot.model.price.input_per_mtok
+                    + completion.usage.completion_tokens * slot.model.price.output_per_mtok) / 1e6
+            completion_id = self.store.save_completion(
+                self.run_id, task_id, prompt_id, slot.model.name, slot.model.provider, slot.model.base_url,
+                slot.sample, key, completion, cost)
+            self.on_event("completed", slot, completion)
+        save = dict(run_id=self.run_id, task_id=task_id, task=slot.task.name, model=slot.model.name,
+                    sample=slot.sample, backend=slot.backend, template=slot.template,
+                    completion_id=completion_id, size=self._size_name(slot))
+        if completion.error:
+            return self._store(slot, save, None, EvalResult(verdict=Verdict.model_error, error=completion.error))
+        extraction = extract.extract(completion.text)
+        if extraction.error:
+            return self._store(slot, save, None, EvalResult(verdict=Verdict.extract_failed, error=extraction.error))
+        code_path = extract.save(extraction, self.generated)
+        code_hash = extraction.code_hash
+        if slot.backend == "cuda" and not self.gpu:
+            return self._store(slot, save, code_hash, EvalResult(
+                verdict=Verdict.waiting_gpu, error="no CUDA device here: evaluated when a GPU run resumes this run"))
+        built = await self._build(code_path, code_hash, slot)
+        if not built.ok:
+            verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
+            return self._store(slot, save, code_hash, EvalResult(
+                verdict=verdict, error=build_stage.summary_line(built)))
+        bench = await self._bench(slot)
+        async with self.eval_lane:
+            self.on_event("evaluating", slot, None)
+            result = await asyncio.to_thread(evaluate.evaluate, bench, code_path, Path(built.build_dir),
+                                             self.cfg.evaluation)
+            self.on_event("evaluated", slot, result)
+        self._store(slot, save, code_hash, result)
+
+    def _size_name(self, slot: Slot) -> str:
+        size = self.cfg.tasks.size
+        return size if isinstance(size, str) else json.dumps(size, sort_keys=True)
+
+    def _store(self, slot: Slot, save: dict[str, Any], code_hash: str | None, result: EvalResult) -> None:
+        self.store.save_attempt(**save, code_hash=code_hash, result=result)
+        self.on_event("stored", slot, result)
+
+    async def _build(self, code_path: Path, code_hash: str, slot: Slot) -> BuildResult:
+        lock = self.build_locks.setdefault(code_hash, asyncio.Lock())
+        async with lock:  # one build per hash: the second attempt with the same code reuses it
+            known = self.store.get_build(code_hash)
+            if known and known.ok and Path(known.build_dir).is_dir():
+                return known.model_copy(update={"cached": True})
+            async with self.build_pool:
+                self.on_event("building", slot, None)
+                result = await asyncio.to_thread(build_stage.build, code_path, code_hash, self.builds_root,
+                                                 self.cfg.evaluation.build_timeout_s, self.build_jobs)
+            import torch
+
+            self.store.save_build(result, slot.backend, torch.__version__)
+            self.on_event("built", slot, result)
+            return result
+
+    async def _bench(self, slot: Slot) -> evaluate.TaskBench:
+        """The task's reference, computed once per run and task, the first time an attempt needs it."""
+        name = slot.task.name
+        if name not in self.benches:
+            def prepare() -> evaluate.TaskBench:
+                bench = evaluate.prepare(slot.task, self.cfg.tasks.size, slot.backend, self.cfg.evaluation,
+                                         self.store.get_baseline)
+                if bench.baselines:
+                    self.store.save_baseline(evaluate.baseline_key(bench), name, bench.size_name,
+                                             bench.env["device_name"], bench.env["torch_version"],
+                                             bench.baselines.model_dump_json())
+                return bench
+
+            async def guarded() -> evaluate.TaskBench:
+                async with self.eval_lane:  # the reference times baselines: keep the device to itself
+                    return await asyncio.to_thread(prepare)
+
+            self.benches[name] = asyncio.ensure_future(guarded())
+        return await self.benches[name]
+
+
+def verdict_counts(rows: list[dict[str, Any]]) -> Counter:
+    return Counter(r["verdict"] for r in rows)

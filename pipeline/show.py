@@ -1,0 +1,59 @@
+"""Rendering one stored attempt for `kgen show`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.syntax import Syntax
+
+FOLD = 1500  # characters of reasoning and logs shown unless --full
+
+
+def _fold(text: str | None, full: bool) -> str:
+    if not text:
+        return "(none)"
+    if full or len(text) <= FOLD:
+        return text
+    return text[: FOLD // 3] + f"\n... [{len(text) - FOLD} characters folded; --full shows them] ...\n" + text[-2 * FOLD // 3:]
+
+
+def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: bool) -> None:
+    result = a["result"]
+    head = (f"attempt {a['id']}  run {a['run_id']}\n"
+            f"task {a['task']}  model {a['model']}  sample {a['sample']}  backend {a['backend']}  size {a['size']}\n"
+            f"verdict [bold]{a['verdict']}[/]" + (f"  flags {','.join(a['flags'])}" if a.get('flags') else ""))
+    console.print(Panel(head, title="attempt"))
+    console.print(Panel(_fold(a.get("prompt"), full), title="prompt"))
+    usage = a.get("usage")
+    title = "completion" + (f" ({usage.prompt_tokens} in / {usage.completion_tokens} out tokens)" if usage else "")
+    if a.get("reasoning"):
+        console.print(Panel(_fold(a["reasoning"], full), title="reasoning (folded)" if not full else "reasoning"))
+    console.print(Panel(_fold(a.get("completion_text"), full), title=title))
+    if code:
+        console.print(Panel(Syntax(code, "python", line_numbers=True), title=f"code {a['code_hash']}"))
+    if a.get("build_log") is not None:
+        console.print(Panel(_fold(a["build_log"], full), title="build log"))
+    lines = [f"error: {result.error}"] if result.error else []
+    for t in result.trials:
+        status = "ok" if t.ok else f"{t.verdict.value if t.verdict else 'failed'}: {t.error}"
+        err = f" rel err {t.max_rel_err:.3g}" if t.max_rel_err is not None else ""
+        lines.append(f"trial {t.index} {t.variant:<14} {status}{err}")
+    if result.timing:
+        tm = result.timing
+        lines.append(f"time {tm.median_ms:.4g} ms (p25 {tm.p25_ms:.4g}, p75 {tm.p75_ms:.4g}, n {tm.n});"
+                     f" parent wall clock {result.wall_ms_per_call or 0:.4g} ms per call")
+    b = result.baselines
+    if b:
+        eager = f"{b.eager.median_ms:.4g}" if b.eager else "-"
+        comp = f"{b.compiled.median_ms:.4g}" if b.compiled else "-"
+        lines.append(f"eager {eager} ms, torch.compile {comp} ms, floor {b.floor_ms or 0:.4g} ms "
+                     f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs or 0:.0f} GB/s)")
+    for name, value in (("x eager", result.speedup_eager), ("x compile", result.speedup_compile),
+                        ("floor fraction", result.floor_fraction)):
+        if value is not None:
+            lines.append(f"{name}: {value:.3g}")
+    if result.detail:
+        lines.append(_fold(result.detail, full))
+    console.print(Panel("\n".join(lines) or "(no detail)", title="verdict detail"))
