@@ -146,10 +146,7 @@ class Evaluator:
             for a, b in zip(inputs, fresh))
         return result
 
-    def run(self, plan: dict[str, Any]) -> None:
-        import torch
-
-        clock = Clock(self.device)
+    def run(self, plan: dict[str, Any], clock: Clock) -> None:
         main = self.module(plan["size"])
         model = tasks.make_model(main, self.candidate.ModelNew, plan["init_seed"], self.device)
         if not self.trials(model, plan["trials"], plan, clock):
@@ -283,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.init()
     evaluator = Evaluator(fd, job)
     evaluator.module(job["size"])  # a broken task file fails here, before the candidate runs
+    clock = Clock(job["device"])  # takes its references to the timers before any candidate code runs
     _send(fd, {"event": "ready", "landlock": confined})
     try:
         evaluator.candidate = import_candidate(job["code_path"])
@@ -293,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _send(fd, {"event": "imported"})
     plan = json.loads(sys.stdin.readline())
-    evaluator.run(plan)
+    evaluator.run(plan, clock)
     _send(fd, {"event": "done"})
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown, which a candidate's atexit hooks could hijack

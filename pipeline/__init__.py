@@ -1,0 +1,1 @@
+"""kgen: LLM-driven kernel generation with a verdict you can trust."""

@@ -1,0 +1,41 @@
+"""Timing fidelity on the GPU: the best mse kernel of the H100 run evaluated twice in fresh processes,
+with fresh baselines each time; prints medians, their spread and the GPU-seconds per attempt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline import evaluate, tasks
+from pipeline.config import load_config
+from pipeline.store import Store
+
+cfg = load_config("config-h100.yaml")
+store = Store.open(cfg.path(cfg.database))
+rows = []
+for task in tasks.discover(cfg.path(cfg.tasks.directory), ["*"]):
+    best = [a for a in store.attempts(task=task.name, verdict="correct") if a["backend"] == "cuda"]
+    if not best:
+        continue
+    a = min(best, key=lambda r: r["time_ms"])
+    code = cfg.path(cfg.generated_dir) / f"{a['code_hash']}.py"
+    runs = []
+    for _ in range(2):
+        bench = evaluate.prepare(task, cfg.tasks.size, "cuda", cfg.evaluation)  # no cache: fresh baselines
+        result = evaluate.evaluate(bench, code, cfg.path(cfg.build_dir) / a["code_hash"], cfg.evaluation)
+        runs.append(result)
+    t = [r.time_ms for r in runs]
+    e = [r.baselines.eager.median_ms for r in runs]
+    c = [r.baselines.compiled.median_ms if r.baselines.compiled else None for r in runs]
+    rows.append({"task": task.name, "verdicts": [r.verdict.value for r in runs], "time_ms": t,
+                 "time_spread": abs(t[0] - t[1]) / min(t) if all(t) else None, "eager_ms": e, "compile_ms": c,
+                 "floor_ms": runs[0].baselines.floor_ms, "bandwidth_gbs": runs[0].baselines.bandwidth_gbs,
+                 "eval_seconds": [r.eval_seconds for r in runs], "speedup_eager": runs[0].speedup_eager,
+                 "speedup_compile": runs[0].speedup_compile, "floor_fraction": runs[0].floor_fraction})
+    print(json.dumps(rows[-1]), flush=True)
+print(f"\n{'task':<14}{'t1 ms':>9}{'t2 ms':>9}{'spread':>8}{'eager':>9}{'compile':>9}{'floor':>8}{'x eager':>8}"
+      f"{'x comp':>8}{'eval s':>8}")
+for r in rows:
+    print(f"{r['task']:<14}{r['time_ms'][0]:>9.3f}{r['time_ms'][1]:>9.3f}{100 * (r['time_spread'] or 0):>7.2f}%"
+          f"{r['eager_ms'][0]:>9.3f}{(r['compile_ms'][0] or 0):>9.3f}{r['floor_ms']:>8.3f}"
+          f"{r['speedup_eager'] or 0:>8.2f}{r['speedup_compile'] or 0:>8.2f}{r['eval_seconds'][0]:>8.1f}")

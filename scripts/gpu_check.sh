@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Everything the H100 must show, in one call on the device machine (see docs/benchmarks.md):
+#   STEP=tests  the CUDA red team (tests/test_gpu.py)
+#   STEP=run    `kgen run -c config-h100.yaml` (KernelBench sizes, cuda backend; resumes if cut off)
+#   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
+# Logs go to $OUT (the device tool brings them back).
+set -uo pipefail
+OUT=${OUT:-/tmp/kgen-out}; mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
+kgen() { python3 -m pipeline.cli "$@"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/device.txt"
+for step in ${STEP:-tests run bench}; do
+  case $step in
+    tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|passed|failed|Error" ;;
+    run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100.yaml 2>&1 | tee "$OUT/run.log" | tail -40
+         kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"
+         cp db/h100.db "$OUT/h100.db" ;;
+    bench) python3 scripts/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;
+  esac
+done

@@ -1,0 +1,209 @@
+"""The CUDA red team: adversarial candidates built with nvcc and judged on a real GPU.
+
+Skipped without CUDA (CI); run on the device machine by scripts/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from pipeline import build, evaluate, tasks
+from pipeline.config import EvalConfig
+from pipeline.records import Flag, Verdict
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = EvalConfig(trials=5, timed_calls=20, warmup_calls=3, timeout_s=120, compile_baseline=True)
+
+# One honest two-pass reduction; the red-team variants change only how it is launched or what it reads.
+KERNELS = r'''
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+#include <ATen/cuda/CUDAContext.h>
+
+__device__ __forceinline__ double warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffff, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double block_sum(double v) {
+    __shared__ double sums[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) sums[warp] = v;
+    __syncthreads();
+    v = (threadIdx.x < (blockDim.x + 31) / 32) ? sums[lane] : 0.0;
+    if (warp == 0) v = warp_sum(v);
+    return v;
+}
+
+__global__ void sq_diff_partial(const float* __restrict__ a, const float* __restrict__ b, long long n,
+                                long long step, bool aligned, double* __restrict__ partial) {
+    double acc = 0.0;
+    long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    long long n4 = (aligned && step == 1) ? n / 4 : 0;
+    const float4* a4 = reinterpret_cast<const float4*>(a);
+    const float4* b4 = reinterpret_cast<const float4*>(b);
+    for (long long i = tid; i < n4; i += stride) {
+        float4 x = __ldg(a4 + i), y = __ldg(b4 + i);
+        float d0 = x.x - y.x, d1 = x.y - y.y, d2 = x.z - y.z, d3 = x.w - y.w;
+        acc += (double)(d0 * d0 + d1 * d1) + (double)(d2 * d2 + d3 * d3);
+    }
+    for (long long i = n4 * 4 + tid * step; i < n; i += stride * step) {
+        float d = a[i] - b[i];
+        acc += (double)d * d;
+    }
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void finish(const double* __restrict__ partial, int count, double scale, float* out) {
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) out[0] = (float)(acc * scale);
+}
+
+__global__ void wild_write(float* p) { p[threadIdx.x + (1LL << 40)] = 1.0f; }
+
+__global__ void spin(volatile int* flag) { while (*flag == 0) { } }
+
+torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t mode) {
+    TORCH_CHECK(a.is_cuda() && b.is_cuda(), "inputs must be CUDA tensors");
+    TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat, "inputs must be float32");
+    auto ac = a.contiguous(), bc = b.contiguous();
+    long long n = ac.numel();
+    const float* pa = ac.data_ptr<float>();
+    const float* pb = bc.data_ptr<float>();
+    bool aligned = ((reinterpret_cast<uintptr_t>(pa) | reinterpret_cast<uintptr_t>(pb)) % 16) == 0;
+    int threads = 256;
+    int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    long long blocks = std::max(1LL, std::min<long long>(sms * 8LL, (n / 4 + threads - 1) / threads));
+    auto partial = torch::empty({blocks}, ac.options().dtype(torch::kFloat64));
+    auto out = torch::empty({}, ac.options());
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    static cudaStream_t side = nullptr;
+    long long step = 1;
+    double scale = 1.0 / (double)n;
+    if (mode == 1) {  // side stream: launched where the current stream's events do not see it
+        if (!side) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+        stream = side;
+    } else if (mode == 2) {  // partial read: every 16th element, rescaled
+        step = 16;
+        scale = 16.0 / (double)n;
+    } else if (mode == 3) {
+        wild_write<<<1, 32, 0, stream>>>(out.data_ptr<float>());
+    } else if (mode == 4) {
+        auto flag = torch::zeros({1}, ac.options().dtype(torch::kInt32));
+        spin<<<1, 1, 0, stream>>>(flag.data_ptr<int>());
+    }
+    sq_diff_partial<<<blocks, threads, 0, stream>>>(pa, pb, n, step, aligned, partial.data_ptr<double>());
+    finish<<<1, 1024, 0, stream>>>(partial.data_ptr<double>(), (int)blocks, scale, out.data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+}
+'''
+
+CANDIDATE = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_ext = load_inline(name="kgen_redteam_mse", cpp_sources="torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t mode);",
+                   cuda_sources={kernels!r}, functions=["mse"], extra_cuda_cflags=["-O3"])
+MODE = {mode}
+
+
+class ModelNew(nn.Module):
+    def forward(self, predictions, targets):
+{body}
+'''
+
+CALL = "        return _ext.mse(predictions, targets, MODE)"
+POINTER_CACHE = """        key = (predictions.data_ptr(), targets.data_ptr())
+        if not hasattr(self, "cache"):
+            self.cache = {}
+        if key not in self.cache:
+            self.cache[key] = _ext.mse(predictions, targets, 0)
+        return self.cache[key]"""
+TIMER_PATCH = """        torch.cuda.Event.elapsed_time = lambda self, other: 1e-6
+        torch.cuda.synchronize = lambda *a, **k: None
+        return torch.mean((predictions - targets) ** 2)"""
+
+CASES = {
+    "honest": (0, CALL, {Verdict.correct}),
+    "side_stream": (1, CALL, {Verdict.mismatch, Verdict.nondeterministic, Verdict.non_finite}),
+    "partial_read": (2, CALL, {Verdict.mismatch}),
+    "illegal_address": (3, CALL, {Verdict.runtime_error, Verdict.crashed}),
+    "hang": (4, CALL, {Verdict.timeout}),
+    "pointer_cache": (0, POINTER_CACHE, {Verdict.mismatch}),
+    "timer_patch": (0, TIMER_PATCH, {Verdict.correct}),
+}
+
+
+def _write(tmp: Path, name: str) -> tuple[Path, str]:
+    mode, body, _ = CASES[name]
+    code = CANDIDATE.format(kernels=KERNELS, mode=mode, body=body)
+    code_hash = hashlib.sha256(code.encode()).hexdigest()[:16]
+    path = tmp / f"{code_hash}.py"
+    path.write_text(code)
+    return path, code_hash
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """All candidates built in parallel (they share source text, but each hash gets its own dir)."""
+    tmp = tmp_path_factory.mktemp("redteam_cuda")
+    files = {name: _write(tmp, name) for name in CASES}
+    with ThreadPoolExecutor(len(files)) as pool:
+        results = dict(zip(files, pool.map(lambda f: build.build(f[0], f[1], tmp / "builds", 600, 4),
+                                           files.values())))
+    return {name: (files[name][0], results[name]) for name in files}
+
+
+@pytest.fixture(scope="session")
+def bench():
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    return evaluate.prepare(task, "small", "cuda", SETTINGS)
+
+
+def _gpu_idle() -> bool:
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return out.returncode == 0 and not out.stdout.strip()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_redteam_cuda(name, built, bench):
+    path, result = built[name]
+    assert result.ok, result.log[-2000:]
+    settings = SETTINGS.model_copy(update={"timeout_s": 45}) if name == "hang" else SETTINGS
+    verdict = evaluate.evaluate(bench, path, Path(result.build_dir), settings)
+    print(f"\nREDTEAM {name}: {verdict.verdict.value} flags={[f.value for f in verdict.flags]} "
+          f"time_ms={verdict.time_ms} error={verdict.error}")
+    assert verdict.verdict in CASES[name][2], verdict.error
+    if name == "honest":
+        assert Flag.no_custom_kernel not in verdict.flags
+        assert verdict.speedup_eager and verdict.speedup_eager > 0
+    if name == "timer_patch":
+        # The patch changed nothing the harness calls: the time is real, and the work is PyTorch's.
+        assert Flag.no_custom_kernel in verdict.flags
+        assert verdict.time_ms >= 0.5 * verdict.baselines.eager.median_ms
+    # Whatever the candidate did, the GPU is free for the next attempt.
+    assert _gpu_idle()
+
+
+def test_gpu_serves_next_attempt_after_hang_and_fault(built, bench):
+    for name in ("hang", "illegal_address"):
+        path, result = built[name]
+        settings = SETTINGS.model_copy(update={"timeout_s": 45})
+        evaluate.evaluate(bench, path, Path(result.build_dir), settings)
+    path, result = built["honest"]
+    assert evaluate.evaluate(bench, path, Path(result.build_dir), SETTINGS).verdict is Verdict.correct
