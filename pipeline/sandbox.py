@@ -2,8 +2,9 @@
 
 The child gets: a fresh process group (so a timeout kills everything it spawned), an environment
 built from an allow-list (no API keys, tokens or database paths), its own temporary working
-directory as HOME and TMPDIR, and, when we run as root, an unprivileged uid so it can neither
-read nor write the database. Resource limits are applied by the child itself first thing
+directory as HOME and TMPDIR, and optionally (KGEN_SANDBOX_UID=nobody, as root) an unprivileged uid.
+The child then confines itself with Landlock (pipeline.landlock) so it can neither read nor write
+the database. Resource limits are applied by the child itself first thing
 (pipeline.harness.apply_limits), before any candidate code is imported.
 """
 
@@ -42,10 +43,10 @@ def child_env(extra: dict[str, str] | None = None, home: str = "/tmp") -> dict[s
 
 @functools.cache
 def drop_privileges() -> bool:
-    """Run children as nobody when we are root, the user did not opt out, and nobody can run our
-    Python at all (a Python under /root, mode 0700, cannot be); otherwise children keep our uid and
-    rely on Landlock and the environment allow-list."""
-    if os.geteuid() != 0 or os.environ.get("KGEN_SANDBOX_UID", "nobody") == "same":
+    """Run children as nobody: opt-in (KGEN_SANDBOX_UID=nobody, as root), and only where nobody can
+    run our Python at all. Off by default because a GPU's device nodes, a Python under /root or a
+    0700 temp folder are often out of nobody's reach; Landlock confines the child either way."""
+    if os.geteuid() != 0 or os.environ.get("KGEN_SANDBOX_UID", "same") != "nobody":
         return False
     try:
         probe = subprocess.run([sys.executable, "-s", "-c", "import torch, pipeline.harness"],
