@@ -55,6 +55,8 @@ def apply_limits(memory_gb: float | None, cuda: bool, read: list[str], write: li
     home = os.environ.get("HOME", "")
     ext = os.environ.get("TORCH_EXTENSIONS_DIR", "")
     writable = [p for p in (home, ext, "/dev/shm", *write) if p]
+    if os.environ.get("KGEN_LANDLOCK", "1") == "0":
+        return False
     return landlock.restrict(readable_paths(read + writable), writable)
 
 
@@ -272,12 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "build":
         return run_build(fd, args.code_path)
     job = json.loads(sys.stdin.readline())
-    confined = apply_limits(job.get("memory_gb"), job["device"].startswith("cuda"),
-                            [job["task_path"], job["code_path"]], [])
     import torch
 
     if job["device"].startswith("cuda"):
+        # The driver opens its device nodes and sockets here; Landlock then confines the rest.
         torch.cuda.init()
+        torch.empty(1, device=job["device"])
+    confined = apply_limits(job.get("memory_gb"), job["device"].startswith("cuda"),
+                            [job["task_path"], job["code_path"]], [])
     evaluator = Evaluator(fd, job)
     evaluator.module(job["size"])  # a broken task file fails here, before the candidate runs
     clock = Clock(job["device"])  # takes its references to the timers before any candidate code runs
