@@ -104,29 +104,35 @@ def run(config: str, backend: str | None, fresh: bool, retry_errors: bool) -> No
     summary_table(store, run_id, runner.backend)
 
 
+WRONG = {"mismatch", "wrong_shape", "wrong_dtype", "wrong_type", "non_finite", "inputs_mutated",
+         "nondeterministic", "impossible_timing"}
+
+
 def summary_table(store, run_id: str, backend: str) -> None:
+    """Per task and model: outcomes, fast_1 (correct and faster than eager), fast_compile, best speedups."""
     rows = store.attempts(run=run_id)
-    table = Table(title=f"run {run_id} ({backend})")
-    for col in ("task", "model", "attempts", "correct", "wrong", "failed", "best x eager", "best x compile",
-                "floor frac", "verdicts"):
-        table.add_column(col, justify="left" if col in ("task", "model", "verdicts") else "right")
-    groups: dict[tuple[str, str], list[dict]] = {}
+    verdicts: dict[tuple[str, str], dict[str, int]] = {}
+    floors: dict[tuple[str, str], float] = {}
     for r in rows:
-        groups.setdefault((r["task"], r["model"]), []).append(r)
-    wrong = {"mismatch", "wrong_shape", "wrong_dtype", "wrong_type", "non_finite", "inputs_mutated",
-             "nondeterministic", "impossible_timing"}
-    for (task, model), rs in sorted(groups.items()):
-        correct = [r for r in rs if r["verdict"] == "correct"]
-        counts: dict[str, int] = {}
-        for r in rs:
-            counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
-        best = max(correct, key=lambda r: r["speedup_eager"] or 0, default=None)
-        table.add_row(task, model, str(len(rs)), str(len(correct)),
-                      str(sum(r["verdict"] in wrong for r in rs)),
-                      str(len(rs) - len(correct) - sum(r["verdict"] in wrong for r in rs)),
-                      _fmt(best and best["speedup_eager"]), _fmt(best and best["speedup_compile"]),
-                      _fmt(best and best["floor_fraction"]),
-                      ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
+        counts = verdicts.setdefault((r["task"], r["model"]), {})
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+        if r["verdict"] == "correct" and not r["flags"] and r["floor_fraction"]:
+            key = (r["task"], r["model"])
+            floors[key] = max(floors.get(key, 0.0), r["floor_fraction"])
+    table = Table(title=f"run {run_id} ({backend})")
+    for col in ("task", "model", "n", "compiled", "correct", "wrong", "failed", "fast_1", "fast_compile",
+                "best x eager", "best x compile", "best floor frac", "verdicts"):
+        table.add_column(col, justify="left" if col in ("task", "model", "verdicts") else "right")
+    for s in store.run_summary(run_id):
+        key = (s["task"], s["model"])
+        counts = verdicts.get(key, {})
+        wrong = sum(n for v, n in counts.items() if v in WRONG)
+        n = s["attempts"]
+        table.add_row(s["task"], s["model"], str(n), f"{100 * s['compiled'] / n:.0f}%",
+                      f"{100 * s['correct'] / n:.0f}%", str(wrong), str(n - s["correct"] - wrong),
+                      str(s["fast_1"]), str(s["fast_compile"]), _fmt(s["best_speedup_eager"]),
+                      _fmt(s["best_speedup_compile"]), _fmt(floors.get(key)),
+                      ", ".join(f"{v} {c}" for v, c in sorted(counts.items())))
     console.print(table)
 
 
@@ -241,6 +247,15 @@ def _print_result(result: EvalResult, attempt_id: str | None) -> None:
     if attempt_id:
         console.print(f"stored as attempt {attempt_id}")
 
+
+def _register_inspection() -> None:
+    from . import inspect_cli
+
+    for command in (inspect_cli.best, inspect_cli.export, inspect_cli.report):
+        main.add_command(command)
+
+
+_register_inspection()
 
 if __name__ == "__main__":
     main()

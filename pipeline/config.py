@@ -115,6 +115,15 @@ class EvalConfig(_Strict):
     """A time below floor x this is rejected as impossible_timing."""
 
 
+class Budget(_Strict):
+    """Spending limits for one run; reaching one stops new model calls cleanly."""
+
+    max_tokens: int | None = Field(default=None, gt=0)
+    """Prompt plus completion tokens."""
+    max_usd: float | None = Field(default=None, gt=0)
+    """Dollars, from each model's price table."""
+
+
 class Config(_Strict):
     """The whole config.yaml."""
 
@@ -123,7 +132,9 @@ class Config(_Strict):
     tasks: TaskSelection = Field(default_factory=TaskSelection)
     """Which tasks, at which size."""
     prompt_template: str = "one_shot.j2"
-    """A template file in prompts/."""
+    """A template file in the prompts folder."""
+    prompts_dir: str = "prompts"
+    """Folder of prompt templates, relative to the config file."""
     samples: int = Field(default=1, ge=1, le=1000)
     """Completions asked per task and model."""
     backend: Literal["cuda", "cpu", "auto"] = "auto"
@@ -138,6 +149,12 @@ class Config(_Strict):
     """Checking and timing."""
     build_workers: int = Field(default=0, ge=0, le=256)
     """Parallel builds; 0 sizes the pool to the machine's cores and memory."""
+    executor: Literal["local", "ray"] = "local"
+    """local: subprocesses on this machine. ray: builds and evaluations as Ray tasks."""
+    ray_address: str | None = None
+    """Ray cluster address (None starts or joins a local instance)."""
+    budget: Budget = Field(default_factory=lambda: Budget())
+    """Limits that stop new model calls for a run once reached."""
 
     base_dir: Path = Field(default=Path("."), exclude=True)
     """Folder of the config file; relative paths resolve against it."""

@@ -27,6 +27,8 @@ from .records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
 EVALUATOR_VERSION = "1"
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
 WALL_CLOCK_SLACK = 0.5  # the child may not claim calls more than 2x faster than our clock saw
+WALL_CLOCK_ABS_MS = 25.0  # ...beyond what pipe latency and our own scheduling can explain
+EVENT_SLACK, EVENT_ABS_MS = 0.25, 0.02  # launch-bound calls pipeline, so events may read below wall/call
 
 
 class EvaluationError(RuntimeError):
@@ -71,7 +73,8 @@ def device_for(backend: str) -> str:
 
 
 def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
-            cached_baselines: Callable[[str], str | None] | None = None) -> TaskBench:
+            cached_baselines: Callable[[str], str | None] | None = None,
+            env: dict[str, str] | None = None) -> TaskBench:
     """Run the reference process for a task: expected outputs for this run's seeds, and baselines
     (taken from `cached_baselines(key)` when it has them)."""
     module = tasks.load_module(task, size)
@@ -81,7 +84,7 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     job = {"task_path": str(task.path.resolve()), "device": bench.device, "size": size, "init_seed": plan["init_seed"],
            "sample_seed": plan["sample_seed"], "trials": plan["trials"] + plan["shape_trials"],
            "timed": plan["timed"], "warmup": plan["warmup"], "compile_baseline": settings.compile_baseline}
-    child = sandbox.start("pipeline.reference", [], settings.timeout_s * 2)
+    child = sandbox.start("pipeline.reference", [], settings.timeout_s * 2, env)
     child.send(job)
     ready = child.receive()
     if not ready or ready.get("event") != "ready":
@@ -176,9 +179,12 @@ def judge_trial(msg: dict[str, Any], want: dict[str, Any], spec: dict[str, Any],
     return result.model_copy(update=label)
 
 
-def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig) -> EvalResult:
+def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig,
+             env: dict[str, str] | None = None) -> EvalResult:
+    """Judge one built candidate; `env` adds to the child's environment (a lane's CUDA_VISIBLE_DEVICES)."""
     started = time.monotonic()
-    env = {"TORCH_EXTENSIONS_DIR": str(Path(build_dir).resolve()), "MAX_JOBS": str(os.cpu_count() or 1)}
+    env = {"TORCH_EXTENSIONS_DIR": str(Path(build_dir).resolve()), "MAX_JOBS": str(os.cpu_count() or 1),
+           **(env or {})}
     job = {"task_path": str(bench.task.path.resolve()), "size": bench.size, "code_path": str(Path(code_path).resolve()),
            "device": bench.device, "memory_gb": settings.memory_limit_gb}
     child = sandbox.start("pipeline.harness", ["eval"], settings.timeout_s, env)
@@ -286,9 +292,20 @@ def _check_timing(bench: TaskBench, msg: dict[str, Any], messages) -> tuple[Verd
     wall = _wall_per_call(messages)
     if wall is None:
         return Verdict.crashed, "the wall-clock block was not reported"
-    if median < wall * WALL_CLOCK_SLACK:
-        return (Verdict.impossible_timing, f"the child's clock says {median:.4g} ms per call but the parent's "
-                f"wall clock saw {wall:.4g} ms per call: the timer was tampered with")
+    block = messages["block_end"]
+    calls = block["calls"]
+    child_ms = block.get("ms")
+    if not isinstance(child_ms, (int, float)) or not np.isfinite(child_ms) or child_ms <= 0:
+        return Verdict.impossible_timing, "the wall-clock block reported no valid time"
+    # The child's own clock over the block against ours over the same calls: a tampered clock reads
+    # low. Ours also counts pipe latency and our own scheduling, hence the absolute slack.
+    if child_ms < wall * calls * WALL_CLOCK_SLACK and wall * calls - child_ms > WALL_CLOCK_ABS_MS:
+        return (Verdict.impossible_timing, f"the child's clock says {child_ms / calls:.4g} ms per call but the "
+                f"parent's wall clock saw {wall:.4g} ms per call: the timer was tampered with")
+    # Event timings against the child's own wall clock: a patched event timer reads far below it.
+    if bench.device != "cpu" and median < EVENT_SLACK * child_ms / calls - EVENT_ABS_MS:
+        return (Verdict.impossible_timing, f"device events say {median:.4g} ms per call but back-to-back calls "
+                f"took {child_ms / calls:.4g} ms each: the event timer was tampered with")
     return None
 
 

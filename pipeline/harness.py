@@ -30,7 +30,16 @@ from .timing import Clock
 _send = wire.send
 
 
-SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/opt")
+SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt")
+# Of /proc, only the system-wide files libraries read (CPU and memory info, kernel settings, the
+# NVIDIA driver's) and this process's own entry. Never all of /proc: Landlock does not stop reading
+# another process's /proc/PID/environ, so the parent's or the user's shell's API keys would leak.
+PROC_READ = ("cpuinfo", "meminfo", "stat", "loadavg", "uptime", "version", "filesystems", "devices",
+             "modules", "swaps", "sys", "driver")
+
+
+def proc_paths() -> list[str]:
+    return [f"/proc/{name}" for name in PROC_READ] + [f"/proc/{os.getpid()}"]
 
 
 def readable_paths(extra: list[str]) -> list[str]:
@@ -38,7 +47,7 @@ def readable_paths(extra: list[str]) -> list[str]:
     this job; not the project folder itself, where the database lives."""
     ours = str(Path(__file__).resolve().parent)
     project = str(Path(ours).parent)
-    paths = [*SYSTEM_READ, sys.prefix, sys.base_prefix, sys.exec_prefix, ours, *extra]
+    paths = [*SYSTEM_READ, *proc_paths(), sys.prefix, sys.base_prefix, sys.exec_prefix, ours, *extra]
     paths += [p for p in sys.path if p and os.path.isdir(p) and os.path.abspath(p) != project]
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from . import build as build_stage
 from . import evaluate, extract, prompts, tasks
 from .config import Config, ModelConfig
+from .executor import Executor, make_executor
 from .llm import ChatRequest, Provider, make_provider
 from .records import BuildResult, EvalResult, Verdict
 from .store import Store
@@ -74,16 +75,6 @@ def cache_key(model: ModelConfig, messages: list[dict[str, str]], sample: int, b
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def default_build_workers() -> int:
-    """Builds are memory-hungry (nvcc or g++ on torch headers takes ~1.5 GB each); size by cores and RAM."""
-    cores = os.cpu_count() or 1
-    try:
-        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-    except (ValueError, OSError):
-        mem_gb = 8
-    return max(1, min(cores, int(mem_gb // 2)))
-
-
 class Runner:
     def __init__(self, cfg: Config, store: Store, backend: str | None = None,
                  on_event: Callable[[str, Slot, Any], None] | None = None):
@@ -96,13 +87,14 @@ class Runner:
         self.key = plan_key(cfg, self.backend, self.slots)
         self.generated = cfg.path(cfg.generated_dir)
         self.builds_root = cfg.path(cfg.build_dir)
-        workers = cfg.build_workers or default_build_workers()
-        self.build_pool = asyncio.Semaphore(workers)
-        self.build_jobs = max(1, (os.cpu_count() or 1) // workers)
-        self.eval_lane = asyncio.Semaphore(1)  # one device, one evaluation at a time: timings stay true
+        self.executor: Executor = make_executor(cfg, self.backend)
         self.build_locks: dict[str, asyncio.Lock] = {}
         self.benches: dict[str, asyncio.Task] = {}
         self.task_ids: dict[str, str] = {}
+        self.spent_tokens = 0
+        self.spent_usd = 0.0
+        self.over_budget = 0
+        self.model_slots = {m.name: asyncio.Semaphore(m.max_concurrency) for m in cfg.models}
 
     async def run(self, fresh: bool = False, retry_errors: bool = False) -> str:
         import torch
@@ -124,12 +116,22 @@ class Runner:
             self.on_event("planned" if slot in todo else "skipped", slot, None)
         for t in {s.task.name: s.task for s in self.slots}.values():
             self.task_ids[t.name] = self.store.upsert_task(t.name, str(t.path), t.source)
-        results = await asyncio.gather(*(self._attempt(s, retry_errors) for s in todo), return_exceptions=True)
+        self.spent_tokens, self.spent_usd = self.store.run_spending(run_id)
+        try:
+            results = await asyncio.gather(*(self._attempt(s) for s in todo), return_exceptions=True)
+        finally:
+            self.executor.close()
         failures = [r for r in results if isinstance(r, BaseException)]
-        self.store.finish_run(run_id, "failed" if failures else "done")
+        status = "failed" if failures else "budget_reached" if self.over_budget else "done"
+        self.store.finish_run(run_id, status)
         if failures:
             raise failures[0]
         return run_id
+
+    def _budget_left(self) -> bool:
+        b = self.cfg.budget
+        return not ((b.max_tokens is not None and self.spent_tokens >= b.max_tokens)
+                    or (b.max_usd is not None and self.spent_usd >= b.max_usd))
 
     def _redo(self, run_id: str, retry_errors: bool) -> set[tuple]:
         """Stored slots to do again: model errors when asked, and slots that waited for a GPU we now have."""
@@ -141,9 +143,9 @@ class Runner:
         return {(a["task"], a["model"], a["template"], a["sample"], a["backend"])
                 for a in self.store.attempts(run=run_id) if a["verdict"] in again}
 
-    async def _attempt(self, slot: Slot, retry_errors: bool) -> None:
+    async def _attempt(self, slot: Slot) -> None:
         task_id = self.task_ids[slot.task.name]
-        text = prompts.render(slot.template, slot.task, slot.backend, self.cfg.base_dir / "prompts")
+        text = prompts.render(slot.template, slot.task, slot.backend, self.cfg.path(self.cfg.prompts_dir))
         prompt_id = self.store.save_prompt(task_id, slot.template, slot.backend, text)
         messages = prompts.messages(text)
         key = cache_key(slot.model, messages, slot.sample, slot.backend, slot.task.name)
@@ -151,11 +153,19 @@ class Runner:
         if cached:
             completion_id, completion = cached
         else:
-            self.on_event("calling", slot, None)
-            completion = await self.providers[slot.model.name].complete(
-                ChatRequest(task=slot.task.name, backend=slot.backend, messages=messages, sample=slot.sample))
+            # The budget is checked once a call slot is ours, so calls queued behind it see its cost.
+            async with self.model_slots[slot.model.name]:
+                if not self._budget_left():
+                    self.over_budget += 1  # not stored: a later run with a larger budget picks it up
+                    self.on_event("budget", slot, None)
+                    return None
+                self.on_event("calling", slot, None)
+                completion = await self.providers[slot.model.name].complete(
+                    ChatRequest(task=slot.task.name, backend=slot.backend, messages=messages, sample=slot.sample))
             cost = (completion.usage.prompt_tokens * slot.model.price.input_per_mtok
                     + completion.usage.completion_tokens * slot.model.price.output_per_mtok) / 1e6
+            self.spent_tokens += completion.usage.prompt_tokens + completion.usage.completion_tokens
+            self.spent_usd += cost
             completion_id = self.store.save_completion(
                 self.run_id, task_id, prompt_id, slot.model.name, slot.model.provider, slot.model.base_url,
                 slot.sample, key, completion, cost)
@@ -179,11 +189,9 @@ class Runner:
             return self._store(slot, save, code_hash, EvalResult(
                 verdict=verdict, error=build_stage.summary_line(built)))
         bench = await self._bench(slot)
-        async with self.eval_lane:
-            self.on_event("evaluating", slot, None)
-            result = await asyncio.to_thread(evaluate.evaluate, bench, code_path, Path(built.build_dir),
-                                             self.cfg.evaluation)
-            self.on_event("evaluated", slot, result)
+        self.on_event("evaluating", slot, None)
+        result = await self.executor.evaluate(bench, code_path, Path(built.build_dir), self.cfg.evaluation)
+        self.on_event("evaluated", slot, result)
         self._store(slot, save, code_hash, result)
 
     def _size_name(self, slot: Slot) -> str:
@@ -200,10 +208,9 @@ class Runner:
             known = self.store.get_build(code_hash)
             if known and known.ok and Path(known.build_dir).is_dir():
                 return known.model_copy(update={"cached": True})
-            async with self.build_pool:
-                self.on_event("building", slot, None)
-                result = await asyncio.to_thread(build_stage.build, code_path, code_hash, self.builds_root,
-                                                 self.cfg.evaluation.build_timeout_s, self.build_jobs)
+            self.on_event("building", slot, None)
+            result = await self.executor.build(code_path, code_hash, self.builds_root,
+                                               self.cfg.evaluation.build_timeout_s)
             import torch
 
             self.store.save_build(result, slot.backend, torch.__version__)
@@ -214,20 +221,16 @@ class Runner:
         """The task's reference, computed once per run and task, the first time an attempt needs it."""
         name = slot.task.name
         if name not in self.benches:
-            def prepare() -> evaluate.TaskBench:
-                bench = evaluate.prepare(slot.task, self.cfg.tasks.size, slot.backend, self.cfg.evaluation,
-                                         self.store.get_baseline)
+            async def prepare() -> evaluate.TaskBench:
+                bench = await self.executor.prepare(slot.task, self.cfg.tasks.size, slot.backend,
+                                                    self.cfg.evaluation, self.store.all_baselines())
                 if bench.baselines:
                     self.store.save_baseline(evaluate.baseline_key(bench), name, bench.size_name,
                                              bench.env["device_name"], bench.env["torch_version"],
                                              bench.baselines.model_dump_json())
                 return bench
 
-            async def guarded() -> evaluate.TaskBench:
-                async with self.eval_lane:  # the reference times baselines: keep the device to itself
-                    return await asyncio.to_thread(prepare)
-
-            self.benches[name] = asyncio.ensure_future(guarded())
+            self.benches[name] = asyncio.ensure_future(prepare())
         return await self.benches[name]
 
 

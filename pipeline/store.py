@@ -428,6 +428,18 @@ class Store:
     # baselines
 
     @_locked
+    def all_baselines(self) -> dict[str, str]:
+        """Every cached baseline by key, to hand to a worker that cannot open the database."""
+        return {r["key"]: r["result_json"] for r in self.db.query("SELECT key, result_json FROM baselines")}
+
+    @_locked
+    def run_spending(self, run_id: str) -> tuple[int, float]:
+        """(tokens, dollars) spent on this run's model calls so far."""
+        row = self._one("SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) AS tokens, "
+                        "COALESCE(SUM(cost_usd), 0) AS usd FROM completions WHERE run_id = ?", [run_id])
+        return int(row["tokens"]), float(row["usd"])
+
+    @_locked
     def get_baseline(self, key: str) -> str | None:
         row = self._one("SELECT result_json FROM baselines WHERE key = ?", [key])
         return row["result_json"] if row else None

@@ -1,0 +1,161 @@
+"""`kgen best`, `kgen export` and `kgen report`: reading results back out of the database.
+
+    kgen best --task mse --json
+    kgen export --format csv --output attempts.csv --verdict correct
+    kgen export --best dist/kgen-kernels
+    kgen report --output report.html --run latest
+
+Registered on the `main` group in cli.py; everything here only reads the database.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+db_option = click.option("--db", default="db/kgen.db", show_default=True, type=click.Path(dir_okay=False),
+                         help="The SQLite database.")
+
+BEST_KEYS = ("task", "backend", "device", "size", "time_ms", "eager_ms", "compile_ms", "floor_ms",
+             "speedup_eager", "speedup_compile", "floor_fraction", "model", "run", "attempt", "code_hash",
+             "torch_version", "cuda_version")
+
+
+def _store(db: str):
+    from .store import Store, StoreError
+
+    # Store.open would create a new, empty database: a typo in --db must not look like "no results".
+    if not Path(db).is_file():
+        raise click.ClickException(f"{db}: no database (run `kgen run` first, or pass --db)")
+    try:
+        return Store.open(db)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _run_id(store, run_id: str | None) -> str | None:
+    if run_id == "latest":
+        latest = store.latest_run_id()
+        if latest is None:
+            raise click.ClickException("the database has no runs yet")
+        return latest
+    if run_id is not None and store.get_run(run_id) is None:
+        raise click.ClickException(f"no run with id {run_id}")
+    return run_id
+
+
+def _fmt(value: Any, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+@click.command()
+@db_option
+@click.option("--task", default=None, help="Only this task.")
+@click.option("--backend", type=click.Choice(["cuda", "cpu"]), default=None, help="Only this backend.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def best(db: str, task: str | None, backend: str | None, as_json: bool) -> None:
+    """The fastest verified attempt (correct, no flags) per task, backend, device and size."""
+    from .leaderboard import best_rows
+
+    with _store(db) as store:
+        rows = [r for r in store.attempts(task=task, verdict="correct") if backend in (None, r["backend"])]
+    board = best_rows(rows)
+    if as_json:
+        for r in board:
+            click.echo(json.dumps({k: r["id"] if k == "attempt" else r.get(k) for k in BEST_KEYS}))
+        return
+    if not board:
+        click.echo("No verified attempt" + (f" for task {task}" if task else "") + ".")
+        return
+    table = Table(title="best verified kernels")
+    for col in ("task", "backend", "device", "size", "time ms", "x eager", "x compile", "floor frac", "model",
+                "run", "attempt"):
+        table.add_column(col, overflow="fold", justify="left" if col in ("task", "backend", "device", "size",
+                                                                          "model", "run", "attempt") else "right")
+    for r in board:
+        table.add_row(r["task"], r["backend"], r["device"] or "-", r["size"] or "-", _fmt(r["time_ms"], ".4g"),
+                      _fmt(r["speedup_eager"]), _fmt(r["speedup_compile"]), _fmt(r["floor_fraction"]), r["model"],
+                      r["run_id"], r["id"])
+    console = Console()  # made here, so it writes to the stdout click (or a test runner) set up
+    if not console.is_terminal:
+        console.width = 200  # piped: rich's 80-column default would fold ids and device names
+    console.print(table)
+
+
+def _columns(store) -> list[str]:
+    # The table's own column order (what Store.attempts returns, less its hidden columns, plus the
+    # "run" alias), so an export with no rows still has a header.
+    hidden = {"result_json", "detail"}
+    return [c.name for c in store.db["attempts"].columns if c.name not in hidden] + ["run"]
+
+
+@click.command()
+@db_option
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
+@click.option("-o", "--output", default="-", show_default=True, help="A file, or - for stdout.")
+@click.option("--run", "run_id", default=None, help="Only this run (an id; 'latest' for the newest).")
+@click.option("--verdict", default=None, help="Only this verdict (correct, mismatch, build_failed, ...).")
+@click.option("--best", "best_dir", default=None, type=click.Path(file_okay=False),
+              help="Instead: write the best verified kernels as a self-contained, hash-locked package here.")
+@click.option("--generated", default="generated", show_default=True,
+              help="Where generated code lives (read by --best).")
+def export(db: str, fmt: str, output: str, run_id: str | None, verdict: str | None, best_dir: str | None,
+           generated: str) -> None:
+    """Write stored attempts as JSONL or CSV, or (--best DIR) the best kernels as a package."""
+    if best_dir is not None:
+        _export_best(db, best_dir, generated)
+        return
+    with _store(db) as store:
+        rows = store.attempts(run=_run_id(store, run_id), verdict=verdict)
+        columns = _columns(store)
+    with click.open_file(output, "w") as f:
+        if fmt == "jsonl":
+            for r in rows:
+                f.write(json.dumps({c: r.get(c) for c in columns}) + "\n")
+        else:
+            writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
+            writer.writeheader()
+            for r in rows:
+                writer.writerow({c: ",".join(r[c]) if c == "flags" else r.get(c) for c in columns})
+    if output != "-":
+        click.echo(f"wrote {len(rows)} attempts to {output}", err=True)
+
+
+def _export_best(db: str, out_dir: str, generated: str) -> None:
+    from .kernels import LibraryError
+    from .export import export_best
+
+    if not Path(db).is_file():
+        raise click.ClickException(f"{db}: no database (run `kgen run` first, or pass --db)")
+    try:
+        manifest = export_best(db, out_dir, generated_dir=generated)
+    except LibraryError as exc:
+        raise click.ClickException(str(exc)) from None
+    for task, kernels in sorted(manifest.tasks.items()):
+        for k in kernels:
+            click.echo(f"{task}: {k.code_hash} x{_fmt(k.speedup_eager)} eager, x{_fmt(k.speedup_compile)} compile "
+                       f"on {k.device} (torch {k.torch_version})")
+    for line in manifest.skipped:
+        click.echo(f"skipped {line}", err=True)
+    click.echo(f"wrote {sum(map(len, manifest.tasks.values()))} kernels to {out_dir}")
+
+
+@click.command()
+@db_option
+@click.option("-o", "--output", default="report.html", show_default=True, help="The HTML file to write.")
+@click.option("--run", "run_id", default=None, help="Only this run (an id; 'latest' for the newest).")
+def report(db: str, output: str, run_id: str | None) -> None:
+    """Write a self-contained HTML report: speedups per task, outcomes per model, fast_p curves."""
+    from .report import render
+
+    with _store(db) as store:
+        run_id = _run_id(store, run_id)
+        rows = store.attempts(run=run_id)
+    Path(output).write_text(render(rows, source=db, run=run_id))
+    click.echo(f"wrote {output}: {len(rows)} attempts, {len({r['task'] for r in rows})} tasks")

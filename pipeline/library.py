@@ -1,0 +1,368 @@
+"""Replay the best verified kernels as a drop-in library.
+
+    from pipeline import library
+    mse = library.load("mse")                  # nn.Module with the reference's forward(predictions, targets)
+    loss = mse(p, t)                           # the verified kernel inside its envelope, else the reference
+    mse_fn = library.functional("mse")
+    library.export_best("db/kgen.db", "dist/kernels")
+    mse = library.load("mse", export_dir="dist/kernels")   # no database; files checked against kgen.lock
+
+Each kernel becomes the custom op kgen::<task>_<code_hash> with a fake (so torch.compile traces
+through it) and an autograd formula that recomputes the reference's backward. The kernel module is
+imported into this process, deliberately: the user chose to run a kernel the evaluator verified.
+Its extension builds once into builds/<code_hash> (an export's builds/<code_hash>) and is reused.
+Set KGEN_DISABLE=1 to run every reference instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import re
+import sys
+import threading
+import types
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import tasks
+from .export import export_best, open_export, task_row_of
+from .kernels import (KernelEntry, LibraryError, device_kind, entry_from_attempt, outside, parse_size,
+                      sha256_text, task_file)
+from .leaderboard import is_verified, rank_key
+
+__all__ = ["load", "functional", "export_best", "LibraryError", "KgenFallbackWarning", "KgenModule"]
+
+DEFAULT_DB = Path("db/kgen.db")
+_lock = threading.RLock()
+_KERNELS: dict[str, types.ModuleType] = {}  # kernel source sha256 -> imported module
+_OPS: dict[str, Any] = {}                    # op name -> torch.ops packet
+
+
+class KgenFallbackWarning(UserWarning):
+    """A call ran the reference instead of a kernel; the message says why."""
+
+
+@dataclass
+class _Choice:
+    """What load() found: the reference to fall back on and, maybe, a kernel to run."""
+
+    task: str
+    task_source: str
+    size: str
+    entry: KernelEntry | None = None
+    kernel_source: str | None = None
+    kernel_path: Path | None = None
+    build_dir: Path | None = None
+    reasons: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _here(backend: str | None) -> tuple[str, str]:
+    backend = backend or ("cuda" if torch.cuda.is_available() else "cpu")
+    if backend == "cuda" and not torch.cuda.is_available():
+        raise LibraryError("backend cuda: no CUDA device is visible")
+    return backend, device_kind(backend, torch.cuda.get_device_name() if backend == "cuda" else "cpu")
+
+
+def _fits(backend: str, kind: str, row_backend: str, row_device: str, torch_version: str | None,
+          cuda_version: str | None) -> bool:
+    if row_backend != backend or device_kind(row_backend, row_device or "") != kind:
+        return False
+    if torch_version != torch.__version__:
+        return False
+    return backend != "cuda" or cuda_version == torch.version.cuda
+
+
+def _none_here(backend: str, kind: str, elsewhere: int) -> tuple[str, str]:
+    note = f" ({elsewhere} verified for other devices or torch versions)" if elsewhere else ""
+    return "no_kernel", f"no verified kernel for {kind} ({backend}) with torch {torch.__version__}{note}"
+
+
+def _from_db(task: str, db: Path, backend: str, kind: str, generated: Path, builds: Path) -> _Choice:
+    from .store import Store
+
+    if not db.is_file():
+        raise LibraryError(f"{db}: no database (run `kgen run`, or pass export_dir=)")
+    store = Store.open(db)
+    try:
+        newest = store.attempts(task=task, limit=1)
+        if not newest:
+            raise LibraryError(f"{db}: no attempts for task {task!r}")
+        verified = [r for r in store.attempts(task=task, verdict="correct") if is_verified(r)]
+        here = sorted((r for r in verified if _fits(backend, kind, r["backend"], r["device"], r["torch_version"],
+                                                     r["cuda_version"])), key=rank_key)
+        reasons = []
+        for row in here:
+            path = generated / f"{row['code_hash']}.py"
+            task_row = task_row_of(store, row["task_id"])
+            if not path.is_file() or task_row is None:
+                reasons.append(("missing", f"attempt {row['id']}: {path} or its task source is missing"))
+                continue
+            source = path.read_text()
+            if sha256_text(source)[:16] != row["code_hash"]:
+                raise LibraryError(f"{path}: its content does not hash to its name (changed after evaluation)")
+            entry = entry_from_attempt(store.attempt(row["id"]), task_row["source"], sha256_text(source))
+            return _Choice(task, task_row["source"], row["size"], entry, source, path,
+                           builds / row["code_hash"], reasons)
+        if not here:
+            reasons.append(_none_here(backend, kind, len(verified)))
+        task_row = task_row_of(store, newest[0]["task_id"])
+        if task_row is None:
+            raise LibraryError(f"{db}: the reference source of task {task!r} is not in the database")
+        return _Choice(task, task_row["source"], newest[0]["size"], reasons=reasons)
+    finally:
+        store.close()
+
+
+def _from_export(task: str, export_dir: Path, backend: str, kind: str) -> _Choice:
+    manifest, read = open_export(export_dir)
+    kernels = manifest.tasks.get(task)
+    if not kernels:
+        known = ", ".join(sorted(manifest.tasks)) or "none"
+        raise LibraryError(f"{export_dir}: no kernel for task {task!r} in this export (has: {known})")
+    for k in kernels:  # best first
+        if _fits(backend, kind, k.backend, k.device, k.torch_version, k.cuda_version):
+            source = read(k.source)
+            if sha256_text(source) != k.sha256:
+                raise LibraryError(f"{export_dir / k.source}: sha256 differs from manifest.json; refusing to load it")
+            entry = KernelEntry(**k.model_dump(exclude={"source", "reference"}))
+            return _Choice(task, read(k.reference), k.size, entry, source, Path(export_dir) / k.source,
+                           Path(export_dir) / "builds" / k.code_hash)
+    return _Choice(task, read(kernels[0].reference), kernels[0].size,
+                   reasons=[_none_here(backend, kind, len(kernels))])
+
+
+def import_kernel(source: str, code_hash: str, path: Path, build_dir: Path) -> types.ModuleType:
+    """Execute a kernel's source (already checked against its hash) with its own extension cache."""
+    sha = sha256_text(source)
+    with _lock:
+        if sha in _KERNELS:  # content-addressed: the same source imported once per process
+            return _KERNELS[sha]
+        build_dir.mkdir(parents=True, exist_ok=True)
+        name = f"kgen_kernel_{code_hash}"
+        module = types.ModuleType(name)
+        module.__file__ = str(path)
+        saved = os.environ.get("TORCH_EXTENSIONS_DIR")
+        # load_inline reads this at call time: the build lands in (or is reused from) build_dir.
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(build_dir.resolve())
+        try:
+            sys.modules[name] = module
+            exec(compile(source, str(path), "exec"), module.__dict__)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        finally:
+            if saved is None:
+                os.environ.pop("TORCH_EXTENSIONS_DIR", None)
+            else:
+                os.environ["TORCH_EXTENSIONS_DIR"] = saved
+        if not hasattr(module, "ModelNew"):
+            raise LibraryError(f"{path}: defines no ModelNew")
+        _KERNELS[sha] = module
+        return module
+
+
+def _schema(entry: KernelEntry, reference: torch.nn.Module) -> str:
+    params = list(inspect.signature(reference.forward).parameters.values())
+    plain = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    if not plain or len(params) != len(entry.envelope.inputs):
+        params = []
+    types_ = {"tensor": "Tensor", "int": "int", "float": "float", "bool": "bool"}
+    args = []
+    for i, spec in enumerate(entry.envelope.inputs):
+        name = params[i].name if params and params[i].name not in ("self", "out") else f"x{i}"
+        args.append(f"{types_[spec.kind]} {name}")
+    return f"({', '.join(args)}) -> Tensor"
+
+
+def _fake(entry: KernelEntry, reference: torch.nn.Module) -> Callable:
+    dtype = getattr(torch, entry.envelope.output.dtype)
+    scalar = not entry.envelope.output.shape
+
+    def fake(*args):
+        like = next(x for x in args if isinstance(x, torch.Tensor))
+        if scalar:  # a loss: 0-dim whatever the input shape
+            return torch.empty((), dtype=dtype, device=like.device)
+        # A shape-general kernel returns what the reference returns: its shape rules, on fake inputs.
+        with torch.no_grad():
+            out = reference(*args)
+        return out.new_empty(out.shape)
+
+    return fake
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    ctx.tensor_at = [isinstance(x, torch.Tensor) for x in inputs]
+    ctx.scalars = [None if t else x for t, x in zip(ctx.tensor_at, inputs)]
+    ctx.save_for_backward(*[x for x in inputs if isinstance(x, torch.Tensor)])
+
+
+def _backward(reference: torch.nn.Module) -> Callable:
+    # The kernels are forward-only; the gradient is the reference's, recomputed on the saved inputs.
+    def backward(ctx, grad):
+        saved = iter(ctx.saved_tensors)
+        args = []
+        for is_tensor, scalar in zip(ctx.tensor_at, ctx.scalars):
+            if not is_tensor:
+                args.append(scalar)
+                continue
+            x = next(saved).detach()
+            args.append(x.requires_grad_(True) if (x.is_floating_point() or x.is_complex()) else x)
+        wants = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
+        with torch.enable_grad():
+            out = reference(*args)
+        grads = iter(torch.autograd.grad(out, wants, grad, allow_unused=True))
+        return tuple(next(grads) if isinstance(x, torch.Tensor) and x.requires_grad else None for x in args)
+
+    return backward
+
+
+def register_op(entry: KernelEntry, kernel_model: Callable, reference: torch.nn.Module):
+    """The torch.ops packet kgen.<task>_<code_hash>, registered once per process."""
+    name = f"{re.sub(r'[^0-9A-Za-z_]', '_', entry.task)}_{entry.code_hash}"
+    with _lock:
+        if name not in _OPS:
+            def impl(*args):
+                return kernel_model(*args)
+
+            op = torch.library.custom_op(f"kgen::{name}", impl, mutates_args=(), schema=_schema(entry, reference))
+            op.register_fake(_fake(entry, reference))
+            op.register_autograd(_backward(reference), setup_context=_setup_context)
+            _OPS[name] = (op, getattr(torch.ops.kgen, name))
+        return _OPS[name][1]
+
+
+class KgenModule(torch.nn.Module):
+    """The reference's interface, backed by a verified kernel where it is vouched for."""
+
+    def __init__(self, task: str, reference: torch.nn.Module, op=None, entry: KernelEntry | None = None,
+                 reasons: list[tuple[str, str]] | None = None):
+        super().__init__()
+        self.task = task
+        self.reference = reference
+        self.op = op
+        self.entry = entry
+        self._reasons = list(reasons or [])
+        self._signature = inspect.signature(reference.forward)
+        self._warned: set[str] = set()
+        self._cuda_ok: dict[int, bool] = {}
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
+        if kwargs:
+            args = self._signature.bind(*args, **kwargs).args
+        why = self._why_not(args)
+        if why is None:
+            return self.op(*args)
+        for reason in [why, *(self._reasons if self.op is None else [])]:
+            self._warn(*reason)
+        return self.reference(*args)
+
+    def _why_not(self, args: tuple) -> tuple[str, str] | None:
+        if os.environ.get("KGEN_DISABLE") == "1":
+            return "disabled", "KGEN_DISABLE=1"
+        if self.op is None:  # every reason it has none is warned about, once each
+            return self._reasons[0] if self._reasons else ("no_kernel", "no kernel")
+        why = outside(self.entry.envelope, args)
+        if why is None and self.entry.backend == "cuda":
+            why = self._other_gpu(args)
+        return why
+
+    def _other_gpu(self, args: tuple) -> tuple[str, str] | None:
+        for x in args:
+            if isinstance(x, torch.Tensor):
+                index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+                if index not in self._cuda_ok:
+                    self._cuda_ok[index] = torch.cuda.get_device_name(index) == self.entry.device
+                if not self._cuda_ok[index]:
+                    return "device", f"cuda:{index} is not a {self.entry.device}, where the kernel was validated"
+        return None
+
+    def _warn(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(f"kgen {self.task}: {message}; running the reference", KgenFallbackWarning, stacklevel=4)
+
+    def extra_repr(self) -> str:
+        if self.entry is None:
+            return f"task={self.task}, kernel=None"
+        return f"task={self.task}, kernel={self.entry.code_hash}, x_eager={self.entry.speedup_eager}"
+
+
+def _module_class(task: str, reference: torch.nn.Module) -> type:
+    """A KgenModule subclass whose forward shows the reference's own signature and docstring."""
+    sig = inspect.signature(reference.forward)
+
+    def forward(self, *args, **kwargs):
+        return self._call(args, kwargs)
+
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    forward.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()])
+    forward.__doc__ = type(reference).__doc__
+    name = "Kgen_" + re.sub(r"[^0-9A-Za-z_]", "_", task)
+    return type(name, (KgenModule,), {"forward": forward, "__doc__": type(reference).__doc__})
+
+
+def _own_rng(backend: str):
+    """make_model seeds the global generators; a library must leave the caller's RNG state alone."""
+    devices = list(range(torch.cuda.device_count())) if backend == "cuda" else []
+    return torch.random.fork_rng(devices=devices)
+
+
+def load(task: str, *, db: str | Path | None = None, export_dir: str | Path | None = None,
+         backend: str | None = None, generated_dir: str | Path = "generated",
+         builds_dir: str | Path = "builds") -> KgenModule:
+    """A module for `task` backed by its best verified kernel for this device, torch and backend.
+
+    From an export when export_dir is given (no database needed), else from the database.
+    Outside the kernel's envelope, with no verified kernel, or with KGEN_DISABLE=1, calls run the
+    reference Model, with one KgenFallbackWarning per reason.
+    """
+    backend, kind = _here(backend)
+    if export_dir is not None:
+        choice = _from_export(task, Path(export_dir), backend, kind)
+    else:
+        choice = _from_db(task, Path(db) if db else DEFAULT_DB, backend, kind, Path(generated_dir),
+                          Path(builds_dir))
+    size = parse_size(choice.size)
+    module = tasks.load_module(task_file(task, f"{task}.py", choice.task_source), size)
+    with _own_rng(backend):
+        reference = tasks.make_model(module, module.Model, 0, "cpu")
+    op, reasons = None, list(choice.reasons)
+    if any(True for _ in reference.parameters()) or any(True for _ in reference.buffers()):
+        # The op sees only forward's arguments: parameters would get no gradient and go stale.
+        reasons.insert(0, ("parameters", "the reference Model has parameters or buffers, which kernels here "
+                                         "do not take"))
+    elif os.environ.get("KGEN_DISABLE") == "1":
+        reasons.insert(0, ("disabled", "KGEN_DISABLE=1"))  # nothing imported, nothing built
+    elif choice.entry is not None:
+        try:
+            kernel = import_kernel(choice.kernel_source, choice.entry.code_hash, choice.kernel_path,
+                                   choice.build_dir)
+            with _own_rng(backend):  # built as the evaluator built them: same seed, same weights
+                kernel_model = tasks.make_model(module, kernel.ModelNew, 0, "cuda" if backend == "cuda" else "cpu")
+                backward_reference = tasks.make_model(module, module.Model, 0, "cpu")
+            op = register_op(choice.entry, kernel_model, backward_reference)
+        except LibraryError:
+            raise
+        except Exception as exc:  # a build that fails here (no compiler, other flags): run the reference
+            reasons.insert(0, ("import", f"kernel {choice.entry.code_hash} failed to load: "
+                                         f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"))
+    return _module_class(task, reference)(task, reference, op, choice.entry if op else None, reasons)
+
+
+def functional(task: str, **kwargs) -> Callable:
+    """load(task, **kwargs) as a function with the reference forward's signature."""
+    module = load(task, **kwargs)
+
+    @functools.wraps(module.reference.forward)
+    def call(*args, **kw):
+        return module(*args, **kw)
+
+    call.__name__ = call.__qualname__ = task
+    call.module = module
+    return call

@@ -1,0 +1,63 @@
+"""A stand-in for the harness in tests/test_sandbox.py: started through pipeline.sandbox.start, it
+reports what a child sees, and, in `confined` mode, confines itself the way the harness does and
+reports what it could still reach.
+
+    python -m tests.sandbox_probe --result-fd N plain
+    python -m tests.sandbox_probe --result-fd N confined OUTSIDE_FILE PROJECT_FILE PORT
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+
+from pipeline import wire
+
+
+def _try(fn) -> str:
+    try:
+        fn()
+        return "ok"
+    except OSError as exc:
+        return f"denied: {type(exc).__name__} {exc.errno}"
+
+
+def _write(path: str) -> None:
+    with open(path, "w") as f:
+        f.write("probe")
+
+
+def _read(path: str) -> None:
+    with open(path, "rb") as f:
+        f.read(1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--result-fd", type=int, required=True)
+    parser.add_argument("mode", choices=["plain", "confined"])
+    parser.add_argument("rest", nargs="*")
+    args = parser.parse_args()
+    report = {"env": dict(os.environ), "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+              "ppid": os.getppid(), "cwd": os.getcwd(), "cwd_listing": sorted(os.listdir("."))}
+    if args.mode == "confined":
+        from pipeline.harness import apply_limits
+
+        outside, project_file, port = args.rest
+        report["landlock"] = apply_limits(None, False, [], [])
+        home = os.environ["HOME"]
+        report["write_home"] = _try(lambda: _write(os.path.join(home, "inside.txt")))
+        report["write_outside"] = _try(lambda: _write(outside))
+        report["read_project"] = _try(lambda: _read(project_file))
+        report["read_parent_environ"] = _try(lambda: _read(f"/proc/{os.getppid()}/environ"))
+        report["read_own_status"] = _try(lambda: _read("/proc/self/status"))
+        report["read_cpuinfo"] = _try(lambda: _read("/proc/cpuinfo"))
+        report["signal_parent"] = _try(lambda: os.kill(os.getppid(), 0))
+        report["tcp_connect"] = _try(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())
+    wire.send(args.result_fd, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""Prompt rendering (prompts/one_shot.j2 through pipeline.prompts) and the demo replay fixture."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.extract import extract
+from pipeline.prompts import PromptError, example_paths, messages, render
+from pipeline.tasks import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ROOT / "prompts"
+TASKS_DIR = ROOT / "reference_tasks"
+FIXTURE = ROOT / "fixtures" / "replay" / "demo.jsonl"
+TASK_NAMES = ("mse", "cross_entropy", "huber", "cosine", "kl_div", "triplet", "hinge")
+
+
+def _task(name: str = "cross_entropy"):
+    return load_file(TASKS_DIR / f"{name}.py")
+
+
+# --------------------------------------------------------------------------------------------
+# rendering
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cpu"])
+def test_render_holds_task_instruction_and_the_backends_example(backend):
+    task = _task()
+    text = render("one_shot.j2", task, backend, PROMPTS)
+    model_src, new_src = (p.read_text() for p in example_paths(backend, PROMPTS))
+
+    assert task.source.strip() in text
+    assert "(cross_entropy)" in text
+    assert model_src.strip() in text
+    assert new_src.strip() in text
+    assert text.index("Input architecture:") < text.index("Optimized with custom operators:")
+    assert text.index(new_src.strip()) < text.index(task.source.strip())
+    assert "Name your optimized output architecture ModelNew" in text
+    assert "one final ```python code block" in text
+    assert "NO testing code" in text
+    assert "0-dim float32 tensor" in text and "(1,)" in text
+    assert "int64" in text
+    assert "torch.nn.functional" in text
+    assert "{{" not in text and "{%" not in text
+
+
+def test_render_cuda_asks_for_cuda_with_declarations_in_cpp_sources():
+    text = render("one_shot.j2", _task("mse"), "cuda", PROMPTS)
+    assert "custom CUDA kernels" in text
+    assert "`cpp_sources` must declare the functions and `cuda_sources` define them" in text
+    assert "C++ CPU" not in text
+    assert "cuda_sources=" in text  # the CUDA example
+    assert "fused_fma_example" in text
+
+
+def test_render_cpu_asks_for_cpp_sources_only():
+    text = render("one_shot.j2", _task("mse"), "cpu", PROMPTS)
+    assert "custom C++ CPU kernels" in text
+    assert "`cpp_sources` only" in text
+    assert "cuda_sources=" not in text  # the CPU example builds from cpp_sources alone
+    assert "fused_fma_cpu_example" in text
+    assert "__global__" not in text
+
+
+def test_render_every_reference_task_on_both_backends():
+    for name in TASK_NAMES:
+        for backend in ("cuda", "cpu"):
+            text = render("one_shot.j2", _task(name), backend, PROMPTS)
+            assert f"({name})" in text
+            assert text.endswith("\n")
+
+
+def test_examples_are_valid_python_with_model_and_modelnew():
+    for backend in ("cuda", "cpu"):
+        model_path, new_path = example_paths(backend, PROMPTS)
+        model = ast.parse(model_path.read_text())
+        new = ast.parse(new_path.read_text())
+        assert {"Model", "get_inputs", "get_init_inputs"} <= _top_level_names(model)
+        assert "ModelNew" in _top_level_names(new)
+        assert "load_inline(" in new_path.read_text()
+    assert "cuda_sources=" not in example_paths("cpu", PROMPTS)[1].read_text()
+    assert "cuda_sources=" in example_paths("cuda", PROMPTS)[1].read_text()
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    return {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+
+
+def test_missing_template_is_a_prompt_error(tmp_path):
+    with pytest.raises(PromptError, match=r"prompt template 'nope.j2' not found in "):
+        render("nope.j2", _task(), "cuda", PROMPTS)
+
+
+def test_undefined_variable_raises_with_jinja_message(tmp_path):
+    _examples(tmp_path)
+    (tmp_path / "bad.j2").write_text("Task {{ task_name }} with {{ no_such_variable }}\n")
+    with pytest.raises(PromptError, match="no_such_variable.*is undefined"):
+        render("bad.j2", _task(), "cpu", tmp_path)
+
+
+def test_undefined_attribute_raises_too(tmp_path):
+    _examples(tmp_path)
+    (tmp_path / "bad.j2").write_text("{{ backend.no_such_attribute }}\n")
+    with pytest.raises(PromptError, match="no_such_attribute"):
+        render("bad.j2", _task(), "cpu", tmp_path)
+
+
+def test_template_syntax_error_is_a_prompt_error(tmp_path):
+    _examples(tmp_path)
+    (tmp_path / "broken.j2").write_text("{% if backend %}never closed\n")
+    with pytest.raises(PromptError, match="broken.j2"):
+        render("broken.j2", _task(), "cpu", tmp_path)
+
+
+def test_custom_template_gets_all_variables_and_keeps_trailing_newline(tmp_path):
+    _examples(tmp_path)
+    (tmp_path / "t.j2").write_text(
+        "{{ task_name }}|{{ backend }}|{{ example_model }}|{{ example_model_new }}|"
+        "{{ task_source | length > 0 }}\n")
+    text = render("t.j2", _task("huber"), "cuda", tmp_path)
+    assert text == "huber|cuda|MODEL cuda|NEW cuda|True\n"
+
+
+def test_missing_example_is_a_prompt_error(tmp_path):
+    (tmp_path / "t.j2").write_text("{{ task_name }}\n")
+    with pytest.raises(PromptError, match="cpu_model.py"):
+        render("t.j2", _task(), "cpu", tmp_path)
+
+
+def test_unknown_backend_is_a_prompt_error():
+    with pytest.raises(PromptError, match="unknown backend 'rocm'"):
+        render("one_shot.j2", _task(), "rocm", PROMPTS)
+
+
+def test_messages_is_one_user_turn():
+    assert messages("hello") == [{"role": "user", "content": "hello"}]
+
+
+def _examples(directory: Path) -> None:
+    examples = directory / "examples"
+    examples.mkdir(exist_ok=True)
+    for backend in ("cuda", "cpu"):
+        (examples / f"{backend}_model.py").write_text(f"MODEL {backend}")
+        (examples / f"{backend}_model_new.py").write_text(f"NEW {backend}")
+
+
+# --------------------------------------------------------------------------------------------
+# the demo replay fixture
+
+
+def _fixture() -> list[dict]:
+    return [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_fixture_has_two_entries_per_task_and_backend():
+    entries = _fixture()
+    counts: dict[tuple[str, str], int] = {}
+    for e in entries:
+        assert set(e) == {"task", "backend", "text", "reasoning", "usage"}
+        assert e["backend"] in ("cpu", "cuda")
+        assert e["reasoning"] is None or isinstance(e["reasoning"], str)
+        assert e["usage"]["prompt_tokens"] > 0 and e["usage"]["completion_tokens"] > 0
+        counts[(e["task"], e["backend"])] = counts.get((e["task"], e["backend"]), 0) + 1
+    assert counts == {(t, b): 2 for t in TASK_NAMES for b in ("cpu", "cuda")}
+
+
+def test_fixture_texts_hold_a_final_python_block_with_modelnew():
+    for e in _fixture():
+        where = f"{e['task']}/{e['backend']}"
+        assert "```python" in e["text"], where
+        ex = extract(e["text"])
+        assert ex.error is None, f"{where}: {ex.error}"
+        code = ex.code
+        assert "class ModelNew(nn.Module)" in code, where
+        assert "load_inline(" in code, where
+        assert "def get_inputs" not in code, where
+        if e["backend"] == "cpu":
+            assert "cuda_sources" not in code, where
+        else:
+            assert "cuda_sources=" in code, where
+        if e["task"] == "triplet":
+            assert "def __init__(self, margin=1.0)" in code, where
+
+
+def test_fixture_load_inline_names_are_distinct():
+    names = []
+    for e in _fixture():
+        code = extract(e["text"]).code
+        tree = ast.parse(code)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "load_inline":
+                names += [kw.value.value for kw in node.keywords if kw.arg == "name"]
+    assert len(names) == len(_fixture())
+    assert len(set(names)) == len(names)
+
+
+def test_fixture_covers_the_extraction_quirks():
+    entries = _fixture()
+    texts = [e["text"] for e in entries]
+    assert any(t.lstrip().startswith("<think>") and "</think>" in t for t in texts)
+    assert any(t.rstrip().endswith("return self.cosine_ext.cosine_similarity_loss(predictions, targets)")
+               for t in texts)  # the unclosed final fence
+    assert sum("\n    ```python\n" in t for t in texts) >= 2  # indented final blocks
+    assert any(e["reasoning"] for e in entries)
+
+
+def test_fixture_is_what_the_generator_writes(monkeypatch):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("kgen_make_demo", FIXTURE.with_name("make_demo.py"))
+    make_demo = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, make_demo)  # dataclasses look their module up
+    spec.loader.exec_module(make_demo)
+    texts = [e["text"] for e in make_demo.ordered()]
+    assert texts == [e["text"] for e in _fixture()]
+
+
+def test_replay_provider_serves_the_fixture_in_order():
+    import asyncio
+
+    from pipeline.config import ModelConfig
+    from pipeline.llm import ChatRequest, ReplayProvider
+
+    provider = ReplayProvider(ModelConfig(name="demo", provider="replay", replay_file=str(FIXTURE)), ROOT)
+    recorded = [e for e in _fixture() if e["task"] == "kl_div" and e["backend"] == "cuda"]
+
+    async def ask(sample: int):
+        return await provider.complete(ChatRequest(task="kl_div", backend="cuda",
+                                                   messages=messages("x"), sample=sample))
+
+    first, second = asyncio.run(ask(0)), asyncio.run(ask(1))
+    assert first.error is None and second.error is None
+    assert [first.text, second.text] == [e["text"] for e in recorded]
+    assert first.reasoning == recorded[0]["reasoning"]

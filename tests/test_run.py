@@ -1,0 +1,191 @@
+"""The batch end to end, for real: replay and openai providers, sandboxed builds and evaluations,
+SQLite, resume after kill -9, retries, the budget, the Ray executor, cuda slots on a CPU machine.
+
+Candidates here are plain PyTorch modules, so a "build" is an import (seconds, no compiler); the
+compiled path is covered by tests/test_redteam.py and tests/test_build.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from chat_server import Failure, Reply, serve
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.run import Runner
+from pipeline.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RIGHT = """Reasoning: a squared difference, then a mean.
+
+```python
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, predictions, targets):
+        return ((predictions - targets) ** 2).mean()
+```
+"""
+WRONG = """Every input is uniform, so the answer is about a third.
+
+```python
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.tensor(0.3333)
+```
+"""
+NO_CODE = "I would write a kernel here, but I ran out of time."
+
+
+def write_config(tmp: Path, models: list[dict], samples: int = 2, names=("mse",), **extra) -> Path:
+    cfg = {
+        "models": models,
+        "tasks": {"names": list(names), "size": "small", "directory": str(ROOT / "reference_tasks")},
+        "prompts_dir": str(ROOT / "prompts"),
+        "samples": samples,
+        "backend": "cpu",
+        "evaluation": {"trials": 3, "timed_calls": 5, "warmup_calls": 1, "compile_baseline": False,
+                       "check_shapes": False, "timeout_s": 120},
+        **extra,
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def replay(tmp: Path, entries: list[tuple[str, str]]) -> dict:
+    path = tmp / "replay.jsonl"
+    path.write_text("".join(json.dumps({"task": t, "backend": "cpu", "text": text}) + "\n" for t, text in entries))
+    return {"name": "recorded", "provider": "replay", "replay_file": str(path)}
+
+
+def run(config: Path, **kwargs) -> tuple[str, Store]:
+    cfg = load_config(config)
+    store = Store.open(cfg.path(cfg.database))
+    return asyncio.run(Runner(cfg, store).run(**kwargs)), store
+
+
+def test_replay_run_stores_each_outcome_and_resumes(tmp_path):
+    config = write_config(tmp_path, [replay(tmp_path, [("mse", RIGHT), ("mse", WRONG), ("mse", NO_CODE)])],
+                          samples=3)
+    run_id, store = run(config)
+    verdicts = {a["sample"]: a["verdict"] for a in store.attempts(run=run_id)}
+    assert verdicts == {0: "correct", 1: "mismatch", 2: "extract_failed"}
+    right = store.attempt(next(a["id"] for a in store.attempts(run=run_id) if a["sample"] == 0))
+    assert right["result"].speedup_eager > 0 and right["result"].baselines.floor_ms > 0
+    assert (tmp_path / "generated" / f"{right['code_hash']}.py").read_text().startswith("import torch")
+    started = time.monotonic()
+    again, store = run(config)
+    assert again == run_id  # the same plan resumes the same run
+    assert time.monotonic() - started < 10  # nothing left to do
+    assert len(store.attempts(run=run_id)) == 3
+
+
+def _count(db: Path, sql: str) -> int:
+    try:
+        with sqlite3.connect(db) as con:
+            return con.execute(sql).fetchone()[0]
+    except sqlite3.OperationalError:  # the run has not made its tables yet
+        return 0
+
+
+def test_kill9_mid_run_then_resume_stores_every_slot_once(tmp_path):
+    config = write_config(tmp_path, [replay(tmp_path, [("mse", RIGHT), ("mse", WRONG)])], samples=4)
+    db = tmp_path / "db" / "kgen.db"
+    cmd = [sys.executable, "-m", "pipeline.cli", "run", "-c", str(config)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if db.exists() and _count(db, "SELECT count(*) FROM attempts") >= 1:
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and every child it started, mid-way
+    proc.wait()
+    stored_before = _count(db, "SELECT count(*) FROM attempts")
+    assert 1 <= stored_before < 4
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = _count(db, "SELECT count(*) FROM attempts")
+    slots = _count(db, "SELECT count(DISTINCT run_id || task || model || sample) FROM attempts")
+    assert rows == slots == 4
+    assert _count(db, "SELECT count(DISTINCT run_id) FROM attempts") == 1
+    # Completions are cached by key: the restarted run asked the model only for what was missing.
+    assert _count(db, "SELECT count(DISTINCT cache_key) FROM completions") == 4
+
+
+def test_openai_endpoint_answering_429_and_500_is_retried(tmp_path):
+    script = [Failure(429), Failure(500), Reply(content=RIGHT, reasoning="think first", completion_tokens=50)]
+    with serve(script) as server:
+        model = {"name": "local", "provider": "openai", "base_url": server.base_url, "model": "coder-1",
+                 "max_retries": 3, "sampling": {"temperature": 0.2}}
+        run_id, store = run(write_config(tmp_path, [model], samples=1))
+        assert len(server.requests) == 3
+        assert server.requests[-1].body["temperature"] == 0.2
+    attempt = store.attempt(store.attempts(run=run_id)[0]["id"])
+    assert attempt["verdict"] == "correct"
+    assert attempt["reasoning"] == "think first"
+    assert attempt["usage"].completion_tokens == 50
+
+
+def test_budget_stops_new_model_calls(tmp_path):
+    with serve([Reply(content=WRONG, prompt_tokens=700, completion_tokens=300)]) as server:
+        model = {"name": "local", "provider": "openai", "base_url": server.base_url, "model": "coder-1",
+                 "max_concurrency": 1}
+        run_id, store = run(write_config(tmp_path, [model], samples=5, budget={"max_tokens": 1500}))
+        calls = len(server.requests)
+    assert calls == 2  # 1000 tokens after the first, 2000 after the second: no third call
+    assert len(store.attempts(run=run_id)) == 2
+    assert store.get_run(run_id)["status"] == "budget_reached"
+
+
+def test_cuda_slots_on_a_machine_without_gpu_wait_for_one(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    entries = [(t, RIGHT) for t in ("mse",)]
+    path = tmp_path / "replay.jsonl"
+    path.write_text(json.dumps({"task": "mse", "backend": "cuda", "text": RIGHT}) + "\n")
+    model = {"name": "recorded", "provider": "replay", "replay_file": str(path)}
+    config = write_config(tmp_path, [model], samples=1, backend="cuda")
+    run_id, store = run(config)
+    (attempt,) = store.attempts(run=run_id)
+    assert attempt["verdict"] == "waiting_gpu" and attempt["code_hash"]
+    assert entries
+
+
+def test_ray_executor_completes_a_cpu_run(tmp_path):
+    pytest.importorskip("ray")
+    config = write_config(tmp_path, [replay(tmp_path, [("mse", RIGHT), ("mse", WRONG)])], samples=2,
+                          executor="ray")
+    run_id, store = run(config)
+    assert sorted(a["verdict"] for a in store.attempts(run=run_id)) == ["correct", "mismatch"]
+
+
+def test_bad_config_gets_one_line_naming_the_key(tmp_path):
+    config = write_config(tmp_path, [replay(tmp_path, [("mse", RIGHT)])])
+    data = yaml.safe_load(config.read_text())
+    data["evaluation"]["trials"] = 0
+    config.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(main, ["run", "-c", str(config)])
+    assert result.exit_code != 0
+    assert "evaluation.trials" in result.output and len(result.output.strip().splitlines()) == 1

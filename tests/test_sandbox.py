@@ -1,0 +1,152 @@
+"""The sandbox around untrusted code: the child's environment, process group, working directory and
+Landlock confinement, and the build step's log and stale-lock handling."""
+
+from __future__ import annotations
+
+import os
+import socket
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipeline import build, landlock, sandbox
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRETS = {
+    "OPENAI_API_KEY": "sk-sandbox-" + uuid.uuid4().hex,
+    "KGEN_TEST_SECRET": "s3cret-" + uuid.uuid4().hex,
+    "HF_TOKEN": "hf_" + uuid.uuid4().hex,
+    "AWS_SECRET_ACCESS_KEY": uuid.uuid4().hex,
+    "KGEN_DATABASE": str(ROOT / "db" / "kgen.db"),
+}
+# What the child may hold: the allow-list, the variables sandbox.start sets itself, and the extras we pass.
+SET_BY_SANDBOX = {"HOME", "TMPDIR", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONNOUSERSITE"}
+
+
+def probe(*args: str, extra_env: dict[str, str] | None = None) -> tuple[dict, str, Path]:
+    """Run tests/sandbox_probe.py in a sandboxed child; return its report, its log and its workdir."""
+    child = sandbox.start("tests.sandbox_probe", list(args), 120, extra_env)
+    report = child.receive()
+    code, log = child.finish()
+    assert report is not None, f"probe exited {code}: {log[-3000:]}"
+    assert code == 0, log[-3000:]
+    return report, log, child.workdir
+
+
+@pytest.fixture
+def secrets(monkeypatch):
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    return SECRETS
+
+
+def test_child_environment_is_the_allow_list(secrets):
+    report, _, _ = probe("plain", extra_env={"TORCH_EXTENSIONS_DIR": "/tmp/kgen-ext"})
+    env = report["env"]
+    assert set(env) <= set(sandbox.ENV_ALLOW) | SET_BY_SANDBOX | {"TORCH_EXTENSIONS_DIR"}, sorted(env)
+    for name, value in secrets.items():
+        assert name not in env
+        assert not any(value in v for v in env.values()), name
+    assert env["TORCH_EXTENSIONS_DIR"] == "/tmp/kgen-ext"
+
+
+def test_child_runs_in_its_own_group_in_a_fresh_temp_dir():
+    first, _, first_dir = probe("plain")
+    second, _, second_dir = probe("plain")
+    for report, workdir in ((first, first_dir), (second, second_dir)):
+        assert report["pgid"] == report["pid"] == report["sid"]  # leader of a new session and group
+        assert report["pgid"] != os.getpgid(0)
+        assert report["ppid"] == os.getpid()
+        assert report["cwd"] == str(workdir) == report["env"]["HOME"] == report["env"]["TMPDIR"]
+        assert Path(report["cwd"]).name.startswith("kgen-child-")
+        assert report["cwd_listing"] == ["output.log"]  # nothing but the child's own log
+        assert not workdir.exists()  # removed when the child finished
+    assert first_dir != second_dir
+
+
+@pytest.mark.skipif(landlock.abi_version() == 0, reason="Landlock is not available on this kernel")
+def test_landlock_confines_the_child(tmp_path, secrets):
+    outside = tmp_path / "outside.txt"  # under pytest's tmp dir: neither HOME nor a build dir
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.setblocking(False)
+    try:
+        report, log, _ = probe("confined", str(outside), str(ROOT / "pyproject.toml"),
+                               str(listener.getsockname()[1]))
+        assert report["landlock"] is True, log
+        assert report["write_home"] == "ok"  # the one place it may write
+        assert report["write_outside"].startswith("denied"), report
+        assert not outside.exists()
+        assert report["read_project"].startswith("denied"), report  # the project folder holds the database
+        # Another process's /proc/PID/environ holds the environment it started with (API keys in
+        # a shell's, or in `kgen run`'s); Landlock lets a same-uid process read it unless /proc
+        # itself is off the read list.
+        assert report["read_parent_environ"].startswith("denied"), report
+        assert report["read_own_status"] == "ok" and report["read_cpuinfo"] == "ok"
+        if landlock.abi_version() >= 4:
+            assert report["tcp_connect"].startswith("denied"), report
+            with pytest.raises(BlockingIOError):
+                listener.accept()
+        if landlock.abi_version() >= 6:
+            assert report["signal_parent"].startswith("denied"), report
+    finally:
+        listener.close()
+
+
+BROKEN = textwrap.dedent('''
+    import torch.nn as nn
+    from torch.utils.cpp_extension import load_inline
+
+    _ext = load_inline(name="kgen_sandbox_broken", functions=["twice"], cpp_sources="""
+    torch::Tensor twice(torch::Tensor x) { return x * ; }
+    """)
+
+
+    class ModelNew(nn.Module):
+        def forward(self, x):
+            return _ext.twice(x)
+''')
+
+PURE_PYTHON = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+
+    class ModelNew(nn.Module):
+        def forward(self, predictions, targets):
+            return torch.mean((predictions - targets) ** 2)
+''')
+
+
+@pytest.mark.slow
+def test_failed_build_keeps_the_compiler_error(tmp_path):
+    code = tmp_path / "broken.py"
+    code.write_text(BROKEN)
+    result = build.build(code, "broken0000000000", tmp_path / "builds", timeout_s=600)
+    assert not result.ok and not result.timed_out
+    assert "error:" in result.log
+    assert "expected primary-expression" in result.log, result.log[-3000:]  # g++'s own words
+    assert "error" in build.summary_line(result).lower()
+
+
+def test_stale_lock_is_removed_before_building(tmp_path):
+    root = tmp_path / "builds"
+    code_hash = "purepython000000"
+    build_dir = build.build_dir_for(root, code_hash)
+    lock = build_dir / "kgen_some_ext" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    assert build.clear_stale_locks(build_dir) == [lock]
+    assert not lock.exists()
+
+    lock.touch()  # a killed build left it again; build() must clear it itself
+    code = tmp_path / "pure.py"
+    code.write_text(PURE_PYTHON)
+    result = build.build(code, code_hash, root, timeout_s=120)
+    assert result.ok, result.log[-3000:]
+    assert not lock.exists()
+    assert "removed stale lock" in result.log
+    assert result.build_dir == str(build_dir.resolve())
