@@ -3,6 +3,8 @@
 #   STEP=tests  the CUDA red team (tests/test_gpu.py)
 #   STEP=run    `kgen run -c config-h100.yaml` (KernelBench sizes, cuda backend; resumes if cut off)
 #   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
+#   STEP=library  replayed kernels (pipeline.library) against the times the evaluator recorded
+#   STEP=batch  7 tasks x 8 samples (config-h100-batch.yaml) with GPU utilisation sampled
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
 OUT=${OUT:-/tmp/kgen-out}; mkdir -p "$OUT"
@@ -20,5 +22,13 @@ for step in ${STEP:-tests run bench}; do
          kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"
          cp db/h100.db "$OUT/h100.db" ;;
     bench) python3 scripts/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;
+    library) python3 scripts/gpu_library.py 2>&1 | tee "$OUT/library.log" ;;
+    batch) nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util.csv" &
+           smi=$!
+           start=$(date +%s)
+           timeout ${BATCH_LIMIT:-540} python3 -m pipeline.cli run -c config-h100-batch.yaml 2>&1 | tee "$OUT/batch.log" | tail -25
+           echo "batch wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/batch.log"
+           kill $smi
+           cp db/h100-batch.db "$OUT/h100-batch.db" ;;
   esac
 done

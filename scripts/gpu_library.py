@@ -1,0 +1,45 @@
+"""Replayed kernels against the evaluator's record: each task's best verified kernel of the H100 run,
+loaded through pipeline.library and timed with the evaluator's own clock protocol (flush, fresh
+values in the same storage, device-wide sync), median of 30 calls. Prints recorded vs replayed."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import torch
+
+from pipeline import library, tasks
+from pipeline.config import load_config
+from pipeline.leaderboard import best_rows
+from pipeline.store import Store
+from pipeline.timing import Clock
+
+cfg = load_config("config-h100.yaml")
+db = cfg.path(cfg.database)
+store = Store.open(db)
+clock = Clock("cuda")
+rows = []
+for best in best_rows([a for a in store.attempts() if a["backend"] == "cuda"]):
+    task = tasks.discover(cfg.path(cfg.tasks.directory), [best["task"]])[0]
+    module = tasks.load_module(task, cfg.tasks.size)
+    op = library.load(best["task"], db=db, backend="cuda", generated_dir=cfg.path(cfg.generated_dir),
+                      builds_dir=cfg.path(cfg.build_dir))
+    inputs = tasks.make_inputs(module, 1, "base", "cuda")
+    times = []
+    with torch.no_grad():
+        for _ in range(5):
+            op(*inputs)
+        for seed in range(2, 32):
+            for dst, src in zip(inputs, tasks.make_inputs(module, seed, "base", "cuda")):
+                dst.copy_(src)
+            ms, _ = clock.time_call(lambda: op(*inputs))
+            times.append(ms)
+    replayed = statistics.median(times)
+    rows.append({"task": best["task"], "code_hash": best["code_hash"], "recorded_ms": best["time_ms"],
+                 "replayed_ms": replayed, "diff": replayed / best["time_ms"] - 1,
+                 "used_kernel": op.entry is not None})
+    print(json.dumps(rows[-1]), flush=True)
+print(f"\n{'task':<14}{'recorded ms':>12}{'replayed ms':>12}{'diff':>8}")
+for r in rows:
+    print(f"{r['task']:<14}{r['recorded_ms']:>12.4f}{r['replayed_ms']:>12.4f}{100 * r['diff']:>7.2f}%")
