@@ -21,8 +21,8 @@ from rich.table import Table
 from .config import Config, ConfigError, load_config
 from .records import EvalResult
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped output (CI logs, files) gets a wide console so tables are not folded into slivers.
+console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 class KgenError(click.ClickException):
