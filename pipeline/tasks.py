@@ -152,6 +152,13 @@ def _randn(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
 
 
+def _positions(numel: int, gen: torch.Generator, device) -> torch.Tensor:
+    """About one position in 4096, without repeats: a scatter to a repeated index is nondeterministic
+    on CUDA, and the reference and the candidate must see bitwise-identical inputs."""
+    idx = torch.randint(0, numel, (max(1, numel // 4096),), generator=gen, device=device)
+    return torch.unique(idx)
+
+
 def _real(x: torch.Tensor, variant: str, gen: torch.Generator) -> torch.Tensor:
     """A real-valued input with a random scale and offset per trial, so the answer moves by far more
     than the tolerance between trials and a constant or closed-form guess cannot pass."""
@@ -170,8 +177,8 @@ def _real(x: torch.Tensor, variant: str, gen: torch.Generator) -> torch.Tensor:
     if variant == "needle":
         # Rare large values at random places: a kernel that skips part of the input misses them.
         flat = y.reshape(-1)
-        k = max(1, flat.numel() // 4096)
-        idx = torch.randint(0, flat.numel(), (k,), generator=gen, device=x.device)
+        idx = _positions(flat.numel(), gen, x.device)
+        k = idx.numel()
         sign = torch.randint(0, 2, (k,), generator=gen, device=x.device).to(x.dtype) * 2 - 1
         mag = 20 + 80 * torch.rand((k,), generator=gen, device=x.device).to(x.dtype)
         flat[idx] = offset + sign * mag * (scale + abs(offset))
@@ -198,9 +205,7 @@ def _shape_to_domain(x: torch.Tensor, domain: str, variant: str, gen: torch.Gene
             logits = logits * torch.exp(_randn(x, gen).clamp(max=1.5))
         if variant == "needle":
             flat = logits.reshape(-1)
-            k = max(1, flat.numel() // 4096)
-            idx = torch.randint(0, flat.numel(), (k,), generator=gen, device=x.device)
-            flat[idx] += _uniform(gen, 8.0, 15.0)
+            flat[_positions(flat.numel(), gen, x.device)] += _uniform(gen, 8.0, 15.0)
             logits = flat.reshape(x.shape)
         return logits.clamp(-30, 30).softmax(dim=dim).to(x.dtype).contiguous()
     if kind == "index":

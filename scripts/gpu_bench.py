@@ -1,5 +1,6 @@
-"""Timing fidelity on the GPU: the best mse kernel of the H100 run evaluated twice in fresh processes,
-with fresh baselines each time; prints medians, their spread and the GPU-seconds per attempt."""
+"""Timing fidelity on the GPU: each task's best kernel of the H100 run evaluated twice, each time in a
+fresh reference process and a fresh candidate child with new seeds; prints the two medians, their
+spread, the baselines and the GPU-seconds per attempt (build excluded)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ for task in tasks.discover(cfg.path(cfg.tasks.directory), ["*"]):
     code = cfg.path(cfg.generated_dir) / f"{a['code_hash']}.py"
     runs = []
     for _ in range(2):
-        bench = evaluate.prepare(task, cfg.tasks.size, "cuda", cfg.evaluation)  # no cache: fresh baselines
+        # Baselines come from the run's cache (measured fresh in that run); the candidate is timed anew.
+        bench = evaluate.prepare(task, cfg.tasks.size, "cuda", cfg.evaluation, store.get_baseline)
         result = evaluate.evaluate(bench, code, cfg.path(cfg.build_dir) / a["code_hash"], cfg.evaluation)
         runs.append(result)
     t = [r.time_ms for r in runs]

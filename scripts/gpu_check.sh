@@ -18,7 +18,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 for step in ${STEP:-tests run bench}; do
   case $step in
     tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|passed|failed|Error" ;;
-    run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100.yaml 2>&1 | tee "$OUT/run.log" | tail -40
+    run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100.yaml ${RUN_ARGS:-} 2>&1 | tee "$OUT/run.log" | tail -40
          kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"
          cp db/h100.db "$OUT/h100.db" ;;
     bench) python3 scripts/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;

@@ -9,6 +9,7 @@ honest C++ kernel is the only compile (marked slow, still in the default run).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import sqlite3
@@ -218,18 +219,26 @@ def test_honest_cpp_kernel_is_correct_and_unflagged(bench, honest_build):
 
 
 # Known gaps: the child's own clock and the plan it holds are within the candidate's reach, and the
-# parent's only hard bound is the bandwidth floor. These cheats are judged correct with a time far
-# below what their work cost. They are kept here so a fix shows up as XPASS.
-@pytest.mark.xfail(reason="known gap: timed inputs are precomputable from the plan in the child's memory",
+# parent's only hard bound on a timed call is the bandwidth floor. These cheats are judged correct
+# with a time well below what their work really cost (each writes that cost to real_ms.json in its
+# build dir). They are kept here so that a fix shows up as XPASS; not strict, since timing on a
+# loaded CI box is noisy.
+def _real_ms(tmp_path: Path) -> float:
+    return json.loads((tmp_path / "build" / "real_ms.json").read_text())["median_ms"]
+
+
+@pytest.mark.xfail(reason="known gap: timed inputs can be precomputed from the plan in the child's memory",
                    strict=False)
 def test_known_gap_replay_precomputed_outputs(bench, tmp_path):
     result = run(bench, "replay_precompute.py", "mse", tmp_path)
-    eager = bench("mse").baselines.eager.median_ms
-    assert not (result.verdict is V.correct and result.time_ms < 0.7 * eager), describe(result)
+    real = _real_ms(tmp_path)
+    assert not (result.verdict is V.correct and result.time_ms < 0.5 * real), \
+        f"recorded {result.time_ms:.3g} ms for work that cost {real:.3g} ms: {describe(result)}"
 
 
 @pytest.mark.xfail(reason="known gap: the harness's Clock class can be patched in-process", strict=False)
 def test_known_gap_patched_clock_class(bench, tmp_path):
     result = run(bench, "harness_patch.py", "mse", tmp_path)
-    eager = bench("mse").baselines.eager.median_ms
-    assert not (result.verdict is V.correct and result.time_ms < 0.7 * eager), describe(result)
+    real = _real_ms(tmp_path)
+    assert not (result.verdict is V.correct and result.time_ms < 0.5 * real), \
+        f"recorded {result.time_ms:.3g} ms for calls that took {real:.3g} ms: {describe(result)}"
