@@ -55,9 +55,56 @@ def readable_paths(extra: list[str]) -> list[str]:
     return paths
 
 
+# seccomp, per machine: (audit arch, setsid's number, seccomp's number).
+_SECCOMP_ABI = {"x86_64": (0xC000003E, 112, 317), "aarch64": (0xC00000B7, 157, 277)}
+
+
+def forbid_setsid() -> bool:
+    """A seccomp filter, on every thread and inherited by everything started later: setsid() fails
+    with EPERM, so no process of ours can leave the session that sandbox.Child.kill sweeps (a new
+    process group is still allowed: ninja puts each compile in one). Syscalls of a foreign ABI
+    (x32, i386 through int 0x80), where the numbers differ, are refused outright. True when it holds."""
+    import ctypes
+    import errno
+    import platform
+    import struct
+
+    abi = _SECCOMP_ABI.get(platform.machine())
+    if abi is None:
+        return False
+    arch, setsid, seccomp = abi
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    program = [
+        (load, 0, 0, 4),            # 0: A = seccomp_data.arch
+        (jeq, 1, 0, arch),          # 1: native ABI -> 3
+        (ret, 0, 0, deny),          # 2: foreign ABI
+        (load, 0, 0, 0),            # 3: A = seccomp_data.nr
+        (jge, 2, 0, 0x40000000),    # 4: x32 -> 7
+        (jeq, 1, 0, setsid),        # 5: setsid -> 7
+        (ret, 0, 0, allow),         # 6
+        (ret, 0, 0, deny),          # 7
+    ]
+    code = b"".join(struct.pack("=HBBI", *insn) for insn in program)
+    buf = ctypes.create_string_buffer(code, len(code))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = SockFprog(len(program), ctypes.cast(buf, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS, required for an unprivileged filter
+        return False
+    # SECCOMP_SET_MODE_FILTER with SECCOMP_FILTER_FLAG_TSYNC: every thread torch already started too.
+    return libc.syscall(ctypes.c_long(seccomp), ctypes.c_uint(1), ctypes.c_uint(1), ctypes.byref(prog)) == 0
+
+
 def apply_limits(memory_gb: float | None, cuda: bool, read: list[str], write: list[str]) -> bool:
     """Limits the child sets on itself before any candidate code runs; True when Landlock holds."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if not forbid_setsid():
+        print("[kgen] seccomp unavailable: a process of the candidate could leave the session", flush=True)
     if memory_gb and not cuda:  # CUDA reserves huge virtual ranges, so an address-space cap breaks it
         cap = int(memory_gb * (1 << 30))
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))

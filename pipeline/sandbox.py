@@ -97,18 +97,31 @@ class Child:
         return msg
 
     def kill(self) -> None:
+        """SIGKILL the child's process group, then anything left in its session: a process can move
+        to a group of its own (setpgid), but not out of the session (the child's seccomp filter
+        refuses setsid). Only before the child is reaped, while its pid still names the session."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if self.proc.returncode is not None:
+            return
+        for _ in range(200):  # stragglers can fork until SIGKILL lands; a few sweeps catch up
+            members = session_members(self.proc.pid)
+            if not members:
+                return
+            for pid in members:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.01)
 
     def finish(self, grace: float = 10.0) -> tuple[int, str]:
         """Wait for exit (killing the group at the deadline), then return (returncode, log)."""
-        try:
-            self.proc.wait(timeout=max(0.1, min(grace, self.deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
+        if not _exited(self.proc.pid, max(0.1, min(grace, self.deadline - time.monotonic()))):
             self.timed_out = True
-        self.kill()  # stragglers it forked or left behind
+        self.kill()  # stragglers it forked or left behind, before reaping frees its pid
         code = self.proc.wait()
         os.close(self.reader.fd)
         if self.proc.stdin:
@@ -116,6 +129,37 @@ class Child:
         log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         shutil.rmtree(self.workdir, ignore_errors=True)
         return code, log
+
+
+def _exited(pid: int, timeout: float) -> bool:
+    """Wait until the child has exited, without reaping it (its pid stays ours); False on timeout."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True  # already reaped
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.01)
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (not zombie) processes in session `sid`, read from /proc."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
+        if fields[0] not in ("Z", "X") and int(fields[3]) == sid:
+            members.append(int(entry.name))
+    return members
 
 
 def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str] | None = None) -> Child:

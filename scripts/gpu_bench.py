@@ -5,7 +5,7 @@ spread, the baselines and the GPU-seconds per attempt (build excluded)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 from pipeline import evaluate, tasks
 from pipeline.config import load_config
@@ -14,7 +14,7 @@ from pipeline.store import Store
 cfg = load_config("config-h100.yaml")
 store = Store.open(cfg.path(cfg.database))
 rows = []
-for task in tasks.discover(cfg.path(cfg.tasks.directory), ["*"]):
+for task in tasks.discover(cfg.path(cfg.tasks.directory), os.environ.get("BENCH_TASKS", "*").split()):
     best = [a for a in store.attempts(task=task.name, verdict="correct") if a["backend"] == "cuda"]
     if not best:
         continue

@@ -29,6 +29,6 @@ for step in ${STEP:-tests run bench}; do
            timeout ${BATCH_LIMIT:-540} python3 -m pipeline.cli run -c config-h100-batch.yaml 2>&1 | tee "$OUT/batch.log" | tail -25
            echo "batch wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/batch.log"
            kill $smi
-           cp db/h100-batch.db "$OUT/h100-batch.db" ;;
+           cp db/h100.db "$OUT/h100-after-batch.db" ;;
   esac
 done

@@ -33,6 +33,19 @@ def _read(path: str) -> None:
         f.read(1)
 
 
+def _setsid_in_fork() -> str:
+    """setsid() from a forked process (the probe itself already leads its session)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os._exit(0)
+        except OSError:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return "ok" if os.waitstatus_to_exitcode(status) == 0 else "denied"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--result-fd", type=int, required=True)
@@ -54,6 +67,7 @@ def main() -> int:
         report["read_own_status"] = _try(lambda: _read("/proc/self/status"))
         report["read_cpuinfo"] = _try(lambda: _read("/proc/cpuinfo"))
         report["signal_parent"] = _try(lambda: os.kill(os.getppid(), 0))
+        report["setsid_in_fork"] = _setsid_in_fork()
         report["tcp_connect"] = _try(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())
     wire.send(args.result_fd, report)
     return 0

@@ -86,6 +86,7 @@ def test_landlock_confines_the_child(tmp_path, secrets):
         # itself is off the read list.
         assert report["read_parent_environ"].startswith("denied"), report
         assert report["read_own_status"] == "ok" and report["read_cpuinfo"] == "ok"
+        assert report["setsid_in_fork"] == "denied"  # seccomp: nothing leaves the session we sweep
         if landlock.abi_version() >= 4:
             assert report["tcp_connect"].startswith("denied"), report
             with pytest.raises(BlockingIOError):

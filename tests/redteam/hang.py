@@ -1,23 +1,41 @@
-"""Exploit: never return, and leave a forked helper behind. Both write their pid and process group
-into TORCH_EXTENSIONS_DIR (the one place the test can read back) so the test can check they died."""
+"""Exploit: never return, and leave helpers behind. One forked helper stays in the process group;
+another tries to leave it the daemon way: setsid() (a new session, out of reach of the killpg that
+ends a timed-out child), else setpgid() to a group of its own, then a double fork so the survivor
+is orphaned and reparented away. A process that outlives its evaluation keeps burning the CPU or GPU
+under every later candidate's timing. Each process writes its pid, its group and (the escaper)
+whether setsid worked into TORCH_EXTENSIONS_DIR, the one place the test can read back."""
 import os
 import time
 
 import torch.nn as nn
 
 
-def _note(tag):
-    path = os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], f"{tag}.pid")
-    with open(path, "w") as f:
-        f.write(f"{os.getpid()} {os.getpgid(0)}\n")
+def _note(tag, extra=""):
+    with open(os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], f"{tag}.pid"), "w") as f:
+        f.write(f"{os.getpid()} {os.getpgid(0)} {extra}\n")
+
+
+def _spin_forever():
+    while True:
+        time.sleep(0.2)
 
 
 class ModelNew(nn.Module):
     def forward(self, predictions, targets):
         if os.fork() == 0:
             _note("helper")
-            while True:
-                time.sleep(1)
+            _spin_forever()
+        if os.fork() == 0:
+            try:
+                os.setsid()
+                how = "setsid"
+            except OSError:
+                os.setpgid(0, 0)
+                how = "setpgid"
+            if os.fork() == 0:
+                _note("escaper", how)
+                _spin_forever()
+            os._exit(0)
         _note("child")
         while True:
             pass
