@@ -23,6 +23,7 @@ import numpy as np
 from . import sandbox, tasks, wire
 from .config import EvalConfig
 from .records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
+from .timing import TIMING_VERSION
 
 EVALUATOR_VERSION = "1"
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
@@ -112,7 +113,7 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
 def baseline_key(bench: TaskBench) -> str:
     env = bench.env
     return ":".join([bench.task.name, bench.task.sha, bench.size_name, bench.backend, env["device_name"],
-                     env["torch_version"]])
+                     env["torch_version"], f"timing{TIMING_VERSION}"])
 
 
 def _baselines(msg: dict[str, Any]) -> Baselines:
