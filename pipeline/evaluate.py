@@ -23,7 +23,7 @@ import numpy as np
 from . import sandbox, tasks, wire
 from .config import EvalConfig
 from .records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
-from .timing import TIMING_VERSION
+from .timing import TIMING_VERSION, summarize
 
 EVALUATOR_VERSION = "1"
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
@@ -240,7 +240,7 @@ def _verdict(bench: TaskBench, messages, trials, child, code: int, log: str) -> 
     if timing_msg is None:
         return _ended_early(child, code, log, "timing").model_copy(update={"trials": judged})
     problem = _check_timing(bench, timing_msg, messages)
-    timing = Timing(**_summarize(timing_msg["times_ms"])) if problem is None or problem[0] != Verdict.crashed else None
+    timing = Timing(**summarize(timing_msg["times_ms"])) if problem is None or problem[0] != Verdict.crashed else None
     wall = _wall_per_call(messages)
     if problem:
         return EvalResult(verdict=problem[0], error=problem[1], trials=judged, timing=timing, wall_ms_per_call=wall)
@@ -259,12 +259,6 @@ def _verdict(bench: TaskBench, messages, trials, child, code: int, log: str) -> 
     detail = json.dumps({"profile": prof}) if prof else None
     return EvalResult(verdict=Verdict.correct, flags=flags, trials=judged, timing=timing, wall_ms_per_call=wall,
                       detail=detail)
-
-
-def _summarize(times: list[float]) -> dict[str, Any]:
-    from .timing import summarize
-
-    return summarize(times)
 
 
 def _wall_per_call(messages) -> float | None:
