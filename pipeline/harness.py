@@ -209,7 +209,7 @@ class Evaluator:
         model = tasks.make_model(main, self.candidate.ModelNew, plan["init_seed"], self.device)
         if not self.trials(model, plan["trials"], plan, clock):
             return
-        if plan.get("timed"):
+        if plan.get("timed_calls"):
             self.time(model, main, plan, clock)
         if plan.get("profile"):
             try:
@@ -237,8 +237,7 @@ class Evaluator:
     def time(self, model, module, plan: dict[str, Any], clock: Clock) -> None:
         import torch
 
-        seeds = plan["timed"]
-        inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
+        inputs = tasks.make_inputs(module, plan["warm_seed"], "base", self.device)
         with torch.no_grad():
             for _ in range(plan["warmup"]):
                 model(*inputs)
@@ -250,7 +249,10 @@ class Evaluator:
             block = clock.block_ms(lambda: model(*inputs), calls)
             _send(self.fd, {"event": "block_end", "calls": calls, "ms": block})
             times, outputs = [], []
-            for seed in seeds:
+            for i in range(plan["timed_calls"]):
+                # Each timed call's seed arrives only now, so nothing can be computed ahead of it.
+                _send(self.fd, {"event": "need_seed", "index": i})
+                seed = json.loads(sys.stdin.readline())["seed"]
                 fresh = tasks.make_inputs(module, seed, "base", self.device)
                 # Same storage, new values: a cache keyed by pointer or identity returns stale output.
                 for dst, src in zip(inputs, fresh):
@@ -270,8 +272,7 @@ def profile(model, module, plan: dict[str, Any], device: str) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    inputs = tasks.make_inputs(module, plan["timed"][0] if plan.get("timed") else plan["init_seed"],
-                               "base", device)
+    inputs = tasks.make_inputs(module, plan["warm_seed"], "base", device)
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch.no_grad(), torch_profile(activities=activities) as prof:

@@ -225,27 +225,25 @@ def test_honest_cpp_kernel_is_correct_and_unflagged(bench, honest_build):
     assert result.floor_fraction is not None and 0 < result.floor_fraction < 1
 
 
-# Known gaps: the child's own clock and the plan it holds are within the candidate's reach, and the
-# parent's only hard bound on a timed call is the bandwidth floor. These cheats are judged correct
-# with a time well below what their work really cost (each writes that cost to real_ms.json in its
-# build dir). They are kept here so that a fix shows up as XPASS; not strict, since timing on a
-# loaded CI box is noisy.
+# Two exploits that once passed, kept as regression tests. Each writes what its work really cost to
+# real_ms.json in its build dir when the exploit gets a grip.
 def _real_ms(tmp_path: Path) -> float:
     return json.loads((tmp_path / "build" / "real_ms.json").read_text())["median_ms"]
 
 
-@pytest.mark.xfail(reason="known gap: timed inputs can be precomputed from the plan in the child's memory",
-                   strict=False)
-def test_known_gap_replay_precomputed_outputs(bench, tmp_path):
+def test_timed_seeds_are_not_in_the_childs_plan(bench, tmp_path):
+    """The candidate walks up the stack for the plan to precompute every timed answer; timed seeds
+    now arrive one call at a time, so it finds none and has to do the work inside the timed calls."""
     result = run(bench, "replay_precompute.py", "mse", tmp_path)
-    real = _real_ms(tmp_path)
-    assert not (result.verdict is V.correct and result.time_ms < 0.5 * real), \
-        f"recorded {result.time_ms:.3g} ms for work that cost {real:.3g} ms: {describe(result)}"
+    assert not (tmp_path / "build" / "real_ms.json").exists(), "the exploit found the timed seeds"
+    assert result.verdict is V.correct, describe(result)
+    assert result.time_ms >= 0.5 * result.baselines.eager.median_ms, describe(result)
 
 
-@pytest.mark.xfail(reason="known gap: the harness's Clock class can be patched in-process", strict=False)
-def test_known_gap_patched_clock_class(bench, tmp_path):
+def test_patching_the_clock_class_changes_nothing_the_harness_calls(bench, tmp_path):
+    """The candidate rebinds pipeline.timing.Clock.time_call to report 30% of the real time; the
+    harness's Clock bound its methods before the candidate was imported, so the patch never runs."""
     result = run(bench, "harness_patch.py", "mse", tmp_path)
-    real = _real_ms(tmp_path)
-    assert not (result.verdict is V.correct and result.time_ms < 0.5 * real), \
-        f"recorded {result.time_ms:.3g} ms for calls that took {real:.3g} ms: {describe(result)}"
+    assert not (tmp_path / "build" / "real_ms.json").exists(), "the patched time_call ran"
+    assert result.verdict is V.correct, describe(result)
+    assert result.time_ms >= 0.5 * result.baselines.eager.median_ms, describe(result)
