@@ -41,8 +41,8 @@ FAILS = [
     ("cache_shape.py", "mse", {V.mismatch, V.nondeterministic}, "trial 1 has new values at the same shape"),
     ("cache_pointer.py", "mse", {V.mismatch}, "timed calls refill the same storage with new values"),
     # The output is digested the moment forward returns (before any sync), so the thread has not
-    # written yet: the digest sees the raw allocation. On this allocator that reads 0.0 (mismatch,
-    # relative error 1); a poisoned (NaN) block would read as non_finite.
+    # written yet: the digest sees the raw allocation. Seen both ways: a block the harness had
+    # poisoned with NaN (non_finite), or one that read 0.0 (mismatch, relative error 1).
     ("side_thread.py", "mse", {V.mismatch, V.non_finite}, "the digest is taken before the thread writes"),
     ("reference_patch.py", "mse", {V.mismatch}, "the reference lives in another process, unpatched"),
     ("input_mutation.py", "mse", {V.inputs_mutated}, "inputs are compared with a fresh copy afterwards"),
@@ -234,7 +234,7 @@ def _real_ms(tmp_path: Path) -> float:
 def test_timed_seeds_are_not_in_the_childs_plan(bench, tmp_path):
     """The candidate walks up the stack for the plan to precompute every timed answer; timed seeds
     now arrive one call at a time, so it finds none and has to do the work inside the timed calls."""
-    result = run(bench, "replay_precompute.py", "mse", tmp_path)
+    result = run(bench, "replay_plan.py", "mse", tmp_path)
     assert not (tmp_path / "build" / "real_ms.json").exists(), "the exploit found the timed seeds"
     assert result.verdict is V.correct, describe(result)
     assert result.time_ms >= 0.5 * result.baselines.eager.median_ms, describe(result)
@@ -243,7 +243,29 @@ def test_timed_seeds_are_not_in_the_childs_plan(bench, tmp_path):
 def test_patching_the_clock_class_changes_nothing_the_harness_calls(bench, tmp_path):
     """The candidate rebinds pipeline.timing.Clock.time_call to report 30% of the real time; the
     harness's Clock bound its methods before the candidate was imported, so the patch never runs."""
-    result = run(bench, "harness_patch.py", "mse", tmp_path)
+    result = run(bench, "clock_class_patch.py", "mse", tmp_path)
     assert not (tmp_path / "build" / "real_ms.json").exists(), "the patched time_call ran"
     assert result.verdict is V.correct, describe(result)
     assert result.time_ms >= 0.5 * result.baselines.eager.median_ms, describe(result)
+
+
+# Known gaps: stronger variants of the two above. The child's clock, and the code that prepares each
+# timed call, live in the candidate's process; the parent's only hard bound on a timed call is the
+# bandwidth floor. Both are judged correct with a time well below what their work really cost. Kept
+# so that a fix shows up as XPASS; not strict, since timing on a loaded CI box is noisy.
+@pytest.mark.xfail(reason="known gap: the work can be done while the harness builds a timed call's inputs",
+                   strict=False)
+def test_known_gap_work_done_while_inputs_are_built(bench, tmp_path):
+    result = run(bench, "replay_input_hook.py", "mse", tmp_path)
+    real = _real_ms(tmp_path)
+    assert not (result.verdict is V.correct and result.time_ms < 0.5 * real), \
+        f"recorded {result.time_ms:.3g} ms for work that cost {real:.3g} ms: {describe(result)}"
+
+
+@pytest.mark.xfail(reason="known gap: the live Clock instance can be found (gc) and its methods rebound",
+                   strict=False)
+def test_known_gap_patched_clock_instance(bench, tmp_path):
+    result = run(bench, "clock_instance_patch.py", "mse", tmp_path)
+    real = _real_ms(tmp_path)
+    assert not (result.verdict is V.correct and result.time_ms < 0.5 * real), \
+        f"recorded {result.time_ms:.3g} ms for calls that took {real:.3g} ms: {describe(result)}"
