@@ -251,6 +251,7 @@ class KgenModule(torch.nn.Module):
         self._signature = inspect.signature(reference.forward)
         self._warned: set[str] = set()
         self._cuda_ok: dict[int, bool] = {}
+        self._verdicts: dict[tuple, tuple[str, str] | None] = {}
         self.direct: Callable | None = None  # the kernel model itself, for eager calls without autograd
         self._op_name = f"kgen::{re.sub(r'[^0-9A-Za-z_]', '_', task)}_{entry.code_hash}" if entry else ""
 
@@ -276,10 +277,15 @@ class KgenModule(torch.nn.Module):
             return "disabled", "KGEN_DISABLE=1"
         if self.op is None:  # every reason it has none is warned about, once each
             return self._reasons[0] if self._reasons else ("no_kernel", "no kernel")
-        why = outside(self.entry.envelope, args)
-        if why is None and self.entry.backend == "cuda":
-            why = self._other_gpu(args)
-        return why
+        # The envelope check runs once per input signature: per call it is one dict lookup.
+        key = tuple((tuple(x.shape), x.dtype, x.device, x.is_contiguous()) if isinstance(x, torch.Tensor)
+                    else ("value", type(x), repr(x)) for x in args)
+        if key not in self._verdicts:
+            why = outside(self.entry.envelope, args)
+            if why is None and self.entry.backend == "cuda":
+                why = self._other_gpu(args)
+            self._verdicts[key] = why
+        return self._verdicts[key]
 
     def _other_gpu(self, args: tuple) -> tuple[str, str] | None:
         for x in args:
