@@ -84,11 +84,7 @@ class Reference:
             for _ in range(warmup):
                 model(*inputs)
             for seed in seeds:
-                fresh = tasks.make_inputs(module, seed, "base", self.device)
-                for dst, src in zip(inputs, fresh):
-                    if isinstance(dst, torch.Tensor) and dst.shape == src.shape:
-                        dst.copy_(src)
-                del fresh
+                tasks.refill_inputs(inputs, module, seed, self.device)
                 ms, _ = clock.time_call(lambda: model(*inputs))
                 times.append(ms)
         return summarize(times)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path

@@ -140,6 +140,14 @@ def make_inputs(module: types.ModuleType, seed: int, variant: str, device: str) 
     return out
 
 
+def refill_inputs(inputs: list[Any], module: types.ModuleType, seed: int, device: str) -> None:
+    """New values from `seed` written into the same storage: a cache keyed by pointer or identity
+    then returns a stale output, which the per-call re-check catches."""
+    for dst, src in zip(inputs, make_inputs(module, seed, "base", device)):
+        if isinstance(dst, torch.Tensor) and dst.shape == src.shape:
+            dst.copy_(src)
+
+
 def input_bytes(inputs: list[Any]) -> int:
     return sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
 
