@@ -134,6 +134,10 @@ def summary_table(store, run_id: str, backend: str) -> None:
                       _fmt(s["best_speedup_compile"]), _fmt(floors.get(key)),
                       ", ".join(f"{v} {c}" for v, c in sorted(counts.items())))
     console.print(table)
+    tokens, usd = store.run_spending(run_id)
+    status = (store.get_run(run_id) or {}).get("status")
+    console.print(f"model usage this run: {tokens} tokens, ${usd:.4f}"
+                  + ("  (budget reached: the remaining slots were not started)" if status == "budget_reached" else ""))
 
 
 @main.command()

@@ -5,10 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
-    TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, ProgressColumn, \
+    TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
 from .records import EvalResult, Verdict
+
+class RateColumn(ProgressColumn):
+    """Items finished per minute at this stage."""
+
+    def render(self, task) -> Text:
+        return Text(f"{task.speed * 60:.1f}/min" if task.speed else "-/min")
+
+
+class QueuedColumn(ProgressColumn):
+    """Items entered into this stage and not finished yet."""
+
+    def render(self, task) -> Text:
+        return Text(f"{int((task.total or 0) - task.completed)} queued")
+
 
 STAGES = (("model", "model calls"), ("build", "builds"), ("eval", "evaluations"), ("attempt", "attempts stored"))
 
@@ -16,7 +31,8 @@ STAGES = (("model", "model calls"), ("build", "builds"), ("eval", "evaluations")
 class Progress:
     def __init__(self, console: Console):
         self.bars = RichProgress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                                 QueuedColumn(), TextColumn("{task.fields[note]}"), RateColumn(),
+                                 TimeElapsedColumn(), TimeRemainingColumn(),
                                  console=console, transient=False, disable=not console.is_terminal)
         self.ids = {key: self.bars.add_task(label, total=0, note="") for key, label in STAGES}
         self.failed = {key: 0 for key, _ in STAGES}
