@@ -5,7 +5,7 @@
 
 The template gets `task_name`, `task_source` (the reference file's full text), `backend`
 ("cuda" or "cpu") and the worked example for that backend, `example_model` and
-`example_model_new`, read from prompts/examples/{backend}_model.py and {backend}_model_new.py.
+`example_model_new`, read from prompts/examples/model.py and {backend}_model_new.py.
 Rendering is strict: a variable the template names but is not given is an error, never an
 empty string in a prompt sent to a model.
 """
@@ -28,9 +28,10 @@ class PromptError(ValueError):
 
 
 def example_paths(backend: str, prompts_dir: Path) -> tuple[Path, Path]:
-    """The worked example for a backend: (reference model, its optimized ModelNew)."""
+    """The worked example for a backend: (reference model, its optimized ModelNew). Both backends
+    start from the same reference model; only the optimized version differs."""
     examples = Path(prompts_dir) / EXAMPLES_DIR
-    return examples / f"{backend}_model.py", examples / f"{backend}_model_new.py"
+    return examples / "model.py", examples / f"{backend}_model_new.py"
 
 
 def _environment(prompts_dir: Path) -> Environment:

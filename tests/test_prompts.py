@@ -122,12 +122,12 @@ def test_custom_template_gets_all_variables_and_keeps_trailing_newline(tmp_path)
         "{{ task_name }}|{{ backend }}|{{ example_model }}|{{ example_model_new }}|"
         "{{ task_source | length > 0 }}\n")
     text = render("t.j2", _task("huber"), "cuda", tmp_path)
-    assert text == "huber|cuda|MODEL cuda|NEW cuda|True\n"
+    assert text == "huber|cuda|MODEL|NEW cuda|True\n"
 
 
 def test_missing_example_is_a_prompt_error(tmp_path):
     (tmp_path / "t.j2").write_text("{{ task_name }}\n")
-    with pytest.raises(PromptError, match="cpu_model.py"):
+    with pytest.raises(PromptError, match="model.py"):
         render("t.j2", _task(), "cpu", tmp_path)
 
 
@@ -143,8 +143,8 @@ def test_messages_is_one_user_turn():
 def _examples(directory: Path) -> None:
     examples = directory / "examples"
     examples.mkdir(exist_ok=True)
+    (examples / "model.py").write_text("MODEL")
     for backend in ("cuda", "cpu"):
-        (examples / f"{backend}_model.py").write_text(f"MODEL {backend}")
         (examples / f"{backend}_model_new.py").write_text(f"NEW {backend}")
 
 
