@@ -91,6 +91,15 @@ def test_replay_run_stores_each_outcome_and_resumes(tmp_path):
     right = store.attempt(next(a["id"] for a in store.attempts(run=run_id) if a["sample"] == 0))
     assert right["result"].speedup_eager > 0 and right["result"].baselines.floor_ms > 0
     assert (tmp_path / "generated" / f"{right['code_hash']}.py").read_text().startswith("import torch")
+    db = str(tmp_path / "db" / "kgen.db")
+    listed = CliRunner().invoke(main, ["attempts", "--db", db, "--json", "--verdict", "mismatch"])
+    (row,) = [json.loads(line) for line in listed.output.splitlines()]
+    assert {"id", "run", "task", "model", "sample", "backend", "verdict", "flags", "time_ms", "eager_ms",
+            "speedup_eager"} <= set(row) and row["sample"] == 1 and row["run"] == run_id
+    shown = CliRunner().invoke(main, ["show", right["id"][:20], "--db", db, "-c", str(config)])
+    assert shown.exit_code == 0, shown.output
+    for part in ("prompt", "completion", "class ModelNew", "verdict detail", "trial 0", "x eager"):
+        assert part in shown.output, part
     started = time.monotonic()
     again, store = run(config)
     assert again == run_id  # the same plan resumes the same run
@@ -189,3 +198,19 @@ def test_bad_config_gets_one_line_naming_the_key(tmp_path):
     result = CliRunner().invoke(main, ["run", "-c", str(config)])
     assert result.exit_code != 0
     assert "evaluation.trials" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_kgen_eval_judges_a_file_and_stores_it(tmp_path):
+    config = write_config(tmp_path, [replay(tmp_path, [("mse", RIGHT)])])
+    code = tmp_path / "mine.py"
+    code.write_text(RIGHT.split("```python")[1].split("```")[0])
+    result = CliRunner().invoke(main, ["eval", str(code), "--task", "mse", "--backend", "cpu", "--size", "small",
+                                       "-c", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["verdict"] == "correct" and out["flags"] == ["no_custom_kernel"]
+    for key in ("error", "time_ms", "eager_ms", "compile_ms", "floor_ms", "speedup_eager", "speedup_compile"):
+        assert key in out
+    assert out["time_ms"] > 0 and out["floor_ms"] > 0
+    store = Store.open(tmp_path / "db" / "kgen.db")
+    assert store.attempt(out["id"])["verdict"] == "correct"
