@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -231,7 +230,3 @@ class Runner:
 
             self.benches[name] = asyncio.ensure_future(prepare())
         return await self.benches[name]
-
-
-def verdict_counts(rows: list[dict[str, Any]]) -> Counter:
-    return Counter(r["verdict"] for r in rows)

@@ -214,3 +214,22 @@ def test_kgen_eval_judges_a_file_and_stores_it(tmp_path):
     assert out["time_ms"] > 0 and out["floor_ms"] > 0
     store = Store.open(tmp_path / "db" / "kgen.db")
     assert store.attempt(out["id"])["verdict"] == "correct"
+
+
+def test_retry_errors_redoes_failed_model_calls_in_the_same_run(tmp_path):
+    with serve([Failure(500)]) as broken:
+        model = {"name": "local", "provider": "openai", "base_url": broken.base_url, "model": "coder-1",
+                 "max_retries": 0}
+        config = write_config(tmp_path, [model], samples=1)
+        run_id, store = run(config)
+    assert [a["verdict"] for a in store.attempts(run=run_id)] == ["model_error"]
+    with serve([Reply(content=RIGHT)]) as healthy:
+        data = yaml.safe_load(config.read_text())
+        data["models"][0]["base_url"] = healthy.base_url  # base_url is not part of the plan's key
+        config.write_text(yaml.safe_dump(data))
+        again, store = run(config)
+        assert again == run_id and not healthy.requests  # a plain resume leaves stored errors alone
+        again, store = run(config, retry_errors=True)
+        assert len(healthy.requests) == 1
+    assert again == run_id
+    assert [a["verdict"] for a in store.attempts(run=run_id)] == ["correct"]
