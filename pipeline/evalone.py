@@ -10,7 +10,7 @@ from . import build as build_stage
 from . import evaluate, tasks
 from .config import Config, EvalConfig
 from .records import EvalResult, Verdict
-from .run import resolve_backend
+from .run import remember_baselines, resolve_backend
 
 
 def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
@@ -50,9 +50,8 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
         result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
     else:
         bench = evaluate.prepare(task, chosen_size, backend, settings, db.get_baseline if db else None)
-        if db and bench.baselines:
-            db.save_baseline(evaluate.baseline_key(bench), task.name, bench.size_name, bench.env["device_name"],
-                             bench.env["torch_version"], bench.baselines.model_dump_json())
+        if db:
+            remember_baselines(db, bench)
         result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings)
     if not db:
         return result, None

@@ -247,9 +247,9 @@ def _verdict(bench: TaskBench, messages, trials, child, code: int, log: str) -> 
     timing_msg = messages.get("timing")
     if timing_msg is None:
         return _ended_early(child, code, log, "timing").model_copy(update={"trials": judged})
-    problem = _check_timing(bench, timing_msg, messages)
-    timing = Timing(**summarize(timing_msg["times_ms"])) if problem is None or problem[0] != Verdict.crashed else None
     wall = _wall_per_call(messages)
+    problem = _check_timing(bench, timing_msg, messages, wall)
+    timing = Timing(**summarize(timing_msg["times_ms"])) if problem is None or problem[0] != Verdict.crashed else None
     if problem:
         return EvalResult(verdict=problem[0], error=problem[1], trials=judged, timing=timing, wall_ms_per_call=wall)
     flags = []
@@ -276,7 +276,7 @@ def _wall_per_call(messages) -> float | None:
     return (end["_at"] - start["_at"]) * 1e3 / end["calls"]
 
 
-def _check_timing(bench: TaskBench, msg: dict[str, Any], messages) -> tuple[Verdict, str] | None:
+def _check_timing(bench: TaskBench, msg: dict[str, Any], messages, wall: float | None) -> tuple[Verdict, str] | None:
     times, outputs = msg.get("times_ms"), msg.get("outputs")
     n = len(bench.plan["timed"])
     if not isinstance(times, list) or not isinstance(outputs, list) or len(times) != n or len(outputs) != n:
@@ -292,7 +292,6 @@ def _check_timing(bench: TaskBench, msg: dict[str, Any], messages) -> tuple[Verd
     if b and b.floor_ms and median < b.floor_ms * _floor_slack(bench):
         return (Verdict.impossible_timing, f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms "
                 f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
-    wall = _wall_per_call(messages)
     if wall is None:
         return Verdict.crashed, "the wall-clock block was not reported"
     block = messages["block_end"]

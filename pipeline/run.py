@@ -222,11 +222,15 @@ class Runner:
             async def prepare() -> evaluate.TaskBench:
                 bench = await self.executor.prepare(slot.task, self.cfg.tasks.size, slot.backend,
                                                     self.cfg.evaluation, self.store.all_baselines())
-                if bench.baselines:
-                    self.store.save_baseline(evaluate.baseline_key(bench), name, bench.size_name,
-                                             bench.env["device_name"], bench.env["torch_version"],
-                                             bench.baselines.model_dump_json())
+                remember_baselines(self.store, bench)
                 return bench
 
             self.benches[name] = asyncio.ensure_future(prepare())
         return await self.benches[name]
+
+
+def remember_baselines(store: Store, bench: evaluate.TaskBench) -> None:
+    """Cache a task's baselines under their key, so later runs on the same device skip timing them."""
+    if bench.baselines:
+        store.save_baseline(evaluate.baseline_key(bench), bench.task.name, bench.size_name,
+                            bench.env["device_name"], bench.env["torch_version"], bench.baselines.model_dump_json())

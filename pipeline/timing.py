@@ -8,6 +8,9 @@ time.perf_counter changes nothing we call. Each timed call ends only when the wh
 
 from __future__ import annotations
 
+import ctypes
+import glob
+import os
 import statistics
 import time
 from typing import Any, Callable
@@ -85,24 +88,17 @@ class Clock:
 
 def _persisting_l2_reset() -> Callable[[], None] | None:
     """Reset any persisting-L2 carve-out a candidate set, so lines it pinned are flushed too."""
-    try:
-        import ctypes
-
-        rt = ctypes.CDLL("libcudart.so", mode=ctypes.RTLD_LOCAL)
-    except OSError:
+    here = os.path.dirname(torch.__file__)
+    candidates = ["libcudart.so", *glob.glob(os.path.join(here, "..", "nvidia", "cu*", "lib", "libcudart.so*")),
+                  *glob.glob(os.path.join(here, "lib", "libcudart*.so*"))]
+    for lib in candidates:
         try:
-            import ctypes
-            import glob
-            import os
-
-            libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "cu*", "lib",
-                                          "libcudart.so*"))
-            libs += glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libcudart*.so*"))
-            if not libs:
-                return None
-            rt = ctypes.CDLL(libs[0], mode=ctypes.RTLD_LOCAL)
+            rt = ctypes.CDLL(lib, mode=ctypes.RTLD_LOCAL)
+            break
         except OSError:
-            return None
+            continue
+    else:
+        return None
     set_limit, reset = rt.cudaDeviceSetLimit, rt.cudaCtxResetPersistingL2Cache
     limit_persisting_l2 = 0x06  # cudaLimitPersistingL2CacheSize
 
