@@ -212,10 +212,27 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
             break
     code, log = child.finish()
     result = _verdict(bench, messages, trials, child, code, log)
+    ended = time.monotonic()
     return result.model_copy(update={
         "device": bench.env.get("device_name", ""), "torch_version": bench.env.get("torch_version", ""),
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,
-        "eval_seconds": time.monotonic() - started})
+        "eval_seconds": ended - started, "phases": _phases(started, messages, ended)})
+
+
+# Each phase ends at the first message of its name; a phase whose message never came is left out.
+_PHASE_ENDS = (("startup", "ready"), ("import", "imported"), ("trials", "block_start"), ("timing", "timing"),
+               ("profile", "profile"), ("other_sizes", "done"))
+
+
+def _phases(started: float, messages: dict[str, dict[str, Any]], ended: float) -> dict[str, float]:
+    phases, last = {}, started
+    for phase, event in _PHASE_ENDS:
+        at = messages.get(event, {}).get("_at")
+        if at is not None:
+            phases[phase] = round(at - last, 3)
+            last = at
+    phases["teardown"] = round(ended - last, 3)
+    return phases
 
 
 def _ended_early(child, code: int, log: str, what: str) -> EvalResult:

@@ -185,6 +185,9 @@ class EvalResult(Record):
     cuda_version: str | None = None
     eval_seconds: float = 0.0
     """Wall time of the whole evaluation, build excluded."""
+    phases: dict[str, float] = Field(default_factory=dict)
+    """Seconds spent in each stage of the evaluation (start-up, import, trials, timing, profile,
+    other sizes, teardown): where an attempt's cost goes."""
 
     @property
     def time_ms(self) -> float | None:

@@ -5,6 +5,7 @@
 #   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
 #   STEP=library  replayed kernels (pipeline.library) against the times the evaluator recorded
 #   STEP=batch  7 tasks x 8 samples (config-h100-batch.yaml) with GPU utilisation sampled
+#   STEP=probe  eager and torch.compile baselines under several timing protocols (gpu_probe_compile.py)
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
 OUT=${OUT:-/tmp/kgen-out}; mkdir -p "$OUT"
@@ -22,6 +23,7 @@ for step in ${STEP:-tests run bench}; do
          kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"
          cp db/h100.db "$OUT/h100.db" ;;
     bench) python3 scripts/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;
+    probe) timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_compile.py 2>&1 | tee "$OUT/probe.log" ;;
     library) python3 scripts/gpu_library.py 2>&1 | tee "$OUT/library.log" ;;
     batch) nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util.csv" &
            smi=$!
