@@ -55,6 +55,7 @@ class TaskBench:
     expected_timed: list[dict[str, Any]] = field(default_factory=list)
     baselines: Baselines | None = None
     env: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # the reference process's seconds per stage
 
 
 def make_plan(module, size: str | dict[str, Any], settings: EvalConfig) -> dict[str, Any]:
@@ -91,6 +92,7 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     job = {"task_path": str(task.path.resolve()), "device": bench.device, "size": size, "init_seed": plan["init_seed"],
            "sample_seed": plan["sample_seed"], "trials": plan["trials"] + plan["shape_trials"],
            "timed": plan["timed"], "warmup": plan["warmup"], "compile_baseline": settings.compile_baseline}
+    started = time.monotonic()
     child = sandbox.start("pipeline.reference", [], settings.timeout_s * 2, env)
     child.send(job)
     ready = child.receive()
@@ -109,11 +111,22 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
         elif msg["event"] == "baselines":
             bench.baselines = _baselines(msg)
     code, log = child.finish()
+    bench.phases = _reference_phases(started, child.messages)
     if msg is None:
         raise EvaluationError(f"task {task.name}: reference process failed (status {code}): {_tail(log)}")
     if cached is not None:
         bench.baselines = Baselines.model_validate_json(cached)
     return bench
+
+
+def _reference_phases(started: float, messages: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds from start to the last message of each kind (start-up, expected outputs, baselines)."""
+    ends: dict[str, float] = {}
+    for m in messages:
+        ends[m.get("event", "?")] = m["_at"] - started
+    names = {"ready": "startup", "expected": "trials", "expected_timed": "timed_outputs", "baselines": "baselines",
+             "done": "done"}
+    return {names[k]: round(v, 2) for k, v in ends.items() if k in names}
 
 
 def baseline_key(bench: TaskBench) -> str:
