@@ -7,6 +7,9 @@
   refill_wait  refill, then 20 ms of idle GPU
   rot2         two input sets: refill the idle one, then time the other (written one call earlier)
   rot2_read    rot2 with the read-only flush before the call
+  warm_read    refill, L2 reset, 256 MB fill, then ~0.7 ms of reads over that buffer (the GPU kept busy
+               right up to the sync), then the call
+  warm_sleep   refill, L2 reset, fill, then a 1 ms spin kernel, then the call
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def main() -> None:
     clock = Clock("cuda")
     buf = clock._flush_buf
     rows = []
-    for name in os.environ.get("PROBE_TASKS", "mse kl_div cross_entropy hinge").split():
+    for name in os.environ.get("PROBE_TASKS", "mse kl_div cross_entropy hinge huber cosine triplet").split():
         task = tasks.discover(ROOT / "reference_tasks", [name])[0]
         module = tasks.load_module(task, "default")
         model = tasks.make_model(module, module.Model, 0, "cuda")
@@ -72,8 +75,19 @@ def main() -> None:
                 time.sleep(0.02)
             return a
 
+        def warm(i, sleep=False):
+            refill(a, 500 + i)
+            clock._reset_l2()
+            buf.fill_(1.0)
+            if sleep:
+                torch.cuda._sleep(2_000_000)
+            else:
+                for _ in range(8):
+                    buf.sum()
+            return a
+
         for label, m in (("compile", torch.compile(model)), ("eager", model)):
-            if label == "eager" and name != "cross_entropy":
+            if label == "eager" and name not in ("cross_entropy", "kl_div"):
                 continue
             row = {"task": name, "model": label,
                    "synced": run(m, [a], lambda i: a),
@@ -81,12 +95,13 @@ def main() -> None:
                    "refill_read": run(m, [a], lambda i: refill_then(i, read=True)),
                    "refill_wait": run(m, [a], lambda i: refill_then(i, wait=True)),
                    "rot2": run(m, [a], rot),
-                   "rot2_read": run(m, [a], lambda i: rot(i, read=True))}
+                   "rot2_read": run(m, [a], lambda i: rot(i, read=True)),
+                   "warm_read": run(m, [a], warm), "warm_sleep": run(m, [a], lambda i: warm(i, True))}
             rows.append(row)
             print(json.dumps(row), flush=True)
         del model, a, b
         torch.cuda.empty_cache()
-    cols = ["synced", "refill", "refill_read", "refill_wait", "rot2", "rot2_read"]
+    cols = ["synced", "refill", "refill_read", "refill_wait", "rot2", "rot2_read", "warm_read", "warm_sleep"]
     print(f"\n{'task':<14}{'model':<9}" + "".join(f"{c:>12}" for c in cols))
     for r in rows:
         print(f"{r['task']:<14}{r['model']:<9}" + "".join(f"{r[c]:>12.3f}" for c in cols))
