@@ -96,7 +96,7 @@ class EvalConfig(_Strict):
     tolerance: float = Field(default=1e-4, gt=0, lt=1)
     """Default relative tolerance for float32 (a task may declare its own)."""
     timed_calls: int = Field(default=30, ge=3, le=10000)
-    """Timed calls after warm-up; the median is recorded."""
+    """Timed calls after warm-up, in blocks of fresh input sets; the median block mean is recorded."""
     warmup_calls: int = Field(default=5, ge=1, le=1000)
     """Untimed calls before timing."""
     timeout_s: float = Field(default=300.0, gt=0)
@@ -113,6 +113,9 @@ class EvalConfig(_Strict):
     """Profile one call to flag kernels whose time goes to PyTorch's own ops."""
     floor_slack: float = Field(default=0.85, gt=0, le=1)
     """A time below floor x this is rejected as impossible_timing."""
+    warm_start: bool = True
+    """On GPU lanes, start the next attempt's child (Python and torch loaded, no candidate code, no
+    device work until this attempt's timing is over) while this attempt runs."""
 
 
 class Budget(_Strict):

@@ -23,7 +23,7 @@ import numpy as np
 from . import sandbox, tasks, wire
 from .config import EvalConfig
 from .records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
-from .timing import TIMING_VERSION, summarize
+from .timing import BLOCK, TIMING_VERSION, summarize_blocks
 
 EVALUATOR_VERSION = "1"
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
@@ -137,7 +137,8 @@ def baseline_key(bench: TaskBench) -> str:
 
 def _baselines(msg: dict[str, Any]) -> Baselines:
     return Baselines(eager=Timing(**msg["eager"]), compiled=Timing(**msg["compiled"]) if "compiled" in msg else None,
-                     floor_ms=msg["floor_ms"], bandwidth_gbs=msg["bandwidth_gbs"], input_bytes=msg["input_bytes"])
+                     floor_ms=msg["floor_ms"], bandwidth_gbs=msg["bandwidth_gbs"], input_bytes=msg["input_bytes"],
+                     eager_plain_ms=msg.get("eager_plain_ms"), compiled_plain_ms=msg.get("compiled_plain_ms"))
 
 
 def _tail(log: str, lines: int = 3) -> str:
@@ -200,29 +201,43 @@ def judge_trial(msg: dict[str, Any], want: dict[str, Any], spec: dict[str, Any],
 
 
 def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig,
-             env: dict[str, str] | None = None) -> EvalResult:
-    """Judge one built candidate; `env` adds to the child's environment (a lane's CUDA_VISIBLE_DEVICES)."""
+             env: dict[str, str] | None = None, spares: sandbox.Spares | None = None) -> EvalResult:
+    """Judge one built candidate; `env` adds to the child's environment (a lane's CUDA_VISIBLE_DEVICES).
+    With `spares`, the child is one started ahead of time, and the next attempt's is started now."""
     started = time.monotonic()
-    env = {"TORCH_EXTENSIONS_DIR": str(Path(build_dir).resolve()), "MAX_JOBS": str(os.cpu_count() or 1),
-           **(env or {})}
+    env = {"MAX_JOBS": str(os.cpu_count() or 1), **(env or {})}
+    init = {"device": bench.device, "profiler": settings.profile}
     job = {"task_path": str(bench.task.path.resolve()), "size": bench.size, "code_path": str(Path(code_path).resolve()),
-           "device": bench.device, "memory_gb": settings.memory_limit_gb}
-    child = sandbox.start("pipeline.harness", ["eval"], settings.timeout_s, env)
+           "device": bench.device, "memory_gb": settings.memory_limit_gb,
+           "extensions_dir": str(Path(build_dir).resolve())}
+    child = spares.take(env, settings.timeout_s) if spares else None
+    if child is None:
+        child = sandbox.start("pipeline.harness", ["eval"], settings.timeout_s, env)
+        child.send(init)
+    if spares:
+        spares.spawn(env, init)
     child.send(job)
     messages: dict[str, dict[str, Any]] = {}
     trials: dict[int, dict[str, Any]] = {}
+    next_seed = 0
     while (msg := child.receive()) is not None:
         event = msg.get("event")
         if event == "imported":
+            messages.setdefault(event, msg)
             child.send(child_plan(bench.plan))
-        elif event == "need_seed" and isinstance(msg.get("index"), int) and 0 <= msg["index"] < len(bench.plan["timed"]):
-            child.send({"seed": bench.plan["timed"][msg["index"]]})
+        elif event == "need_seeds" and _seed_request_ok(msg, len(bench.plan["timed"]), next_seed):
+            next_seed = msg["index"] + msg["count"]
+            child.send({"seeds": bench.plan["timed"][msg["index"]:next_seed]})
         elif event == "trial" and isinstance(msg.get("index"), int):
             trials.setdefault(msg["index"], msg)
         elif event in ("ready", "load_failed", "block_start", "block_end", "timing", "profile", "done"):
             messages.setdefault(event, msg)
+        if event == "timing" and spares:
+            spares.release(env)  # nothing is timed on this device any more in this attempt
         if event in ("done", "load_failed"):
             break
+    if spares:
+        spares.release(env)
     code, log = child.finish()
     result = _verdict(bench, messages, trials, child, code, log)
     ended = time.monotonic()
@@ -246,6 +261,12 @@ def _phases(started: float, messages: dict[str, dict[str, Any]], ended: float) -
             last = at
     phases["teardown"] = round(ended - last, 3)
     return phases
+
+
+def _seed_request_ok(msg: dict[str, Any], total: int, expected: int) -> bool:
+    """Seeds go out one block at a time, in order, never ahead of the block about to be timed."""
+    first, count = msg.get("index"), msg.get("count")
+    return first == expected and first < total and count == min(BLOCK, total - first)
 
 
 def _ended_early(child, code: int, log: str, what: str) -> EvalResult:
@@ -279,7 +300,7 @@ def _verdict(bench: TaskBench, messages, trials, child, code: int, log: str) -> 
         return _ended_early(child, code, log, "timing").model_copy(update={"trials": judged})
     wall = _wall_per_call(messages)
     problem = _check_timing(bench, timing_msg, messages, wall)
-    timing = Timing(**summarize(timing_msg["times_ms"])) if problem is None or problem[0] != Verdict.crashed else None
+    timing = Timing(**summarize_blocks(timing_msg["times_ms"])) if problem is None or problem[0] != Verdict.crashed else None
     if problem:
         return EvalResult(verdict=problem[0], error=problem[1], trials=judged, timing=timing, wall_ms_per_call=wall)
     flags = []
@@ -317,7 +338,7 @@ def _check_timing(bench: TaskBench, msg: dict[str, Any], messages, wall: float |
         r = compare(got, want, bench.tolerance, bench.device)
         if not r.ok:
             return r.verdict, f"timed call {i} returned a wrong result ({r.error}): cached, stale or drifting output"
-    median = float(np.median(times))
+    median = summarize_blocks(times)["median_ms"]
     b = bench.baselines
     if b and b.floor_ms and median < b.floor_ms * _floor_slack(bench):
         return (Verdict.impossible_timing, f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms "

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from . import build as build_stage
 from . import evaluate as evaluate_stage
+from . import sandbox
 from .config import Config, EvalConfig
 from .records import BuildResult, EvalResult
 from .tasks import TaskFile
@@ -74,6 +75,8 @@ class LocalExecutor:
         self.free: asyncio.Queue[str | None] = asyncio.Queue()
         for gpu in gpus or [None]:
             self.free.put_nowait(gpu)
+        # Not on the cpu backend: a spare loading torch would share the cores with a timed kernel.
+        self.spares = sandbox.Spares("pipeline.harness", ["eval"]) if gpus else None
 
     async def build(self, code_path: Path, code_hash: str, builds_root: Path, timeout_s: float) -> BuildResult:
         async with self.build_pool:
@@ -98,10 +101,13 @@ class LocalExecutor:
         return await self._on_lane(evaluate_stage.prepare, task, size, backend, settings, known_baselines.get)
 
     async def evaluate(self, bench, code_path, build_dir, settings):
-        return await self._on_lane(evaluate_stage.evaluate, bench, code_path, build_dir, settings)
+        spares = self.spares if settings.warm_start else None
+        return await self._on_lane(lambda *args: evaluate_stage.evaluate(*args, spares=spares),
+                                   bench, code_path, build_dir, settings)
 
     def close(self) -> None:
-        pass
+        if self.spares:
+            self.spares.close()
 
 
 class RayExecutor:

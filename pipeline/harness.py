@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import landlock, tasks, wire
+from . import landlock, tasks, timing, wire
 from .timing import Clock
 
 # The harness keeps its own references: a candidate that rebinds these module attributes later
@@ -248,16 +248,19 @@ class Evaluator:
             _send(self.fd, {"event": "block_start", "calls": calls})
             block = clock.block_ms(lambda: model(*inputs), calls)
             _send(self.fd, {"event": "block_end", "calls": calls, "ms": block})
-            times, outputs = [], []
-            for i in range(plan["timed_calls"]):
-                # Each timed call's seed arrives only now, so nothing can be computed ahead of it.
-                _send(self.fd, {"event": "need_seed", "index": i})
-                seed = json.loads(sys.stdin.readline())["seed"]
-                tasks.refill_inputs(inputs, module, seed, self.device)
-                ms, out = clock.time_call(lambda: model(*inputs))
-                times.append(ms)
-                outputs.append(wire.describe(out, plan["sample_seed"]))
-                del out
+            outputs: list[dict[str, Any]] = []
+            sets = [inputs] + [tasks.make_inputs(module, plan["warm_seed"], "base", self.device)
+                               for _ in range(timing.input_sets(tasks.input_bytes(inputs), self.device) - 1)]
+
+            def seeds_for(first: int, count: int) -> list[int]:
+                # A block's seeds arrive only now, so nothing can be computed ahead of it.
+                _send(self.fd, {"event": "need_seeds", "index": first, "count": count})
+                return json.loads(sys.stdin.readline())["seeds"]
+
+            times = timing.time_blocks(clock, lambda x: model(*x), sets, plan["timed_calls"], seeds_for,
+                                       lambda x, seed: tasks.refill_inputs(x, module, seed, self.device),
+                                       lambda out: outputs.append(wire.describe(out, plan["sample_seed"])))
+            del sets
         _send(self.fd, {"event": "timing", "times_ms": times, "outputs": outputs})
 
 
@@ -314,6 +317,24 @@ def summarize_profile(events, cuda: bool) -> dict[str, Any]:
             "torch_fraction": compute / span if span else None}
 
 
+def _read_line() -> dict[str, Any] | None:
+    line = sys.stdin.readline()
+    return json.loads(line) if line.strip() else None
+
+
+def warm_profiler(device: str) -> None:
+    """The first profiler session of a process costs 4-5 s (CUPTI starts); pay it before the job
+    arrives, while this child is a spare, rather than inside the attempt."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    x = torch.ones(1024, device=device)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        x.sum()
+        torch.cuda.synchronize()
+
+
 def main(argv: list[str] | None = None) -> int:
     if sys.path and sys.path[0] in ("", os.getcwd()):
         sys.path.pop(0)  # the working directory is the candidate's scratch space, never an import root
@@ -325,13 +346,21 @@ def main(argv: list[str] | None = None) -> int:
     fd = args.result_fd
     if args.mode == "build":
         return run_build(fd, args.code_path)
-    job = json.loads(sys.stdin.readline())
-    import torch
+    import torch  # before the first line arrives: a spare child waits with torch already loaded
 
-    if job["device"].startswith("cuda"):
+    init = _read_line()
+    if init is None:
+        return 0  # a spare the parent never used
+    if init["device"].startswith("cuda"):
         # The driver opens its device nodes and sockets here; Landlock then confines the rest.
         torch.cuda.init()
-        torch.empty(1, device=job["device"])
+        torch.empty(1, device=init["device"])
+        if init.get("profiler"):
+            warm_profiler(init["device"])
+    job = _read_line()
+    if job is None:
+        return 0
+    os.environ["TORCH_EXTENSIONS_DIR"] = job["extensions_dir"]
     confined = apply_limits(job.get("memory_gb"), job["device"].startswith("cuda"),
                             [job["task_path"], job["code_path"]], [])
     evaluator = Evaluator(fd, job)

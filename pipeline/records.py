@@ -136,11 +136,11 @@ class Timing(Record):
     """Timing statistics of one callable, in milliseconds."""
 
     median_ms: float
-    """Median over the timed calls."""
+    """Median over the timed calls (of the means of blocks of calls, see pipeline.timing.BLOCK)."""
     p25_ms: float
-    """25th percentile."""
+    """25th percentile, of the same."""
     p75_ms: float
-    """75th percentile."""
+    """75th percentile, of the same."""
     n: int
     """Number of timed calls."""
 
@@ -158,6 +158,11 @@ class Baselines(Record):
     """The measured device bandwidth (read plus write bytes of a large copy, per second)."""
     input_bytes: int = 0
     """Bytes of all inputs at the timed size."""
+    eager_plain_ms: float | None = None
+    """Eager timed the way other benchmarks commonly do (synced back-to-back calls on one input set,
+    no flush): for comparison with numbers measured elsewhere, never for a verdict. GPU only."""
+    compiled_plain_ms: float | None = None
+    """torch.compile timed that same way."""
 
 
 class EvalResult(Record):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import tasks, wire
-from .timing import Clock, measure_bandwidth, summarize
+from .timing import Clock, input_sets, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 
 
 def _as64(inputs: list[Any]) -> list[Any]:
@@ -66,10 +66,17 @@ class Reference:
         inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
         result: dict[str, Any] = {"event": "baselines", "input_bytes": tasks.input_bytes(inputs)}
         result["eager"] = self._time(m32, module, seeds, clock, job["warmup"])
+        cuda = self.device.startswith("cuda")
+        if cuda:
+            with torch.no_grad():
+                result["eager_plain_ms"] = plain_ms(lambda: m32(*inputs))
         if job.get("compile_baseline"):
             try:
                 compiled = torch.compile(m32)
                 result["compiled"] = self._time(compiled, module, seeds, clock, job["warmup"] + 2)
+                if cuda:
+                    with torch.no_grad():
+                        result["compiled_plain_ms"] = plain_ms(lambda: compiled(*inputs))
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
                 result["compile_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         bandwidth = measure_bandwidth(self.device)
@@ -78,16 +85,16 @@ class Reference:
         send(result)
 
     def _time(self, model, module, seeds: list[int], clock: Clock, warmup: int) -> dict[str, float]:
+        """The candidate's protocol exactly (pipeline.timing.time_blocks), on the same seeds."""
         inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
-        times = []
         with torch.no_grad():
             for _ in range(warmup):
                 model(*inputs)
-            for seed in seeds:
-                tasks.refill_inputs(inputs, module, seed, self.device)
-                ms, _ = clock.time_call(lambda: model(*inputs))
-                times.append(ms)
-        return summarize(times)
+            sets = [inputs] + [tasks.make_inputs(module, seeds[0], "base", self.device)
+                               for _ in range(input_sets(tasks.input_bytes(inputs), self.device) - 1)]
+            times = time_blocks(clock, lambda x: model(*x), sets, len(seeds), lambda i, n: seeds[i:i + n],
+                                lambda x, seed: tasks.refill_inputs(x, module, seed, self.device))
+        return summarize_blocks(times)
 
 
 def main(argv: list[str] | None = None) -> int:

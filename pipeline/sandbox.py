@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,3 +185,54 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
         log.close()
     now = time.monotonic()
     return Child(proc, wire.LineReader(read_fd), log_path, workdir, now, now + timeout)
+
+
+class Spares:
+    """Children started before they are needed, one per environment (a GPU lane's), so that the next
+    attempt does not wait for Python and torch to load (4-5 s on the H100 host). A spare runs no
+    candidate code and touches no device until `release` sends it its first line (the harness then
+    initialises CUDA and the profiler), which the caller does once the current attempt's timing is
+    over; the attempt's job follows in `take`. Each spare still serves exactly one attempt."""
+
+    def __init__(self, module: str, args: list[str]):
+        self.module, self.args = module, args
+        self._waiting: dict[frozenset, tuple[Child, dict[str, Any] | None]] = {}
+        self._lock = threading.Lock()
+
+    def spawn(self, env: dict[str, str], init: dict[str, Any]) -> None:
+        key = frozenset(env.items())
+        with self._lock:
+            if key in self._waiting:
+                return
+            self._waiting[key] = (start(self.module, self.args, 24 * 3600, env), init)
+
+    def release(self, env: dict[str, str]) -> None:
+        """Let the waiting spare for `env` initialise its device now."""
+        with self._lock:
+            entry = self._waiting.get(frozenset(env.items()))
+            if entry is None or entry[1] is None:
+                return
+            self._waiting[frozenset(env.items())] = (entry[0], None)
+        entry[0].send(entry[1])
+
+    def take(self, env: dict[str, str], timeout: float) -> Child | None:
+        """The waiting spare for `env`, released and with a fresh deadline, or None."""
+        self.release(env)
+        with self._lock:
+            entry = self._waiting.pop(frozenset(env.items()), None)
+        if entry is None:
+            return None
+        child = entry[0]
+        if child.proc.poll() is not None:  # it died waiting (killed, out of memory): start afresh
+            child.finish(grace=0.1)
+            return None
+        child.started = time.monotonic()
+        child.deadline = child.started + timeout
+        return child
+
+    def close(self) -> None:
+        with self._lock:
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for child, _ in waiting:
+            child.kill()
+            child.finish(grace=0.1)

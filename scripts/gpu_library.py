@@ -1,15 +1,13 @@
 """Replayed kernels against the evaluator's record: each task's best verified kernel of the H100 run,
-loaded through pipeline.library and timed with the evaluator's own clock protocol (flush, fresh
-values in the same storage, device-wide sync), median of 30 calls. Prints recorded vs replayed."""
+loaded through pipeline.library and timed with the evaluator's own protocol (pipeline.timing.time_blocks:
+blocks of fresh input sets, flush, device-wide sync), median of the block means over 30 calls. Prints recorded vs replayed."""
 
 from __future__ import annotations
 
 import json
-import statistics
-
 import torch
 
-from pipeline import library, tasks
+from pipeline import library, tasks, timing
 from pipeline.config import load_config
 from pipeline.leaderboard import best_rows
 from pipeline.store import Store
@@ -28,15 +26,14 @@ for best in best_rows([a for a in store.attempts() if a["backend"] == "cuda"]):
     inputs = tasks.make_inputs(module, 1, "base", "cuda")
 
     def median_ms(fn) -> float:
-        times = []
         with torch.no_grad():
             for _ in range(5):
                 fn(*inputs)
-            for seed in range(2, 32):
-                tasks.refill_inputs(inputs, module, seed, "cuda")
-                ms, _ = clock.time_call(lambda: fn(*inputs))
-                times.append(ms)
-        return statistics.median(times)
+            sets = [inputs] + [tasks.make_inputs(module, 1, "base", "cuda")
+                               for _ in range(timing.input_sets(tasks.input_bytes(inputs), "cuda") - 1)]
+            times = timing.time_blocks(clock, lambda x: fn(*x), sets, 30, lambda i, n: list(range(2 + i, 2 + i + n)),
+                                       lambda x, seed: tasks.refill_inputs(x, module, seed, "cuda"))
+        return timing.summarize_blocks(times)["median_ms"]
 
     replayed = median_ms(op)
     direct = median_ms(op.direct) if op.direct is not None else None  # the kernel's ModelNew, no library layer

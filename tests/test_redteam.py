@@ -225,6 +225,23 @@ def test_honest_cpp_kernel_is_correct_and_unflagged(bench, honest_build):
     assert result.floor_fraction is not None and 0 < result.floor_fraction < 1
 
 
+def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
+    """A spare child (started during the previous attempt, torch already loaded) serves the next
+    attempt: same verdict, far less start-up; one that is never used is killed on close."""
+    from pipeline import sandbox
+
+    spares = sandbox.Spares("pipeline.harness", ["eval"])
+    try:
+        first = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
+        second = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
+        waiting = [child for child, _ in spares._waiting.values()]
+    finally:
+        spares.close()
+    assert first.verdict is V.correct and second.verdict is V.correct, describe(second)
+    assert second.phases["startup"] < 0.5 * first.phases["startup"], (first.phases, second.phases)
+    assert len(waiting) == 1 and waiting[0].proc.poll() is not None, "the unused spare outlived close()"
+
+
 # Two exploits that once passed, kept as regression tests. Each writes what its work really cost to
 # real_ms.json in its build dir when the exploit gets a grip.
 def _real_ms(tmp_path: Path) -> float:
