@@ -24,6 +24,7 @@ for step in ${STEP:-tests run bench}; do
          cp db/h100.db "$OUT/h100.db" ;;
     bench) python3 scripts/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;
     probe2) timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_timing.py 2>&1 | tee "$OUT/probe2.log" ;;
+    ab) python3 scripts/gpu_profiler_ab.py 2>&1 | tee "$OUT/ab.log" ;;
     probe3) timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_refill.py 2>&1 | tee "$OUT/probe3.log" ;;
     probe) timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_compile.py 2>&1 | tee "$OUT/probe.log" ;;
     library) python3 scripts/gpu_library.py 2>&1 | tee "$OUT/library.log" ;;
