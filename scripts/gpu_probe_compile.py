@@ -23,6 +23,7 @@ import torch
 
 from pipeline import tasks
 from pipeline.timing import Clock
+from probe_kit import event_ms, reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,12 +78,7 @@ def clock_async_ms(model, module, inputs, clock) -> float:
         torch.cuda.synchronize()
         clock._reset_l2()
         clock._flush_buf.fill_(1.0)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        model(*inputs)
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
+        times.append(event_ms(lambda: model(*inputs)))
     return statistics.median(times)
 
 
@@ -94,9 +90,7 @@ def main() -> None:
     names = os.environ.get("PROBE_TASKS", "*").split()
     rows = []
     for task in tasks.discover(__import__("pathlib").Path(ROOT) / "reference_tasks", names):
-        module = tasks.load_module(task, "default")
-        model = tasks.make_model(module, module.Model, 0, "cuda")
-        inputs = tasks.make_inputs(module, 1, "base", "cuda")
+        module, model, inputs = reference(task.name)
         variants = {"eager": model, "compile": torch.compile(model)}
         if task.name in max_tasks:
             variants["max_autotune"] = torch.compile(model, mode="max-autotune-no-cudagraphs")

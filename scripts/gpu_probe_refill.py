@@ -24,6 +24,7 @@ import torch
 
 from pipeline import tasks
 from pipeline.timing import Clock
+from probe_kit import event_ms, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,12 +37,7 @@ def run(model, sets, before, n=30) -> float:
         for i in range(n):
             x = before(i)
             torch.cuda.synchronize()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            model(*x)
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e))
+            times.append(event_ms(lambda: model(*x)))
     return statistics.median(times)
 
 
@@ -50,10 +46,7 @@ def main() -> None:
     buf = clock._flush_buf
     rows = []
     for name in os.environ.get("PROBE_TASKS", "mse kl_div cross_entropy hinge huber cosine triplet").split():
-        task = tasks.discover(ROOT / "reference_tasks", [name])[0]
-        module = tasks.load_module(task, "default")
-        model = tasks.make_model(module, module.Model, 0, "cuda")
-        a = tasks.make_inputs(module, 1, "base", "cuda")
+        module, model, a = reference(name)
         b = tasks.make_inputs(module, 2, "base", "cuda")
         refill = lambda x, seed: tasks.refill_inputs(x, module, seed, "cuda")  # noqa: E731
 

@@ -23,13 +23,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from pipeline import tasks
 from pipeline.timing import Clock
+from probe_kit import event_ms, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,12 +42,7 @@ def timed(model, inputs, before, sync_before=True, module=None, n=30) -> float:
         before(i)
         if sync_before:
             torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        model(*inputs)
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
+        times.append(event_ms(lambda: model(*inputs)))
     return statistics.median(times)
 
 
@@ -56,10 +51,7 @@ def part1() -> None:
     buf = clock._flush_buf
     rows = []
     for name in os.environ.get("PROBE_TASKS", "mse kl_div hinge cross_entropy").split():
-        task = tasks.discover(ROOT / "reference_tasks", [name])[0]
-        module = tasks.load_module(task, "default")
-        model = tasks.make_model(module, module.Model, 0, "cuda")
-        inputs = tasks.make_inputs(module, 1, "base", "cuda")
+        module, model, inputs = reference(name)
         models = {"compile": torch.compile(model)}
         if name == "mse":
             models["eager"] = model
