@@ -96,7 +96,12 @@ class EvalConfig(_Strict):
     tolerance: float = Field(default=1e-4, gt=0, lt=1)
     """Default relative tolerance for float32 (a task may declare its own)."""
     timed_calls: int = Field(default=30, ge=3, le=10000)
-    """Timed calls after warm-up, in blocks of fresh input sets; the median block mean is recorded."""
+    """Least timed calls after warm-up, in blocks of fresh input sets; the median block mean is recorded."""
+    timed_ms: float = Field(default=100.0, ge=0)
+    """Short calls get more timed calls, until about this many milliseconds of them (estimated from
+    the faster baseline), so a sub-millisecond median is as stable as a long one; 0 keeps timed_calls."""
+    max_timed_calls: int = Field(default=256, ge=3, le=10000)
+    """At most this many timed calls, however short the call."""
     warmup_calls: int = Field(default=5, ge=1, le=1000)
     """Untimed calls before timing."""
     timeout_s: float = Field(default=300.0, gt=0)

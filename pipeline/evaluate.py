@@ -23,7 +23,7 @@ import numpy as np
 from . import sandbox, tasks, wire
 from .config import EvalConfig
 from .records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
-from .timing import BLOCK, TIMING_VERSION, summarize_blocks
+from .timing import BLOCK, TIMING_VERSION, calls_for, summarize_blocks
 
 EVALUATOR_VERSION = "1"
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
@@ -66,7 +66,7 @@ def make_plan(module, size: str | dict[str, Any], settings: EvalConfig) -> dict[
         shape_trials = [{"index": settings.trials + j, "seed": _seed(), "variant": "scaled", "size": other}
                         for j, other in enumerate(tasks.other_sizes(module, size))]
     return {"init_seed": _seed(), "sample_seed": _seed(), "size": size, "trials": trials,
-            "shape_trials": shape_trials, "timed": [_seed() for _ in range(settings.timed_calls)],
+            "shape_trials": shape_trials, "timed": [],  # sized and filled by prepare, from the baselines
             "warm_seed": _seed(),
             "warmup": settings.warmup_calls, "profile": settings.profile, "floor_slack": settings.floor_slack}
 
@@ -91,7 +91,8 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
                       tasks.tolerance(module, settings.tolerance))
     job = {"task_path": str(task.path.resolve()), "device": bench.device, "size": size, "init_seed": plan["init_seed"],
            "sample_seed": plan["sample_seed"], "trials": plan["trials"] + plan["shape_trials"],
-           "timed": plan["timed"], "warmup": plan["warmup"], "compile_baseline": settings.compile_baseline}
+           "warmup": plan["warmup"], "compile_baseline": settings.compile_baseline, "timed_ms": settings.timed_ms,
+           "timed_calls": settings.timed_calls, "max_timed_calls": settings.max_timed_calls}
     started = time.monotonic()
     child = sandbox.start("pipeline.reference", [], settings.timeout_s * 2, env)
     child.send(job)
@@ -102,7 +103,10 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     bench.env = {k: ready[k] for k in ("device_name", "torch_version", "cuda_version")}
     key = baseline_key(bench)
     cached = cached_baselines(key) if cached_baselines else None
-    child.send({"baselines": cached is None})
+    if cached is not None:
+        bench.baselines = Baselines.model_validate_json(cached)
+    seeds = [_seed() for _ in range(max(settings.timed_calls, settings.max_timed_calls))] if cached is None else []
+    child.send({"baselines": cached is None, "baseline_seeds": seeds})
     while (msg := child.receive()) is not None and msg.get("event") != "done":
         if msg["event"] == "expected":
             bench.expected[msg["index"]] = msg
@@ -110,13 +114,21 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
             bench.expected_timed.append(msg)
         elif msg["event"] == "baselines":
             bench.baselines = _baselines(msg)
+        elif msg["event"] == "need_timed":
+            plan["timed"] = [_seed() for _ in range(timed_count(bench.baselines, settings))]
+            child.send({"timed": plan["timed"]})
     code, log = child.finish()
     bench.phases = _reference_phases(started, child.messages)
-    if msg is None:
+    if msg is None or len(bench.expected_timed) != len(plan["timed"]):
         raise EvaluationError(f"task {task.name}: reference process failed (status {code}): {_tail(log)}")
-    if cached is not None:
-        bench.baselines = Baselines.model_validate_json(cached)
     return bench
+
+
+def timed_count(baselines: Baselines | None, settings: EvalConfig) -> int:
+    """Timed calls for this task: more when its faster baseline is short (timing.calls_for); a kernel
+    worth keeping is at least about that fast, and baselines and candidates then get the same rule."""
+    times = [t.median_ms for t in (baselines.eager, baselines.compiled) if t] if baselines else []
+    return calls_for(min(times, default=None), settings.timed_ms, settings.timed_calls, settings.max_timed_calls)
 
 
 def _reference_phases(started: float, messages: list[dict[str, Any]]) -> dict[str, float]:

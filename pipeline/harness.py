@@ -249,8 +249,7 @@ class Evaluator:
             block = clock.block_ms(lambda: model(*inputs), calls)
             _send(self.fd, {"event": "block_end", "calls": calls, "ms": block})
             outputs: list[dict[str, Any]] = []
-            sets = [inputs] + [tasks.make_inputs(module, plan["warm_seed"], "base", self.device)
-                               for _ in range(timing.input_sets(tasks.input_bytes(inputs), self.device) - 1)]
+            sets = tasks.block_sets(module, inputs, self.device)
 
             def seeds_for(first: int, count: int) -> list[int]:
                 # A block's seeds arrive only now, so nothing can be computed ahead of it.

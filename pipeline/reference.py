@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import tasks, wire
-from .timing import Clock, input_sets, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
+from .timing import Clock, calls_for, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 
 
 def _as64(inputs: list[Any]) -> list[Any]:
@@ -62,7 +62,7 @@ class Reference:
         job = self.job
         module, m32, _ = self.models_for(job["size"])
         clock = Clock(self.device)
-        seeds = job["timed"]
+        seeds = job["baseline_seeds"]
         inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
         result: dict[str, Any] = {"event": "baselines", "input_bytes": tasks.input_bytes(inputs)}
         result["eager"] = self._time(m32, module, seeds, clock, job["warmup"])
@@ -85,14 +85,17 @@ class Reference:
         send(result)
 
     def _time(self, model, module, seeds: list[int], clock: Clock, warmup: int) -> dict[str, float]:
-        """The candidate's protocol exactly (pipeline.timing.time_blocks), on the same seeds."""
+        """The candidate's protocol exactly (pipeline.timing.time_blocks), with as many calls as the
+        same rule gives a candidate this fast (timing.calls_for)."""
         inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
         with torch.no_grad():
             for _ in range(warmup):
                 model(*inputs)
-            sets = [inputs] + [tasks.make_inputs(module, seeds[0], "base", self.device)
-                               for _ in range(input_sets(tasks.input_bytes(inputs), self.device) - 1)]
-            times = time_blocks(clock, lambda x: model(*x), sets, len(seeds), lambda i, n: seeds[i:i + n],
+            job = self.job
+            count = calls_for(clock.block_ms(lambda: model(*inputs), 3) / 3, job["timed_ms"], job["timed_calls"],
+                              min(job["max_timed_calls"], len(seeds)))
+            sets = tasks.block_sets(module, inputs, self.device)
+            times = time_blocks(clock, lambda x: model(*x), sets, count, lambda i, n: seeds[i:i + n],
                                 lambda x, seed: tasks.refill_inputs(x, module, seed, self.device))
         return summarize_blocks(times)
 
@@ -113,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else _cpu_name(),
            "torch_version": torch.__version__, "cuda_version": torch.version.cuda}
     send({"event": "ready", **env})
-    job.update(json.loads(sys.stdin.readline()))  # the parent says whether baselines are cached
+    job.update(json.loads(sys.stdin.readline()))  # whether baselines are cached; their seeds if not
     for spec in job["trials"]:
         send({"event": "expected", "index": spec["index"], **ref.expected(spec["size"], spec["seed"], spec["variant"])})
-    for i, seed in enumerate(job["timed"]):
-        send({"event": "expected_timed", "index": i, **ref.expected(job["size"], seed, "base")})
     if job.get("baselines"):
         ref.baselines(send)
+    # The parent sizes the timed run from the baselines (timing.calls_for), so its seeds come last.
+    send({"event": "need_timed"})
+    for i, seed in enumerate(json.loads(sys.stdin.readline())["timed"]):
+        send({"event": "expected_timed", "index": i, **ref.expected(job["size"], seed, "base")})
     send({"event": "done"})
     return 0
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .timing import input_sets
+
 DEFAULT_SIZE = "default"
 VARIANTS = ("base", "scaled", "heavy", "needle")
 
@@ -150,6 +152,12 @@ def refill_inputs(inputs: list[Any], module: types.ModuleType, seed: int, device
 
 def input_bytes(inputs: list[Any]) -> int:
     return sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+
+
+def block_sets(module: types.ModuleType, inputs: list[Any], device: str) -> list[list[Any]]:
+    """`inputs` plus as many more sets of the same shapes as a timing block keeps in memory
+    (timing.input_sets); their values are placeholders, refilled before each block."""
+    return [inputs] + [make_inputs(module, 0, "base", device) for _ in range(input_sets(input_bytes(inputs), device) - 1)]
 
 
 def _uniform(gen: torch.Generator, lo: float, hi: float) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import math
 import os
 import statistics
 import time
@@ -20,7 +21,7 @@ import torch
 L2_FLUSH_BYTES = 256 << 20  # twice the largest L2 of current parts
 CPU_FLUSH_BYTES = 64 << 20  # past a server CPU's last-level cache share
 SIDE_WORK_RATIO, SIDE_WORK_MS = 1.5, 0.05  # wall over events beyond launch and sync latency
-TIMING_VERSION = "3"  # part of the baseline cache key: a change of method invalidates cached times
+TIMING_VERSION = "4"  # part of the baseline cache key: a change of method invalidates cached times
 # Timed calls come in blocks of this many input sets, each filled with fresh values before the block:
 # only a block's first call follows the refill (whose host-side work leaves the launch path cold and
 # cost torch.compile's Python wrapper 50-250 us a call on the H100), and every call is timed, so
@@ -144,10 +145,29 @@ def time_blocks(clock: Clock, call: Callable[[list[Any]], Any], sets: list[list[
     return times
 
 
+def calls_for(estimate_ms: float | None, target_ms: float, least: int, most: int) -> int:
+    """How many timed calls: `least`, or more for a short call until they add up to about
+    `target_ms`, never more than `most`. Per-call noise (launch and host jitter, tens of microseconds)
+    is a larger share of a short call; more calls keep its median as stable as a long call's."""
+    if not estimate_ms or estimate_ms <= 0 or target_ms <= 0:
+        return least
+    return max(least, min(most, math.ceil(target_ms / estimate_ms)))
+
+
 def summarize_blocks(times_ms: list[float], block: int = BLOCK) -> dict[str, float]:
     """Median and quartiles of the block means; n counts calls."""
     means = [statistics.fmean(times_ms[i:i + block]) for i in range(0, len(times_ms), block)]
     return {**summarize(means), "n": len(times_ms)}
+
+
+def event_ms(call: Callable[[], Any]) -> float:
+    """Milliseconds of one call between CUDA events, ending with a device sync (no flush)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
 
 
 def plain_ms(call: Callable[[], Any], calls: int = 30, warmup: int = 5) -> float:
@@ -157,15 +177,7 @@ def plain_ms(call: Callable[[], Any], calls: int = 30, warmup: int = 5) -> float
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(event_ms(call) for _ in range(calls))
 
 
 def summarize(times_ms: list[float]) -> dict[str, float]:

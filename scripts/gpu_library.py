@@ -1,6 +1,7 @@
 """Replayed kernels against the evaluator's record: each task's best verified kernel of the H100 run,
 loaded through pipeline.library and timed with the evaluator's own protocol (pipeline.timing.time_blocks:
-blocks of fresh input sets, flush, device-wide sync), median of the block means over 30 calls. Prints recorded vs replayed."""
+blocks of fresh input sets, flush, device-wide sync), median of the block means over as many calls as
+the evaluator timed. Prints recorded vs replayed."""
 
 from __future__ import annotations
 
@@ -24,20 +25,22 @@ for best in best_rows([a for a in store.attempts() if a["backend"] == "cuda"]):
     op = library.load(best["task"], db=db, backend="cuda", generated_dir=cfg.path(cfg.generated_dir),
                       builds_dir=cfg.path(cfg.build_dir))
     inputs = tasks.make_inputs(module, 1, "base", "cuda")
+    ev = cfg.evaluation  # as many calls as the evaluator timed: the rule of evaluate.timed_count
+    calls = timing.calls_for(min(t for t in (best["eager_ms"], best["compile_ms"]) if t), ev.timed_ms,
+                             ev.timed_calls, ev.max_timed_calls)
 
     def median_ms(fn) -> float:
         with torch.no_grad():
             for _ in range(5):
                 fn(*inputs)
-            sets = [inputs] + [tasks.make_inputs(module, 1, "base", "cuda")
-                               for _ in range(timing.input_sets(tasks.input_bytes(inputs), "cuda") - 1)]
-            times = timing.time_blocks(clock, lambda x: fn(*x), sets, 30, lambda i, n: list(range(2 + i, 2 + i + n)),
+            sets = tasks.block_sets(module, inputs, "cuda")
+            times = timing.time_blocks(clock, lambda x: fn(*x), sets, calls, lambda i, n: list(range(2 + i, 2 + i + n)),
                                        lambda x, seed: tasks.refill_inputs(x, module, seed, "cuda"))
         return timing.summarize_blocks(times)["median_ms"]
 
     replayed = median_ms(op)
     direct = median_ms(op.direct) if op.direct is not None else None  # the kernel's ModelNew, no library layer
-    rows.append({"task": best["task"], "code_hash": best["code_hash"], "recorded_ms": best["time_ms"],
+    rows.append({"task": best["task"], "calls": calls, "code_hash": best["code_hash"], "recorded_ms": best["time_ms"],
                  "replayed_ms": replayed, "direct_ms": direct, "diff": replayed / best["time_ms"] - 1,
                  "used_kernel": op.entry is not None})
     print(json.dumps(rows[-1]), flush=True)

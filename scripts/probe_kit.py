@@ -1,13 +1,15 @@
-"""What the GPU probe scripts share: a task's reference at KernelBench size, and one event-timed call."""
+"""What the GPU probe scripts share: a task's reference at KernelBench size, and one
+event-timed call (pipeline.timing.event_ms, the same one plain_ms uses)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from pipeline import tasks
+from pipeline.timing import event_ms  # noqa: F401 - the probes' one event-timed call
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,13 +19,3 @@ def reference(name: str, seed: int = 1) -> tuple[Any, torch.nn.Module, list[Any]
     task = tasks.discover(ROOT / "reference_tasks", [name])[0]
     module = tasks.load_module(task, "default")
     return module, tasks.make_model(module, module.Model, 0, "cuda"), tasks.make_inputs(module, seed, "base", "cuda")
-
-
-def event_ms(call: Callable[[], Any]) -> float:
-    """Milliseconds of one call between CUDA events, ending with a device sync."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    call()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end)

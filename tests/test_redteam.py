@@ -28,7 +28,7 @@ from pipeline.records import EvalResult, Flag, Verdict
 ROOT = Path(__file__).resolve().parent.parent
 REDTEAM = Path(__file__).resolve().parent / "redteam"
 TASKS = ROOT / "reference_tasks"
-SETTINGS = EvalConfig(compile_baseline=False, trials=5, timed_calls=10, warmup_calls=2, timeout_s=60)
+SETTINGS = EvalConfig(compile_baseline=False, trials=5, timed_calls=10, timed_ms=0, warmup_calls=2, timeout_s=60)
 HANG_SETTINGS = SETTINGS.model_copy(update={"timeout_s": 20})
 
 V = Verdict

@@ -120,7 +120,7 @@ def test_a_dropped_in_kernelbench_task_with_weights_runs_unchanged(tmp_path):
     a ModelNew that draws random numbers first gets other weights and is caught."""
     (tmp_path / "41_Linear_ReLU_Scale.py").write_text(KERNELBENCH_LEVEL2)
     task = tasks.discover(tmp_path, ["41_*"])[0]
-    settings = EvalConfig(trials=3, timed_calls=5, warmup_calls=1, compile_baseline=False, timeout_s=120)
+    settings = EvalConfig(trials=3, timed_calls=5, timed_ms=0, warmup_calls=1, compile_baseline=False, timeout_s=120)
     bench = evaluate.prepare(task, "default", "cpu", settings)
     assert bench.expected[0]["shape"] == [16, 32]
     for code, verdict in ((SAME_WEIGHTS, Verdict.correct), (OTHER_WEIGHTS, Verdict.mismatch)):
