@@ -6,6 +6,7 @@
 #   STEP=library  replayed kernels (pipeline.library) against the times the evaluator recorded
 #   STEP=batch  7 tasks x 8 samples (config-h100-batch.yaml) with GPU utilisation sampled
 #   STEP=probe  eager and torch.compile baselines under several timing protocols (gpu_probe_compile.py)
+#   STEP=noise  run-to-run variance of a copy, eager and compiled references, with GPU clocks sampled
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
 OUT=${OUT:-/tmp/kgen-out}; mkdir -p "$OUT"
@@ -28,6 +29,11 @@ for step in ${STEP:-tests run bench}; do
     probe3) timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_refill.py 2>&1 | tee "$OUT/probe3.log" ;;
     probe) timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_compile.py 2>&1 | tee "$OUT/probe.log" ;;
     library) python3 scripts/gpu_library.py 2>&1 | tee "$OUT/library.log" ;;
+    noise) nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+             --format=csv,noheader -lms 200 > "$OUT/clocks.csv" &
+           smi=$!
+           timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_noise.py 2>&1 | tee "$OUT/noise.log" | tail -45
+           kill $smi ;;
     batch) nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util.csv" &
            smi=$!
            start=$(date +%s)
