@@ -9,12 +9,14 @@ reset, 256 MiB fill, events, device sync), keeping the event time and the wall t
 
 Per round: the median event time, its p10-p90, the median wall time, and how many calls the wall
 rule (wall > 1.5 x events + 0.05 ms) would have timed by the wall clock. If the copy moves between
-processes as much as the kernels do, the variance is the GPU's, not the harness's.
+processes as much as the kernels do, the variance is the GPU's, not the harness's. NOISE_VARIANTS
+picks how the processes start: plain, pinned to one core, or pinned with a real-time priority.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -68,22 +70,34 @@ def one_process() -> None:
             time.sleep(1.0)
 
 
+VARIANTS = {  # how each fresh process is started: is the host's jitter the scheduler's?
+    "plain": [],
+    "pinned": ["taskset", "-c", "5"],
+    "pinned_fifo": ["taskset", "-c", "5", "chrt", "-f", "50"],
+}
+
+
 def main() -> None:
     rows = []
-    for proc in range(3):
-        out = subprocess.run([sys.executable, __file__, "one"], capture_output=True, text=True, timeout=240)
-        for line in out.stdout.splitlines():
-            if line.startswith("{"):
-                rows.append({"proc": proc, **json.loads(line)})
-        if out.returncode:
-            print(out.stderr[-2000:])
-    print(f"{'proc':>4}{'rnd':>4} {'subject':<9}{'median':>9}{'p10':>9}{'p90':>9}{'max':>9}{'wall':>9}{'rule':>5}")
+    for variant in os.environ.get("NOISE_VARIANTS", "plain").split():
+        for proc in range(3):
+            cmd = [*VARIANTS[variant], sys.executable, __file__, "one"]
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+            for line in out.stdout.splitlines():
+                if line.startswith("{"):
+                    rows.append({"variant": variant, "proc": proc, **json.loads(line)})
+            if out.returncode:
+                print(variant, out.stderr[-2000:])
+    print(f"{'variant':<12}{'proc':>4}{'rnd':>4} {'subject':<9}{'median':>9}{'p10':>9}{'p90':>9}{'max':>9}{'wall':>9}{'rule':>5}")
     for r in rows:
-        print(f"{r['proc']:>4}{r['round']:>4} {r['subject']:<9}{r['median']:>9.4f}{r['p10']:>9.4f}{r['p90']:>9.4f}"
-              f"{r['max']:>9.4f}{r['wall_median']:>9.4f}{r['wall_rule']:>5}")
-    for subject in ("copy", "mse", "ce", "ce_comp"):
-        meds = [r["median"] for r in rows if r["subject"] == subject]
-        print(f"{subject:<9} medians {min(meds):.4f}-{max(meds):.4f}: spread {100 * (max(meds) / min(meds) - 1):.2f}%")
+        print(f"{r['variant']:<12}{r['proc']:>4}{r['round']:>4} {r['subject']:<9}{r['median']:>9.4f}{r['p10']:>9.4f}"
+              f"{r['p90']:>9.4f}{r['max']:>9.4f}{r['wall_median']:>9.4f}{r['wall_rule']:>5}")
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        for subject in ("copy", "mse", "ce", "ce_comp"):
+            meds = [r["median"] for r in rows if r["subject"] == subject and r["variant"] == variant]
+            lows = [r["p10"] for r in rows if r["subject"] == subject and r["variant"] == variant]
+            print(f"{variant:<12}{subject:<9} medians {min(meds):.4f}-{max(meds):.4f} ({100 * (max(meds) / min(meds) - 1):.2f}%)"
+                  f"  p10 {min(lows):.4f}-{max(lows):.4f} ({100 * (max(lows) / min(lows) - 1):.2f}%)")
 
 
 if __name__ == "__main__":
