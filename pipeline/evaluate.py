@@ -373,7 +373,8 @@ def _check_timing(bench: TaskBench, msg: dict[str, Any], messages, wall: float |
     # waiting on a descheduled thread), so the check could only reject honest work.
     if bench.device != "cpu" and median < EVENT_SLACK * child_ms / calls - EVENT_ABS_MS:
         return (Verdict.impossible_timing, f"timed calls say {median:.4g} ms per call but back-to-back calls "
-                f"took {child_ms / calls:.4g} ms each: the per-call timer was tampered with")
+                f"took {child_ms / calls:.4g} ms each: the per-call timer was tampered with, or the call is "
+                f"bound by host work (which the hold ahead of each timed call hides) rather than device work")
     return None
 
 

@@ -8,7 +8,8 @@ reset, 256 MiB fill, events, device sync), keeping the event time and the wall t
   ce_comp    the cross_entropy reference under torch.compile (host-heavy launch path)
 
 Per round: the median event time, its p10-p90, the median wall time, and how many calls the wall
-rule (wall > 1.5 x events + 0.05 ms) would have timed by the wall clock. If the copy moves between
+rule (wall > 1.5 x events + 0.05 ms) would have timed by the wall clock; and the same call timed by
+Clock.time_call, behind the hold kernel (pipeline.hold): the "held" columns. If the copy moves between
 processes as much as the kernels do, the variance is the GPU's, not the harness's. NOISE_VARIANTS
 picks how the processes start: plain, pinned to one core, or pinned with a real-time priority.
 """
@@ -29,8 +30,10 @@ from pipeline.timing import SIDE_WORK_MS, SIDE_WORK_RATIO, Clock
 from probe_kit import reference
 
 
-def call_times(clock: Clock, fn, n: int = 40) -> tuple[list[float], list[float]]:
-    events, walls = [], []
+def call_times(clock: Clock, fn, n: int = 40) -> tuple[list[float], list[float], list[float]]:
+    """Each call timed twice over: with the GPU idle at the start event (timing method 4 and
+    before: events and wall clock), and by Clock.time_call (behind the hold, method 5)."""
+    events, walls, held = [], [], []
     for _ in range(n):
         clock.flush()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -41,7 +44,8 @@ def call_times(clock: Clock, fn, n: int = 40) -> tuple[list[float], list[float]]
         torch.cuda.synchronize()
         walls.append((time.perf_counter_ns() - t0) / 1e6)
         events.append(start.elapsed_time(end))
-    return events, walls
+        held.append(clock.time_call(fn)[0])
+    return events, walls, held
 
 
 def one_process() -> None:
@@ -61,12 +65,13 @@ def one_process() -> None:
             for name, (fn, module, inputs) in subjects.items():
                 if module is not None:
                     tasks.refill_inputs(inputs, module, 1000 + rnd, "cuda")
-                events, walls = call_times(clock, fn)
-                q = statistics.quantiles(events, n=10)
+                events, walls, held = call_times(clock, fn)
+                q, qh = statistics.quantiles(events, n=10), statistics.quantiles(held, n=10)
                 wall_rule = sum(w > e * SIDE_WORK_RATIO + SIDE_WORK_MS for e, w in zip(events, walls))
                 print(json.dumps({"round": rnd, "subject": name, "median": statistics.median(events),
                                   "p10": q[0], "p90": q[-1], "max": max(events), "wall_median": statistics.median(walls),
-                                  "wall_rule": wall_rule}), flush=True)
+                                  "wall_rule": wall_rule, "held_median": statistics.median(held),
+                                  "held_p10": qh[0], "held_p90": qh[-1]}), flush=True)
             time.sleep(1.0)
 
 
@@ -88,16 +93,19 @@ def main() -> None:
                     rows.append({"variant": variant, "proc": proc, **json.loads(line)})
             if out.returncode:
                 print(variant, out.stderr[-2000:])
-    print(f"{'variant':<12}{'proc':>4}{'rnd':>4} {'subject':<9}{'median':>9}{'p10':>9}{'p90':>9}{'max':>9}{'wall':>9}{'rule':>5}")
+    print(f"{'variant':<12}{'proc':>4}{'rnd':>4} {'subject':<9}{'median':>9}{'p10':>9}{'p90':>9}{'max':>9}{'wall':>9}{'rule':>5}{'held':>9}{'h p10':>9}")
     for r in rows:
         print(f"{r['variant']:<12}{r['proc']:>4}{r['round']:>4} {r['subject']:<9}{r['median']:>9.4f}{r['p10']:>9.4f}"
-              f"{r['p90']:>9.4f}{r['max']:>9.4f}{r['wall_median']:>9.4f}{r['wall_rule']:>5}")
+              f"{r['p90']:>9.4f}{r['max']:>9.4f}{r['wall_median']:>9.4f}{r['wall_rule']:>5}"
+              f"{r['held_median']:>9.4f}{r['held_p10']:>9.4f}")
     for variant in dict.fromkeys(r["variant"] for r in rows):
         for subject in ("copy", "mse", "ce", "ce_comp"):
             meds = [r["median"] for r in rows if r["subject"] == subject and r["variant"] == variant]
             lows = [r["p10"] for r in rows if r["subject"] == subject and r["variant"] == variant]
+            held = [r["held_median"] for r in rows if r["subject"] == subject and r["variant"] == variant]
             print(f"{variant:<12}{subject:<9} medians {min(meds):.4f}-{max(meds):.4f} ({100 * (max(meds) / min(meds) - 1):.2f}%)"
-                  f"  p10 {min(lows):.4f}-{max(lows):.4f} ({100 * (max(lows) / min(lows) - 1):.2f}%)")
+                  f"  p10 {min(lows):.4f}-{max(lows):.4f} ({100 * (max(lows) / min(lows) - 1):.2f}%)"
+                  f"  held medians {min(held):.4f}-{max(held):.4f} ({100 * (max(held) / min(held) - 1):.2f}%)")
 
 
 if __name__ == "__main__":

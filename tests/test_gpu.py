@@ -92,7 +92,7 @@ torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t mode) {
     static cudaStream_t side = nullptr;
     long long step = 1;
     double scale = 1.0 / (double)n;
-    if (mode == 1) {  // side stream: launched where the current stream's events do not see it
+    if (mode == 1 || mode == 5) {  // side stream: launched where the current stream's events do not see it
         if (!side) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
         stream = side;
     } else if (mode == 2) {  // partial read: every 16th element, rescaled
@@ -106,6 +106,13 @@ torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t mode) {
     }
     sq_diff_partial<<<blocks, threads, 0, stream>>>(pa, pb, n, step, aligned, partial.data_ptr<double>());
     finish<<<1, 1024, 0, stream>>>(partial.data_ptr<double>(), (int)blocks, scale, out.data_ptr<float>());
+    if (mode == 5) {  // the current stream waits for the side stream: correct, but the work was
+        // launched at once, to run beside whatever the timer queued ahead of the call
+        static cudaEvent_t done = nullptr;
+        if (!done) cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+        cudaEventRecord(done, side);
+        cudaStreamWaitEvent(at::cuda::getCurrentCUDAStream(), done, 0);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
 }
@@ -145,6 +152,7 @@ CASES = {
     "hang": (4, CALL, {Verdict.timeout}),
     "pointer_cache": (0, POINTER_CACHE, {Verdict.mismatch}),
     "timer_patch": (0, TIMER_PATCH, {Verdict.correct}),
+    "side_overlap": (5, CALL, {Verdict.correct}),
 }
 
 
@@ -198,6 +206,20 @@ def test_redteam_cuda(name, built, bench):
         assert verdict.time_ms >= 0.5 * verdict.baselines.eager.median_ms
     # Whatever the candidate did, the GPU is free for the next attempt.
     assert _gpu_idle()
+
+
+def test_side_stream_work_cannot_run_under_the_hold(built, bench):
+    """A timed call is launched behind a kernel that holds every SM (pipeline.hold), so the host's
+    launch is not timed. Work the candidate starts at once on a side stream, which the current
+    stream then waits for, cannot run beside the hold: it lands after the start event, in full."""
+    times = {}
+    for name in ("honest", "side_overlap", "honest"):
+        path, result = built[name]
+        r = evaluate.evaluate(bench, path, Path(result.build_dir), SETTINGS)
+        assert r.verdict is Verdict.correct, r.error
+        times.setdefault(name, []).append(r.time_ms)
+    print(f"\nREDTEAM side_overlap vs honest: {times}")
+    assert times["side_overlap"][0] >= 0.9 * min(times["honest"]), times
 
 
 def test_gpu_serves_next_attempt_after_hang_and_fault(built, bench):

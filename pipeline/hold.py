@@ -1,0 +1,87 @@
+"""A kernel that holds every thread slot of every SM for a set time, queued ahead of a timed call.
+
+Why: with the GPU idle when a timed call starts, its start event fires at once and the events count
+the call's host-side launch path too; on the lent H100 that path stalls for tens to hundreds of
+microseconds at random (a 0.73 ms copy varied 3-10% between rounds, a compiled 0.3 ms loss 40%).
+Queuing this hold first lets the host launch the call while the GPU is still busy, so the events see
+only device time. Because the hold fills all thread slots (2 blocks x 1024 threads on a 2048-slot
+SM), no kernel from another stream can run beside it: a candidate cannot hide work under it, and
+work it starts on a side stream still lands after the start event.
+
+It is loaded from PTX through the driver API (no compiler needed) once per process, before the
+candidate is imported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+PTX = rb"""
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry kgen_hold(.param .u64 ns)
+{
+  .reg .u64 %rd<5>;
+  .reg .pred %p;
+  ld.param.u64 %rd1, [ns];
+  mov.u64 %rd2, %globaltimer;
+  add.u64 %rd3, %rd2, %rd1;
+WAIT:
+  mov.u64 %rd4, %globaltimer;
+  setp.lt.u64 %p, %rd4, %rd3;
+  @%p bra WAIT;
+  ret;
+}
+"""
+THREADS = 1024
+_ATTR_NUM_REGS = 4  # CU_FUNC_ATTRIBUTE_NUM_REGS
+_DEV_SM_COUNT, _DEV_THREADS_PER_SM = 16, 39  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ..._MAX_THREADS_PER_MULTIPROCESSOR
+
+
+class HoldError(RuntimeError):
+    """The hold kernel could not be loaded or would not fill the GPU."""
+
+
+class Hold:
+    """`hold(stream_handle, ms)` queues the hold on that stream and returns at once."""
+
+    def __init__(self, device: str):
+        torch.cuda.init()
+        index = torch.device(device).index or 0
+        with torch.cuda.device(index):
+            torch.empty(1, device=device)  # the primary context is current on this thread from here
+        try:
+            cu = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise HoldError(f"cannot load libcuda: {exc}") from exc
+        self._launch = cu.cuLaunchKernel
+        self._launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        module, func = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(cu.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(PTX)), "cuModuleLoadData")
+        _check(cu.cuModuleGetFunction(ctypes.byref(func), module, b"kgen_hold"), "cuModuleGetFunction")
+        dev, sms, slots, per_sm, regs = (ctypes.c_int() for _ in range(5))
+        _check(cu.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
+        _check(cu.cuDeviceGetAttribute(ctypes.byref(sms), _DEV_SM_COUNT, dev), "cuDeviceGetAttribute")
+        _check(cu.cuDeviceGetAttribute(ctypes.byref(slots), _DEV_THREADS_PER_SM, dev), "cuDeviceGetAttribute")
+        _check(cu.cuFuncGetAttribute(ctypes.byref(regs), _ATTR_NUM_REGS, func), "cuFuncGetAttribute")
+        _check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(per_sm), func, THREADS, ctypes.c_size_t(0)),
+               "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        if per_sm.value * THREADS < slots.value:
+            raise HoldError(f"the hold fits {per_sm.value} blocks of {THREADS} threads on an SM of {slots.value} "
+                            f"thread slots ({regs.value} registers a thread): other kernels could run beside it")
+        self.func, self.blocks = func, per_sm.value * sms.value
+        self._module = module  # kept alive with the function
+
+    def __call__(self, stream: int, ms: float) -> None:
+        ns = ctypes.c_uint64(int(ms * 1e6))
+        params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(ns), ctypes.c_void_p))
+        _check(self._launch(self.func, self.blocks, 1, 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream), params, None),
+               "cuLaunchKernel")
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise HoldError(f"{what} failed with CUDA driver error {status}")
