@@ -18,17 +18,29 @@ import ctypes
 
 import torch
 
+# Every block spins until one deadline, set by the first block to start (a compare-and-swap on a
+# zeroed slot), so all blocks leave the SMs within the timer's resolution of each other and nothing
+# queued on another stream starts early on an SM that emptied first.
 PTX = rb"""
 .version 7.0
 .target sm_70
 .address_size 64
-.visible .entry kgen_hold(.param .u64 ns)
+.visible .entry kgen_hold(.param .u64 ns, .param .u64 slot)
 {
-  .reg .u64 %rd<5>;
-  .reg .pred %p;
+  .reg .u64 %rd<8>;
+  .reg .u32 %r<2>;
+  .reg .pred %p, %q;
   ld.param.u64 %rd1, [ns];
+  ld.param.u64 %rd5, [slot];
+  mov.u32 %r1, %tid.x;
+  setp.ne.u32 %q, %r1, 0;
+  @%q bra AGREED;
   mov.u64 %rd2, %globaltimer;
   add.u64 %rd3, %rd2, %rd1;
+  atom.global.cas.b64 %rd6, [%rd5], 0, %rd3;
+AGREED:
+  bar.sync 0;
+  ld.volatile.global.u64 %rd3, [%rd5];
 WAIT:
   mov.u64 %rd4, %globaltimer;
   setp.lt.u64 %p, %rd4, %rd3;
@@ -74,10 +86,17 @@ class Hold:
                             f"thread slots ({regs.value} registers a thread): other kernels could run beside it")
         self.func, self.blocks = func, per_sm.value * sms.value
         self._module = module  # kept alive with the function
+        self._slot = torch.zeros(1, dtype=torch.int64, device=device)  # the agreed deadline, zeroed per hold
+        self._stream = torch.cuda.ExternalStream
+        self(torch.cuda.current_stream().cuda_stream, 0.0)  # the driver compiles the PTX here, not in a timed call
+        torch.cuda.synchronize()
 
     def __call__(self, stream: int, ms: float) -> None:
-        ns = ctypes.c_uint64(int(ms * 1e6))
-        params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(ns), ctypes.c_void_p))
+        with torch.cuda.stream(self._stream(stream)):
+            self._slot.zero_()
+        ns, slot = ctypes.c_uint64(int(ms * 1e6)), ctypes.c_uint64(self._slot.data_ptr())
+        params = (ctypes.c_void_p * 2)(ctypes.cast(ctypes.pointer(ns), ctypes.c_void_p),
+                                       ctypes.cast(ctypes.pointer(slot), ctypes.c_void_p))
         _check(self._launch(self.func, self.blocks, 1, 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream), params, None),
                "cuLaunchKernel")
 

@@ -219,7 +219,9 @@ def test_side_stream_work_cannot_run_under_the_hold(built, bench):
         assert r.verdict is Verdict.correct, r.error
         times.setdefault(name, []).append(r.time_ms)
     print(f"\nREDTEAM side_overlap vs honest: {times}")
-    assert times["side_overlap"][0] >= 0.9 * min(times["honest"]), times
+    # All hold blocks leave within the device timer's resolution of each other: at most a few
+    # microseconds of the side work can fall before the start event.
+    assert times["side_overlap"][0] >= min(times["honest"]) - 0.003, times
 
 
 def test_gpu_serves_next_attempt_after_hang_and_fault(built, bench):
