@@ -37,7 +37,8 @@ PTX = rb"""
   @%q bra AGREED;
   mov.u64 %rd2, %globaltimer;
   add.u64 %rd3, %rd2, %rd1;
-  atom.global.cas.b64 %rd6, [%rd5], 0, %rd3;
+  mov.u64 %rd7, 0;
+  atom.global.cas.b64 %rd6, [%rd5], %rd7, %rd3;
 AGREED:
   bar.sync 0;
   ld.volatile.global.u64 %rd3, [%rd5];
