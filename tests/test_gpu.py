@@ -219,9 +219,10 @@ def test_side_stream_work_cannot_run_under_the_hold(built, bench):
         assert r.verdict is Verdict.correct, r.error
         times.setdefault(name, []).append(r.time_ms)
     print(f"\nREDTEAM side_overlap vs honest: {times}")
-    # All hold blocks leave within the device timer's resolution of each other: at most a few
-    # microseconds of the side work can fall before the start event.
-    assert times["side_overlap"][0] >= min(times["honest"]) - 0.003, times
+    # The hold's blocks all leave at one deadline, but the start event (like the honest kernel on the
+    # same stream) waits for the hold's completion to be processed, while a side stream's kernel takes
+    # the emptied SMs at once: it gains that dependency latency (6 us on the H100), and nothing more.
+    assert times["side_overlap"][0] >= min(times["honest"]) - 0.010, times
 
 
 def test_gpu_serves_next_attempt_after_hang_and_fault(built, bench):
