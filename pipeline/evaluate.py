@@ -115,7 +115,9 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
         elif msg["event"] == "baselines":
             bench.baselines = _baselines(msg)
         elif msg["event"] == "need_timed":
-            plan["timed"] = [_seed() for _ in range(timed_count(bench.baselines, settings))]
+            b = bench.baselines
+            medians = [t.median_ms for t in (b.eager, b.compiled) if t] if b else []
+            plan["timed"] = [_seed() for _ in range(timed_count(settings, *medians))]
             child.send({"timed": plan["timed"]})
     code, log = child.finish()
     bench.phases = _reference_phases(started, child.messages)
@@ -124,11 +126,11 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     return bench
 
 
-def timed_count(baselines: Baselines | None, settings: EvalConfig) -> int:
+def timed_count(settings: EvalConfig, *baseline_ms: float | None) -> int:
     """Timed calls for this task: more when its faster baseline is short (timing.calls_for); a kernel
     worth keeping is at least about that fast, and baselines and candidates then get the same rule."""
-    times = [t.median_ms for t in (baselines.eager, baselines.compiled) if t] if baselines else []
-    return calls_for(min(times, default=None), settings.timed_ms, settings.timed_calls, settings.max_timed_calls)
+    fastest = min((t for t in baseline_ms if t), default=None)
+    return calls_for(fastest, settings.timed_ms, settings.timed_calls, settings.max_timed_calls)
 
 
 def _reference_phases(started: float, messages: list[dict[str, Any]]) -> dict[str, float]:

@@ -79,7 +79,7 @@ class Reference:
                         result["compiled_plain_ms"] = plain_ms(lambda: compiled(*inputs))
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
                 result["compile_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-        bandwidth = measure_bandwidth(self.device)
+        bandwidth = measure_bandwidth(self.device, clock)
         result["bandwidth_gbs"] = bandwidth
         result["floor_ms"] = result["input_bytes"] / (bandwidth * 1e9) * 1e3
         send(result)

@@ -196,10 +196,11 @@ def summarize(times_ms: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(times_ms), "p25_ms": qs[0], "p75_ms": qs[2], "n": len(times_ms)}
 
 
-def measure_bandwidth(device: str) -> float:
+def measure_bandwidth(device: str, clock: Clock | None = None) -> float:
     """Device memory bandwidth in GB/s: the better of a large copy (read plus write bytes) and a
-    large read-only reduction, median of several repeats. The floor is inputs' bytes over this."""
-    clock = Clock(device)
+    large read-only reduction, median of several repeats. The floor is inputs' bytes over this.
+    Pass the caller's `clock` to reuse its flush buffer and hold rather than build a second one."""
+    clock = clock or Clock(device)
     numel = (1 << 30) // 4 if clock.cuda else (256 << 20) // 4
     if clock.cuda:
         free, _ = torch.cuda.mem_get_info()

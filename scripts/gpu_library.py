@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import torch
 
-from pipeline import library, tasks, timing
+from pipeline import evaluate, library, tasks, timing
 from pipeline.config import load_config
 from pipeline.leaderboard import best_rows
 from pipeline.store import Store
@@ -25,9 +25,7 @@ for best in best_rows([a for a in store.attempts() if a["backend"] == "cuda"]):
     op = library.load(best["task"], db=db, backend="cuda", generated_dir=cfg.path(cfg.generated_dir),
                       builds_dir=cfg.path(cfg.build_dir))
     inputs = tasks.make_inputs(module, 1, "base", "cuda")
-    ev = cfg.evaluation  # as many calls as the evaluator timed: the rule of evaluate.timed_count
-    calls = timing.calls_for(min(t for t in (best["eager_ms"], best["compile_ms"]) if t), ev.timed_ms,
-                             ev.timed_calls, ev.max_timed_calls)
+    calls = evaluate.timed_count(cfg.evaluation, best["eager_ms"], best["compile_ms"])  # as the evaluator timed it
 
     def median_ms(fn) -> float:
         with torch.no_grad():
