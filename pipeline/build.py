@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 from . import sandbox
+from .child import protocol
 from .records import BuildResult
-
-LOG_LIMIT = 200_000  # characters of build log kept: nvcc can print megabytes of warnings
 
 
 def build_dir_for(builds_root: Path, code_hash: str) -> Path:
@@ -23,11 +22,15 @@ def build_dir_for(builds_root: Path, code_hash: str) -> Path:
 def clear_stale_locks(build_dir: Path) -> list[Path]:
     """torch's FileBaton leaves a `lock` file behind when a build is killed, and the next build of the
     same extension then waits on it forever. One build per hash runs at a time (the caller ensures
-    it), so any lock found before we start is stale."""
+    it), so any lock found before we start is stale. The tree was written by a candidate's build:
+    the walk follows no link and removes only what is itself a link or a regular file named lock."""
     removed = []
-    for lock in build_dir.rglob("lock"):
-        lock.unlink(missing_ok=True)
-        removed.append(lock)
+    for root, _dirs, files in os.walk(build_dir, followlinks=False):
+        for name in files:
+            if name == "lock":
+                lock = Path(root) / name
+                lock.unlink(missing_ok=True)
+                removed.append(lock)
     return removed
 
 
@@ -40,21 +43,30 @@ def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
     sandbox.own_for_child(build_dir)
     env = {"TORCH_EXTENSIONS_DIR": str(build_dir), "MAX_JOBS": str(max_jobs or os.cpu_count() or 1)}
     started = time.monotonic()
-    child = sandbox.start("pipeline.harness", ["build", str(code_path)], timeout_s, env)
-    message = child.receive()
+    child = sandbox.start("pipeline.child.harness", ["build", str(code_path)], timeout_s, env)
+    message, problem = None, None
+    try:
+        message, _ = child.reply()
+        if message is not None and not isinstance(message, protocol.BuildDone):
+            problem = f"the build sent {type(message).__name__} instead of its result"
+    except TimeoutError:
+        pass
+    except protocol.ProtocolError as exc:
+        problem = f"the build broke the protocol: {exc}"
+        child.kill()
     code, log = child.finish()
     seconds = time.monotonic() - started
     if stale:
         log = f"[kgen] removed stale lock(s) left by a killed build: {', '.join(map(str, stale))}\n" + log
-    ok = bool(message and message.get("event") == "build" and message.get("ok")) and code == 0
+    ok = problem is None and isinstance(message, protocol.BuildDone) and message.ok and code == 0
     if child.timed_out:
         log += f"\n[kgen] build killed after {timeout_s:.0f} s\n"
+    elif problem:
+        log += f"\n[kgen] {problem}\n"
     elif not ok and message is None:
         log += f"\n[kgen] build process ended with status {code} before reporting\n"
     elif not ok:
-        log += f"\n[kgen] {message.get('error', 'build failed')}\n"
-    if len(log) > LOG_LIMIT:
-        log = log[: LOG_LIMIT // 2] + "\n[kgen] ... log cut ...\n" + log[-LOG_LIMIT // 2:]
+        log += f"\n[kgen] {message.error or 'build failed'}\n"
     return BuildResult(code_hash=code_hash, ok=ok and not child.timed_out, timed_out=child.timed_out,
                        log=log, seconds=seconds, build_dir=str(build_dir))
 

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from . import build as build_stage
-from . import evaluate, tasks
+from . import evaluate
+from .child import tasks
 from .config import Config, EvalConfig
 from .records import EvalResult, Verdict
 from .run import remember_baselines, resolve_backend
@@ -52,7 +53,10 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
         bench = evaluate.prepare(task, chosen_size, backend, settings, db.get_baseline if db else None)
         if db:
             remember_baselines(db, bench)
-        result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings)
+        try:
+            result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings)
+        finally:
+            bench.close()
     if not db:
         return result, None
     run_id = db.start_run(json.dumps({"eval": str(path)}), "[]", backend, result.device or backend,

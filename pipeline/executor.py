@@ -22,7 +22,7 @@ from . import evaluate as evaluate_stage
 from . import sandbox
 from .config import Config, EvalConfig
 from .records import BuildResult, EvalResult
-from .tasks import TaskFile
+from .child.tasks import TaskFile
 
 
 class Executor(Protocol):
@@ -76,7 +76,7 @@ class LocalExecutor:
         for gpu in gpus or [None]:
             self.free.put_nowait(gpu)
         # Not on the cpu backend: a spare loading torch would share the cores with a timed kernel.
-        self.spares = sandbox.Spares("pipeline.harness", ["eval"]) if gpus else None
+        self.spares = sandbox.Spares("pipeline.child.harness", ["eval"]) if gpus else None
 
     async def build(self, code_path: Path, code_hash: str, builds_root: Path, timeout_s: float) -> BuildResult:
         async with self.build_pool:
@@ -128,7 +128,7 @@ class RayExecutor:
         self.lanes = max(1, gpus) if backend == "cuda" else max(1, int(ray.cluster_resources().get("CPU", 1)) // 2)
         device = {"num_gpus": 1} if backend == "cuda" else {"num_cpus": 1}
         self._build = ray.remote(num_cpus=1, max_retries=0)(build_stage.build)
-        self._prepare = ray.remote(max_retries=0, **device)(evaluate_stage.prepare)
+        self._prepare = ray.remote(max_retries=0, **device)(evaluate_stage.prepare_detached)
         self._evaluate = ray.remote(max_retries=0, **device)(evaluate_stage.evaluate)
 
     async def build(self, code_path, code_hash, builds_root, timeout_s):

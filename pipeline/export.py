@@ -28,7 +28,7 @@ from pydantic import Field
 from .kernels import (EVALUATOR_VERSION, KernelEntry, LibraryError, _Record, device_kind, entry_from_attempt,
                       sha256_text)
 from .leaderboard import is_verified, rank_key
-from .tasks import TaskError
+from .child.tasks import TaskError
 
 LOCK = "kgen.lock"
 MANIFEST = "manifest.json"

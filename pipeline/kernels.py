@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from . import tasks
+from .child import tasks
 from .records import Flag
 
 # The evaluate.EVALUATOR_VERSION the kernels in this tree were judged by; kept here so that the

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import tasks
+from .child import tasks
 from .export import export_best, open_export, task_row_of
 from .kernels import (KernelEntry, LibraryError, device_kind, entry_from_attempt, outside, parse_size,
                       sha256_text, task_file)

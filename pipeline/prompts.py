@@ -17,7 +17,7 @@ from pathlib import Path
 from jinja2 import (Environment, FileSystemLoader, StrictUndefined, TemplateNotFound,
                     TemplateSyntaxError, UndefinedError)
 
-from pipeline.tasks import TaskFile
+from pipeline.child.tasks import TaskFile
 
 BACKENDS = ("cuda", "cpu")
 EXAMPLES_DIR = "examples"

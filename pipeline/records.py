@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
+from .child.protocol import Confinement
 from pydantic import BaseModel, ConfigDict, Field
 
 Backend = Literal["cuda", "cpu"]
@@ -36,6 +37,7 @@ class Verdict(str, enum.Enum):
     inputs_mutated = "inputs_mutated"
     nondeterministic = "nondeterministic"
     impossible_timing = "impossible_timing"
+    protocol_error = "protocol_error"
     correct = "correct"
     waiting_gpu = "waiting_gpu"
     model_error = "model_error"
@@ -136,7 +138,7 @@ class Timing(Record):
     """Timing statistics of one callable, in milliseconds."""
 
     median_ms: float
-    """Median over the timed calls (of the means of blocks of calls, see pipeline.timing.BLOCK)."""
+    """Median over the timed calls (of the means of blocks of calls, see pipeline.child.timing.BLOCK)."""
     p25_ms: float
     """25th percentile, of the same."""
     p75_ms: float
@@ -183,7 +185,17 @@ class EvalResult(Record):
     baselines: Baselines | None = None
     """Eager, compile and floor on the same device."""
     wall_ms_per_call: float | None = None
-    """The parent's own clock over a block of calls, divided by the count: an upper bound."""
+    """The parent's own estimate of one call: its clock around blocks of back-to-back calls on fresh
+    inputs, less what the same blocks cost with a null model before the candidate was imported."""
+    confinement: Confinement | None = None
+    """How the candidate's child was confined (it reported this before any candidate code ran)."""
+    output: str | None = None
+    """The last characters the candidate's child printed (hostile text: shown literally)."""
+    trusted: bool = True
+    """False when the confinement was below what the config requires: the verdict stands, but the
+    attempt is kept out of `best`, the leaderboard and the library."""
+    untrusted_reason: str | None = None
+    """Why it is not trusted."""
     device: str = ""
     """Device name the attempt ran on."""
     torch_version: str = ""
@@ -233,4 +245,5 @@ def summary_fields(result: EvalResult) -> dict[str, Any]:
         "speedup_eager": result.speedup_eager,
         "speedup_compile": result.speedup_compile,
         "floor_fraction": result.floor_fraction,
+        "trusted": int(result.trusted),
     }

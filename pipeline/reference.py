@@ -1,21 +1,27 @@
 """The reference process: expected outputs in float64 and baseline timings, in a process that never
 imported candidate code, so a candidate that patches torch cannot move them.
 
-    python -m pipeline.reference --result-fd N      (the job arrives as one JSON line on stdin)
+    python -m pipeline.reference --result-fd N      (requests arrive as JSON lines on stdin)
+
+It lives for a task's whole run on the parent's side: `baselines` once, then one `expect` per
+attempt, with that attempt's own seeds. Expected outputs go, in full and as float64, into files in a
+directory of the parent's that no candidate can read; the parent compares them with the candidate's
+outputs value by value.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import tasks, wire
-from .timing import Clock, calls_for, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
+from .child import tasks
+from .child.timing import Clock, calls_for, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 
 
 def _as64(inputs: list[Any]) -> list[Any]:
@@ -33,34 +39,42 @@ class Reference:
         self.device = job["device"]
         self.task = tasks.load_file(Path(job["task_path"]))
         self.models: dict[str, tuple[Any, Any]] = {}
+        self.init_seed: int | None = None
 
-    def models_for(self, size: str):
-        """(task module, float32 model, float64 model) at a size, built under the shared init seed."""
+    def models_for(self, size: str, init_seed: int):
+        """(task module, float32 model, float64 model) at a size, built under the attempt's init seed."""
+        if init_seed != self.init_seed:
+            self.models, self.init_seed = {}, init_seed
         key = json.dumps(size, sort_keys=True)
         if key not in self.models:
             module = tasks.load_module(self.task, size)
-            m32 = tasks.make_model(module, module.Model, self.job["init_seed"], self.device)
-            m64 = tasks.make_model(module, module.Model, self.job["init_seed"], self.device)
+            m32 = tasks.make_model(module, module.Model, init_seed, self.device)
+            m64 = tasks.make_model(module, module.Model, init_seed, self.device)
             if isinstance(m64, torch.nn.Module):
                 m64 = m64.double()
             self.models[key] = (module, m32, m64)
         return self.models[key]
 
-    def expected(self, size: str, seed: int, variant: str) -> dict[str, Any]:
-        module, m32, m64 = self.models_for(size)
+    def expected(self, size: str, init_seed: int, seed: int, variant: str, path: str) -> dict[str, Any]:
+        """The reference's output for one call, in float64, written whole to `path` (a fresh file)."""
+        module, m32, m64 = self.models_for(size, init_seed)
         inputs = tasks.make_inputs(module, seed, variant, self.device)
         with torch.no_grad():
             ref = m64(*_as64(inputs))
-            desc = wire.describe(ref, self.job["sample_seed"])
             out32 = m32(*inputs)
-            # How far PyTorch's own float32 lands from float64 here: evidence for the tolerance.
-            desc["fp32_rel_err"] = _rel_err(out32, ref) if isinstance(out32, torch.Tensor) else None
-            desc["ref_dtype"] = str(out32.dtype).removeprefix("torch.") if isinstance(out32, torch.Tensor) else None
-        return desc
+        if not isinstance(ref, torch.Tensor) or not isinstance(out32, torch.Tensor):
+            raise TypeError(f"the reference Model returns {type(out32).__name__}, not a tensor")
+        values = ref.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(values.tobytes())
+        # How far PyTorch's own float32 lands from float64 here: evidence for the tolerance.
+        return {"shape": list(ref.shape), "numel": ref.numel(), "path": path,
+                "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": _rel_err(out32, ref)}
 
     def baselines(self, send) -> None:
         job = self.job
-        module, m32, _ = self.models_for(job["size"])
+        module, m32, _ = self.models_for(job["size"], job["init_seed"])
         clock = Clock(self.device)
         seeds = job["baseline_seeds"]
         inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
@@ -85,7 +99,7 @@ class Reference:
         send(result)
 
     def _time(self, model, module, seeds: list[int], clock: Clock, warmup: int) -> dict[str, float]:
-        """The candidate's protocol exactly (pipeline.timing.time_blocks), with as many calls as the
+        """The candidate's protocol exactly (pipeline.child.timing.time_blocks), with as many calls as the
         same rule gives a candidate this fast (timing.calls_for)."""
         inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
         with torch.no_grad():
@@ -110,22 +124,27 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.init()
 
     def send(message: dict[str, Any]) -> None:
-        wire.send(fd, message)
+        data = (json.dumps(message) + "\n").encode()
+        while data:
+            data = data[os.write(fd, data):]
 
     ref = Reference(job)
     env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else _cpu_name(),
            "torch_version": torch.__version__, "cuda_version": torch.version.cuda}
     send({"event": "ready", **env})
-    job.update(json.loads(sys.stdin.readline()))  # whether baselines are cached; their seeds if not
-    for spec in job["trials"]:
-        send({"event": "expected", "index": spec["index"], **ref.expected(spec["size"], spec["seed"], spec["variant"])})
-    if job.get("baselines"):
-        ref.baselines(send)
-    # The parent sizes the timed run from the baselines (timing.calls_for), so its seeds come last.
-    send({"event": "need_timed"})
-    for i, seed in enumerate(json.loads(sys.stdin.readline())["timed"]):
-        send({"event": "expected_timed", "index": i, **ref.expected(job["size"], seed, "base")})
-    send({"event": "done"})
+    while (line := sys.stdin.readline()).strip():
+        request = json.loads(line)
+        if request["op"] == "baselines":
+            ref.job.update(request)
+            ref.baselines(send)
+        elif request["op"] == "expect":
+            for spec in request["specs"]:
+                meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"],
+                                    os.path.join(request["dir"], f"{spec['key']}.f64"))
+                send({"event": "expected", "key": spec["key"], **meta})
+            if ref.device.startswith("cuda"):
+                torch.cuda.empty_cache()  # give the memory back before a candidate is timed
+        send({"event": "done", "op": request["op"]})
     return 0
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import build as build_stage
-from . import evaluate, extract, prompts, tasks
+from . import evaluate, extract, prompts
+from .child import tasks
 from .config import Config, ModelConfig
 from .executor import Executor, make_executor
 from .llm import ChatRequest, Provider, make_provider
@@ -119,6 +120,9 @@ class Runner:
             results = await asyncio.gather(*(self._attempt(s) for s in todo), return_exceptions=True)
         finally:
             self.executor.close()
+            for pending in self.benches.values():
+                if pending.done() and not pending.cancelled() and pending.exception() is None:
+                    pending.result().close()  # the task's reference process
         failures = [r for r in results if isinstance(r, BaseException)]
         status = "failed" if failures else "budget_reached" if self.over_budget else "done"
         self.store.finish_run(run_id, status)

@@ -3,14 +3,20 @@
 The child gets: a fresh process group (so a timeout kills everything it spawned), an environment
 built from an allow-list (no API keys, tokens or database paths), its own temporary working
 directory as HOME and TMPDIR, and optionally (KGEN_SANDBOX_UID=nobody, as root) an unprivileged uid.
-The child then confines itself with Landlock (pipeline.landlock) so it can neither read nor write
-the database. Resource limits are applied by the child itself first thing
-(pipeline.harness.apply_limits), before any candidate code is imported.
+The child then confines itself with Landlock (pipeline.child.landlock) so it can neither read nor
+write the database. Resource limits are applied by the child itself first thing
+(pipeline.child.harness.apply_limits), before any candidate code is imported.
+
+What the parent reads back is hostile: replies go through pipeline.child.protocol.Reader (an
+absolute deadline, a line limit); the log is read through the parent's own descriptor of the file it
+created, never by path (the child can replace the path with a link, a FIFO or a sparse giant), and
+only its last LOG_TAIL bytes.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import signal
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import wire
+from .child import protocol
 
 # Variables a compiler, CUDA or torch needs; everything else (keys, tokens, KGEN_*, proxies) stays out.
 ENV_ALLOW = (
@@ -31,6 +37,8 @@ ENV_ALLOW = (
     "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "NVCC_APPEND_FLAGS", "KGEN_LANDLOCK",
 )
 UNPRIVILEGED_UID = 65534  # nobody
+LOG_TAIL = 200_000  # bytes of a child's log the parent reads: nvcc can print megabytes of warnings
+OUTBOX_BYTES = 1 << 31  # a spare's outbox (virtual: pages cost memory only when the child writes them)
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -50,7 +58,7 @@ def drop_privileges() -> bool:
     if os.geteuid() != 0 or os.environ.get("KGEN_SANDBOX_UID", "same") != "nobody":
         return False
     try:
-        probe = subprocess.run([sys.executable, "-s", "-c", "import torch, pipeline.harness"],
+        probe = subprocess.run([sys.executable, "-s", "-c", "import torch, pipeline.child.harness"],
                                env=child_env(), cwd="/", user=UNPRIVILEGED_UID, group=UNPRIVILEGED_UID,
                                extra_groups=[], capture_output=True, timeout=120)
     except (OSError, subprocess.SubprocessError):
@@ -70,32 +78,66 @@ class Child:
     """A running sandboxed child with a command pipe (its stdin) and a result pipe."""
 
     proc: subprocess.Popen
-    reader: wire.LineReader
-    log_path: Path
+    reader: protocol.Reader
+    log_fd: int
     workdir: Path
     started: float
     deadline: float
+    outbox_fd: int | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)
     timed_out: bool = False
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any] | protocol.Message) -> None:
         try:
-            wire.send(self.proc.stdin.fileno(), message)
+            if isinstance(message, protocol.Message):
+                protocol.send(self.proc.stdin.fileno(), message)
+            else:
+                data = (json.dumps(message) + "\n").encode()
+                fd = self.proc.stdin.fileno()
+                while data:
+                    data = data[os.write(fd, data):]
         except (BrokenPipeError, OSError):
             pass  # the child died; its exit status tells the story
 
     def receive(self) -> dict[str, Any] | None:
-        """The next message, or None when the child closed the pipe or ran out of time."""
+        """The next JSON message of a trusted child (the reference process), or None when it closed
+        the pipe or ran out of time."""
         try:
-            msg = self.reader.read(self.deadline - time.monotonic())
-        except TimeoutError:
+            line = self.reader.line(self.deadline)
+        except (TimeoutError, protocol.ProtocolError):
             self.timed_out = True
             self.kill()
             return None
-        if msg is not None:
-            msg["_at"] = time.monotonic()
-            self.messages.append(msg)
+        if line is None:
+            return None
+        msg = json.loads(line)
+        msg["_at"] = time.monotonic()
+        self.messages.append(msg)
         return msg
+
+    def reply(self, deadline: float | None = None) -> tuple[protocol.Message | None, float]:
+        """The next typed reply of a candidate's child and when it arrived; (None, t) at end of
+        stream. The wait ends at `deadline` or the child's own, whichever is first: TimeoutError.
+        Anything but a valid reply raises protocol.ProtocolError."""
+        end = min(self.deadline, deadline) if deadline else self.deadline
+        try:
+            msg = self.reader.reply(end)
+        except TimeoutError:
+            self.timed_out = True
+            self.kill()
+            raise
+        return msg, time.monotonic()
+
+    def log(self) -> str:
+        """The last LOG_TAIL bytes the child wrote to its output, read through our own descriptor."""
+        try:
+            size = os.fstat(self.log_fd).st_size
+            start = max(0, size - LOG_TAIL)
+            data = os.pread(self.log_fd, LOG_TAIL, start)
+        except OSError:
+            return ""
+        text = data.decode(errors="replace")
+        return (f"[kgen] ... {start} bytes of output cut ...\n" if start else "") + text
 
     def kill(self) -> None:
         """SIGKILL the child's process group, then anything left in its session: a process can move
@@ -119,16 +161,23 @@ class Child:
             time.sleep(0.01)
 
     def finish(self, grace: float = 10.0) -> tuple[int, str]:
-        """Wait for exit (killing the group at the deadline), then return (returncode, log)."""
+        """Wait for exit (killing the group at the deadline), then return (returncode, log). Its
+        stdin is closed first: a child waiting for a request reads end of file and exits."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
         if not _exited(self.proc.pid, max(0.1, min(grace, self.deadline - time.monotonic()))):
             self.timed_out = True
         self.kill()  # stragglers it forked or left behind, before reaping frees its pid
         code = self.proc.wait()
         os.close(self.reader.fd)
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        log = self.log()
+        for fd in (self.log_fd, self.outbox_fd):
+            if fd is not None:
+                os.close(fd)
+        shutil.rmtree(self.workdir, ignore_errors=True)  # fd-based: it never follows the child's links
         return code, log
 
 
@@ -163,13 +212,19 @@ def session_members(sid: int) -> list[int]:
     return members
 
 
-def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str] | None = None) -> Child:
-    """Start `python -m module args...` sandboxed; messages come back on a pipe named by fd number."""
+def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str] | None = None,
+          outbox: int | None = None) -> Child:
+    """Start `python -m module args...` sandboxed; messages come back on a pipe named by fd number.
+    With `outbox` (bytes), the child also gets a sealed memfd of that size (--outbox-fd)."""
     workdir = Path(tempfile.mkdtemp(prefix="kgen-child-"))
     log_path = workdir / "output.log"
     log = open(log_path, "wb")
+    log_fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC)  # ours: the child may swap the path, not this
     read_fd, write_fd = os.pipe()
     os.set_inheritable(read_fd, False)
+    outbox_fd = protocol.Outbox.create(outbox) if outbox is not None else None
+    pass_fds = (write_fd,) if outbox_fd is None else (write_fd, outbox_fd)
+    extra_args = [] if outbox_fd is None else ["--outbox-fd", str(outbox_fd)]
     env = child_env(extra_env, home=str(workdir))
     own_for_child(workdir)
     kwargs: dict[str, Any] = {}
@@ -177,14 +232,14 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
         kwargs.update(user=UNPRIVILEGED_UID, group=UNPRIVILEGED_UID, extra_groups=[])
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-s", "-m", module, "--result-fd", str(write_fd), *args],
+            [sys.executable, "-s", "-m", module, "--result-fd", str(write_fd), *extra_args, *args],
             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env,
-            pass_fds=(write_fd,), start_new_session=True, close_fds=True, **kwargs)
+            pass_fds=pass_fds, start_new_session=True, close_fds=True, **kwargs)
     finally:
         os.close(write_fd)
         log.close()
     now = time.monotonic()
-    return Child(proc, wire.LineReader(read_fd), log_path, workdir, now, now + timeout)
+    return Child(proc, protocol.Reader(read_fd), log_fd, workdir, now, now + timeout, outbox_fd)
 
 
 class Spares:
@@ -194,8 +249,8 @@ class Spares:
     initialises CUDA and the profiler), which the caller does once the current attempt's timing is
     over; the attempt's job follows in `take`. Each spare still serves exactly one attempt."""
 
-    def __init__(self, module: str, args: list[str]):
-        self.module, self.args = module, args
+    def __init__(self, module: str, args: list[str], outbox: int | None = OUTBOX_BYTES):
+        self.module, self.args, self.outbox = module, args, outbox
         self._waiting: dict[frozenset, tuple[Child, dict[str, Any] | None]] = {}
         self._lock = threading.Lock()
 
@@ -204,7 +259,7 @@ class Spares:
         with self._lock:
             if key in self._waiting:
                 return
-            self._waiting[key] = (start(self.module, self.args, 24 * 3600, env), init)
+            self._waiting[key] = (start(self.module, self.args, 24 * 3600, env, self.outbox), init)
 
     def release(self, env: dict[str, str]) -> None:
         """Let the waiting spare for `env` initialise its device now."""

@@ -1,5 +1,5 @@
 """Replayed kernels against the evaluator's record: each task's best verified kernel of the H100 run,
-loaded through pipeline.library and timed with the evaluator's own protocol (pipeline.timing.time_blocks:
+loaded through pipeline.library and timed with the evaluator's own protocol (pipeline.child.timing.time_blocks:
 blocks of fresh input sets, flush, device-wide sync), median of the block means over as many calls as
 the evaluator timed. Prints recorded vs replayed."""
 
@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import torch
 
-from pipeline import evaluate, library, tasks, timing
+from pipeline import evaluate, library
+from pipeline.child import tasks, timing
 from pipeline.config import load_config
 from pipeline.leaderboard import best_rows
 from pipeline.store import Store
-from pipeline.timing import Clock
+from pipeline.child.timing import Clock
 
 cfg = load_config("config-h100.yaml")
 db = cfg.path(cfg.database)

@@ -5,7 +5,7 @@ protocols, so the one that reproduces the shared table, and the gap between prot
   do_bench   triton.testing.do_bench (flush by zeroing 256 MB, no sync between reps), median
   loop       5 warm-ups, 30 calls each bracketed by events, no sync between calls, median
   synced     as loop, with a device sync before and after each call
-  clock      pipeline.timing.Clock.time_call with new values in the same storage (what kgen records)
+  clock      pipeline.child.timing.Clock.time_call with new values in the same storage (what kgen records)
   clock_async  the same, with the flush left queued so launch overhead hides behind it
   cpu_us     CPU-side time for the call to return (no sync): the launch overhead
 
@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from pipeline import tasks
-from pipeline.timing import Clock
+from pipeline.child import tasks
+from pipeline.child.timing import Clock
 from probe_kit import event_ms, reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

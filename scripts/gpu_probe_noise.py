@@ -1,5 +1,5 @@
 """Where does run-to-run timing variance come from? Three fresh processes, each timing the same
-subjects in three rounds of 40 calls with pipeline.timing.Clock's own steps (new input values, L2
+subjects in three rounds of 40 calls with pipeline.child.timing.Clock's own steps (new input values, L2
 reset, 256 MiB fill, events, device sync), keeping the event time and the wall time of every call:
 
   copy       a 1 GiB device-to-device copy (no Python in the call, one kernel)
@@ -9,7 +9,7 @@ reset, 256 MiB fill, events, device sync), keeping the event time and the wall t
 
 Per round: the median event time, its p10-p90, the median wall time, and how many calls the wall
 rule (wall > 1.5 x events + 0.05 ms) would have timed by the wall clock; and the same call timed by
-Clock.time_call, behind the hold kernel (pipeline.hold): the "held" columns. If the copy moves between
+Clock.time_call, behind the hold kernel (pipeline.child.hold): the "held" columns. If the copy moves between
 processes as much as the kernels do, the variance is the GPU's, not the harness's. NOISE_VARIANTS
 picks how the processes start: plain, pinned to one core, or pinned with a real-time priority.
 """
@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from pipeline import tasks
-from pipeline.timing import SIDE_WORK_MS, SIDE_WORK_RATIO, Clock
+from pipeline.child import tasks
+from pipeline.child.timing import SIDE_WORK_MS, SIDE_WORK_RATIO, Clock
 from probe_kit import reference
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline import tasks
-from pipeline.timing import Clock
+from pipeline.child import tasks
+from pipeline.child.timing import Clock
 from probe_kit import event_ms, reference
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,7 @@
 """Which step of the timing protocol moves compiled references, and what an attempt's start-up costs.
 
 Part 1: compiled (and one eager) references at KernelBench sizes, each step of
-pipeline.timing.Clock.time_call added alone to a plain synced event timing:
+pipeline.child.timing.Clock.time_call added alone to a plain synced event timing:
 
   synced      sync; events around the call; sync            (same inputs every call)
   refill      new values in the same storage first
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline import tasks
-from pipeline.timing import Clock
+from pipeline.child import tasks
+from pipeline.child.timing import Clock
 from probe_kit import event_ms, reference
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 """What the GPU probe scripts share: a task's reference at KernelBench size, and one
-event-timed call (pipeline.timing.event_ms, the same one plain_ms uses)."""
+event-timed call (pipeline.child.timing.event_ms, the same one plain_ms uses)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from pipeline import tasks
-from pipeline.timing import event_ms  # noqa: F401 - the probes' one event-timed call
+from pipeline.child import tasks
+from pipeline.child.timing import event_ms  # noqa: F401 - the probes' one event-timed call
 
 ROOT = Path(__file__).resolve().parent.parent
 

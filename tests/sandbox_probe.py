@@ -55,7 +55,7 @@ def main() -> int:
     report = {"env": dict(os.environ), "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
               "ppid": os.getppid(), "cwd": os.getcwd(), "cwd_listing": sorted(os.listdir("."))}
     if args.mode == "confined":
-        from pipeline.harness import apply_limits
+        from pipeline.child.harness import apply_limits
 
         outside, project_file, port = args.rest
         report["landlock"] = apply_limits(None, False, [], [])

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, evaluate, tasks
+from pipeline import build, evaluate
+from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Flag, Verdict
 
@@ -209,7 +210,7 @@ def test_redteam_cuda(name, built, bench):
 
 
 def test_side_stream_work_cannot_run_under_the_hold(built, bench):
-    """A timed call is launched behind a kernel that holds every SM (pipeline.hold), so the host's
+    """A timed call is launched behind a kernel that holds every SM (pipeline.child.hold), so the host's
     launch is not timed. Work the candidate starts at once on a side stream, which the current
     stream then waits for, cannot run beside the hold: it lands after the start event, in full."""
     times = {}

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.extract import extract
 from pipeline.prompts import PromptError, example_paths, messages, render
-from pipeline.tasks import load_file
+from pipeline.child.tasks import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "prompts"

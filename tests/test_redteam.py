@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, evaluate, tasks
+from pipeline import build, evaluate
+from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Flag, Verdict
 
@@ -134,7 +135,8 @@ def _alive(pids: list[int], pgid: int) -> list[str]:
 def test_hang_times_out_and_every_process_dies(bench, tmp_path):
     result = run(bench, "hang.py", "mse", tmp_path, HANG_SETTINGS)
     assert result.verdict is V.timeout, describe(result)
-    notes = {p.stem: p.read_text().split() for p in (tmp_path / "build").glob("*.pid")}
+    notes = {line.split()[1]: line.split()[2:] for line in (result.output or "").splitlines()
+             if line.startswith("KGEN-NOTE ")}
     assert set(notes) == {"child", "helper", "escaper"}, notes  # all three ran before the deadline
     child, pgid = int(notes["child"][0]), int(notes["child"][1])
     assert child == pgid != os.getpgid(0)  # the child leads a group of its own
@@ -151,7 +153,8 @@ def test_hang_times_out_and_every_process_dies(bench, tmp_path):
 _SNOOP_RUNNER = """
 import json, sys
 from pathlib import Path
-from pipeline import evaluate, tasks
+from pipeline import evaluate
+from pipeline.child import tasks
 from pipeline.config import EvalConfig
 settings = EvalConfig.model_validate_json(sys.argv[3])
 task = tasks.discover(Path(sys.argv[1]), ["mse"])[0]
@@ -230,7 +233,7 @@ def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
     attempt: same verdict, far less start-up; one that is never used is killed on close."""
     from pipeline import sandbox
 
-    spares = sandbox.Spares("pipeline.harness", ["eval"])
+    spares = sandbox.Spares("pipeline.child.harness", ["eval"])
     try:
         first = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
         second = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
@@ -258,7 +261,7 @@ def test_timed_seeds_are_not_in_the_childs_plan(bench, tmp_path):
 
 
 def test_patching_the_clock_class_changes_nothing_the_harness_calls(bench, tmp_path):
-    """The candidate rebinds pipeline.timing.Clock.time_call to report 30% of the real time; the
+    """The candidate rebinds pipeline.child.timing.Clock.time_call to report 30% of the real time; the
     harness's Clock bound its methods before the candidate was imported, so the patch never runs."""
     result = run(bench, "clock_class_patch.py", "mse", tmp_path)
     assert not (tmp_path / "build" / "real_ms.json").exists(), "the patched time_call ran"

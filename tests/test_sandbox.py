@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, landlock, sandbox
+from pipeline import build, sandbox
+from pipeline.child import landlock
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = {

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import evaluate, tasks
+from pipeline import evaluate
+from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import evaluate, tasks
+from pipeline import evaluate
+from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict
-from pipeline.timing import calls_for
+from pipeline.child.timing import calls_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """Exploit: patch the harness's timer class, not the time functions it captured.
 
-Rebinds pipeline.timing.Clock.time_call to report 30% of each timed call's real time. Methods looked
+Rebinds pipeline.child.timing.Clock.time_call to report 30% of each timed call's real time. Methods looked
 up on the shared class would pick that up; a Clock that bound its methods when it was built (before
 the candidate was imported) never calls it. When the patch runs it writes the real times into
 TORCH_EXTENSIONS_DIR (real_ms.json)."""
@@ -11,7 +11,7 @@ import statistics
 import torch
 import torch.nn as nn
 
-from pipeline import timing
+from pipeline.child import timing
 
 _real_time_call = timing.Clock.time_call
 _REAL = []

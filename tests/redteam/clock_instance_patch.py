@@ -15,7 +15,7 @@ import statistics
 import torch
 import torch.nn as nn
 
-from pipeline import timing
+from pipeline.child import timing
 
 _REAL = []
 

@@ -3,7 +3,7 @@ another tries to leave it the daemon way: setsid() (a new session, out of reach 
 ends a timed-out child), else setpgid() to a group of its own, then a double fork so the survivor
 is orphaned and reparented away. A process that outlives its evaluation keeps burning the CPU or GPU
 under every later candidate's timing. Each process writes its pid, its group and (the escaper)
-whether setsid worked into TORCH_EXTENSIONS_DIR, the one place the test can read back."""
+whether setsid worked to its output, which the parent keeps (EvalResult.output) for the test."""
 import os
 import time
 
@@ -11,8 +11,7 @@ import torch.nn as nn
 
 
 def _note(tag, extra=""):
-    with open(os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], f"{tag}.pid"), "w") as f:
-        f.write(f"{os.getpid()} {os.getpgid(0)} {extra}\n")
+    os.write(1, f"KGEN-NOTE {tag} {os.getpid()} {os.getpgid(0)} {extra}\n".encode())
 
 
 def _spin_forever():

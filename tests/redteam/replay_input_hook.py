@@ -1,11 +1,11 @@
 """Exploit (known gap): do the work while the harness prepares a timed call's inputs, not inside it.
 
-At import the candidate wraps pipeline.tasks.make_inputs, which the harness looks up on the module
+At import the candidate wraps pipeline.child.tasks.make_inputs, which the harness looks up on the module
 each time it builds inputs. When the harness's timing code (or its profiler) asks for inputs, the
 wrapper computes their answer on the spot: untimed, and after the seed is known, so handing the
 timed seeds out one call at a time does not stop it. Each call then fingerprints its inputs (16
 values), and when it recognises them it spins until just above the bandwidth floor (estimated with
-pipeline.timing.measure_bandwidth, as the reference does) and returns the answer. No clock is
+pipeline.child.timing.measure_bandwidth, as the reference does) and returns the answer. No clock is
 patched: every timed output is right and every time is real, but the work was done outside the timed
 calls. It writes what the work really cost into TORCH_EXTENSIONS_DIR (real_ms.json) for the test."""
 import json
@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn as nn
 
-from pipeline import tasks
+from pipeline.child import tasks
 
 _PRE = {}
 _COSTS = []
@@ -39,7 +39,7 @@ def _wrapped(module, seed, variant, device):
         with open(os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "real_ms.json"), "w") as f:
             json.dump({"median_ms": statistics.median(_COSTS)}, f)
         if not _TARGET_S:
-            from pipeline.timing import measure_bandwidth
+            from pipeline.child.timing import measure_bandwidth
 
             floor_s = 2 * p.numel() * p.element_size() / (measure_bandwidth(device) * 1e9)
             _TARGET_S.append(1.15 * floor_s)

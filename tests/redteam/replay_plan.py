@@ -1,9 +1,9 @@
 """Exploit: the child once held the whole plan, timed seeds included, from the first call on.
 
 On its first (untimed) call the candidate walks up the stack to the harness's `plan`, regenerates
-every timed input with the harness's own pipeline.tasks.make_inputs, and computes their answers.
+every timed input with the harness's own pipeline.child.tasks.make_inputs, and computes their answers.
 Each later call fingerprints its inputs (16 values), and when it recognises them it spins until
-just above the bandwidth floor (estimated with pipeline.timing.measure_bandwidth, as the reference
+just above the bandwidth floor (estimated with pipeline.child.timing.measure_bandwidth, as the reference
 does) and returns the precomputed answer. No clock is patched: every timed output is right and
 every time is real, but the work was done outside the timed calls. When it finds timed seeds it
 writes what the work really cost into TORCH_EXTENSIONS_DIR (real_ms.json)."""
@@ -33,8 +33,8 @@ def _precompute():
         frame = frame.f_back
     else:
         return
-    from pipeline import tasks
-    from pipeline.timing import measure_bandwidth
+    from pipeline.child import tasks
+    from pipeline.child.timing import measure_bandwidth
 
     module = owner.module(plan["size"])
     costs = []

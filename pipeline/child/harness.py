@@ -1,12 +1,13 @@
 """The sandboxed child's side: the only module that imports candidate code.
 
-    python -m pipeline.harness --result-fd N build CODE_PATH
-    python -m pipeline.harness --result-fd N eval        (job and plan arrive as JSON lines on stdin)
+    python -m pipeline.child.harness --result-fd N build CODE_PATH
+    python -m pipeline.child.harness --result-fd N --outbox-fd M eval   (requests arrive on stdin)
 
-It never imports store, config or llm, never sees the database or a secret. It learns the task,
-the code path and the device first; the seeds arrive only after the candidate is imported, so
-module-level code cannot precompute answers. It returns raw outputs (as digests) and clocks; the
-parent judges them.
+It answers the parent's requests one at a time (pipeline.child.protocol). Until `Import` it is
+trusted: it confines itself, reports how, and runs the parent's calibration blocks with a null model.
+From `Import` on, everything it says is a claim the parent checks: output values go to the outbox,
+each call's inputs come from a seed revealed by the request that uses them, and the parent times
+every request with its own clock.
 """
 
 from __future__ import annotations
@@ -22,12 +23,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import landlock, tasks, timing, wire
+from . import landlock, tasks, timing
+from . import protocol as P
 from .timing import Clock
-
-# The harness keeps its own references: a candidate that rebinds these module attributes later
-# does not change what the harness calls.
-_send = wire.send
 
 
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt")
@@ -45,7 +43,7 @@ def proc_paths() -> list[str]:
 def readable_paths(extra: list[str]) -> list[str]:
     """What the child may read: the system, Python and its packages, our package, and the files of
     this job; not the project folder itself, where the database lives."""
-    ours = str(Path(__file__).resolve().parent)
+    ours = str(Path(__file__).resolve().parent.parent)  # the pipeline package (its source is public)
     project = str(Path(ours).parent)
     paths = [*SYSTEM_READ, *proc_paths(), sys.prefix, sys.base_prefix, sys.exec_prefix, ours, *extra]
     paths += [p for p in sys.path if p and os.path.isdir(p) and os.path.abspath(p) != project]
@@ -100,20 +98,33 @@ def forbid_setsid() -> bool:
     return libc.syscall(ctypes.c_long(seccomp), ctypes.c_uint(1), ctypes.c_uint(1), ctypes.byref(prog)) == 0
 
 
-def apply_limits(memory_gb: float | None, cuda: bool, read: list[str], write: list[str]) -> bool:
-    """Limits the child sets on itself before any candidate code runs; True when Landlock holds."""
+def apply_limits(memory_gb: float | None, cuda: bool, read: list[str], write: list[str]) -> P.Confinement:
+    """Limits the child sets on itself before any candidate code runs, and how far they hold.
+    Writable: its own temp dir (HOME, TMPDIR) and `write`; not /dev/shm, which outlives the attempt."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if not forbid_setsid():
+    seccomp = forbid_setsid()
+    if not seccomp:
         print("[kgen] seccomp unavailable: a process of the candidate could leave the session", flush=True)
     if memory_gb and not cuda:  # CUDA reserves huge virtual ranges, so an address-space cap breaks it
         cap = int(memory_gb * (1 << 30))
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     home = os.environ.get("HOME", "")
-    ext = os.environ.get("TORCH_EXTENSIONS_DIR", "")
-    writable = [p for p in (home, ext, "/dev/shm", *write) if p]
-    if os.environ.get("KGEN_LANDLOCK", "1") == "0":
-        return False
-    return landlock.restrict(readable_paths(read + writable), writable)
+    writable = [p for p in (home, *write) if p]
+    abi = landlock.abi_version()
+    held = os.environ.get("KGEN_LANDLOCK", "1") != "0" and landlock.restrict(readable_paths(read + writable), writable)
+    private = held and bool(home) and os.environ.get("TMPDIR") == home and Path(home).name.startswith("kgen-child-")
+    return P.Confinement(landlock_abi=abi if held else 0, filesystem=held, network=held and abi >= 4,
+                         signals=held and abi >= 6, seccomp=seccomp, private_tmp=private, uid=os.getuid())
+
+
+def load_prebuilt_only() -> None:
+    """In an evaluation the build directory is read-only: torch's load_inline must load what the
+    build stage compiled and never compile. Its file lock is the one write it would make; reporting
+    the lock as held by another builder makes torch skip straight to importing the built module."""
+    from torch.utils import file_baton
+
+    file_baton.FileBaton.try_acquire = lambda self: False
+    file_baton.FileBaton.wait = lambda self: None
 
 
 def import_candidate(code_path: str, force_verbose_build: bool = False):
@@ -136,15 +147,17 @@ def import_candidate(code_path: str, force_verbose_build: bool = False):
 
 
 def run_build(fd: int, code_path: str) -> int:
-    if not apply_limits(None, True, [code_path], []):
+    # The build dir (TORCH_EXTENSIONS_DIR) is this code's own, written by this build alone.
+    confinement = apply_limits(None, True, [code_path], [os.environ.get("TORCH_EXTENSIONS_DIR", "")])
+    if not confinement.filesystem:
         print("[kgen] landlock unavailable: the build runs without filesystem confinement", flush=True)
     try:
         import_candidate(code_path, force_verbose_build=True)
     except BaseException as exc:  # noqa: BLE001 - any failure of hostile code is a build failure
         traceback.print_exc()
-        _send(fd, {"event": "build", "ok": False, "error": f"{type(exc).__name__}: {_first_line(exc)}"})
+        P.send(fd, P.BuildDone(ok=False, error=f"{type(exc).__name__}: {_first_line(exc)}"))
         return 1
-    _send(fd, {"event": "build", "ok": True})
+    P.send(fd, P.BuildDone(ok=True))
     return 0
 
 
@@ -153,17 +166,27 @@ def _first_line(exc: BaseException) -> str:
     return text[0][:500] if text else ""
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
-    return {"error": f"{type(exc).__name__}: {_first_line(exc)}", "traceback": traceback.format_exc()[-4000:]}
+def _failed(op: str, exc: BaseException, index: int | None = None) -> P.Failed:
+    return P.Failed(op=op, index=index, error=f"{type(exc).__name__}: {_first_line(exc)}",
+                    traceback=traceback.format_exc()[-4000:])
 
 
 class Evaluator:
-    def __init__(self, fd: int, job: dict[str, Any]):
-        self.fd = fd
-        self.job = job
-        self.device = job["device"]
-        self.task = tasks.load_file(Path(job["task_path"]))
-        self.modules = {}  # size name -> task module with that size's globals
+    """Answers one request at a time. Before Import the model is a null one (zeros of the reference's
+    shape), so the parent's calibration blocks measure exactly what a block costs besides the calls."""
+
+    def __init__(self, job: P.Job, outbox: P.Outbox, clock: Clock):
+        import torch
+
+        self.job, self.outbox, self.clock = job, outbox, clock
+        self.device = job.device
+        self.task = tasks.load_file(Path(job.task_path))
+        self.modules: dict[str, Any] = {}
+        self.candidate = None
+        self.main = self.module(job.size)  # a broken task file fails here, before the candidate runs
+        shape = tuple(job.out_shape)
+        self.model = lambda *inputs: torch.zeros(shape, device=self.device)
+        self.sets: list[list[Any]] = []
 
     def module(self, size: str | dict[str, Any]):
         key = json.dumps(size, sort_keys=True)
@@ -183,93 +206,100 @@ class Evaluator:
         junk.fill_(float("nan"))
         del junk
 
-    def trial(self, model, spec: dict[str, Any], plan: dict[str, Any], clock: Clock) -> dict[str, Any]:
+    def block_sets(self, count: int) -> list[list[Any]]:
+        """Input sets of the main size, made once and refilled with each request's values."""
+        while len(self.sets) < count:
+            self.sets.append(tasks.make_inputs(self.main, 0, "base", self.device))
+        return self.sets[:count]
+
+    def handle(self, req: P.Message) -> P.Message:
         import torch
 
-        module = self.module(spec["size"])
-        inputs = tasks.make_inputs(module, spec["seed"], spec["variant"], self.device)
-        result: dict[str, Any] = {"event": "trial", "index": spec["index"]}
+        if isinstance(req, P.Import):
+            self.candidate = import_candidate(self.job.code_path)
+            if not hasattr(self.candidate, "ModelNew"):
+                raise AttributeError("the code defines no ModelNew")
+            return P.Imported()
+        if isinstance(req, P.Setup):
+            self.init_seed, self.warm_seed = req.init_seed, req.warm_seed
+            self.model = tasks.make_model(self.main, self.candidate.ModelNew, req.init_seed, self.device)
+            with torch.no_grad():
+                inputs = tasks.make_inputs(self.main, req.warm_seed, "base", self.device)
+                for _ in range(req.warmup):
+                    self.model(*inputs)
+                self.clock.sync()
+            return P.SetupDone()
+        if isinstance(req, P.Trial):
+            return self.trial(req)
+        if isinstance(req, P.Timed):
+            return self.timed(req)
+        if isinstance(req, P.Bound):
+            return self.bound(req)
+        if isinstance(req, P.Profile):
+            try:
+                return P.ProfileDone(**profile(self.model, self.main, self.warm_seed, self.device))
+            except Exception as exc:  # noqa: BLE001 - a profile that fails leaves the flag unset, not the verdict
+                return P.ProfileDone(error=f"{type(exc).__name__}: {_first_line(exc)}")
+        raise ValueError(f"unexpected request {req.op}")
+
+    def trial(self, req: P.Trial) -> P.TrialDone:
+        import torch
+
+        module = self.module(req.size)
+        model = self.model
+        if req.size != self.job.size:
+            model = tasks.make_model(module, self.candidate.ModelNew, self.init_seed, self.device)
+        inputs = tasks.make_inputs(module, req.seed, req.variant, self.device)
         self.poison()
         with torch.no_grad():
             out = model(*inputs)
-            result["output"] = wire.describe(out, plan["sample_seed"])  # before any sync a thread could use
-            clock.sync()
-            result["output_after_sync"] = wire.describe(out, plan["sample_seed"])
-            if spec.get("repeat"):
+            first = P.put(self.outbox, 0, out)  # before any sync a side thread or stream could use
+            self.clock.sync()
+            after = P.put(self.outbox, 1, out)
+            again = None
+            if req.repeat:
                 self.poison()
-                result["repeat"] = wire.describe(model(*inputs), plan["sample_seed"])
-        fresh = tasks.make_inputs(module, spec["seed"], spec["variant"], self.device)
-        result["inputs_unchanged"] = all(
-            not isinstance(a, torch.Tensor) or (a.shape == b.shape and torch.equal(a, b))
-            for a, b in zip(inputs, fresh))
-        return result
+                again = P.put(self.outbox, 2, model(*inputs))
+        fresh = tasks.make_inputs(module, req.seed, req.variant, self.device)
+        unchanged = all(not isinstance(a, torch.Tensor) or (a.shape == b.shape and torch.equal(a, b))
+                        for a, b in zip(inputs, fresh))
+        return P.TrialDone(index=req.index, output=first, after_sync=after, repeat=again, inputs_unchanged=unchanged)
 
-    def run(self, plan: dict[str, Any], clock: Clock) -> None:
-        main = self.module(plan["size"])
-        model = tasks.make_model(main, self.candidate.ModelNew, plan["init_seed"], self.device)
-        if not self.trials(model, plan["trials"], plan, clock):
-            return
-        if plan.get("timed_calls"):
-            self.time(model, main, plan, clock)
-        if plan.get("profile"):
-            try:
-                _send(self.fd, {"event": "profile", **profile(model, main, plan, self.device)})
-            except BaseException as exc:  # noqa: BLE001
-                _send(self.fd, {"event": "profile", **_error(exc)})
-        # Other sizes last: a kernel that faults at an unexpected shape cannot spoil the timing.
-        for spec in plan.get("shape_trials", []):
-            other = tasks.make_model(self.module(spec["size"]), self.candidate.ModelNew, plan["init_seed"],
-                                     self.device)
-            if not self.trials(other, [spec], plan, clock):
-                return
-
-    def trials(self, model, specs: list[dict[str, Any]], plan: dict[str, Any], clock: Clock) -> bool:
-        """Run trials in order; False after the first that raised (a CUDA fault poisons the context)."""
-        for spec in specs:
-            try:
-                message = self.trial(model, spec, plan, clock)
-            except BaseException as exc:  # noqa: BLE001
-                _send(self.fd, {"event": "trial", "index": spec["index"], **_error(exc)})
-                return False
-            _send(self.fd, message)
-        return True
-
-    def time(self, model, module, plan: dict[str, Any], clock: Clock) -> None:
+    def timed(self, req: P.Timed) -> P.TimedDone:
         import torch
 
-        inputs = tasks.make_inputs(module, plan["warm_seed"], "base", self.device)
+        sets = self.block_sets(min(len(req.seeds), timing.input_sets(tasks.input_bytes(self.block_sets(1)[0]),
+                                                                            self.device)))
+        headers: list[P.OutputHeader] = []
         with torch.no_grad():
-            for _ in range(plan["warmup"]):
-                model(*inputs)
-            clock.sync()
-            one = clock.block_ms(lambda: model(*inputs), 1)
-            calls = max(3, min(1000, math.ceil(50.0 / max(one, 1e-3))))
-            # The parent brackets this block with its own clock: an upper bound on the time per call.
-            _send(self.fd, {"event": "block_start", "calls": calls})
-            block = clock.block_ms(lambda: model(*inputs), calls)
-            _send(self.fd, {"event": "block_end", "calls": calls, "ms": block})
-            outputs: list[dict[str, Any]] = []
-            sets = tasks.block_sets(module, inputs, self.device)
+            times = timing.time_blocks(self.clock, lambda x: self.model(*x), sets, len(req.seeds),
+                                       lambda first, count: req.seeds[first:first + count],
+                                       lambda x, seed: tasks.refill_inputs(x, self.main, seed, self.device),
+                                       lambda out: headers.append(P.put(self.outbox, len(headers), out)))
+        return P.TimedDone(index=req.index, times_ms=times, outputs=headers)
 
-            def seeds_for(first: int, count: int) -> list[int]:
-                # A block's seeds arrive only now, so nothing can be computed ahead of it.
-                _send(self.fd, {"event": "need_seeds", "index": first, "count": count})
-                return json.loads(sys.stdin.readline())["seeds"]
+    def bound(self, req: P.Bound) -> P.BoundDone:
+        """Refill a set per seed, call on each back to back, one device sync, then the outputs: the
+        parent's clock around this request bounds the time of the calls (pipeline.judge)."""
+        import torch
 
-            times = timing.time_blocks(clock, lambda x: model(*x), sets, plan["timed_calls"], seeds_for,
-                                       lambda x, seed: tasks.refill_inputs(x, module, seed, self.device),
-                                       lambda out: outputs.append(wire.describe(out, plan["sample_seed"])))
-            del sets
-        _send(self.fd, {"event": "timing", "times_ms": times, "outputs": outputs})
+        sets = self.block_sets(len(req.seeds))
+        with torch.no_grad():
+            for inputs, seed in zip(sets, req.seeds):
+                tasks.refill_inputs(inputs, self.main, seed, self.device)
+            outs = [self.model(*inputs) for inputs in sets]
+            self.clock.sync()
+            headers = [P.put(self.outbox, i, out) for i, out in enumerate(outs)]
+        return P.BoundDone(index=req.index, outputs=headers)
 
 
-def profile(model, module, plan: dict[str, Any], device: str) -> dict[str, Any]:
+def profile(model, module, warm_seed: int, device: str) -> dict[str, Any]:
     """Where one call's time went: the candidate's own code, or PyTorch's kernels and ops."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    inputs = tasks.make_inputs(module, plan["warm_seed"], "base", device)
+    inputs = tasks.make_inputs(module, warm_seed, "base", device)
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch.no_grad(), torch_profile(activities=activities) as prof:
@@ -316,11 +346,6 @@ def summarize_profile(events, cuda: bool) -> dict[str, Any]:
             "torch_fraction": compute / span if span else None}
 
 
-def _read_line() -> dict[str, Any] | None:
-    line = sys.stdin.readline()
-    return json.loads(line) if line.strip() else None
-
-
 def warm_profiler(device: str) -> None:
     """The first profiler session of a process costs 4-5 s (CUPTI starts); pay it before the job
     arrives, while this child is a spare, rather than inside the attempt."""
@@ -334,11 +359,24 @@ def warm_profiler(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def serve(fd: int, evaluator: Evaluator, read_request) -> None:
+    """One reply per request until Finish; a request whose work raises gets `Failed` and the child
+    stops (a CUDA fault poisons the context, and the verdict is settled anyway)."""
+    while (req := read_request()) is not None and not isinstance(req, P.Finish):
+        try:
+            reply = evaluator.handle(req)
+        except BaseException as exc:  # noqa: BLE001 - anything the candidate raises ends the attempt
+            P.send(fd, _failed(req.op, exc, getattr(req, "index", None)))
+            return
+        P.send(fd, reply)
+
+
 def main(argv: list[str] | None = None) -> int:
     if sys.path and sys.path[0] in ("", os.getcwd()):
         sys.path.pop(0)  # the working directory is the candidate's scratch space, never an import root
-    parser = argparse.ArgumentParser(prog="pipeline.harness")
+    parser = argparse.ArgumentParser(prog="pipeline.child.harness")
     parser.add_argument("--result-fd", type=int, required=True)
+    parser.add_argument("--outbox-fd", type=int)
     parser.add_argument("mode", choices=["build", "eval"])
     parser.add_argument("code_path", nargs="?")
     args = parser.parse_args(argv)
@@ -347,36 +385,32 @@ def main(argv: list[str] | None = None) -> int:
         return run_build(fd, args.code_path)
     import torch  # before the first line arrives: a spare child waits with torch already loaded
 
-    init = _read_line()
-    if init is None:
+    stdin = sys.stdin
+
+    def read_request() -> P.Message | None:
+        line = stdin.readline()
+        return P.parse_request(line) if line.strip() else None
+
+    init = read_request()
+    if not isinstance(init, P.Init):
         return 0  # a spare the parent never used
-    if init["device"].startswith("cuda"):
+    if init.device.startswith("cuda"):
         # The driver opens its device nodes and sockets here; Landlock then confines the rest.
         torch.cuda.init()
-        torch.empty(1, device=init["device"])
-        if init.get("profiler"):
-            warm_profiler(init["device"])
-    job = _read_line()
-    if job is None:
+        torch.empty(1, device=init.device)
+        if init.profiler:
+            warm_profiler(init.device)
+    job = read_request()
+    if not isinstance(job, P.Job):
         return 0
-    os.environ["TORCH_EXTENSIONS_DIR"] = job["extensions_dir"]
-    confined = apply_limits(job.get("memory_gb"), job["device"].startswith("cuda"),
-                            [job["task_path"], job["code_path"]], [])
-    evaluator = Evaluator(fd, job)
-    evaluator.module(job["size"])  # a broken task file fails here, before the candidate runs
-    clock = Clock(job["device"])  # takes its references to the timers before any candidate code runs
-    _send(fd, {"event": "ready", "landlock": confined})
-    try:
-        evaluator.candidate = import_candidate(job["code_path"])
-        if not hasattr(evaluator.candidate, "ModelNew"):
-            raise AttributeError("the code defines no ModelNew")
-    except BaseException as exc:  # noqa: BLE001
-        _send(fd, {"event": "load_failed", **_error(exc)})
-        return 0
-    _send(fd, {"event": "imported"})
-    plan = json.loads(sys.stdin.readline())
-    evaluator.run(plan, clock)
-    _send(fd, {"event": "done"})
+    os.environ["TORCH_EXTENSIONS_DIR"] = job.build_dir
+    load_prebuilt_only()
+    confinement = apply_limits(job.memory_gb, job.device.startswith("cuda"),
+                               [job.task_path, job.code_path, job.build_dir], [])
+    outbox = P.Outbox(args.outbox_fd, job.slot_values, job.slots)
+    evaluator = Evaluator(job, outbox, Clock(job.device))  # the Clock binds its timers before any candidate code
+    P.send(fd, P.Ready(confinement=confinement))
+    serve(fd, evaluator, read_request)
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown, which a candidate's atexit hooks could hijack
 

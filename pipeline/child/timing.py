@@ -4,7 +4,7 @@
 before importing the candidate, so a candidate that patches torch.cuda.Event, synchronize or
 time.perf_counter changes nothing we call. Each timed call ends only when the whole device is idle
 (work on side streams counts), caches are flushed before it, and on a GPU it is launched behind a
-hold kernel (pipeline.hold) so that host-side stalls in the launch are not timed.
+hold kernel (pipeline.child.hold) so that host-side stalls in the launch are not timed.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Clock:
         self.flush()
         if self.cuda:
             start, end, idle = (self._event(enable_timing=True) for _ in range(3))
-            # The call's host-side launch runs while the hold keeps the GPU busy (pipeline.hold): the
+            # The call's host-side launch runs while the hold keeps the GPU busy (pipeline.child.hold): the
             # start event fires when the hold ends, so host stalls shorter than HOLD_MS are not timed.
             stream = self._current_stream()
             self._hold(stream.cuda_stream, HOLD_MS)

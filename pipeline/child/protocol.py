@@ -1,0 +1,360 @@
+"""The one protocol between the parent and a candidate's child: typed messages and the outbox.
+
+The parent speaks first and the child answers each request with exactly one reply, in order:
+
+    parent                                  child
+    Init (a spare gets it early)     ->     (CUDA and the profiler start)
+    Job                              ->     confines itself      <- Ready (how it is confined)
+    Bound x N (calibration)          ->     null model, timed by the parent <- BoundDone
+    Import                           ->     imports the candidate <- Imported | LoadFailed
+    Setup                            ->     builds ModelNew, warms up <- SetupDone | CallFailed
+    Trial / Timed / Bound / Profile  ->     one call or block       <- TrialDone | TimedDone | ...
+    Finish                           ->     exits
+
+Inputs are revealed by the request that uses them (a seed per call), so nothing can be computed
+ahead. Outputs do not travel in messages: the child writes their values (float64) into the outbox,
+a sealed memfd the parent created and sized, and the parent copies what it checks out of it before
+its next request. Everything the child says is a claim: the parent checks values itself and bounds
+times with its own clock (pipeline.judge). A reply that does not parse, arrives out of order or
+too late ends the attempt with `protocol_error`.
+
+Plain JSON lines: the parent never unpickles what a child wrote.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import select
+import time
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+MAX_LINE = 1 << 20  # a reply longer than this is a protocol error, never a MemoryError
+BLOCK = 4  # timed calls per block (pipeline.child.timing)
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- parent -> child -------------------------------------------------------------------------
+
+
+class Init(Message):
+    """First line; a spare child waits for it with torch loaded but no device touched."""
+    op: Literal["init"] = "init"
+    device: str
+    """'cpu' or 'cuda' (the lane's one visible GPU)."""
+    profiler: bool = False
+    """Start CUPTI now, so the first profile costs nothing inside the attempt."""
+
+
+class Job(Message):
+    """What to evaluate; the child confines itself right after reading it."""
+    op: Literal["job"] = "job"
+    task_path: str
+    """The task file (KernelBench contract), read-only to the child."""
+    size: str | dict[str, Any]
+    """Size preset name or explicit module globals for the main trials and timing."""
+    code_path: str
+    """The candidate's source, read-only to the child."""
+    build_dir: str
+    """The candidate's built extension, read-only to the child: the child loads, never compiles."""
+    device: str
+    """'cpu' or 'cuda'."""
+    memory_gb: float | None = None
+    """Address-space cap (cpu only; CUDA reserves huge virtual ranges)."""
+    out_shape: list[int]
+    """The reference's output shape at the main size, for the null model the parent calibrates with."""
+    slot_values: int
+    """Float64 values per outbox slot (the largest reference output of any size this attempt uses)."""
+    slots: int
+    """Outbox slots."""
+
+
+class Import(Message):
+    """Import the candidate (after calibration: until here no candidate code has run)."""
+    op: Literal["import"] = "import"
+
+
+class Setup(Message):
+    """Build ModelNew at the main size under the shared init seed and warm it up."""
+    op: Literal["setup"] = "setup"
+    init_seed: int
+    warm_seed: int
+    warmup: int
+
+
+class Trial(Message):
+    """One checked call: output to slot 0, again after a device sync to slot 1, a repeat to slot 2."""
+    op: Literal["trial"] = "trial"
+    index: int
+    seed: int
+    variant: str
+    size: str | dict[str, Any]
+    repeat: bool = True
+
+
+class Timed(Message):
+    """A block of timed calls (up to BLOCK), each flushed and behind the hold; outputs to slots 0.."""
+    op: Literal["timed"] = "timed"
+    index: int
+    seeds: list[int]
+
+
+class Bound(Message):
+    """Fill one input set per seed, call on each back to back, sync, write outputs: the parent times
+    the whole request with its own clock. Before Import the child runs a null model instead."""
+    op: Literal["bound"] = "bound"
+    index: int
+    seeds: list[int]
+
+
+class Profile(Message):
+    op: Literal["profile"] = "profile"
+
+
+class Finish(Message):
+    op: Literal["finish"] = "finish"
+
+
+Request = Annotated[Union[Init, Job, Import, Setup, Trial, Timed, Bound, Profile, Finish], Field(discriminator="op")]
+REQUEST = TypeAdapter(Request)
+
+
+# ---- child -> parent -------------------------------------------------------------------------
+
+
+class Confinement(Message):
+    """How the child confined itself before any candidate code ran (it is still trusted then)."""
+    landlock_abi: int = 0
+    """The kernel's Landlock ABI (0: none)."""
+    filesystem: bool = False
+    """Reads limited to the system, Python, the task, the code and the build; writes to its temp dir."""
+    network: bool = False
+    """No TCP bind or connect (Landlock ABI 4+)."""
+    signals: bool = False
+    """No signals to processes outside its Landlock domain (ABI 6+)."""
+    seccomp: bool = False
+    """setsid() refused, so nothing it starts leaves the session the parent kills."""
+    private_tmp: bool = False
+    """HOME and TMPDIR are a directory of this attempt alone, and /dev/shm is not writable."""
+    uid: int = -1
+    """The uid the child runs as."""
+
+    def missing(self, required: list[str]) -> list[str]:
+        return [name for name in required if not getattr(self, name, False)]
+
+
+class OutputHeader(Message):
+    """What the child says about one returned object; only `written` values are checked for real."""
+    type: str
+    exact_tensor: bool
+    shape: list[int] | None = None
+    dtype: str | None = None
+    device: str | None = None
+    numel: int = 0
+    written: bool = False
+    """Its values (float64) are in the outbox slot."""
+
+
+class Ready(Message):
+    event: Literal["ready"] = "ready"
+    confinement: Confinement
+
+
+class Imported(Message):
+    event: Literal["imported"] = "imported"
+
+
+class Failed(Message):
+    """The request's work raised (import, a call, a model build): the verdict names it."""
+    event: Literal["failed"] = "failed"
+    op: str
+    index: int | None = None
+    error: str
+    traceback: str = ""
+
+
+class SetupDone(Message):
+    event: Literal["setup_done"] = "setup_done"
+
+
+class TrialDone(Message):
+    event: Literal["trial_done"] = "trial_done"
+    index: int
+    output: OutputHeader
+    after_sync: OutputHeader
+    repeat: OutputHeader | None = None
+    inputs_unchanged: bool = True
+
+
+class TimedDone(Message):
+    event: Literal["timed_done"] = "timed_done"
+    index: int
+    times_ms: list[float]
+    outputs: list[OutputHeader]
+
+
+class BoundDone(Message):
+    event: Literal["bound_done"] = "bound_done"
+    index: int
+    outputs: list[OutputHeader]
+
+
+class ProfileDone(Message):
+    event: Literal["profile_done"] = "profile_done"
+    total_us: float | None = None
+    torch_us: float | None = None
+    torch_fraction: float | None = None
+    top: list[tuple[str, float]] = Field(default_factory=list)
+    error: str | None = None
+
+
+class BuildDone(Message):
+    event: Literal["build_done"] = "build_done"
+    ok: bool
+    error: str | None = None
+
+
+Reply = Annotated[Union[Ready, Imported, Failed, SetupDone, TrialDone, TimedDone, BoundDone, ProfileDone, BuildDone],
+                  Field(discriminator="event")]
+REPLY = TypeAdapter(Reply)
+
+
+class ProtocolError(Exception):
+    """A child broke the protocol: garbage, an oversized line, a reply out of order."""
+
+
+# ---- framing ---------------------------------------------------------------------------------
+
+
+def send(fd: int, message: Message) -> None:
+    data = (message.model_dump_json() + "\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def parse_request(line: str) -> Message:
+    return REQUEST.validate_json(line)
+
+
+class Reader:
+    """Reads one JSON line at a time from a child's pipe, each under an absolute deadline: a child
+    that trickles bytes without a newline still runs out of time, and a line over MAX_LINE bytes is
+    a protocol error, never a buffer the parent grows without limit."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buffer = b""
+        self.closed = False
+
+    def line(self, deadline: float) -> bytes | None:
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > MAX_LINE:
+                raise ProtocolError(f"a line of over {MAX_LINE} bytes")
+            if self.closed:
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                self.closed = True
+                continue
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        if len(line) > MAX_LINE:
+            raise ProtocolError(f"a line of over {MAX_LINE} bytes")
+        return line
+
+    def reply(self, deadline: float) -> Message | None:
+        """The next reply, None at end of stream; ProtocolError if it is not a valid reply."""
+        line = self.line(deadline)
+        if line is None:
+            return None
+        try:
+            return REPLY.validate_json(line)
+        except ValidationError as exc:
+            raise ProtocolError(f"an invalid reply ({exc.error_count()} errors): {line[:120]!r}") from None
+
+
+# ---- the outbox --------------------------------------------------------------------------------
+
+
+class Outbox:
+    """Slots of float64 values in a memfd. The parent creates it with `create`, fixes its size with
+    seals (the child can neither grow nor shrink it; pages cost memory only once written) and passes
+    the fd to the child at start. Both map the slots a job needs; the child writes, the parent copies a
+    slot out once the reply that filled it has arrived and before its next request."""
+
+    def __init__(self, fd: int, slot_values: int, slots: int):
+        self.fd = fd
+        self.slot_values, self.slots = max(1, slot_values), max(1, slots)
+        self.size = self.slot_values * self.slots * 8
+        if self.size > os.fstat(fd).st_size:
+            raise ValueError(f"an outbox of {self.size} bytes does not fit its memfd of {os.fstat(fd).st_size}")
+        self.map = mmap.mmap(fd, self.size)
+
+    @staticmethod
+    def create(capacity: int) -> int:
+        """Parent side: a sealed memfd of `capacity` bytes, for one child."""
+        fd = os.memfd_create("kgen-outbox", os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, max(8, capacity))
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        return fd
+
+    def write(self, slot: int, values) -> bool:
+        """Child side: a 1-D float64 numpy array into `slot`; False when it does not fit."""
+        import numpy as np
+
+        if slot >= self.slots or values.size > self.slot_values:
+            return False
+        view = np.frombuffer(self.map, dtype=np.float64, count=values.size, offset=slot * self.slot_values * 8)
+        view[:] = values
+        del view
+        return True
+
+    def read(self, slot: int, count: int):
+        """Parent side: a private copy of `count` values of `slot`."""
+        import numpy as np
+
+        count = max(0, min(count, self.slot_values))
+        view = np.frombuffer(self.map, dtype=np.float64, count=count, offset=slot * self.slot_values * 8)
+        copy = view.copy()
+        del view
+        return copy
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
+
+def header_of(obj: Any) -> OutputHeader:
+    """Child side: what an object is, claimed by the child."""
+    import torch
+
+    kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    if not isinstance(obj, torch.Tensor):
+        return OutputHeader(type=kind, exact_tensor=False)
+    return OutputHeader(type=kind, exact_tensor=type(obj) is torch.Tensor, shape=list(obj.shape),
+                        dtype=str(obj.dtype).removeprefix("torch."), device=str(obj.device), numel=obj.numel())
+
+
+def put(outbox: Outbox, slot: int, obj: Any) -> OutputHeader:
+    """Child side: the header, and the values written to `slot` when they fit."""
+    import torch
+
+    header = header_of(obj)
+    if not isinstance(obj, torch.Tensor) or obj.numel() > outbox.slot_values:
+        return header
+    flat = obj.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy()
+    return header.model_copy(update={"written": outbox.write(slot, flat)})

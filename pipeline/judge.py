@@ -1,0 +1,123 @@
+"""The parent's judgement: output values against the float64 reference, and times against its own clock.
+
+Nothing here takes the child's word. Values are the candidate's outputs as the child wrote them into
+the outbox (copied out by the parent before its next request), compared element by element with the
+reference's full float64 output. A time the child reports is accepted only inside the bounds of the
+parent's clock:
+
+- upper: a timed block cannot claim more time than passed between the request and its reply;
+- lower: the parent times `Bound` requests itself (fresh input sets revealed by the request,
+  filled, called back to back, synced, outputs written) and subtracts what the very same requests
+  cost with a null model before the candidate was imported. That leaves the calls' own time, which a
+  candidate cannot shrink by skipping the harness's steps: nothing it could skip is in the calibrated
+  part except input filling, which it needs to get the values.
+
+The child's flushed, held per-call times refine the parent's estimate (they exclude host launch
+work and warm caches); they may not fall below it by more than BOUND_SLACK.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from .child.protocol import OutputHeader
+from .records import TrialResult, Verdict
+
+# How far below the parent's estimate the child's per-call time may be. On a GPU the parent's
+# back-to-back estimate counts host launch work the hold hides from the child's events (a launch-bound
+# call of 8 us device time costs 20-30 us of host time), hence the absolute part; on the CPU both
+# clocks see the same work, but a loaded 2-core machine moves a block's time by tens of percent.
+BOUND_SLACK = {"cuda": (0.25, 0.03), "cpu": (0.5, 0.05)}  # (relative, milliseconds)
+UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The reference's output for one call: metadata, and its full float64 values in a file."""
+
+    shape: list[int]
+    numel: int
+    ref_dtype: str
+    path: str
+    fp32_rel_err: float | None = None
+
+    def values(self) -> np.ndarray:
+        return np.fromfile(self.path, dtype=np.float64, count=self.numel)
+
+
+def fail(verdict: Verdict, error: str, **extra) -> TrialResult:
+    return TrialResult(index=0, variant="", ok=False, verdict=verdict, error=error, **extra)
+
+
+def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol: float, device: str) -> TrialResult:
+    """Judge one output (the child's header, the parent's copy of its values) against the reference."""
+    if not header.exact_tensor:
+        return fail(Verdict.wrong_type, f"returned {header.type}, expected exactly torch.Tensor")
+    if (header.device or "").split(":")[0] != device:
+        return fail(Verdict.wrong_type, f"returned a tensor on {header.device}, expected {device}")
+    if header.shape != want.shape:
+        return fail(Verdict.wrong_shape, f"shape {tuple(header.shape or ())}, the reference returns {tuple(want.shape)}")
+    if header.dtype != want.ref_dtype:
+        return fail(Verdict.wrong_dtype, f"dtype {header.dtype}, the reference returns {want.ref_dtype}")
+    if values is None or not header.written or values.size != want.numel:
+        return fail(Verdict.mismatch, "the output's values did not reach the parent")
+    if not np.all(np.isfinite(values)):
+        return fail(Verdict.non_finite, "output holds NaN or Inf")
+    b = want.values()
+    diff = np.abs(values - b)
+    mag = np.abs(b)
+    # Magnitude-aware: relative per element, with the output's mean magnitude as the absolute
+    # floor, so zeros never pass against a non-zero reference (KernelBench #165).
+    bound = tol * (mag + (mag.mean() if mag.size else 0.0))
+    max_abs = float(diff.max()) if diff.size else 0.0
+    max_rel = max_abs / max(float(mag.max()) if mag.size else 0.0, 1e-30)
+    if not bool(np.all(diff <= bound)):
+        return fail(Verdict.mismatch, f"max relative error {max_rel:.3g} exceeds tolerance {tol:g}",
+                    max_abs_err=max_abs, max_rel_err=max_rel)
+    return TrialResult(index=0, variant="", ok=True, max_abs_err=max_abs, max_rel_err=max_rel)
+
+
+def same_values(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return a is not None and b is not None and a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
+
+
+@dataclass
+class Window:
+    """One request the parent timed: from its send to the reply's arrival."""
+
+    ms: float
+    calls: int
+
+
+def parent_estimate(calibration: list[Window], bounds: list[Window]) -> tuple[float, float] | None:
+    """(per-call milliseconds, calibration spread per call) from the parent's own clock: each Bound
+    request less the median null-model request of the same size, per call; the median over requests."""
+    if not calibration or not bounds:
+        return None
+    base = statistics.median(w.ms for w in calibration)
+    spread = max(w.ms for w in calibration) - min(w.ms for w in calibration)
+    calls = bounds[0].calls
+    per_call = statistics.median(max(0.0, w.ms - base) / w.calls for w in bounds)
+    return per_call, spread / calls
+
+
+def check_times(device: str, median_ms: float, blocks: list[tuple[list[float], Window]],
+                estimate: tuple[float, float] | None) -> tuple[Verdict, str] | None:
+    """The child's times inside the parent's bounds, or the verdict that they are not."""
+    for claimed, window in blocks:
+        if sum(claimed) > window.ms + UPPER_SLACK_MS:
+            return (Verdict.impossible_timing, f"a timed block claims {sum(claimed):.4g} ms but only "
+                    f"{window.ms:.4g} ms passed on the parent's clock")
+    if estimate is None:
+        return Verdict.protocol_error, "no bound blocks were timed by the parent"
+    per_call, spread = estimate
+    rel, abs_ms = BOUND_SLACK["cuda" if device.startswith("cuda") else "cpu"]
+    lower = per_call * (1 - rel) - abs_ms - spread
+    if median_ms < lower:
+        return (Verdict.impossible_timing, f"the child's clock says {median_ms:.4g} ms a call, but the parent's "
+                f"own clock measured {per_call:.4g} ms a call on fresh inputs (at least {lower:.4g} ms): the "
+                f"work was done outside the timed calls or the timer was tampered with")
+    return None

@@ -1,0 +1,213 @@
+"""One attempt's conversation with its child, in the protocol's fixed order (pipeline.child.protocol).
+
+The session sends each request, waits for exactly the reply that request calls for (under the
+child's deadline), times the request with the parent's clock, and copies the outputs it will check
+out of the outbox before it sends anything else. Any other reply ends the attempt: `Failed` with the
+verdict its step calls for, garbage or a reply out of order with `protocol_error`, silence with
+`timeout`, a dead child with `crashed`. Never the run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from . import judge
+from .child import protocol as P
+from .evaluate import (CALIBRATION_BLOCKS, Ended, EvalResult, Expected, TaskBench, Window, ended_early, flags_for,
+                       summarize, _seed)
+from .records import TrialResult, Verdict
+
+# Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
+PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
+
+
+class Session:
+    def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: P.Outbox,
+                 spares, env: dict[str, str]):
+        self.bench, self.child, self.plan, self.expected, self.outbox = bench, child, plan, expected, outbox
+        self.spares, self.env = spares, env
+        self.phases: dict[str, float] = {}
+        self.last = time.monotonic()
+        self.step = "loading the task"
+        self.confinement: P.Confinement | None = None
+        self.judged: list[TrialResult] = []
+        self.calibration: list[Window] = []
+        self.bound_windows: list[Window] = []
+        self.timed: list[tuple[list[float], Window]] = []
+        self.estimate: tuple[float, float] | None = None
+
+    # ---- the conversation ----------------------------------------------------------------------
+
+    def mark(self, phase: str) -> None:
+        now = time.monotonic()
+        self.phases[phase] = round(now - self.last, 3)
+        self.last = now
+
+    def ask(self, request: P.Message | None, kind: type, what: str) -> tuple[Any, float]:
+        """Send `request` (None: the reply to an earlier one) and return the reply of type `kind`
+        with the parent's milliseconds from send to arrival."""
+        self.step = what
+        sent = time.monotonic()
+        if request is not None:
+            self.child.send(request)
+        try:
+            reply, at = self.child.reply()
+        except TimeoutError:
+            raise Ended(None) from None  # finalize() names the timeout
+        except P.ProtocolError as exc:
+            self.child.kill()
+            raise Ended(EvalResult(verdict=Verdict.protocol_error, error=f"while waiting for {what}: {exc}")) from None
+        if reply is None:
+            raise Ended(None)
+        if isinstance(reply, P.Failed):
+            raise Ended(self.failed(reply, what))
+        index = getattr(request, "index", None)
+        if not isinstance(reply, kind) or getattr(reply, "index", index) != index:
+            self.child.kill()
+            raise Ended(EvalResult(verdict=Verdict.protocol_error, error=f"while waiting for {what}: the child sent "
+                                   f"{type(reply).__name__}{_at(reply)} instead of {kind.__name__}{_at(request)}"))
+        return reply, (at - sent) * 1e3
+
+    def failed(self, reply: P.Failed, what: str) -> EvalResult:
+        verdict = Verdict.load_failed if reply.op == "import" else Verdict.runtime_error
+        return EvalResult(verdict=verdict, error=f"{what}: {reply.error}" if reply.op != "import" else reply.error,
+                          detail=reply.traceback, trials=list(self.judged))
+
+    def run(self, job: P.Job) -> EvalResult:
+        plan, bench = self.plan, self.bench
+        self.child.send(job)
+        ready, _ = self.ask(None, P.Ready, "loading the task")
+        self.confinement = ready.confinement
+        calls = len(plan.bounds[0])
+        for i in range(CALIBRATION_BLOCKS):  # still our own code in the child: a null model
+            reply, ms = self.ask(P.Bound(index=-1 - i, seeds=[_seed() for _ in range(calls)]), P.BoundDone,
+                                 "calibration")
+            self.calibration.append(Window(ms, calls))
+        self.mark("startup")
+        self.ask(P.Import(), P.Imported, "the import")
+        self.mark("import")
+        self.ask(P.Setup(init_seed=plan.init_seed, warm_seed=plan.warm_seed, warmup=bench.settings.warmup_calls),
+                 P.SetupDone, "building ModelNew and warming up")
+        main = [t for t in plan.trials if t.size == bench.size]
+        for trial in main:
+            result = self.trial(trial)
+            if not result.ok:
+                return EvalResult(verdict=result.verdict, error=f"trial {result.index} ({result.variant}): "
+                                  f"{result.error}", trials=list(self.judged))
+        self.mark("trials")
+        problem = self.timing()
+        if self.spares:
+            self.spares.release(self.env)  # nothing is timed on this device any more in this attempt
+        self.mark("timing")
+        timing = summarize([t for claimed, _ in self.timed for t in claimed])
+        if problem:
+            return EvalResult(verdict=problem[0], error=problem[1], trials=list(self.judged), timing=timing)
+        profile = None
+        if bench.settings.profile:
+            profile, _ = self.ask(P.Profile(), P.ProfileDone, "the profile")
+        self.mark("profile")
+        shape_results = []
+        for trial in plan.trials[len(main):]:
+            try:
+                shape_results.append(self.trial(trial))
+            except Ended as ended:  # a kernel that fails at another size is flagged, not rejected
+                error = ended.result.error if ended.result else f"no result at {trial.size}"
+                shape_results.append(TrialResult(index=trial.index, variant=f"scaled@{trial.size}", ok=False,
+                                                 verdict=ended.result.verdict if ended.result else Verdict.crashed,
+                                                 error=error))
+                break
+        self.mark("other_sizes")
+        self.child.send(P.Finish())
+        return EvalResult(verdict=Verdict.correct, flags=flags_for(profile, shape_results), trials=list(self.judged),
+                          timing=timing, detail=profile.model_dump_json() if profile else None)
+
+    def finalize(self, result: EvalResult | None, code: int, log: str) -> EvalResult:
+        if result is None:
+            result = ended_early(self.child, code, log, self.step).model_copy(update={"trials": list(self.judged)})
+        update: dict[str, Any] = {"confinement": self.confinement, "output": log[-4000:] or None}
+        if self.estimate:
+            update["wall_ms_per_call"] = self.estimate[0]
+        if result.verdict is not Verdict.correct and not result.detail:
+            update["detail"] = log[-4000:]
+        return result.model_copy(update=update)
+
+    # ---- checks --------------------------------------------------------------------------------
+
+    def values(self, slot: int, header: P.OutputHeader | None, want: Expected) -> np.ndarray | None:
+        return self.outbox.read(slot, want.numel) if header is not None and header.written else None
+
+    def trial(self, trial: P.Trial) -> TrialResult:
+        bench = self.bench
+        reply, _ = self.ask(trial, P.TrialDone, f"trial {trial.index}")
+        want = self.expected[f"trial{trial.index}"]
+        first, after = self.values(0, reply.output, want), self.values(1, reply.after_sync, want)
+        again = self.values(2, reply.repeat, want)
+        tol, device = bench.tolerance, bench.device
+        result = judge.compare(reply.output, first, want, tol, device)
+        if result.ok and not reply.inputs_unchanged:
+            result = judge.fail(Verdict.inputs_mutated, "the candidate changed its inputs")
+        if result.ok and not judge.same_values(first, after):
+            result = judge.fail(Verdict.nondeterministic, "the output changed after the call returned (work left running)")
+        if result.ok and trial.repeat:
+            second = judge.compare(reply.repeat or reply.output, again, want, tol, device)
+            if not second.ok:
+                result = judge.fail(Verdict.nondeterministic, f"a second call on the same inputs disagrees: {second.error}")
+        at = trial.size if isinstance(trial.size, str) else "custom"
+        label = trial.variant if trial.size == bench.size else f"{trial.variant}@{at}"
+        result = result.model_copy(update={"index": trial.index, "variant": label})
+        self.judged.append(result)
+        return result
+
+    def timing(self) -> tuple[Verdict, str] | None:
+        """Timed blocks with Bound requests spread among them (so both see the same machine state),
+        each output the plan checks compared as soon as its reply is in."""
+        plan, bench = self.plan, self.bench
+        every = max(1, len(plan.timed) // len(plan.bounds))
+        bounds = iter(enumerate(plan.bounds))
+        for j, seeds in enumerate(plan.timed):
+            reply, ms = self.ask(P.Timed(index=j, seeds=seeds), P.TimedDone, f"timed block {j}")
+            if len(reply.outputs) != len(seeds) or len(reply.times_ms) != len(seeds):
+                return Verdict.protocol_error, f"timed block {j}: {len(reply.outputs)} outputs for {len(seeds)} calls"
+            if not all(np.isfinite(t) and t > 0 for t in reply.times_ms):
+                return Verdict.impossible_timing, "a timed call reported a non-positive or non-finite time"
+            self.timed.append((list(reply.times_ms), Window(ms, len(seeds))))
+            if (problem := self.check_block(f"timed{j}", "timed call", j * len(seeds), reply.outputs)):
+                return problem
+            if j % every == every - 1 or j == len(plan.timed) - 1:
+                for k, bound_seeds in bounds:
+                    reply, ms = self.ask(P.Bound(index=k, seeds=bound_seeds), P.BoundDone, f"bound block {k}")
+                    if len(reply.outputs) != len(bound_seeds):
+                        return Verdict.protocol_error, f"bound block {k}: {len(reply.outputs)} outputs for {len(bound_seeds)}"
+                    self.bound_windows.append(Window(ms, len(bound_seeds)))
+                    if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
+                        return problem
+                    if j < len(plan.timed) - 1:
+                        break
+        self.estimate = judge.parent_estimate(self.calibration, self.bound_windows)
+        times = [t for claimed, _ in self.timed for t in claimed]
+        median = summarize(times).median_ms
+        b = bench.baselines
+        if b and b.floor_ms and median < b.floor_ms * bench.settings.floor_slack:
+            return (Verdict.impossible_timing, f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms "
+                    f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
+        return judge.check_times(bench.device, median, self.timed, self.estimate)
+
+    def check_block(self, prefix: str, what: str, first: int, headers: list[P.OutputHeader]) -> tuple[Verdict, str] | None:
+        for j, header in enumerate(headers):
+            want = self.expected.get(f"{prefix}_{j}")
+            if want is None:
+                if header.shape != self.expected["trial0"].shape or not header.written:
+                    return Verdict.mismatch, f"{what} {first + j} returned {header.type} of shape {header.shape}"
+                continue
+            r = judge.compare(header, self.values(j, header, want), want, self.bench.tolerance, self.bench.device)
+            if not r.ok:
+                return r.verdict, f"{what} {first + j} returned a wrong result ({r.error}): cached, stale or drifting output"
+        return None
+
+
+def _at(message: Any) -> str:
+    index = getattr(message, "index", None)
+    return f" ({index})" if index is not None else ""
