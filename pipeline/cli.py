@@ -87,12 +87,13 @@ db_option = click.option("--db", default=None, help="The SQLite database (defaul
 @click.option("--retry-errors", is_flag=True, help="Redo slots whose model call failed.")
 def run(config: str, backend: str | None, fresh: bool, retry_errors: bool) -> None:
     """Run the batch in the config: resume it if the same plan ran before."""
+    from .child.tasks import TaskError
     from .llm import ProviderError
     from .progress import Progress
     from .run import Runner
-    from .tasks import TaskError
 
     cfg = _config(config)
+    _check_sizes(cfg)
     store = _store(None, config, must_exist=False)
     try:
         progress = Progress(console)
@@ -102,6 +103,18 @@ def run(config: str, backend: str | None, fresh: bool, retry_errors: bool) -> No
     with progress:
         run_id = asyncio.run(runner.run(fresh=fresh, retry_errors=retry_errors))
     summary_table(store, run_id, runner.backend)
+
+
+def _check_sizes(cfg: Config) -> None:
+    """Every chosen task has the config's size: one line naming the task otherwise, before the run
+    opens its database or starts anything."""
+    from .child import tasks
+
+    try:
+        for task in tasks.discover(cfg.path(cfg.tasks.directory), cfg.tasks.names):
+            tasks.check_size(task, cfg.tasks.size)
+    except tasks.TaskError as exc:
+        raise KgenError(str(exc)) from None
 
 
 WRONG = {"mismatch", "wrong_shape", "wrong_dtype", "wrong_type", "non_finite", "inputs_mutated",
@@ -216,18 +229,21 @@ def eval_command(path, task_name, backend, size, config, as_json, no_store) -> N
     from .evalone import evaluate_file
 
     cfg = _config(config) if Path(config).is_file() else None
+    sized: dict[str, Any] = {}
     try:
-        result, attempt_id = evaluate_file(Path(path), task_name, backend, size, cfg, store=not no_store)
-    except ValueError as exc:
+        result, attempt_id = evaluate_file(Path(path), task_name, backend, size, cfg, store=not no_store,
+                                           on_size=lambda name, dims: sized.update(size=name, size_dims=dims))
+    except ValueError as exc:  # tasks.SizeError among them: a size the task lacks, or too big to fit
         raise KgenError(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(eval_json(result, attempt_id)))
+        click.echo(json.dumps(eval_json(result, attempt_id, sized)))
     else:
-        _print_result(result, attempt_id)
+        _print_result(result, attempt_id, sized)
     sys.exit(0 if result.verdict.value == "correct" else 1)
 
 
-def eval_json(result: EvalResult, attempt_id: str | None) -> dict[str, Any]:
+def eval_json(result: EvalResult, attempt_id: str | None, sized: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The verdict's fields; with `sized`, also the size that ran (`size`) and its `size_dims`."""
     from .records import summary_fields
 
     out = summary_fields(result)
@@ -235,16 +251,20 @@ def eval_json(result: EvalResult, attempt_id: str | None) -> dict[str, Any]:
     out["id"] = attempt_id
     out["device"] = result.device
     out["trials"] = [t.model_dump(mode="json") for t in result.trials]
+    out.update(sized or {})
     return out
 
 
-def _print_result(result: EvalResult, attempt_id: str | None) -> None:
-    data = eval_json(result, attempt_id)
+def _print_result(result: EvalResult, attempt_id: str | None, sized: dict[str, Any] | None = None) -> None:
+    data = eval_json(result, attempt_id, sized)
     colour = "green" if result.verdict.value == "correct" else "red"
     console.print(f"[bold {colour}]{result.verdict.value}[/]" + (f"  flags: {', '.join(data['flags'])}"
                                                                   if data["flags"] else ""))
     if result.error:
         console.print(f"error: {result.error}")
+    if sized:
+        dims = ", ".join(f"{k}={v}" for k, v in sized["size_dims"].items())
+        console.print(f"{'size':>16}: {sized['size']}" + (f"  ({dims})" if dims else ""), markup=False)
     for key in ("time_ms", "eager_ms", "compile_ms", "floor_ms", "speedup_eager", "speedup_compile",
                 "floor_fraction"):
         console.print(f"{key:>16}: {_fmt(data[key], 4)}")

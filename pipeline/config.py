@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,9 +84,31 @@ class TaskSelection(_Strict):
     names: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     """Task names (file stems) or glob patterns over them."""
     size: str | dict[str, Any] = "default"
-    """A size preset the task declares (small, default, ...) or a mapping of module globals to override."""
+    """A size every chosen task has (default; small, derived where a task declares none; a preset of
+    its KGEN_SIZES), a name with overrides such as small(batch_size=64), or a mapping of module
+    globals to override. A task without that size stops the run before it starts."""
     directory: str = "reference_tasks"
     """Folder of task files, relative to the config file."""
+
+    @field_validator("size")
+    @classmethod
+    def _size_form(cls, size: str | dict[str, Any]) -> str | dict[str, Any]:
+        # Only the form here (no torch, no task files); pipeline.child.tasks checks each task has it.
+        if isinstance(size, dict):
+            bad = [repr(k) for k in size if not str(k).isidentifier()]
+            if not size:
+                raise ValueError("an empty size mapping (name the module globals to override, or use a size name)")
+            if bad:
+                raise ValueError(f"a size mapping sets module globals by name, not {', '.join(bad)}")
+            return size
+        text = size.strip()
+        name, paren, rest = text.partition("(")
+        ok = bool(re.fullmatch(r"[A-Za-z_][\w.-]*", name)) and (not paren or rest.endswith(")"))
+        if not ok and "=" in text:
+            ok = all(part.partition("=")[0].strip().isidentifier() for part in text.split(",") if "=" in part)
+        if not ok:
+            raise ValueError(f"{size!r} is not a size name (such as default, small, or small(batch_size=64))")
+        return text
 
 
 class EvalConfig(_Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Callable
 
 from . import build as build_stage
 from . import evaluate
@@ -22,18 +23,28 @@ def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
 
 
 def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cfg: Config | None,
-                  store: bool = True) -> tuple[EvalResult, str | None]:
-    """Build, check and time the file; returns the result and, when stored, the attempt id."""
+                  store: bool = True, on_size: Callable[[str, dict[str, int]], None] | None = None
+                  ) -> tuple[EvalResult, str | None]:
+    """Build, check and time the file; returns the result and, when stored, the attempt id.
+
+    The size is checked first: a size the task does not have, or one that does not fit in memory,
+    is a tasks.SizeError (a ValueError, one line) before anything is written, built or started.
+    `on_size` gets the size's effective name (what is stored) and its dimensions (tasks.size_dims)."""
     import torch
 
     from .store import Store
 
     task = _task(task_name, cfg)
+    chosen_size = size or (cfg.tasks.size if cfg else tasks.DEFAULT_SIZE)
+    module = tasks.load_module(task, chosen_size)
+    size_name = tasks.effective_size(module, chosen_size)
     backend, gpu = resolve_backend(backend)
     if backend == "cuda" and not gpu:
         raise ValueError("--backend cuda: no CUDA device is visible on this machine")
+    tasks.check_memory(module, evaluate.device_for(backend))
+    if on_size:
+        on_size(size_name, tasks.size_dims(module))
     settings = cfg.evaluation if cfg else EvalConfig()
-    chosen_size = size or (cfg.tasks.size if cfg else "default")
     code = path.read_text()
     code_hash = hashlib.sha256(code.encode()).hexdigest()[:16]
     generated = cfg.path(cfg.generated_dir) if cfg else Path("generated")
@@ -62,7 +73,6 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     run_id = db.start_run(json.dumps({"eval": str(path)}), "[]", backend, result.device or backend,
                           torch.__version__, torch.version.cuda, note=f"kgen eval {path}")
     task_id = db.upsert_task(task.name, str(task.path), task.source)
-    size_name = chosen_size if isinstance(chosen_size, str) else json.dumps(chosen_size, sort_keys=True)
     attempt_id = db.save_attempt(run_id=run_id, task_id=task_id, task=task.name, model="(file)", sample=0,
                                  backend=backend, template="-", completion_id=None, code_hash=code_hash,
                                  result=result, size=size_name)

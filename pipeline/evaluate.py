@@ -125,6 +125,8 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     """Start the task's reference process and get its baselines (from `cached_baselines(key)` when
     it has them); the bench then serves every attempt of the task in this run."""
     module = tasks.load_module(task, size)
+    if backend != "cuda":  # on cuda, asking for free memory would open a CUDA context in this process
+        tasks.check_memory(module, device_for(backend), env=env)
     bench = TaskBench(task, size, tasks.effective_size(module, size), backend, device_for(backend),
                       tasks.tolerance(module, settings.tolerance), settings,
                       other_sizes=tasks.other_sizes(module, size) if settings.check_shapes else [])

@@ -194,3 +194,12 @@ def m002_run_key(db: sqlite_utils.Database) -> None:
     if "key" not in db["runs"].columns_dict:
         db["runs"].add_column("key", str)
     db["runs"].create_index(["key"], if_not_exists=True)
+
+
+@migration
+def m003_trust(db: sqlite_utils.Database) -> None:
+    # Whether the candidate's child was confined as the config required, and how (JSON). Rows from
+    # before this migration have NULL: their evaluator predates the sealed judge.
+    for column, kind in (("trusted", int), ("confinement_json", str)):
+        if column not in db["attempts"].columns_dict:
+            db["attempts"].add_column(column, kind)

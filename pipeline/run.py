@@ -89,6 +89,7 @@ class Runner:
         self.executor: Executor = make_executor(cfg, self.backend)
         self.build_locks: dict[str, asyncio.Lock] = {}
         self.benches: dict[str, asyncio.Task] = {}
+        self.size_names: dict[str, str] = {}
         self.task_ids: dict[str, str] = {}
         self.spent_tokens = 0
         self.spent_usd = 0.0
@@ -197,8 +198,11 @@ class Runner:
         self._store(slot, save, code_hash, result)
 
     def _size_name(self, slot: Slot) -> str:
-        size = self.cfg.tasks.size
-        return size if isinstance(size, str) else json.dumps(size, sort_keys=True)
+        """The size that actually runs for this task (a derived `small` names the globals it set)."""
+        if slot.task.name not in self.size_names:
+            module = tasks.load_module(slot.task, self.cfg.tasks.size)
+            self.size_names[slot.task.name] = tasks.effective_size(module, self.cfg.tasks.size)
+        return self.size_names[slot.task.name]
 
     def _store(self, slot: Slot, save: dict[str, Any], code_hash: str | None, result: EvalResult) -> None:
         self.store.save_attempt(**save, code_hash=code_hash, result=result)

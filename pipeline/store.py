@@ -332,6 +332,7 @@ class Store:
             id=attempt_id, run_id=run_id, task_id=task_id, task=task, model=model,
             sample=sample, backend=backend, template=template, completion_id=completion_id,
             code_hash=code_hash, **summary_fields(result), detail=result.detail,
+            confinement_json=result.confinement.model_dump_json() if result.confinement else None,
             result_json=result.model_dump_json(), device=result.device,
             torch_version=result.torch_version, cuda_version=result.cuda_version, size=size,
             created_utc=_now(),

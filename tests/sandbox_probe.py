@@ -9,10 +9,10 @@ reports what it could still reach.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 
-from pipeline import wire
 
 
 def _try(fn) -> str:
@@ -58,10 +58,12 @@ def main() -> int:
         from pipeline.child.harness import apply_limits
 
         outside, project_file, port = args.rest
-        report["landlock"] = apply_limits(None, False, [], [])
+        report["confinement"] = apply_limits(None, False, [], []).model_dump()
         home = os.environ["HOME"]
         report["write_home"] = _try(lambda: _write(os.path.join(home, "inside.txt")))
         report["write_outside"] = _try(lambda: _write(outside))
+        # /dev/shm outlives the attempt: a place to leave seeds or answers for the next one.
+        report["write_dev_shm"] = _try(lambda: _write(f"/dev/shm/kgen-probe-{os.getpid()}"))
         report["read_project"] = _try(lambda: _read(project_file))
         report["read_parent_environ"] = _try(lambda: _read(f"/proc/{os.getppid()}/environ"))
         report["read_own_status"] = _try(lambda: _read("/proc/self/status"))
@@ -69,7 +71,7 @@ def main() -> int:
         report["signal_parent"] = _try(lambda: os.kill(os.getppid(), 0))
         report["setsid_in_fork"] = _setsid_in_fork()
         report["tcp_connect"] = _try(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())
-    wire.send(args.result_fd, report)
+    os.write(args.result_fd, (json.dumps(report) + "\n").encode())
     return 0
 
 

@@ -74,12 +74,14 @@ def _invoke(command, *args):
 
 def test_verified_and_ranking():
     rows = [{"id": "b", "verdict": "correct", "flags": [], "time_ms": 1.0, "code_hash": "h", "task": "t",
-             "backend": "cpu", "device": "d", "size": "s", "speedup_eager": 2.0},
+             "backend": "cpu", "device": "d", "size": "s", "speedup_eager": 2.0, "trusted": 1},
             {"id": "a", "verdict": "correct", "flags": [], "time_ms": 1.0, "code_hash": "h", "task": "t",
-             "backend": "cpu", "device": "d", "size": "s", "speedup_eager": 2.0},
+             "backend": "cpu", "device": "d", "size": "s", "speedup_eager": 2.0, "trusted": 1},
             {"id": "c", "verdict": "correct", "flags": ["shape_specialized"], "time_ms": 0.1, "code_hash": "h",
-             "task": "t", "backend": "cpu", "device": "d", "size": "s", "speedup_eager": 20.0}]
+             "task": "t", "backend": "cpu", "device": "d", "size": "s", "speedup_eager": 20.0, "trusted": 1}]
     assert [is_verified(r) for r in rows] == [True, True, False]
+    # Judged by a child below the required confinement, or by the evaluator before it was sealed.
+    assert not is_verified({**rows[0], "trusted": 0}) and not is_verified({**rows[0], "trusted": None})
     assert [r["id"] for r in best_rows(rows)] == ["a"]  # the tie goes to the earlier id
     assert sorted(rows[:2], key=rank_key)[0]["id"] == "a"
 

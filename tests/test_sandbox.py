@@ -77,10 +77,15 @@ def test_landlock_confines_the_child(tmp_path, secrets):
     try:
         report, log, _ = probe("confined", str(outside), str(ROOT / "pyproject.toml"),
                                str(listener.getsockname()[1]))
-        assert report["landlock"] is True, log
+        confinement = report["confinement"]
+        assert confinement["filesystem"] is True and confinement["seccomp"] is True, log
+        assert confinement["private_tmp"] is True, log  # HOME and TMPDIR are this child's alone
         assert report["write_home"] == "ok"  # the one place it may write
         assert report["write_outside"].startswith("denied"), report
         assert not outside.exists()
+        assert report["write_dev_shm"].startswith("denied"), report
+        assert confinement["network"] is (landlock.abi_version() >= 4)
+        assert confinement["signals"] is (landlock.abi_version() >= 6)
         assert report["read_project"].startswith("denied"), report  # the project folder holds the database
         # Another process's /proc/PID/environ holds the environment it started with (API keys in
         # a shell's, or in `kgen run`'s); Landlock lets a same-uid process read it unless /proc

@@ -123,9 +123,207 @@ def test_a_dropped_in_kernelbench_task_with_weights_runs_unchanged(tmp_path):
     task = tasks.discover(tmp_path, ["41_*"])[0]
     settings = EvalConfig(trials=3, timed_calls=5, timed_ms=0, warmup_calls=1, compile_baseline=False, timeout_s=120)
     bench = evaluate.prepare(task, "default", "cpu", settings)
-    assert bench.expected[0]["shape"] == [16, 32]
+    assert bench.size_name == "default" and bench.baselines is not None
     for code, verdict in ((SAME_WEIGHTS, Verdict.correct), (OTHER_WEIGHTS, Verdict.mismatch)):
         path = tmp_path / f"cand_{verdict.value}.py"
         path.write_text(code)
         result = evaluate.evaluate(bench, path, tmp_path / "build", settings)
         assert result.verdict is verdict, result.error
+
+
+# --- sizes are explicit -------------------------------------------------------------------------
+
+import json  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import yaml  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from pipeline.cli import main  # noqa: E402
+from pipeline.config import ConfigError, parse_config  # noqa: E402
+
+KERNELBENCH_NO_SIZES = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """A KernelBench level-1 style task without KGEN_SIZES: a row softmax."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+batch_size = 4096
+dim = 32768
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _warm_meta() -> None:
+    """The first meta-device op in a process imports torch's reference ops (about a second, once)."""
+    with torch.device("meta"):
+        torch.randn(2, 2)
+
+
+def _task_file(tmp_path: Path, name: str, source: str) -> tasks.TaskFile:
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return tasks.load_file(path)
+
+
+def _config_file(tmp_path: Path, size: str = "small") -> Path:
+    cfg = {"models": [{"name": "m", "provider": "replay", "replay_file": "none.jsonl"}],
+           "tasks": {"names": ["mse"], "size": size, "directory": str(ROOT / "reference_tasks")},
+           "database": "db/kgen.db", "generated_dir": "generated", "build_dir": "builds",
+           "evaluation": {"trials": 2, "timed_calls": 3, "timed_ms": 0, "warmup_calls": 1,
+                          "compile_baseline": False, "profile": False, "timeout_s": 120,
+                          "required_confinement": []}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_an_unknown_size_is_one_line_listing_the_sizes_the_task_has():
+    mse = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    with pytest.raises(tasks.SizeError) as err:
+        tasks.load_module(mse, "smal")
+    assert str(err.value) == "task mse: no size 'smal' (has: default, small, odd)"
+    assert isinstance(err.value, tasks.TaskError) and isinstance(err.value, ValueError)
+    module = _module("mse", "default")
+    for bad in ("smal", "", "small(", "two words"):
+        with pytest.raises(tasks.SizeError, match=r"^task mse: .*\(has: default, small, odd\)$"):
+            tasks.resolve_size(module, bad)
+    with pytest.raises(tasks.SizeError, match="sets batchsize, which the task file does not define"):
+        tasks.load_module(mse, {"batchsize": 3})
+    # What a name says is what runs, and the name loads back.
+    assert tasks.effective_size(_module("mse", "small"), "small") == "small"
+    assert tasks.effective_size(module, {"batch_size": 3}) == "batch_size=3"
+    again = tasks.load_module(mse, "small(batch_size=3)")
+    assert (again.batch_size, again.input_shape) == (3, (4096,))
+    assert tasks.effective_size(again, "small(batch_size=3)") == "small(batch_size=3)"
+
+
+def test_kgen_eval_with_a_typo_in_the_size_fails_in_one_line_and_stores_nothing(tmp_path):
+    config = _config_file(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "eval", "tests/redteam/torch_fallback.py",
+                           "--task", "mse", "--size", "smal", "--backend", "cpu", "-c", str(config)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == "Error: task mse: no size 'smal' (has: default, small, odd)", proc.stderr
+    assert proc.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]  # no database, no code saved
+
+
+def test_a_config_whose_size_a_task_lacks_stops_eval_and_run_before_anything_starts(tmp_path):
+    config = _config_file(tmp_path, size="smal")
+    candidate = ROOT / "tests" / "redteam" / "torch_fallback.py"
+    for args in (["eval", str(candidate), "--task", "mse", "--backend", "cpu"], ["run"]):
+        result = CliRunner().invoke(main, args + ["-c", str(config)])
+        assert result.exit_code != 0, result.output
+        assert result.output.strip() == "Error: task mse: no size 'smal' (has: default, small, odd)", args
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"], args
+    with pytest.raises(ConfigError, match="tasks.size: 'two words' is not a size name"):
+        parse_config({"models": [{"name": "m", "provider": "replay", "replay_file": "x"}],
+                      "tasks": {"size": "two words"}}, tmp_path)
+
+
+def test_small_is_derived_for_a_task_without_presets_and_named_by_what_it_sets(tmp_path):
+    task = _task_file(tmp_path, "23_Softmax", KERNELBENCH_NO_SIZES)
+    _warm_meta()
+    started = time.monotonic()
+    module = tasks.load_module(task, "small")
+    assert time.monotonic() - started < 1
+    # Halved to at most 2**20 elements per input, multiples of 8 kept (4096 and 32768 both are).
+    assert (module.batch_size, module.dim) == (1024, 1024)
+    name = tasks.effective_size(module, "small")
+    assert name == "small(batch_size=1024,dim=1024)"
+    (x,) = tasks.make_inputs(module, 0, "base", "cpu")
+    assert x.shape == (1024, 1024)
+    again = tasks.load_module(task, name)  # the stored name loads back to what ran
+    assert (again.batch_size, again.dim) == (1024, 1024) and tasks.effective_size(again, name) == name
+    assert tasks.effective_size(tasks.load_module(task, "default"), "default") == "default"
+    assert tasks.other_sizes(module, "small") == []
+    with pytest.raises(tasks.SizeError, match=r"^task 23_Softmax: no size 'odd' \(has: default, small\)$"):
+        tasks.load_module(task, "odd")
+    # An odd dimension stays odd; others stay multiples of their power of two (at most 8).
+    odd = tasks.load_module(_task_file(tmp_path, "odd", KERNELBENCH_NO_SIZES.replace("4096", "99999")
+                                       .replace("32768", "1000")), "small")
+    assert odd.batch_size % 2 == 1 and odd.dim % 8 == 0 and odd.batch_size * odd.dim <= tasks.SMALL_ELEMENTS
+    # Shapes no global defines cannot be made small: refused, not run at full size.
+    literal = KERNELBENCH_NO_SIZES.replace("torch.randn(batch_size, dim)", "torch.randn(4096, 4096)")
+    with pytest.raises(tasks.SizeError, match="cannot derive size 'small'.*declare KGEN_SIZES"):
+        tasks.load_module(_task_file(tmp_path, "literal", literal), "small")
+    # A global that another one was built from shrinks with it: targets stay below the class count.
+    classes = KERNELBENCH_NO_SIZES.replace("dim = 32768", "num_classes = 32768\ninput_shape = (num_classes,)").replace(
+        "[torch.randn(batch_size, dim)]", "[torch.randn(batch_size, *input_shape), torch.randint(0, num_classes, "
+        "(batch_size,))]")
+    ce = tasks.load_module(_task_file(tmp_path, "ce", classes), "small")
+    assert ce.num_classes == ce.input_shape[0] and ce.batch_size * ce.num_classes <= tasks.SMALL_ELEMENTS
+    assert tasks.effective_size(ce, "small") == (f"small(batch_size={ce.batch_size},num_classes={ce.num_classes},"
+                                                 f"input_shape=({ce.num_classes},))")
+    # A declared "small" is used as declared, never derived.
+    assert _module("mse", "small").batch_size == 256
+
+
+def test_size_dims_are_the_integer_globals_that_define_the_shapes(tmp_path):
+    assert tasks.size_dims(_module("mse", "small")) == {"batch_size": 256, "input_shape[0]": 4096}
+    assert tasks.size_dims(_module("mse", "odd")) == {"batch_size": 97, "input_shape[0]": 1023}
+    assert tasks.size_dims(_module("cross_entropy", "small")) == {"batch_size": 512, "num_classes": 1024,
+                                                                  "input_shape[0]": 1024}
+    level2 = tasks.load_module(_task_file(tmp_path, "41_Linear", KERNELBENCH_LEVEL2))
+    assert tasks.size_dims(level2) == {"batch_size": 16, "in_features": 64, "out_features": 32}
+    derived = tasks.load_module(_task_file(tmp_path, "23_Softmax", KERNELBENCH_NO_SIZES), "small")
+    assert tasks.size_dims(derived) == {"batch_size": 1024, "dim": 1024}
+
+
+HUGE = KERNELBENCH_NO_SIZES.replace("batch_size = 4096\ndim = 32768", "a = 32768\nb = 32768\nc = 64").replace(
+    "torch.randn(batch_size, dim)", "torch.randn(a, b, c)")
+
+
+def test_check_memory_refuses_a_size_that_cannot_fit_without_allocating_it(tmp_path):
+    module = tasks.load_module(_task_file(tmp_path, "huge", HUGE))  # 2**36 float32: 256 GiB of input
+    _warm_meta()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    with pytest.raises(tasks.SizeError) as err:
+        tasks.check_memory(module, "cpu", budget_bytes=1 << 30)
+    assert time.monotonic() - started < 1
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 256 * 1024  # KiB: nothing allocated
+    assert tasks.footprint(module) == {"inputs": 4 * 2**36, "weights": 0, "output": 4 * 2**36}  # softmax
+    needed = tasks.MEMORY_FACTOR * 2 * 4 * 2**36
+    message = str(err.value)
+    assert message.startswith("task huge: size 'default' needs about") and "\n" not in message
+    assert f"{needed} bytes" in message and f"{1 << 30} bytes" in message
+    assert tasks.check_memory(module, "cpu", budget_bytes=needed) == needed
+    # A small size fits this machine as it is.
+    assert 0 < tasks.check_memory(_module("mse", "small"), "cpu") < 1 << 30
+
+
+def test_kgen_eval_json_reports_and_stores_the_size_that_ran(tmp_path):
+    task_path = tmp_path / "41_Linear_ReLU_Scale.py"
+    task_path.write_text(KERNELBENCH_LEVEL2)
+    code = tmp_path / "cand.py"
+    code.write_text(SAME_WEIGHTS)
+    result = CliRunner().invoke(main, ["eval", str(code), "--task", str(task_path), "--backend", "cpu",
+                                       "--size", "small", "--json", "-c", str(_config_file(tmp_path))])
+    out = json.loads(result.output)
+    assert out["verdict"] == "correct", result.output
+    assert out["size"] == "small(batch_size=16,in_features=64)"  # derived: already small, as written
+    assert out["size_dims"] == {"batch_size": 16, "in_features": 64, "out_features": 32}
+    from pipeline.store import Store
+
+    assert Store.open(tmp_path / "db" / "kgen.db").attempt(out["id"])["size"] == out["size"]
