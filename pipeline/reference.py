@@ -137,13 +137,17 @@ def main(argv: list[str] | None = None) -> int:
         if request["op"] == "baselines":
             ref.job.update(request)
             ref.baselines(send)
+            ref.models = {}  # the compiled model and its caches: this process lives on, idle, for the run
         elif request["op"] == "expect":
             for spec in request["specs"]:
                 meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"],
                                     os.path.join(request["dir"], f"{spec['key']}.f64"))
                 send({"event": "expected", "key": spec["key"], **meta})
-            if ref.device.startswith("cuda"):
-                torch.cuda.empty_cache()  # give the memory back before a candidate is timed
+            ref.models = {}
+        if ref.device.startswith("cuda"):
+            # This process stays alive beside every candidate of its task: it keeps no device memory
+            # between requests, so tasks' references together never starve a candidate.
+            torch.cuda.empty_cache()
         send({"event": "done", "op": request["op"]})
     return 0
 

@@ -44,7 +44,11 @@ PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 def child_env(extra: dict[str, str] | None = None, home: str = "/tmp") -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
-    env.update(HOME=home, TMPDIR=home, PYTHONPATH=PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1",
+    # Our package first, then where the parent found its own packages outside the interpreter
+    # (a --target install, say): the child imports pydantic and torch from the same places.
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p and os.path.abspath(p) != PACKAGE_ROOT]
+    env.update(HOME=home, TMPDIR=home, PYTHONPATH=os.pathsep.join([PACKAGE_ROOT, *inherited]), PYTHONDONTWRITEBYTECODE="1",
                PYTHONUNBUFFERED="1", PYTHONNOUSERSITE="1")
     env.update(extra or {})
     return env

@@ -145,6 +145,19 @@ TIMER_PATCH = """        torch.cuda.Event.elapsed_time = lambda self, other: 1e-
         torch.cuda.synchronize = lambda *a, **k: None
         return torch.mean((predictions - targets) ** 2)"""
 
+# Rebinds the live Clock's time_call (found through gc) to report a tenth of each timed call. The
+# parent's own clock around its Bound requests measures the real calls, so at a size where a call
+# takes far longer than the bound's slack (BOUND_SLACK: 25% + 30 us on cuda), the claim is refused.
+FORGED_CLOCK = """        if not hasattr(self, "forged"):
+            import gc
+            from pipeline.child import timing
+            for obj in gc.get_objects():
+                if isinstance(obj, timing.Clock):
+                    real = obj.time_call
+                    obj.time_call = (lambda real: lambda fn: (lambda r: (r[0] * 0.1, r[1]))(real(fn)))(real)
+            self.forged = True
+        return _ext.mse(predictions, targets, 0)"""
+
 CASES = {
     "honest": (0, CALL, {Verdict.correct}),
     "side_stream": (1, CALL, {Verdict.mismatch, Verdict.nondeterministic, Verdict.non_finite}),
@@ -154,6 +167,7 @@ CASES = {
     "pointer_cache": (0, POINTER_CACHE, {Verdict.mismatch}),
     "timer_patch": (0, TIMER_PATCH, {Verdict.correct}),
     "side_overlap": (5, CALL, {Verdict.correct}),
+    "forged_clock": (0, FORGED_CLOCK, {Verdict.correct, Verdict.impossible_timing}),
 }
 
 
@@ -183,10 +197,13 @@ def bench():
     return evaluate.prepare(task, "small", "cuda", SETTINGS)
 
 
-def _gpu_idle() -> bool:
+def _gpu_idle(bench=None) -> bool:
+    """No compute process on the GPU but the task's own reference processes (which stay alive,
+    idle and holding no memory, for the whole run)."""
     out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
                          capture_output=True, text=True)
-    return out.returncode == 0 and not out.stdout.strip()
+    ours = {str(ref.proc.pid) for ref in (bench.references.values() if bench else [])}
+    return out.returncode == 0 and not (set(out.stdout.split()) - ours)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -206,7 +223,7 @@ def test_redteam_cuda(name, built, bench):
         assert Flag.no_custom_kernel in verdict.flags
         assert verdict.time_ms >= 0.5 * verdict.baselines.eager.median_ms
     # Whatever the candidate did, the GPU is free for the next attempt.
-    assert _gpu_idle()
+    assert _gpu_idle(bench)
 
 
 def test_side_stream_work_cannot_run_under_the_hold(built, bench):
@@ -233,3 +250,21 @@ def test_gpu_serves_next_attempt_after_hang_and_fault(built, bench):
         evaluate.evaluate(bench, path, Path(result.build_dir), settings)
     path, result = built["honest"]
     assert evaluate.evaluate(bench, path, Path(result.build_dir), SETTINGS).verdict is Verdict.correct
+
+
+def test_forged_clock_is_refused_at_kernelbench_size(built):
+    """At KernelBench's size (a 2.8 ms kernel on the H100) the forged tenth is far outside the
+    parent's bound; the honest kernel's time sits inside it."""
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    settings = SETTINGS.model_copy(update={"compile_baseline": False, "check_shapes": False})
+    big = evaluate.prepare(task, "default", "cuda", settings)
+    try:
+        results = {name: evaluate.evaluate(big, built[name][0], Path(built[name][1].build_dir), settings)
+                   for name in ("honest", "forged_clock")}
+    finally:
+        big.close()
+    for name, r in results.items():
+        print(f"\nREDTEAM {name}@default: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
+              f"error={r.error}")
+    assert results["honest"].verdict is Verdict.correct, results["honest"].error
+    assert results["forged_clock"].verdict is Verdict.impossible_timing, results["forged_clock"].error
