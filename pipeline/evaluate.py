@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import judge, sandbox
+from . import sandbox
 from .child import protocol as P
 from .child import tasks
 from .child.timing import BLOCK, TIMING_VERSION, calls_for, summarize_blocks
 from .config import EvalConfig
-from .judge import Expected, Window
+from .judge import Expected
 from .records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
 
 EVALUATOR_VERSION = "2"

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .child import tasks
+from .child.protocol import write_line
 from .child.timing import Clock, calls_for, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 
 
@@ -124,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.init()
 
     def send(message: dict[str, Any]) -> None:
-        data = (json.dumps(message) + "\n").encode()
-        while data:
-            data = data[os.write(fd, data):]
+        write_line(fd, json.dumps(message))
 
     ref = Reference(job)
     env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else _cpu_name(),

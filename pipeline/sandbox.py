@@ -93,13 +93,8 @@ class Child:
 
     def send(self, message: dict[str, Any] | protocol.Message) -> None:
         try:
-            if isinstance(message, protocol.Message):
-                protocol.send(self.proc.stdin.fileno(), message)
-            else:
-                data = (json.dumps(message) + "\n").encode()
-                fd = self.proc.stdin.fileno()
-                while data:
-                    data = data[os.write(fd, data):]
+            text = message.model_dump_json() if isinstance(message, protocol.Message) else json.dumps(message)
+            protocol.write_line(self.proc.stdin.fileno(), text)
         except (BrokenPipeError, OSError):
             pass  # the child died; its exit status tells the story
 

@@ -33,7 +33,6 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 MAX_LINE = 1 << 20  # a reply longer than this is a protocol error, never a MemoryError
-BLOCK = 4  # timed calls per block (pipeline.child.timing)
 
 
 class Message(BaseModel):
@@ -99,7 +98,7 @@ class Trial(Message):
 
 
 class Timed(Message):
-    """A block of timed calls (up to BLOCK), each flushed and behind the hold; outputs to slots 0.."""
+    """A block of timed calls (up to timing.BLOCK), each flushed and behind the hold; outputs to slots 0.."""
     op: Literal["timed"] = "timed"
     index: int
     seeds: list[int]
@@ -232,10 +231,15 @@ class ProtocolError(Exception):
 # ---- framing ---------------------------------------------------------------------------------
 
 
-def send(fd: int, message: Message) -> None:
-    data = (message.model_dump_json() + "\n").encode()
+def write_line(fd: int, text: str) -> None:
+    """One line, whole: os.write may take only part of it on a pipe."""
+    data = (text + "\n").encode()
     while data:
         data = data[os.write(fd, data):]
+
+
+def send(fd: int, message: Message) -> None:
+    write_line(fd, message.model_dump_json())
 
 
 def parse_request(line: str) -> Message:
