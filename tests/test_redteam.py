@@ -9,19 +9,19 @@ honest C++ kernel is the only compile (marked slow, still in the default run).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from pipeline import build, evaluate
+from pipeline import build, evaluate, judge, sandbox
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Flag, Verdict
@@ -29,6 +29,7 @@ from pipeline.records import EvalResult, Flag, Verdict
 ROOT = Path(__file__).resolve().parent.parent
 REDTEAM = Path(__file__).resolve().parent / "redteam"
 TASKS = ROOT / "reference_tasks"
+TEST_TASKS = Path(__file__).resolve().parent / "tasks"  # tasks of our own (big_add: a large output)
 SETTINGS = EvalConfig(compile_baseline=False, trials=5, timed_calls=10, timed_ms=0, warmup_calls=2, timeout_s=60)
 HANG_SETTINGS = SETTINGS.model_copy(update={"timeout_s": 20})
 
@@ -55,6 +56,11 @@ FAILS = [
     ("tensor_subclass.py", "mse", {V.wrong_type}, "the type must be exactly torch.Tensor"),
     ("crash_segv.py", "mse", {V.crashed}, "killed by SIGSEGV"),
     ("crash_exit.py", "mse", {V.crashed}, "os._exit(3)"),
+    ("forged_protocol.py", "mse", {V.mismatch, V.protocol_error},
+     "forged replies are claims: the zeros it wrote to the outbox are compared with the reference"),
+    ("sampled_positions.py", "big_add", {V.mismatch}, "every one of 262144 values is compared, not a sample"),
+    ("garbage_reply.py", "mse", {V.protocol_error}, "a line that is not the reply the request calls for"),
+    ("long_line.py", "mse", {V.protocol_error}, "a line over MAX_LINE ends the attempt, unbuffered"),
 ]
 CORRECT = [
     # (candidate, task, flags that must be set)
@@ -70,11 +76,13 @@ def bench():
 
     def get(name: str) -> evaluate.TaskBench:
         if name not in cache:
-            task = tasks.discover(TASKS, [name])[0]
+            task = tasks.discover(TEST_TASKS if (TEST_TASKS / f"{name}.py").exists() else TASKS, [name])[0]
             cache[name] = evaluate.prepare(task, "small", "cpu", SETTINGS)
         return cache[name]
 
-    return get
+    yield get
+    for bench_ in cache.values():
+        bench_.close()
 
 
 def run(bench, name: str, task: str, tmp_path: Path, settings: EvalConfig = SETTINGS,
@@ -85,7 +93,44 @@ def run(bench, name: str, task: str, tmp_path: Path, settings: EvalConfig = SETT
 
 
 def describe(result: EvalResult) -> str:
-    return f"{result.verdict.value} flags={[f.value for f in result.flags]} error={result.error}\n{result.detail or ''}"
+    return (f"{result.verdict.value} flags={[f.value for f in result.flags]} error={result.error} "
+            f"time_ms={result.time_ms} wall_ms_per_call={result.wall_ms_per_call}\n{result.detail or ''}")
+
+
+def notes(result: EvalResult) -> list[list[str]]:
+    """The KGEN-NOTE lines the candidate printed (the tail the parent kept), as words after the tag."""
+    found = []
+    for line in (result.output or "").splitlines():
+        at = line.find("KGEN-NOTE ")
+        if at >= 0:
+            found.append(line[at:].split()[1:])
+    return found
+
+
+def real_ms(result: EvalResult) -> float | None:
+    """The last `real_ms` a timing exploit reported: what its work really cost per call."""
+    values = [float(n[n.index("real_ms") + 1]) for n in notes(result) if "real_ms" in n]
+    return values[-1] if values else None
+
+
+def lower_bound(result: EvalResult) -> float:
+    """The parent's stated lower bound on a recorded time (pipeline.judge.BOUND_SLACK, cpu)."""
+    rel, abs_ms = judge.BOUND_SLACK["cpu"]
+    return result.wall_ms_per_call * (1 - rel) - abs_ms
+
+
+def assert_time_earned(result: EvalResult, real: float | None = None) -> None:
+    """A timing exploit ends in impossible_timing, or its recorded time is no lower than the parent's
+    bound (and, where it reported its real cost, no lower than half of that)."""
+    if result.verdict is V.impossible_timing:
+        return
+    assert result.verdict is V.correct, describe(result)
+    assert result.wall_ms_per_call is not None, describe(result)
+    assert result.time_ms >= lower_bound(result), \
+        f"recorded {result.time_ms:.4g} ms below the parent's bound {lower_bound(result):.4g} ms: {describe(result)}"
+    if real is not None:
+        assert result.time_ms >= 0.5 * real, \
+            f"recorded {result.time_ms:.4g} ms for work that cost {real:.4g} ms a call: {describe(result)}"
 
 
 @pytest.mark.parametrize("name,task,verdicts,why", FAILS, ids=[c[0].removesuffix(".py") for c in FAILS])
@@ -161,6 +206,7 @@ task = tasks.discover(Path(sys.argv[1]), ["mse"])[0]
 bench = evaluate.prepare(task, "small", "cpu", settings)
 result = evaluate.evaluate(bench, Path(sys.argv[2]), Path(sys.argv[4]), settings)
 print("RESULT " + result.model_dump_json())
+bench.close()
 """
 
 
@@ -245,47 +291,217 @@ def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
     assert len(waiting) == 1 and waiting[0].proc.poll() is not None, "the unused spare outlived close()"
 
 
-# Two exploits that once passed, kept as regression tests. Each writes what its work really cost to
-# real_ms.json in its build dir when the exploit gets a grip.
-def _real_ms(tmp_path: Path) -> float:
-    return json.loads((tmp_path / "build" / "real_ms.json").read_text())["median_ms"]
+# ---- timing: the child's clock is the candidate's, the parent's bound is not --------------------
+
+
+# Known hole (issue 11 stays open): on a loaded cpu the parent's lower bound is often below zero
+# (the calibration spread term, and an estimate that noise drives to 0.0), so these cheats are
+# sometimes judged correct with times they did not earn. Each test asserts what the verdict must be;
+# not strict, since the hole shows only in some runs. Remove the mark when the bound holds.
+KNOWN_HOLE = pytest.mark.xfail(reason="known hole: the parent's cpu lower bound is often negative", strict=False)
+
+
+@KNOWN_HOLE
+def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
+    """Right answers, but timing.time_blocks rebound to report 10% of each call's real time: the
+    parent's own clock around Bound requests puts the median far below its bound."""
+    result = run(bench, "forged_time_blocks.py", "mse", tmp_path)
+    real = real_ms(result)
+    assert real is not None, f"the patched time_blocks never ran: {describe(result)}"
+    assert result.verdict is V.impossible_timing, \
+        f"recorded {result.time_ms} ms for calls that took {real:.4g} ms (parent's bound " \
+        f"{lower_bound(result) if result.wall_ms_per_call else None}): {describe(result)}"
+
+
+def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
+    """The same patch reporting 85% of the real time is accepted, and the test of the stated bound:
+    what is recorded is no lower than the parent's estimate x (1 - 0.5) - 0.05 ms."""
+    code = tmp_path / "forged_time_blocks.py"
+    code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
+    result = run(bench, "", "mse", tmp_path, code=code)
+    real = real_ms(result)
+    assert real is not None, f"the patched time_blocks never ran: {describe(result)}"
+    assert result.verdict is V.correct, describe(result)
+    assert result.wall_ms_per_call is not None and result.wall_ms_per_call > 0, describe(result)
+    assert result.time_ms >= lower_bound(result), \
+        f"recorded {result.time_ms:.4g} ms below the parent's bound {lower_bound(result):.4g} ms: {describe(result)}"
+
+
+@KNOWN_HOLE
+def test_work_deferred_to_the_output_copy_is_counted(bench, tmp_path):
+    """forward returns an empty tensor (spinning to just above the floor) and the rebound
+    protocol.put computes it when the harness copies it out, after the child's timer stopped. The
+    parent's clock around Bound requests includes that copy, so the work counts there."""
+    result = run(bench, "deferred_put.py", "mse", tmp_path)
+    real = real_ms(result)
+    assert real is not None, f"the patched put never computed anything: {describe(result)}"
+    assert result.verdict is not V.correct, \
+        f"recorded {result.time_ms:.4g} ms for work that cost {real:.4g} ms a call, done after the " \
+        f"timer: {describe(result)}"
 
 
 def test_timed_seeds_are_not_in_the_childs_plan(bench, tmp_path):
-    """The candidate walks up the stack for the plan to precompute every timed answer; timed seeds
-    now arrive one call at a time, so it finds none and has to do the work inside the timed calls."""
+    """The candidate reads ahead: on a block's first call it walks up the stack to the harness's
+    filled input sets and answers the whole block at once. Every call of a block is timed and the
+    block mean is what counts, so the work still shows in full."""
     result = run(bench, "replay_plan.py", "mse", tmp_path)
-    assert not (tmp_path / "build" / "real_ms.json").exists(), "the exploit found the timed seeds"
+    real = real_ms(result)
+    assert real is not None, f"the candidate never found the input sets: {describe(result)}"
     assert result.verdict is V.correct, describe(result)
-    assert result.time_ms >= 0.5 * result.baselines.eager.median_ms, describe(result)
+    # Its own measure of the work, not the parent's estimate: the block means must carry all of it.
+    assert result.time_ms >= 0.5 * real, \
+        f"recorded {result.time_ms:.4g} ms for work that cost {real:.4g} ms a call: {describe(result)}"
 
 
 def test_patching_the_clock_class_changes_nothing_the_harness_calls(bench, tmp_path):
     """The candidate rebinds pipeline.child.timing.Clock.time_call to report 30% of the real time; the
     harness's Clock bound its methods before the candidate was imported, so the patch never runs."""
     result = run(bench, "clock_class_patch.py", "mse", tmp_path)
-    assert not (tmp_path / "build" / "real_ms.json").exists(), "the patched time_call ran"
+    assert not any(n[0] == "class_patch" for n in notes(result)), f"the patched time_call ran: {describe(result)}"
     assert result.verdict is V.correct, describe(result)
-    assert result.time_ms >= 0.5 * result.baselines.eager.median_ms, describe(result)
+    assert result.time_ms > 0 and result.timing.n == SETTINGS.timed_calls, describe(result)
 
 
-# Known gaps: stronger variants of the two above. The child's clock, and the code that prepares each
-# timed call, live in the candidate's process; the parent's only hard bound on a timed call is the
-# bandwidth floor. Both are judged correct with a time well below what their work really cost. Kept
-# so that a fix shows up as XPASS; not strict, since timing on a loaded CI box is noisy.
-@pytest.mark.xfail(reason="known gap: the work can be done while the harness builds a timed call's inputs",
-                   strict=False)
-def test_known_gap_work_done_while_inputs_are_built(bench, tmp_path):
+@KNOWN_HOLE
+def test_work_done_while_inputs_are_built_is_counted(bench, tmp_path):
+    """Once a known gap: the candidate computes each answer inside tasks.refill_inputs, outside the
+    timed call. A Bound request refills its sets inside the parent's clock, so the work counts."""
     result = run(bench, "replay_input_hook.py", "mse", tmp_path)
-    real = _real_ms(tmp_path)
-    assert not (result.verdict is V.correct and result.time_ms < 0.5 * real), \
-        f"recorded {result.time_ms:.3g} ms for work that cost {real:.3g} ms: {describe(result)}"
+    real = real_ms(result)
+    assert real is not None, f"the refill hook never ran: {describe(result)}"
+    assert_time_earned(result, real)
 
 
-@pytest.mark.xfail(reason="known gap: the live Clock instance can be found (gc) and its methods rebound",
-                   strict=False)
-def test_known_gap_patched_clock_instance(bench, tmp_path):
+@KNOWN_HOLE
+def test_patched_clock_instance_is_caught(bench, tmp_path):
+    """Once a known gap: the live Clock found through gc and its time_call rebound to report 30%.
+    The parent's Bound requests, on fresh values and under its own clock, bound the time."""
     result = run(bench, "clock_instance_patch.py", "mse", tmp_path)
-    real = _real_ms(tmp_path)
-    assert not (result.verdict is V.correct and result.time_ms < 0.5 * real), \
-        f"recorded {result.time_ms:.3g} ms for calls that took {real:.3g} ms: {describe(result)}"
+    real = real_ms(result)
+    assert real is not None, f"the patched time_call never ran: {describe(result)}"
+    assert_time_earned(result, real)
+
+
+# ---- the child's files: links, FIFOs, giants ----------------------------------------------------
+
+LOG_TRICKS = ["log_symlink.py", "log_fifo.py", "huge_stdout.py"]
+LOG_SETTINGS = SETTINGS.model_copy(update={"trials": 2, "timed_calls": 4, "profile": False, "check_shapes": False})
+
+_EVAL_RUNNER = """
+import sys
+from pathlib import Path
+from pipeline import evaluate
+from pipeline.child import tasks
+from pipeline.config import EvalConfig
+settings = EvalConfig.model_validate_json(sys.argv[2])
+bench = evaluate.prepare(tasks.discover(Path(sys.argv[1]), ["mse"])[0], "small", "cpu", settings)
+for code, build_dir in zip(sys.argv[3::2], sys.argv[4::2]):
+    print("RESULT " + evaluate.evaluate(bench, Path(code), Path(build_dir), settings).model_dump_json(), flush=True)
+bench.close()
+"""
+
+
+def test_log_link_fifo_and_giant_leak_and_hang_nothing(tmp_path, monkeypatch):
+    """Each candidate swaps its log (HOME/output.log) for a symlink to the parent's
+    /proc/PID/environ, a FIFO nobody writes, or a 1 TiB sparse file, then computes honestly. The
+    evaluating process (a fresh one, with secrets in its initial environment) must finish each with
+    its normal verdict in time, and no secret may reach the result."""
+    secrets = {"KGEN_TEST_SECRET": "s3cret-" + uuid.uuid4().hex, "OPENAI_API_KEY": "sk-redteam-" + uuid.uuid4().hex}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    args = []
+    for name in LOG_TRICKS:
+        (tmp_path / name).mkdir()
+        args += [str(REDTEAM / name), str(tmp_path / name)]
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _EVAL_RUNNER, str(TASKS), LOG_SETTINGS.model_dump_json(), *args],
+                          cwd=ROOT, env=dict(os.environ), capture_output=True, text=True,
+                          timeout=60 + len(LOG_TRICKS) * LOG_SETTINGS.timeout_s)
+    elapsed = time.monotonic() - started
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert len(lines) == len(LOG_TRICKS), proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "MemoryError" not in proc.stderr
+    results = dict(zip(LOG_TRICKS, (EvalResult.model_validate_json(x.removeprefix("RESULT ")) for x in lines)))
+    for name, result in results.items():
+        assert result.verdict is V.correct, f"{name}: {describe(result)}"
+        assert result.eval_seconds < LOG_SETTINGS.timeout_s, f"{name}: {result.eval_seconds:.1f} s"
+        text = " ".join(x or "" for x in (result.output, result.detail, result.error))
+        for value in secrets.values():
+            assert value not in text, f"{name} leaked a secret of the parent's environment"
+        assert len(result.output or "") <= 4000
+    tricks = {n[0]: n[1:] for r in results.values() for n in notes(r)}
+    assert tricks["symlink"][0] == "True" and tricks["fifo"][0] == "True", tricks  # each trick was played
+    assert tricks["huge"][0] == "ftruncate" and int(tricks["huge"][1]) >= 1 << 40, tricks
+    assert tricks["symlink"][1] != "read", tricks  # Landlock kept the child out of the parent's /proc
+    assert elapsed < 60 + len(LOG_TRICKS) * LOG_SETTINGS.timeout_s
+
+
+@pytest.mark.parametrize("name", ["log_fifo.py", "huge_stdout.py"])
+def test_log_tricks_at_build_time(tmp_path, name):
+    """The same FIFO and 1 TiB tricks from a build's import: build() returns its result in time,
+    with the log's tail only."""
+    code = REDTEAM / name
+    timeout_s = 60
+    started = time.monotonic()
+    result = build.build(code, "redteam-" + name.removesuffix(".py"), tmp_path / "builds", timeout_s=timeout_s)
+    assert time.monotonic() - started < timeout_s
+    assert result.ok and not result.timed_out, result.log[-2000:]
+    assert len(result.log) < sandbox.LOG_TAIL + 1000
+    assert "KGEN-NOTE" in result.log, result.log[-2000:]
+
+
+# ---- memory across attempts ---------------------------------------------------------------------
+
+
+def test_nothing_survives_from_one_attempt_to_the_next(bench, tmp_path):
+    """Two attempts of the same code and build dir: the first tries to leave a mark in /dev/shm, the
+    build dir, /tmp and beside its HOME; the second must find none, and must see other inputs."""
+    tag = uuid.uuid4().hex[:12]
+    code = tmp_path / "cross_attempt.py"
+    code.write_text((REDTEAM / "cross_attempt.py").read_text().replace("__KGEN_TAG__", tag))
+    name = f"kgen-redteam-{tag}"
+    outside = [Path("/dev/shm") / name, Path("/tmp") / name, Path(tempfile.gettempdir()) / name,
+               (tmp_path / "build").resolve() / name]
+    try:
+        first = run(bench, "", "mse", tmp_path, code=code)
+        second = run(bench, "", "mse", tmp_path, code=code)
+        left = [p for p in outside if p.exists()]
+    finally:
+        for path in outside:
+            path.unlink(missing_ok=True)
+    assert first.verdict is V.correct and second.verdict is V.correct, describe(second)
+    one, two = notes(first), notes(second)
+    assert not [n for n in one + two if n[0] == "found"], (one, two)
+    assert left == [], left
+    for n in one + two:  # writable: its own HOME alone, which went with the attempt
+        if n[0] == "wrote":
+            assert Path(n[1]).parent.name.startswith("kgen-child-") and not Path(n[1]).exists(), n
+    assert {n[1] for n in one if n[0] == "denied"} >= {str(p) for p in outside[:2]} | {str(outside[-1])}, one
+    hashes = [[n[1] for n in notes_ if n[0] == "inputs"] for notes_ in (one, two)]
+    assert len(hashes[0]) == 1 and len(hashes[1]) == 1, hashes
+    assert hashes[0] != hashes[1], "both attempts saw the same inputs: the seeds repeat"
+
+
+# ---- the result pipe ----------------------------------------------------------------------------
+
+
+def test_trickled_reply_times_out_on_schedule(bench, tmp_path, monkeypatch):
+    """A byte every 0.2 s and never a newline: the wait for the reply is under the child's absolute
+    deadline, so the attempt ends as a timeout at timeout_s, not later."""
+    settings = SETTINGS.model_copy(update={"timeout_s": 8})
+    started = []
+    real_start = sandbox.start
+
+    def start(module, *args, **kwargs):
+        child = real_start(module, *args, **kwargs)
+        if module == evaluate.HARNESS:  # the candidate's child, not a reference process
+            started.append(child.started)
+        return child
+
+    bench("mse")  # the reference process is up before the clock starts
+    monkeypatch.setattr(sandbox, "start", start)
+    result = run(bench, "trickle.py", "mse", tmp_path, settings)
+    ended = time.monotonic()
+    assert result.verdict is V.timeout, describe(result)
+    assert len(started) == 1
+    assert settings.timeout_s - 0.5 <= ended - started[0] <= settings.timeout_s + 4, ended - started[0]

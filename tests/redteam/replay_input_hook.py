@@ -1,17 +1,24 @@
-"""Exploit (known gap): do the work while the harness prepares a timed call's inputs, not inside it.
+"""Exploit: do the work while the harness prepares a timed call's inputs, not inside the call.
 
-At import the candidate wraps pipeline.child.tasks.make_inputs, which the harness looks up on the module
-each time it builds inputs. When the harness's timing code (or its profiler) asks for inputs, the
-wrapper computes their answer on the spot: untimed, and after the seed is known, so handing the
-timed seeds out one call at a time does not stop it. Each call then fingerprints its inputs (16
-values), and when it recognises them it spins until just above the bandwidth floor (estimated with
-pipeline.child.timing.measure_bandwidth, as the reference does) and returns the answer. No clock is
-patched: every timed output is right and every time is real, but the work was done outside the timed
-calls. It writes what the work really cost into TORCH_EXTENSIONS_DIR (real_ms.json) for the test."""
-import json
-import os
+At import the candidate wraps pipeline.child.tasks.refill_inputs, which the harness looks up on the
+module each time it fills an input set with a request's seed (timed blocks and Bound requests). The
+wrapper computes the answer for the fresh values on the spot: untimed by the child's clock, and after
+the seed is known, so revealing seeds one request at a time does not stop it. Each call then
+fingerprints its inputs (16 values) and, when it recognises them, spins until just above the
+bandwidth floor (estimated with pipeline.child.timing.measure_bandwidth, as the reference does) and
+returns the answer. No clock is patched: every output is right and every child time is real, but the
+work was done outside the timed calls. It prints what the work really cost (KGEN-NOTE real_ms).
+
+Why it should fail: a Bound request fills its sets inside the parent's clock, so the hidden work is timed
+there (the calibration before import saw refills without it), and the child's median falls below
+the parent's bound: impossible_timing.
+
+Status when written: judged `correct` on the cpu backend (2-core box), its time unearned: the parent's
+estimate is swamped by the input refills it includes, and check_times also subtracts the calibration
+spread, which the first calibration block (the one that builds the input sets) inflates to several
+calls' worth; the bound goes negative and only the bandwidth floor is left. The test asserts the
+intended verdict."""
 import statistics
-import sys
 import time
 
 import torch
@@ -22,37 +29,36 @@ from pipeline.child import tasks
 _PRE = {}
 _COSTS = []
 _TARGET_S = []
-_make_inputs = tasks.make_inputs
+_refill_inputs = tasks.refill_inputs
 
 
 def _key(p, t):
     return tuple(p.reshape(-1)[:8].tolist()) + tuple(t.reshape(-1)[:8].tolist())
 
 
-def _wrapped(module, seed, variant, device):
-    inputs = _make_inputs(module, seed, variant, device)
-    if sys._getframe(1).f_code.co_name in ("time", "profile") and len(inputs) == 2:
+def _wrapped(inputs, module, seed, device):
+    _refill_inputs(inputs, module, seed, device)
+    if len(inputs) == 2:
         p, t = inputs
         start = time.perf_counter()
         _PRE[_key(p, t)] = torch.mean((p - t) ** 2)
         _COSTS.append((time.perf_counter() - start) * 1e3)
-        with open(os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "real_ms.json"), "w") as f:
-            json.dump({"median_ms": statistics.median(_COSTS)}, f)
+        if len(_COSTS) % 8 == 0:
+            print(f"KGEN-NOTE real_ms {statistics.median(_COSTS):.6f} n {len(_COSTS)}", flush=True)
         if not _TARGET_S:
             from pipeline.child.timing import measure_bandwidth
 
             floor_s = 2 * p.numel() * p.element_size() / (measure_bandwidth(device) * 1e9)
             _TARGET_S.append(1.15 * floor_s)
-    return inputs
 
 
-tasks.make_inputs = _wrapped
+tasks.refill_inputs = _wrapped
 
 
 class ModelNew(nn.Module):
     def forward(self, predictions, targets):
         start = time.perf_counter()
-        hit = _PRE.get(_key(predictions, targets))
+        hit = _PRE.pop(_key(predictions, targets), None)
         if hit is None:
             return torch.mean((predictions - targets) ** 2)
         while time.perf_counter() - start < _TARGET_S[0]:

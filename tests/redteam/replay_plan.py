@@ -1,14 +1,14 @@
-"""Exploit: the child once held the whole plan, timed seeds included, from the first call on.
+"""Exploit: read ahead. The child once held the whole plan, timed seeds included, from the first call
+on; now each request reveals only its own seeds, but a timed block or a Bound request fills all its
+input sets before its first call. So on a call the candidate walks up the stack to the harness's
+`sets`, computes the answers for every set at once, and serves the block's later calls from that,
+each spinning only until just above the bandwidth floor (pipeline.child.timing.measure_bandwidth).
+No clock is patched and every output is right. It prints what the work really cost per call
+(KGEN-NOTE real_ms) when it finds the sets.
 
-On its first (untimed) call the candidate walks up the stack to the harness's `plan`, regenerates
-every timed input with the harness's own pipeline.child.tasks.make_inputs, and computes their answers.
-Each later call fingerprints its inputs (16 values), and when it recognises them it spins until
-just above the bandwidth floor (estimated with pipeline.child.timing.measure_bandwidth, as the reference
-does) and returns the precomputed answer. No clock is patched: every timed output is right and
-every time is real, but the work was done outside the timed calls. When it finds timed seeds it
-writes what the work really cost into TORCH_EXTENSIONS_DIR (real_ms.json)."""
-import json
-import os
+Why it does not pay: every call of a block is timed and the recorded time is the median of block
+means, so work moved from a block's later calls into its first still counts in full; and a Bound
+request is timed whole by the parent's clock."""
 import statistics
 import sys
 import time
@@ -17,46 +17,45 @@ import torch
 import torch.nn as nn
 
 _PRE = {}
-_TARGET_S = [0.0]
+_COSTS = []
+_TARGET_S = []
 
 
 def _key(p, t):
     return tuple(p.reshape(-1)[:8].tolist()) + tuple(t.reshape(-1)[:8].tolist())
 
 
-def _precompute():
+def _read_ahead():
     frame = sys._getframe(2)
     while frame is not None:
-        plan, owner = frame.f_locals.get("plan"), frame.f_locals.get("self")
-        if isinstance(plan, dict) and "timed" in plan and hasattr(owner, "module"):
+        sets = frame.f_locals.get("sets")
+        if isinstance(sets, list) and sets and all(isinstance(s, list) and len(s) == 2 for s in sets):
             break
         frame = frame.f_back
     else:
         return
-    from pipeline.child import tasks
-    from pipeline.child.timing import measure_bandwidth
-
-    module = owner.module(plan["size"])
-    costs = []
-    for seed in plan["timed"]:
-        p, t = tasks.make_inputs(module, seed, "base", "cpu")
-        start = time.perf_counter()
+    start = time.perf_counter()
+    for p, t in sets:
         _PRE[_key(p, t)] = torch.mean((p - t) ** 2)
-        costs.append((time.perf_counter() - start) * 1e3)
-    with open(os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "real_ms.json"), "w") as f:
-        json.dump({"median_ms": statistics.median(costs)}, f)
-    floor_s = 2 * p.numel() * p.element_size() / (measure_bandwidth("cpu") * 1e9)
-    _TARGET_S[0] = 1.15 * floor_s
+    _COSTS.append((time.perf_counter() - start) * 1e3 / len(sets))
+    print(f"KGEN-NOTE real_ms {statistics.median(_COSTS):.6f} n {len(_COSTS)}", flush=True)
 
 
 class ModelNew(nn.Module):
     def forward(self, predictions, targets):
         start = time.perf_counter()
-        if not _PRE:
-            _precompute()
-        hit = _PRE.get(_key(predictions, targets))
+        if not _TARGET_S:
+            from pipeline.child.timing import measure_bandwidth
+
+            floor_s = 2 * predictions.numel() * predictions.element_size() / (measure_bandwidth("cpu") * 1e9)
+            _TARGET_S.append(1.15 * floor_s)
+        hit = _PRE.pop(_key(predictions, targets), None)
         if hit is None:
-            return torch.mean((predictions - targets) ** 2)
+            _PRE.clear()
+            _read_ahead()
+            hit = _PRE.pop(_key(predictions, targets), None)
+            if hit is None:
+                return torch.mean((predictions - targets) ** 2)
         while time.perf_counter() - start < _TARGET_S[0]:
             pass
         return hit
