@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 
 from . import judge
-from .judge import Window
 from .child import protocol as P
-from .evaluate import (CALIBRATION_BLOCKS, Ended, EvalResult, Expected, TaskBench, ended_early, flags_for,
+from .evaluate import (CALIBRATION_BLOCKS, Ended, EvalResult, Expected, TaskBench, Window, ended_early, flags_for,
                        summarize, _seed)
 from .records import TrialResult, Verdict
 
@@ -83,13 +82,10 @@ class Session:
         ready, _ = self.ask(None, P.Ready, "loading the task")
         self.confinement = ready.confinement
         calls = len(plan.bounds[0])
-        # Still our own code in the child: a null model. The first request also allocates the
-        # input sets, which no later request repeats, so its window is not part of the calibration.
-        for i in range(CALIBRATION_BLOCKS + 1):
+        for i in range(CALIBRATION_BLOCKS):  # still our own code in the child: a null model
             reply, ms = self.ask(P.Bound(index=-1 - i, seeds=[_seed() for _ in range(calls)]), P.BoundDone,
                                  "calibration")
-            if i > 0:
-                self.calibration.append(Window(ms, calls))
+            self.calibration.append(Window(ms, calls))
         self.mark("startup")
         self.ask(P.Import(), P.Imported, "the import")
         self.mark("import")
