@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from . import judge
+from .judge import Window
 from .child import protocol as P
-from .evaluate import (CALIBRATION_BLOCKS, Ended, EvalResult, Expected, TaskBench, Window, ended_early, flags_for,
+from .evaluate import (CALIBRATION_BLOCKS, Ended, EvalResult, Expected, TaskBench, ended_early, flags_for,
                        summarize, _seed)
 from .records import TrialResult, Verdict
 
