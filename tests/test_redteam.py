@@ -313,6 +313,7 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
         f"{lower_bound(result) if result.wall_ms_per_call else None}): {describe(result)}"
 
 
+@KNOWN_HOLE  # the estimate itself drops to 0.0 in some runs (part of the same hole)
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
     """The same patch reporting 85% of the real time is accepted, and the test of the stated bound:
     what is recorded is no lower than the parent's estimate x (1 - 0.5) - 0.05 ms."""
