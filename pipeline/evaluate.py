@@ -8,7 +8,8 @@ between them that ends in a verdict (pipeline.judge decides each check).
 Every attempt draws its own seeds (weights, trials, timed and bound calls) from os.urandom; the
 long-lived reference process computes that attempt's expected outputs, in full and in float64,
 before the candidate's child does anything on the device. The child learns each call's seed only in
-the request that makes the call (pipeline.child.protocol).
+the request that makes the call (pipeline.child.protocol); on the cpu the reference process also
+packs each Bound call's inputs, which the parent writes into the child's inbox once its clock runs.
 """
 
 from __future__ import annotations
@@ -34,8 +35,13 @@ from .records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
 EVALUATOR_VERSION = "2"
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
 CALIBRATION_BLOCKS = 5  # null-model Bound requests before import: what a block costs besides the calls
+BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (pipeline.judge.parent_estimate)
 CHECKED_TIMED = 16  # timed calls whose outputs are compared in full, chosen in secret per attempt
 BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
+# On the cpu, Bound inputs come from the parent through the inbox, up to this many bytes a request:
+# making the values in the child (torch's normal_, about 7 ms per million values on one core) costs
+# ten times an mse call, and its noise would drown the calls in the parent's clock.
+INBOX_BYTES = 1 << 30
 HARNESS = "pipeline.child.harness"
 
 
@@ -101,12 +107,14 @@ class TaskBench:
         return out
 
     def expect(self, init_seed: int, specs: dict[str, dict[str, Any]], directory: str,
-               env: dict[str, str] | None = None) -> dict[str, Expected]:
-        """Expected outputs for this attempt's seeds, written whole into `directory`."""
+               env: dict[str, str] | None = None) -> tuple[dict[str, Expected], dict[str, str]]:
+        """Expected outputs for this attempt's seeds, written whole into `directory`, and the files of
+        the packed inputs the specs ask for (`"inputs": True`)."""
         msgs = self.request({"op": "expect", "init_seed": init_seed, "dir": directory,
                              "specs": [{"key": k, **v} for k, v in specs.items()]}, self.settings.timeout_s * 2, env)
-        return {m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m["path"], m.get("fp32_rel_err"))
-                for m in msgs if m.get("event") == "expected"}
+        found = [m for m in msgs if m.get("event") == "expected"]
+        return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m["path"], m.get("fp32_rel_err"))
+                 for m in found if "shape" in m}, {m["key"]: m["inputs_path"] for m in found if "inputs_path" in m})
 
     def close(self) -> None:
         references, self.references = list(self.references.values()), {}
@@ -193,6 +201,8 @@ class AttemptPlan:
     timed: list[list[int]]  # seeds per timed block
     bounds: list[list[int]]  # seeds per Bound request
     checked: dict[str, dict[str, Any]]  # expected-output key -> {size, seed, variant}
+    inbox: bool = False  # Bound inputs come from the parent (their reference specs ask for "inputs")
+    size: str | dict[str, Any] = ""  # the main size, at which every timed and bound call runs
 
     @staticmethod
     def draw(bench: TaskBench) -> AttemptPlan:
@@ -205,8 +215,9 @@ class AttemptPlan:
         n = bench.timed_calls
         timed = [[_seed() for _ in range(min(BLOCK, n - first))] for first in range(0, n, BLOCK)]
         input_bytes = bench.baselines.input_bytes if bench.baselines else 0
-        per_bound = max(1, min(BLOCK, BOUND_SET_BYTES // max(input_bytes, 1)))
-        bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(3, min(8, len(timed))))]
+        inbox = bench.device == "cpu" and 0 < input_bytes <= INBOX_BYTES
+        per_bound = max(1, min(BLOCK, (INBOX_BYTES if inbox else BOUND_SET_BYTES) // max(input_bytes, 1)))
+        bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(BOUND_REQUESTS, min(8, len(timed))))]
         checked = {f"trial{t.index}": {"size": t.size, "seed": t.seed, "variant": t.variant} for t in trials}
         flat = [(f"timed{b}_{j}", seed) for b, block in enumerate(timed) for j, seed in enumerate(block)]
         rng = random.SystemRandom()
@@ -215,7 +226,19 @@ class AttemptPlan:
         for b, block in enumerate(bounds):  # one call of every Bound request, chosen in secret
             j = rng.randrange(len(block))
             checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": block[j], "variant": "base"}
-        return AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked)
+        return AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size)
+
+    def specs(self) -> dict[str, dict[str, Any]]:
+        """What the reference computes for this attempt: every checked output, and on the inbox path
+        every Bound call's packed inputs."""
+        specs = {key: {**spec, "output": True} for key, spec in self.checked.items()}
+        if self.inbox:
+            for b, block in enumerate(self.bounds):
+                for j, seed in enumerate(block):
+                    key = f"bound{b}_{j}"
+                    specs[key] = {"size": self.size, "seed": seed, "variant": "base", "inputs": True,
+                                  "output": key in self.checked}
+        return specs
 
 
 class Ended(Exception):
@@ -240,11 +263,17 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     child = None
     try:
         lane = {k: v for k, v in env.items() if k == "CUDA_VISIBLE_DEVICES"}
-        expected = bench.expect(plan.init_seed, plan.checked, workdir, lane or None)
+        expected, inputs = bench.expect(plan.init_seed, plan.specs(), workdir, lane or None)
         main = expected["trial0"]
         slot_values = max(e.numel for e in expected.values())
         slots = max(3, BLOCK, max(len(b) for b in plan.bounds))
-        need = slot_values * slots * 8
+        set_bytes = {os.path.getsize(path) for path in inputs.values()}
+        if plan.inbox and len(set_bytes) != 1:  # inputs whose size changes with the seed: the child fills
+            plan.inbox, inputs = False, {}
+        sets = max(len(b) for b in plan.bounds) if plan.inbox else 0
+        set_size = set_bytes.pop() if plan.inbox else 0
+        at = P.inbox_offset(slot_values * slots * 8)
+        need = at + set_size * sets
         init = P.Init(device=bench.device, profiler=settings.profile)
         child = spares.take(env, settings.timeout_s) if spares and need <= sandbox.OUTBOX_BYTES else None
         if child is None:
@@ -254,14 +283,19 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
             spares.spawn(env, init.model_dump())
         job = P.Job(task_path=str(bench.task.path.resolve()), size=bench.size, code_path=str(Path(code_path).resolve()),
                     build_dir=str(Path(build_dir).resolve()), device=bench.device, memory_gb=settings.memory_limit_gb,
-                    out_shape=main.shape, slot_values=slot_values, slots=slots)
-        session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env)
+                    out_shape=main.shape, slot_values=slot_values, slots=slots, inbox_set_bytes=set_size,
+                    inbox_sets=sets)
+        inbox = P.Inbox(child.outbox_fd, at, set_size, sets) if plan.inbox else None
+        session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env,
+                          inbox, inputs)
         try:
             result = session.run(job)
         except Ended as ended:
             result = ended.result
         finally:
             session.outbox.close()
+            if inbox:
+                inbox.close()
             if spares:
                 spares.release(env)
         code, log = child.finish(grace=3.0)

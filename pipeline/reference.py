@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .child import tasks
-from .child.protocol import write_line
+from .child.protocol import pack_set, write_line
 from .child.timing import Clock, calls_for, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 
 
@@ -56,21 +56,27 @@ class Reference:
             self.models[key] = (module, m32, m64)
         return self.models[key]
 
-    def expected(self, size: str, init_seed: int, seed: int, variant: str, path: str) -> dict[str, Any]:
-        """The reference's output for one call, in float64, written whole to `path` (a fresh file)."""
+    def expected(self, size: str, init_seed: int, seed: int, variant: str, path: str, inputs_to: str | None = None,
+                 output: bool = True) -> dict[str, Any]:
+        """The reference's output for one call, in float64, written whole to `path` (a fresh file); with
+        `inputs_to`, the call's inputs too, packed as the inbox holds them (pipeline.child.protocol)."""
         module, m32, m64 = self.models_for(size, init_seed)
         inputs = tasks.make_inputs(module, seed, variant, self.device)
+        meta: dict[str, Any] = {}
+        if inputs_to:
+            _write_new(inputs_to, pack_set(inputs))
+            meta["inputs_path"] = inputs_to
+        if not output:
+            return meta
         with torch.no_grad():
             ref = m64(*_as64(inputs))
             out32 = m32(*inputs)
         if not isinstance(ref, torch.Tensor) or not isinstance(out32, torch.Tensor):
             raise TypeError(f"the reference Model returns {type(out32).__name__}, not a tensor")
         values = ref.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(values.tobytes())
+        _write_new(path, values.tobytes())
         # How far PyTorch's own float32 lands from float64 here: evidence for the tolerance.
-        return {"shape": list(ref.shape), "numel": ref.numel(), "path": path,
+        return {**meta, "shape": list(ref.shape), "numel": ref.numel(), "path": path,
                 "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": _rel_err(out32, ref)}
 
     def baselines(self, send) -> None:
@@ -139,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             ref.models = {}  # the compiled model and its caches: this process lives on, idle, for the run
         elif request["op"] == "expect":
             for spec in request["specs"]:
-                meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"],
-                                    os.path.join(request["dir"], f"{spec['key']}.f64"))
+                base = os.path.join(request["dir"], spec["key"])
+                meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"], f"{base}.f64",
+                                    f"{base}.in" if spec.get("inputs") else None, spec.get("output", True))
                 send({"event": "expected", "key": spec["key"], **meta})
             ref.models = {}
         if ref.device.startswith("cuda"):
@@ -149,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         send({"event": "done", "op": request["op"]})
     return 0
+
+
+def _write_new(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def _cpu_name() -> str:

@@ -27,9 +27,10 @@ PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
 
 class Session:
     def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: P.Outbox,
-                 spares, env: dict[str, str]):
+                 spares, env: dict[str, str], inbox: P.Inbox | None = None, inputs: dict[str, str] | None = None):
         self.bench, self.child, self.plan, self.expected, self.outbox = bench, child, plan, expected, outbox
         self.spares, self.env = spares, env
+        self.inbox, self.inputs = inbox, inputs or {}
         self.phases: dict[str, float] = {}
         self.last = time.monotonic()
         self.step = "loading the task"
@@ -47,11 +48,15 @@ class Session:
         self.phases[phase] = round(now - self.last, 3)
         self.last = now
 
-    def ask(self, request: P.Message | None, kind: type, what: str) -> tuple[Any, float]:
+    def ask(self, request: P.Message | None, kind: type, what: str,
+            reveal: list[np.ndarray] | None = None) -> tuple[Any, float]:
         """Send `request` (None: the reply to an earlier one) and return the reply of type `kind`
-        with the parent's milliseconds from send to arrival."""
+        with the parent's milliseconds from send to arrival. `reveal`: input sets written into the
+        inbox after the clock started, so that no work on them can happen before it."""
         self.step = what
         sent = time.monotonic()
+        for i, data in enumerate(reveal or []):
+            self.inbox.write(i, data)
         if request is not None:
             self.child.send(request)
         try:
@@ -83,10 +88,15 @@ class Session:
         ready, _ = self.ask(None, P.Ready, "loading the task")
         self.confinement = ready.confinement
         calls = len(plan.bounds[0])
-        for i in range(CALIBRATION_BLOCKS):  # still our own code in the child: a null model
-            reply, ms = self.ask(P.Bound(index=-1 - i, seeds=[_seed() for _ in range(calls)]), P.BoundDone,
-                                 "calibration")
-            self.calibration.append(Window(ms, calls))
+        # Still our own code in the child: a null model. The first request makes the input sets and
+        # maps the inbox's pages; it is a warm-up, not part of the calibration.
+        noise = [np.random.default_rng().integers(0, 256, self.inbox.set_bytes, dtype=np.uint8)
+                 for _ in range(calls)] if self.inbox else None
+        for i in range(CALIBRATION_BLOCKS + 1):
+            reply, ms = self.ask(self.bound_request(-1 - i, [_seed() for _ in range(calls)]), P.BoundDone,
+                                 "calibration", noise)
+            if i:
+                self.calibration.append(Window(ms, calls))
         self.mark("startup")
         self.ask(P.Import(), P.Imported, "the import")
         self.mark("import")
@@ -179,7 +189,9 @@ class Session:
                 return problem
             if j % every == every - 1 or j == len(plan.timed) - 1:
                 for k, bound_seeds in bounds:
-                    reply, ms = self.ask(P.Bound(index=k, seeds=bound_seeds), P.BoundDone, f"bound block {k}")
+                    values = [np.fromfile(self.inputs[f"bound{k}_{i}"], dtype=np.uint8)
+                              for i in range(len(bound_seeds))] if self.inbox else None
+                    reply, ms = self.ask(self.bound_request(k, bound_seeds), P.BoundDone, f"bound block {k}", values)
                     if len(reply.outputs) != len(bound_seeds):
                         return Verdict.protocol_error, f"bound block {k}: {len(reply.outputs)} outputs for {len(bound_seeds)}"
                     self.bound_windows.append(Window(ms, len(bound_seeds)))
@@ -195,6 +207,10 @@ class Session:
             return (Verdict.impossible_timing, f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms "
                     f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
         return judge.check_times(bench.device, median, self.timed, self.estimate)
+
+    def bound_request(self, index: int, seeds: list[int]) -> P.Bound:
+        """Values through the inbox (the parent's, written in the window) or a seed per call."""
+        return P.Bound(index=index, inbox=len(seeds)) if self.inbox else P.Bound(index=index, seeds=seeds)
 
     def check_block(self, prefix: str, what: str, first: int, headers: list[P.OutputHeader]) -> tuple[Verdict, str] | None:
         for j, header in enumerate(headers):

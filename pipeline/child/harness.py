@@ -174,10 +174,10 @@ class Evaluator:
     """Answers one request at a time. Before Import the model is a null one (zeros of the reference's
     shape), so the parent's calibration blocks measure exactly what a block costs besides the calls."""
 
-    def __init__(self, job: P.Job, outbox: P.Outbox, clock: Clock):
+    def __init__(self, job: P.Job, outbox: P.Outbox, clock: Clock, inbox: P.Inbox | None = None):
         import torch
 
-        self.job, self.outbox, self.clock = job, outbox, clock
+        self.job, self.outbox, self.clock, self.inbox = job, outbox, clock, inbox
         self.device = job.device
         self.task = tasks.load_file(Path(job.task_path))
         self.modules: dict[str, Any] = {}
@@ -278,14 +278,22 @@ class Evaluator:
         return P.TimedDone(index=req.index, times_ms=times, outputs=headers)
 
     def bound(self, req: P.Bound) -> P.BoundDone:
-        """Refill a set per seed, call on each back to back, one device sync, then the outputs: the
-        parent's clock around this request bounds the time of the calls (pipeline.judge)."""
+        """Inputs (in place in the inbox, or made from a seed each), calls on each back to back, one
+        device sync, then the outputs: the parent's clock around this request bounds the calls' time
+        (pipeline.judge). Nothing here copies the inputs, so nothing here is work a candidate could
+        skip by taking the values where they were made: all that is left besides the calls is what
+        the null model's calibration measured and the candidate cannot do without."""
         import torch
 
-        sets = self.block_sets(len(req.seeds))
+        if req.inbox and (self.inbox is None or req.inbox > self.inbox.sets):
+            raise ValueError(f"a Bound request for {req.inbox} inbox sets; this child's inbox holds "
+                             f"{self.inbox.sets if self.inbox else 0}")
         with torch.no_grad():
-            for inputs, seed in zip(sets, req.seeds):
-                tasks.refill_inputs(inputs, self.main, seed, self.device)
+            if req.inbox:
+                like = self.block_sets(1)[0]
+                sets = [self.inbox.inputs(i, like) for i in range(req.inbox)]
+            else:
+                sets = [tasks.make_inputs(self.main, seed, "base", self.device) for seed in req.seeds]
             outs = [self.model(*inputs) for inputs in sets]
             self.clock.sync()
             headers = [P.put(self.outbox, i, out) for i, out in enumerate(outs)]
@@ -407,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     confinement = apply_limits(job.memory_gb, job.device.startswith("cuda"),
                                [job.task_path, job.code_path, job.build_dir], [])
     outbox = P.Outbox(args.outbox_fd, job.slot_values, job.slots)
-    evaluator = Evaluator(job, outbox, Clock(job.device))  # the Clock binds its timers before any candidate code
+    inbox = (P.Inbox(args.outbox_fd, P.inbox_offset(outbox.size), job.inbox_set_bytes, job.inbox_sets)
+             if job.inbox_sets else None)
+    evaluator = Evaluator(job, outbox, Clock(job.device), inbox)  # the Clock binds its timers before any candidate code
     P.send(fd, P.Ready(confinement=confinement))
     serve(fd, evaluator, read_request)
     sys.stdout.flush()

@@ -11,8 +11,9 @@ The parent speaks first and the child answers each request with exactly one repl
     Trial / Timed / Bound / Profile  ->     one call or block       <- TrialDone | TimedDone | ...
     Finish                           ->     exits
 
-Inputs are revealed by the request that uses them (a seed per call), so nothing can be computed
-ahead. Outputs do not travel in messages: the child writes their values (float64) into the outbox,
+Inputs are revealed by the request that uses them (a seed per call, or on the cpu the values of a
+Bound request's sets, which the parent writes into the inbox after its clock started), so nothing
+can be computed ahead. Outputs do not travel in messages: the child writes their values (float64) into the outbox,
 a sealed memfd the parent created and sized, and the parent copies what it checks out of it before
 its next request. Everything the child says is a claim: the parent checks values itself and bounds
 times with its own clock (pipeline.judge). A reply that does not parse, arrives out of order or
@@ -72,6 +73,10 @@ class Job(Message):
     """Float64 values per outbox slot (the largest reference output of any size this attempt uses)."""
     slots: int
     """Outbox slots."""
+    inbox_set_bytes: int = 0
+    """Bytes of one packed input set in the inbox (`packed`); 0: no inbox, Bound requests carry seeds."""
+    inbox_sets: int = 0
+    """Input sets the inbox holds."""
 
 
 class Import(Message):
@@ -105,11 +110,19 @@ class Timed(Message):
 
 
 class Bound(Message):
-    """Fill one input set per seed, call on each back to back, sync, write outputs: the parent times
-    the whole request with its own clock. Before Import the child runs a null model instead."""
+    """Fill the input sets, call on each back to back, sync, write outputs: the parent times the whole
+    request with its own clock. Before Import the child runs a null model instead."""
     op: Literal["bound"] = "bound"
     index: int
-    seeds: list[int]
+    seeds: list[int] = Field(default_factory=list)
+    """One seed per call: the child fills a set from each on the device (cuda, where that is cheap)."""
+    inbox: int = 0
+    """Or this many calls on the sets the parent wrote into the inbox, copied in by the child (cpu,
+    where making the values costs ten times the call and would drown it in the parent's clock)."""
+
+    @property
+    def calls(self) -> int:
+        return self.inbox or len(self.seeds)
 
 
 class Profile(Message):
@@ -340,6 +353,82 @@ class Outbox:
             self.map.close()
         except BufferError:
             pass
+
+
+# ---- the inbox ---------------------------------------------------------------------------------
+
+INBOX_ALIGN = 64
+
+
+def packed(nbytes: list[int]) -> tuple[list[int], int]:
+    """Offsets of a set's tensors packed in order (each aligned to INBOX_ALIGN), and the set's bytes."""
+    offsets, at = [], 0
+    for n in nbytes:
+        offsets.append(at)
+        at += -(-n // INBOX_ALIGN) * INBOX_ALIGN
+    return offsets, max(at, INBOX_ALIGN)
+
+
+def inbox_offset(outbox_bytes: int) -> int:
+    """Where the inbox starts in the child's memfd: after the outbox's slots, on a page boundary."""
+    page = mmap.ALLOCATIONGRANULARITY
+    return -(-outbox_bytes // page) * page
+
+
+class Inbox:
+    """Input sets in the same memfd as the outbox, after its slots: the parent writes a Bound
+    request's values there once its clock is running, and the child's calls take them in place (cpu).
+    Nothing the child writes here is read back; it would only change the inputs of its own calls."""
+
+    def __init__(self, fd: int, offset: int, set_bytes: int, sets: int):
+        self.set_bytes, self.sets = set_bytes, sets
+        size = set_bytes * sets
+        if offset + size > os.fstat(fd).st_size:
+            raise ValueError(f"an inbox of {size} bytes at {offset} does not fit its memfd of {os.fstat(fd).st_size}")
+        # Every page mapped now: a page first touched inside the parent's clock would cost a fault
+        # (about 1 us per 4 KiB) that the null model's calibration, which reads no inputs, never paid.
+        self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), offset=offset)
+
+    def write(self, index: int, data) -> None:
+        """Parent side: one packed set (bytes-like of exactly `set_bytes`) into place `index`."""
+        if len(data) != self.set_bytes or not 0 <= index < self.sets:
+            raise ValueError(f"inbox set {index} of {len(data)} bytes; the inbox holds {self.sets} of {self.set_bytes}")
+        self.map[index * self.set_bytes:(index + 1) * self.set_bytes] = data
+
+    def inputs(self, index: int, like: list[Any]) -> list[Any]:
+        """Child side: set `index` as the call's inputs, each tensor a view of the inbox with the dtype
+        and shape of its place in `like` (the child's own set; other arguments come from there). No
+        copy: a copy in the parent's clock is work a candidate could skip by reading the inbox itself."""
+        import torch
+
+        tensors = [x for x in like if isinstance(x, torch.Tensor)]
+        offsets, total = packed([t.numel() * t.element_size() for t in tensors])
+        if total != self.set_bytes:
+            raise ValueError(f"an input set packs to {total} bytes, the inbox's sets hold {self.set_bytes}: "
+                             f"the task's inputs change size with the seed")
+        views = iter(torch.frombuffer(self.map, dtype=torch.uint8, count=t.numel() * t.element_size(),
+                                      offset=index * self.set_bytes + at).view(t.dtype).view(t.shape)
+                     if t.numel() else torch.empty_like(t) for t, at in zip(tensors, offsets))
+        return [next(views) if isinstance(x, torch.Tensor) else x for x in like]
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
+
+def pack_set(inputs: list[Any]) -> bytes:
+    """Reference side: an input set's tensors as the inbox holds them (`packed`, C order)."""
+    import torch
+
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    offsets, total = packed([t.numel() * t.element_size() for t in tensors])
+    out = bytearray(total)
+    for t, at in zip(tensors, offsets):
+        raw = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+        out[at:at + raw.size] = raw.tobytes()
+    return bytes(out)
 
 
 def header_of(obj: Any) -> OutputHeader:

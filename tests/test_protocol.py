@@ -1,0 +1,79 @@
+"""The inbox (inputs the parent reveals inside its clock) and the parent's estimate from its windows."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pipeline import judge
+from pipeline.child import protocol as P
+from pipeline.judge import Window
+
+
+def _memfd(outbox_bytes: int, inbox_bytes: int) -> tuple[int, int]:
+    at = P.inbox_offset(outbox_bytes)
+    return P.Outbox.create(at + inbox_bytes), at
+
+
+SETS = [
+    [torch.randn(3, 5), torch.randint(0, 7, (3,))],  # cross-entropy's (float, int64 targets)
+    [torch.randn(4, 6).t(), 2.5],  # a transposed tensor and a plain argument
+    [torch.randn(7).to(torch.bfloat16), torch.rand(9) > 0.5, torch.empty(0, 3)],
+    [torch.tensor(3.0)],  # a 0-d tensor
+]
+
+
+@pytest.mark.parametrize("inputs", SETS, ids=["float_int64", "strided_scalar", "bf16_bool_empty", "zero_dim"])
+def test_a_set_written_by_the_parent_arrives_whole_in_place(inputs):
+    """What the reference packs, the parent writes, and the child's views read back is the same
+    values, dtypes and shapes; plain arguments come from the child's own set."""
+    set_bytes = len(P.pack_set(inputs))
+    fd, at = _memfd(1000, 2 * set_bytes)
+    try:
+        parent, child = P.Inbox(fd, at, set_bytes, 2), P.Inbox(fd, at, set_bytes, 2)
+        like = [torch.zeros_like(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+        parent.write(1, P.pack_set(inputs))
+        got = child.inputs(1, like)
+        for want, have in zip(inputs, got):
+            if isinstance(want, torch.Tensor):
+                assert have.dtype == want.dtype and have.shape == want.shape
+                assert torch.equal(have, want)
+            else:
+                assert have == want
+        del got
+        parent.close()
+        child.close()
+    finally:
+        os.close(fd)
+
+
+def test_an_inbox_refuses_a_set_of_another_size():
+    inputs = [torch.randn(4, 4)]
+    set_bytes = len(P.pack_set(inputs))
+    fd, at = _memfd(8, set_bytes)
+    try:
+        inbox = P.Inbox(fd, at, set_bytes, 1)
+        with pytest.raises(ValueError, match="holds 1 of"):
+            inbox.write(0, b"\0" * (set_bytes + 64))
+        with pytest.raises(ValueError, match="change size with the seed"):
+            inbox.inputs(0, [torch.randn(8, 8)])
+        inbox.close()
+        with pytest.raises(ValueError, match="does not fit"):
+            P.Inbox(fd, at, set_bytes, 2)
+    finally:
+        os.close(fd)
+
+
+def test_the_estimate_is_the_fastest_request_over_a_robust_calibration():
+    """Stalls only add time: one slow Bound request or one stalled calibration request moves
+    neither the estimate nor the spread much."""
+    calibration = [Window(ms, 4) for ms in (7.8, 7.9, 7.7, 15.3, 7.3)]
+    bounds = [Window(ms, 4) for ms in (13.6, 24.1, 22.6, 12.7, 13.0)]
+    per_call, spread = judge.parent_estimate(calibration, bounds)
+    assert per_call == pytest.approx((12.7 - 7.8) / 4)
+    assert spread == pytest.approx(3 * 0.1 / 4)
+    verdict = judge.check_times("cpu", 0.3, [], (per_call, spread))
+    assert verdict is not None and verdict[0] is judge.Verdict.impossible_timing
+    assert judge.check_times("cpu", 1.1, [], (per_call, spread)) is None
