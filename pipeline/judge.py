@@ -93,27 +93,24 @@ class Window:
     calls: int
 
 
-def parent_estimate(calibration: list[Window], bounds: list[Window]) -> tuple[float, float] | None:
-    """(per-call milliseconds, calibration spread per call) from the parent's own clock: the fastest
-    Bound request less the median null-model request of the same size, per call.
+def parent_estimate(calibration: list[Window], bounds: list[Window]) -> float | None:
+    """Per-call milliseconds from the parent's own clock: the fastest Bound request less the median
+    null-model request of the same size, per call.
 
     The fastest, not the median: a machine's stalls only ever add time (on the 2-core CI box about one
     Bound request in three took 8-16 ms longer than the rest, enough to put an honest kernel's median
     below the bound), while a candidate cannot make any request faster than the work it must do in
     it: to shorten one it would have to skip calls, and each request has one call, chosen in secret,
-    whose output is checked in full. The spread is three median absolute deviations of the
-    calibration, so that one stalled null request (seen: 15.3 ms among 7.3-7.9) does not open the
-    bound to everything."""
+    whose output is checked in full. The median calibration is robust to a stalled null request
+    (seen: 15.3 ms among 7.3-7.9); BOUND_SLACK's relative part covers what is left of its noise."""
     if not calibration or not bounds:
         return None
     base = statistics.median(w.ms for w in calibration)
-    spread = 3 * statistics.median(abs(w.ms - base) for w in calibration)
-    per_call = min(max(0.0, w.ms - base) / w.calls for w in bounds)
-    return per_call, spread / bounds[0].calls
+    return min(max(0.0, w.ms - base) / w.calls for w in bounds)
 
 
 def check_times(device: str, median_ms: float, blocks: list[tuple[list[float], Window]],
-                estimate: tuple[float, float] | None) -> tuple[Verdict, str] | None:
+                estimate: float | None) -> tuple[Verdict, str] | None:
     """The child's times inside the parent's bounds, or the verdict that they are not."""
     for claimed, window in blocks:
         if sum(claimed) > window.ms + UPPER_SLACK_MS:
@@ -121,9 +118,9 @@ def check_times(device: str, median_ms: float, blocks: list[tuple[list[float], W
                     f"{window.ms:.4g} ms passed on the parent's clock")
     if estimate is None:
         return Verdict.protocol_error, "no bound blocks were timed by the parent"
-    per_call, spread = estimate
+    per_call = estimate
     rel, abs_ms = BOUND_SLACK["cuda" if device.startswith("cuda") else "cpu"]
-    lower = per_call * (1 - rel) - abs_ms - spread
+    lower = per_call * (1 - rel) - abs_ms
     if median_ms < lower:
         return (Verdict.impossible_timing, f"the child's clock says {median_ms:.4g} ms a call, but the parent's "
                 f"own clock measured {per_call:.4g} ms a call on fresh inputs (at least {lower:.4g} ms): the "

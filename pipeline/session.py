@@ -39,7 +39,7 @@ class Session:
         self.calibration: list[Window] = []
         self.bound_windows: list[Window] = []
         self.timed: list[tuple[list[float], Window]] = []
-        self.estimate: tuple[float, float] | None = None
+        self.estimate: float | None = None
 
     # ---- the conversation ----------------------------------------------------------------------
 
@@ -139,8 +139,8 @@ class Session:
         if result is None:
             result = ended_early(self.child, code, log, self.step).model_copy(update={"trials": list(self.judged)})
         update: dict[str, Any] = {"confinement": self.confinement, "output": log[-4000:] or None}
-        if self.estimate:
-            update["wall_ms_per_call"] = self.estimate[0]
+        if self.estimate is not None:
+            update["wall_ms_per_call"] = self.estimate
         if result.verdict is not Verdict.correct and not result.detail:
             update["detail"] = log[-4000:]
         return result.model_copy(update=update)
