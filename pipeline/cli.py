@@ -17,6 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .config import Config, ConfigError, load_config
 from .records import EvalResult
@@ -182,7 +183,7 @@ def attempts(config, db, run_id, task, model, verdict, flag, limit, as_json) -> 
     for r in rows:
         table.add_row(r["id"], r["task"], r["model"], str(r["sample"]), r["backend"], r["verdict"],
                       ",".join(r["flags"]), _fmt(r["time_ms"]), _fmt(r["speedup_eager"]),
-                      _fmt(r["speedup_compile"]), (r["error"] or "")[:80])
+                      _fmt(r["speedup_compile"]), Text((r["error"] or "")[:80]))  # a candidate's words: literal
     console.print(table)
 
 
@@ -261,7 +262,9 @@ def _print_result(result: EvalResult, attempt_id: str | None, sized: dict[str, A
     console.print(f"[bold {colour}]{result.verdict.value}[/]" + (f"  flags: {', '.join(data['flags'])}"
                                                                   if data["flags"] else ""))
     if result.error:
-        console.print(f"error: {result.error}")
+        console.print(f"error: {result.error}", markup=False)
+    if result.device_unfit:
+        console.print(f"device not fit to time: {result.device_unfit} (timing not trusted)", markup=False)
     if sized:
         dims = ", ".join(f"{k}={v}" for k, v in sized["size_dims"].items())
         console.print(f"{'size':>16}: {sized['size']}" + (f"  ({dims})" if dims else ""), markup=False)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
 from . import build as build_stage
-from . import evaluate
+from . import evaluate, health
 from .child import tasks
 from .config import Config, EvalConfig
 from .records import EvalResult, Verdict
@@ -61,11 +62,12 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
         verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
         result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
     else:
-        bench = evaluate.prepare(task, chosen_size, backend, settings, db.get_baseline if db else None)
+        watch = health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backend == "cuda" else None
+        bench = evaluate.prepare(task, chosen_size, backend, settings, db.get_baseline if db else None, watch=watch)
         if db:
             remember_baselines(db, bench)
         try:
-            result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings)
+            result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings, watch=watch)
         finally:
             bench.close()
     if not db:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import sandbox
+from . import health, sandbox
 from .child import protocol as P
 from .child import tasks
 from .child.timing import BLOCK, TIMING_VERSION, calls_for, summarize_blocks
@@ -71,6 +71,7 @@ class TaskBench:
     phases: dict[str, float] = field(default_factory=dict)  # the reference process's seconds per stage
     references: dict[frozenset, sandbox.Child] = field(default_factory=dict)
     detached: bool = False  # a copy in another process (Ray): its references end with each attempt
+    suspect: str | None = None  # why the baselines were measured on a device unfit to time (never cached)
 
     def __getstate__(self):  # a bench sent to another process starts its own reference there
         return {**self.__dict__, "references": {}, "detached": True}
@@ -83,7 +84,8 @@ class TaskBench:
         if ref is not None and ref.proc.poll() is None:
             return ref
         ref = sandbox.start("pipeline.reference", [], 24 * 3600, env)
-        ref.send({"task_path": str(self.task.path.resolve()), "device": self.device})
+        ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
+                  "threads": self.settings.cpu_threads})
         ready = ref.receive()
         if not ready or ready.get("event") != "ready":
             _, log = ref.finish()
@@ -129,9 +131,10 @@ def device_for(backend: str) -> str:
 
 def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
             cached_baselines: Callable[[str], str | None] | None = None,
-            env: dict[str, str] | None = None) -> TaskBench:
+            env: dict[str, str] | None = None, watch: health.Watch | None = None) -> TaskBench:
     """Start the task's reference process and get its baselines (from `cached_baselines(key)` when
-    it has them); the bench then serves every attempt of the task in this run."""
+    it has them); the bench then serves every attempt of the task in this run. With `watch`, the
+    device is checked before and after they are measured (pipeline.health)."""
     module = tasks.load_module(task, size)
     if backend != "cuda":  # on cuda, asking for free memory would open a CUDA context in this process
         tasks.check_memory(module, device_for(backend), env=env)
@@ -142,6 +145,8 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     bench._reference(env)
     ready_at = time.monotonic()
     cached = cached_baselines(baseline_key(bench)) if cached_baselines else None
+    if cached is None and watch is not None:
+        bench.suspect = watch.check(bench, env)
     if cached is not None:
         bench.baselines = Baselines.model_validate_json(cached)
     else:
@@ -155,6 +160,8 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
             bench.close()
             raise EvaluationError(f"task {task.name}: the reference process sent no baselines")
         bench.baselines = _baselines(found[0])
+        if watch is not None and bench.suspect is None:
+            bench.suspect = watch.check(bench, env)
     b = bench.baselines
     bench.timed_calls = timed_count(settings, *([t.median_ms for t in (b.eager, b.compiled) if t] if b else []))
     bench.phases = {"startup": round(ready_at - started, 2), "baselines": round(time.monotonic() - ready_at, 2)}
@@ -251,19 +258,23 @@ class Ended(Exception):
 
 
 def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig,
-             env: dict[str, str] | None = None, spares: sandbox.Spares | None = None) -> EvalResult:
+             env: dict[str, str] | None = None, spares: sandbox.Spares | None = None,
+             watch: health.Watch | None = None) -> EvalResult:
     """Judge one built candidate; `env` adds to the child's environment (a lane's CUDA_VISIBLE_DEVICES).
-    With `spares`, the child is one started ahead of time, and the next attempt's is started now."""
+    With `spares`, the child is one started ahead of time, and the next attempt's is started now.
+    With `watch`, the device is checked before and after: on an unfit one the candidate is judged
+    for correctness only, and a device that went bad during the attempt marks its timing."""
     from .session import Session
 
     started = time.monotonic()
     env = {"MAX_JOBS": str(os.cpu_count() or 1), **(env or {})}
     plan = AttemptPlan.draw(bench)
+    lane_env = {k: v for k, v in env.items() if k == "CUDA_VISIBLE_DEVICES"} or None
+    unfit = watch.check(bench, lane_env) if watch is not None else None
     workdir = tempfile.mkdtemp(prefix="kgen-expected-")  # ours alone: no child can read it
     child = None
     try:
-        lane = {k: v for k, v in env.items() if k == "CUDA_VISIBLE_DEVICES"}
-        expected, inputs = bench.expect(plan.init_seed, plan.specs(), workdir, lane or None)
+        expected, inputs = bench.expect(plan.init_seed, plan.specs(), workdir, lane_env)
         main = expected["trial0"]
         slot_values = max(e.numel for e in expected.values())
         slots = max(3, BLOCK, max(len(b) for b in plan.bounds))
@@ -284,10 +295,10 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
         job = P.Job(task_path=str(bench.task.path.resolve()), size=bench.size, code_path=str(Path(code_path).resolve()),
                     build_dir=str(Path(build_dir).resolve()), device=bench.device, memory_gb=settings.memory_limit_gb,
                     out_shape=main.shape, slot_values=slot_values, slots=slots, inbox_set_bytes=set_size,
-                    inbox_sets=sets)
+                    inbox_sets=sets, threads=settings.cpu_threads)
         inbox = P.Inbox(child.outbox_fd, at, set_size, sets) if plan.inbox else None
         session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env,
-                          inbox, inputs)
+                          inbox, inputs, timed=unfit is None)
         try:
             result = session.run(job)
         except Ended as ended:
@@ -308,6 +319,11 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
         if bench.detached:
             bench.close()
     result = _trust(result, settings)
+    if watch is not None and unfit is None and result.timing is not None:
+        unfit = watch.check(bench, lane_env)  # the device went bad while this attempt was timed
+    unfit = unfit or (bench.suspect and f"baselines measured while {bench.suspect}")
+    if unfit:
+        result = result.model_copy(update={"device_unfit": unfit})
     ended = time.monotonic()
     return result.model_copy(update={
         "device": bench.env.get("device_name", ""), "torch_version": bench.env.get("torch_version", ""),

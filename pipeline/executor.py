@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from . import build as build_stage
 from . import evaluate as evaluate_stage
-from . import sandbox
+from . import health, sandbox
 from .config import Config, EvalConfig
 from .records import BuildResult, EvalResult
 from .child.tasks import TaskFile
@@ -77,6 +77,8 @@ class LocalExecutor:
             self.free.put_nowait(gpu)
         # Not on the cpu backend: a spare loading torch would share the cores with a timed kernel.
         self.spares = sandbox.Spares("pipeline.child.harness", ["eval"]) if gpus else None
+        # Each GPU is checked fit to time around every attempt (pipeline.health).
+        self.watches = {gpu: health.Watch(gpu) for gpu in gpus}
 
     async def build(self, code_path: Path, code_hash: str, builds_root: Path, timeout_s: float) -> BuildResult:
         async with self.build_pool:
@@ -91,7 +93,7 @@ class LocalExecutor:
                     await self.build_pool.acquire()
                     held += 1
             env = {"CUDA_VISIBLE_DEVICES": lane} if lane is not None else {}
-            return await asyncio.to_thread(fn, *args, env)
+            return await asyncio.to_thread(fn, *args, env=env, watch=self.watches.get(lane))
         finally:
             for _ in range(held):
                 self.build_pool.release()
@@ -102,7 +104,7 @@ class LocalExecutor:
 
     async def evaluate(self, bench, code_path, build_dir, settings):
         spares = self.spares if settings.warm_start else None
-        return await self._on_lane(lambda *args: evaluate_stage.evaluate(*args, spares=spares),
+        return await self._on_lane(lambda *args, **kw: evaluate_stage.evaluate(*args, spares=spares, **kw),
                                    bench, code_path, build_dir, settings)
 
     def close(self) -> None:

@@ -17,13 +17,13 @@ GROUP = ("task", "backend", "device", "size")
 
 
 def is_verified(row: dict[str, Any]) -> bool:
-    """Correct, with no flag (no_custom_kernel, shape_specialized), timed, with code on disk, and
-    judged by a confined child (trusted is 1; NULL rows predate the sealed judge).
+    """Correct, with no flag (no_custom_kernel, shape_specialized), timed on a device fit to time,
+    with code on disk, and judged by a confined child (trusted is 1; NULL rows predate the sealed judge).
 
     A flag marks a result we do not vouch for as a kernel, so it is never "best".
     """
     return (row.get("verdict") == "correct" and not row.get("flags") and row.get("time_ms") is not None
-            and bool(row.get("code_hash")) and row.get("trusted") == 1)
+            and bool(row.get("code_hash")) and row.get("trusted") == 1 and not row.get("device_unfit"))
 
 
 def best_rows(rows: Iterable[dict[str, Any]], group: tuple[str, ...] = GROUP) -> list[dict[str, Any]]:

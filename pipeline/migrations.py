@@ -203,3 +203,11 @@ def m003_trust(db: sqlite_utils.Database) -> None:
     for column, kind in (("trusted", int), ("confinement_json", str)):
         if column not in db["attempts"].columns_dict:
             db["attempts"].add_column(column, kind)
+
+
+@migration
+def m004_device_unfit(db: sqlite_utils.Database) -> None:
+    # Why the device was not fit to time an attempt (NULL: fit, or checked before this migration
+    # existed): such a row keeps its verdict, is never "best", and a resume re-times it.
+    if "device_unfit" not in db["attempts"].columns_dict:
+        db["attempts"].add_column("device_unfit", str)

@@ -36,6 +36,7 @@ class Progress:
                                  console=console, transient=False, disable=not console.is_terminal)
         self.ids = {key: self.bars.add_task(label, total=0, note="") for key, label in STAGES}
         self.failed = {key: 0 for key, _ in STAGES}
+        self.unfit: set[str] = set()
 
     def __enter__(self) -> "Progress":
         self.bars.__enter__()
@@ -63,6 +64,10 @@ class Progress:
             self._done("build", failed=not info.ok)
         elif stage == "evaluated":
             self._done("eval", failed=info.verdict is not Verdict.correct)
+        elif stage == "unfit" and info not in self.unfit:  # once per reason, not once per attempt
+            self.unfit.add(info)
+            self.bars.console.print(Text(f"device not fit to time: {info}; timings are not trusted until it "
+                                         f"recovers, and a resume re-times these attempts", style="yellow"))
         elif stage == "stored":
             result: EvalResult = info
             self._done("attempt", failed=result.verdict is not Verdict.correct)

@@ -182,6 +182,9 @@ class EvalResult(Record):
     """Per-trial outcomes."""
     timing: Timing | None = None
     """The candidate's timing, when it was correct."""
+    eager_beside: Timing | None = None
+    """Eager PyTorch timed by the reference process in blocks interleaved with the candidate's, in the
+    same window: what `speedup_eager` divides (the prepared baselines only size the plan)."""
     baselines: Baselines | None = None
     """Eager, compile and floor on the same device."""
     wall_ms_per_call: float | None = None
@@ -196,6 +199,9 @@ class EvalResult(Record):
     attempt is kept out of `best`, the leaderboard and the library."""
     untrusted_reason: str | None = None
     """Why it is not trusted."""
+    device_unfit: str | None = None
+    """Why the device was not fit to time around this attempt (pipeline.health): its timing, if it
+    has one, is not trusted, it is kept out of `best`, and a resume on a fit device re-times it."""
     device: str = ""
     """Device name the attempt ran on."""
     torch_version: str = ""
@@ -217,7 +223,9 @@ class EvalResult(Record):
 
     @property
     def speedup_eager(self) -> float | None:
-        return self._ratio(self.baselines.eager if self.baselines else None)
+        """Over eager timed side by side (`eager_beside`); rows from before it existed divide the
+        prepared baseline."""
+        return self._ratio(self.eager_beside or (self.baselines.eager if self.baselines else None))
 
     @property
     def speedup_compile(self) -> float | None:
@@ -239,11 +247,13 @@ def summary_fields(result: EvalResult) -> dict[str, Any]:
         "flags": ",".join(f.value for f in result.flags),
         "error": result.error,
         "time_ms": result.time_ms,
-        "eager_ms": b.eager.median_ms if b and b.eager else None,
+        "eager_ms": (result.eager_beside.median_ms if result.eager_beside
+                     else b.eager.median_ms if b and b.eager else None),
         "compile_ms": b.compiled.median_ms if b and b.compiled else None,
         "floor_ms": b.floor_ms if b else None,
         "speedup_eager": result.speedup_eager,
         "speedup_compile": result.speedup_compile,
         "floor_fraction": result.floor_fraction,
         "trusted": int(result.trusted),
+        "device_unfit": result.device_unfit,
     }

@@ -22,7 +22,7 @@ import torch
 
 from .child import tasks
 from .child.protocol import pack_set, write_line
-from .child.timing import Clock, calls_for, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
+from .child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 
 
 def _as64(inputs: list[Any]) -> list[Any]:
@@ -41,6 +41,8 @@ class Reference:
         self.task = tasks.load_file(Path(job["task_path"]))
         self.models: dict[str, tuple[Any, Any]] = {}
         self.init_seed: int | None = None
+        self.sets: list[list[Any]] | None = None  # an attempt's eager blocks' input sets
+        self.clock: Clock | None = None
 
     def models_for(self, size: str, init_seed: int):
         """(task module, float32 model, float64 model) at a size, built under the attempt's init seed."""
@@ -78,6 +80,25 @@ class Reference:
         # How far PyTorch's own float32 lands from float64 here: evidence for the tolerance.
         return {**meta, "shape": list(ref.shape), "numel": ref.numel(), "path": path,
                 "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": _rel_err(out32, ref)}
+
+    def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0) -> list[float]:
+        """One block of eager calls, timed exactly as the candidate's (timing.time_blocks), between the
+        candidate's own blocks: the speedup is a ratio of times taken side by side."""
+        module, m32, _ = self.models_for(size, init_seed)
+        if self.clock is None:
+            self.clock = Clock(self.device)
+        with torch.no_grad():
+            if self.sets is None:  # the attempt's first block: its sets, and the warm-up the candidate had
+                self.sets = tasks.block_sets(module, tasks.make_inputs(module, seeds[0], "base", self.device), self.device)
+                for _ in range(warmup):
+                    m32(*self.sets[0])
+                self.clock.sync()
+            return time_blocks(self.clock, lambda x: m32(*x), self.sets, len(seeds), lambda i, n: seeds[i:i + n],
+                               lambda x, seed: tasks.refill_inputs(x, module, seed, self.device))
+
+    def release(self) -> None:
+        """Free what an attempt's eager blocks kept (models, input sets, the clock's buffers)."""
+        self.models, self.sets, self.clock = {}, None, None
 
     def baselines(self, send) -> None:
         job = self.job
@@ -129,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(sys.stdin.readline())
     if job["device"].startswith("cuda"):
         torch.cuda.init()
+    elif job.get("threads"):
+        torch.set_num_threads(job["threads"])  # the candidate's child times with the same count
 
     def send(message: dict[str, Any]) -> None:
         write_line(fd, json.dumps(message))
@@ -142,17 +165,28 @@ def main(argv: list[str] | None = None) -> int:
         if request["op"] == "baselines":
             ref.job.update(request)
             ref.baselines(send)
-            ref.models = {}  # the compiled model and its caches: this process lives on, idle, for the run
+            ref.release()  # the compiled model and its caches: this process lives on, idle, for the run
+        elif request["op"] == "health":
+            clock = Clock(ref.device)
+            send({"event": "health", "bandwidth_gbs": measure_bandwidth(ref.device, clock),
+                  "hold_ms": hold_ms(clock) if clock.cuda else None})
+            del clock
+        elif request["op"] == "time_block":
+            send({"event": "block", "times_ms": ref.time_block(request["size"], request["init_seed"], request["seeds"],
+                                                                  request.get("warmup", 0))})
         elif request["op"] == "expect":
             for spec in request["specs"]:
                 base = os.path.join(request["dir"], spec["key"])
                 meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"], f"{base}.f64",
                                     f"{base}.in" if spec.get("inputs") else None, spec.get("output", True))
                 send({"event": "expected", "key": spec["key"], **meta})
-            ref.models = {}
-        if ref.device.startswith("cuda"):
+            ref.release()
+        elif request["op"] == "release":
+            ref.release()
+        if ref.device.startswith("cuda") and request["op"] != "time_block":
             # This process stays alive beside every candidate of its task: it keeps no device memory
-            # between requests, so tasks' references together never starve a candidate.
+            # between requests (but an attempt's eager blocks, released when its timing ends), so
+            # tasks' references together never starve a candidate.
             torch.cuda.empty_cache()
         send({"event": "done", "op": request["op"]})
     return 0

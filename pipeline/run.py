@@ -137,14 +137,14 @@ class Runner:
                     or (b.max_usd is not None and self.spent_usd >= b.max_usd))
 
     def _redo(self, run_id: str, retry_errors: bool) -> set[tuple]:
-        """Stored slots to do again: model errors when asked, and slots that waited for a GPU we now have."""
+        """Stored slots to do again: model errors when asked, slots that waited for a GPU we now have,
+        and correct ones whose device was not fit to time them (re-timed; still unfit, still marked)."""
         again = {Verdict.waiting_gpu.value} if self.gpu and self.backend == "cuda" else set()
         if retry_errors:
             again.add(Verdict.model_error.value)
-        if not again:
-            return set()
         return {(a["task"], a["model"], a["template"], a["sample"], a["backend"])
-                for a in self.store.attempts(run=run_id) if a["verdict"] in again}
+                for a in self.store.attempts(run=run_id)
+                if a["verdict"] in again or (a["verdict"] == Verdict.correct.value and a.get("device_unfit"))}
 
     async def _attempt(self, slot: Slot) -> None:
         task_id = self.task_ids[slot.task.name]
@@ -195,6 +195,8 @@ class Runner:
         self.on_event("evaluating", slot, None)
         result = await self.executor.evaluate(bench, code_path, Path(built.build_dir), self.cfg.evaluation)
         self.on_event("evaluated", slot, result)
+        if result.device_unfit:
+            self.on_event("unfit", slot, result.device_unfit)
         self._store(slot, save, code_hash, result)
 
     def _size_name(self, slot: Slot) -> str:
@@ -238,7 +240,8 @@ class Runner:
 
 
 def remember_baselines(store: Store, bench: evaluate.TaskBench) -> None:
-    """Cache a task's baselines under their key, so later runs on the same device skip timing them."""
-    if bench.baselines:
+    """Cache a task's baselines under their key, so later runs on the same device skip timing them
+    (never ones measured on a device that was not fit to time)."""
+    if bench.baselines and not bench.suspect:
         store.save_baseline(evaluate.baseline_key(bench), bench.task.name, bench.size_name,
                             bench.env["device_name"], bench.env["torch_version"], bench.baselines.model_dump_json())

@@ -27,9 +27,11 @@ PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
 
 class Session:
     def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: P.Outbox,
-                 spares, env: dict[str, str], inbox: P.Inbox | None = None, inputs: dict[str, str] | None = None):
+                 spares, env: dict[str, str], inbox: P.Inbox | None = None, inputs: dict[str, str] | None = None,
+                 timed: bool = True):
         self.bench, self.child, self.plan, self.expected, self.outbox = bench, child, plan, expected, outbox
         self.spares, self.env = spares, env
+        self.timed_too = timed  # False on a device unfit to time (pipeline.health): correctness only
         self.inbox, self.inputs = inbox, inputs or {}
         self.phases: dict[str, float] = {}
         self.last = time.monotonic()
@@ -40,6 +42,8 @@ class Session:
         self.bound_windows: list[Window] = []
         self.timed: list[tuple[list[float], Window]] = []
         self.estimate: float | None = None
+        self.eager: list[float] = []  # the reference's eager calls, timed between the candidate's blocks
+        self.lane = {k: v for k, v in env.items() if k == "CUDA_VISIBLE_DEVICES"} or None
 
     # ---- the conversation ----------------------------------------------------------------------
 
@@ -109,13 +113,16 @@ class Session:
                 return EvalResult(verdict=result.verdict, error=f"trial {result.index} ({result.variant}): "
                                   f"{result.error}", trials=list(self.judged))
         self.mark("trials")
-        problem = self.timing()
+        problem = self.timing() if self.timed_too else None
         if self.spares:
             self.spares.release(self.env)  # nothing is timed on this device any more in this attempt
         self.mark("timing")
-        timing = summarize([t for claimed, _ in self.timed for t in claimed])
+        claimed = [t for times, _ in self.timed for t in times]
+        timing = summarize(claimed) if claimed else None
+        eager = summarize(self.eager) if self.eager else None
         if problem:
-            return EvalResult(verdict=problem[0], error=problem[1], trials=list(self.judged), timing=timing)
+            return EvalResult(verdict=problem[0], error=problem[1], trials=list(self.judged), timing=timing,
+                              eager_beside=eager)
         profile = None
         if bench.settings.profile:
             profile, _ = self.ask(P.Profile(), P.ProfileDone, "the profile")
@@ -133,7 +140,7 @@ class Session:
         self.mark("other_sizes")
         self.child.send(P.Finish())
         return EvalResult(verdict=Verdict.correct, flags=flags_for(profile, shape_results), trials=list(self.judged),
-                          timing=timing, detail=profile.model_dump_json() if profile else None)
+                          timing=timing, eager_beside=eager, detail=profile.model_dump_json() if profile else None)
 
     def finalize(self, result: EvalResult | None, code: int, log: str) -> EvalResult:
         if result is None:
@@ -187,6 +194,7 @@ class Session:
             self.timed.append((list(reply.times_ms), Window(ms, len(seeds))))
             if (problem := self.check_block(f"timed{j}", "timed call", j * len(seeds), reply.outputs)):
                 return problem
+            self.eager_block(len(seeds), first=j == 0)
             if j % every == every - 1 or j == len(plan.timed) - 1:
                 for k, bound_seeds in bounds:
                     values = [np.fromfile(self.inputs[f"bound{k}_{i}"], dtype=np.uint8)
@@ -199,6 +207,7 @@ class Session:
                         return problem
                     if j < len(plan.timed) - 1:
                         break
+        self.bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
         self.estimate = judge.parent_estimate(self.calibration, self.bound_windows)
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
@@ -207,6 +216,15 @@ class Session:
             return (Verdict.impossible_timing, f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms "
                     f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
         return judge.check_times(bench.device, median, self.timed, self.estimate)
+
+    def eager_block(self, calls: int, first: bool) -> None:
+        """As many eager calls, timed by the reference process right after the candidate's block (and
+        never beside it): the speedup is a ratio of times taken in the same window."""
+        bench = self.bench
+        msgs = bench.request({"op": "time_block", "size": bench.size, "init_seed": self.plan.init_seed,
+                              "seeds": [_seed() for _ in range(calls)],
+                              "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, self.lane)
+        self.eager.extend(t for m in msgs if m.get("event") == "block" for t in m["times_ms"])
 
     def bound_request(self, index: int, seeds: list[int]) -> P.Bound:
         """Values through the inbox (the parent's, written in the window) or a seed per call."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.syntax import Syntax
+from rich.text import Text
 
 FOLD = 1500  # characters of reasoning and logs shown unless --full
 
@@ -20,22 +22,29 @@ def _fold(text: str | None, full: bool) -> str:
 
 
 def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: bool) -> None:
+    """Everything a model, a candidate or a compiler wrote goes in as Text: shown literally, so a
+    completion's "[link=...]" or "[/]" is text, never rich markup."""
     result = a["result"]
-    head = (f"attempt {a['id']}  run {a['run_id']}\n"
-            f"task {a['task']}  model {a['model']}  sample {a['sample']}  backend {a['backend']}  size {a['size']}\n"
-            f"verdict [bold]{a['verdict']}[/]" + (f"  flags {','.join(a['flags'])}" if a.get('flags') else ""))
+    head = escape(f"attempt {a['id']}  run {a['run_id']}\n"
+                  f"task {a['task']}  model {a['model']}  sample {a['sample']}  backend {a['backend']}  size {a['size']}\n"
+                  "verdict ") + f"[bold]{escape(a['verdict'])}[/]" + escape(
+                      f"  flags {','.join(a['flags'])}" if a.get('flags') else "")
     console.print(Panel(head, title="attempt"))
-    console.print(Panel(_fold(a.get("prompt"), full), title="prompt"))
+    console.print(Panel(Text(_fold(a.get("prompt"), full)), title="prompt"))
     usage = a.get("usage")
     title = "completion" + (f" ({usage.prompt_tokens} in / {usage.completion_tokens} out tokens)" if usage else "")
     if a.get("reasoning"):
-        console.print(Panel(_fold(a["reasoning"], full), title="reasoning (folded)" if not full else "reasoning"))
-    console.print(Panel(_fold(a.get("completion_text"), full), title=title))
+        console.print(Panel(Text(_fold(a["reasoning"], full)), title="reasoning (folded)" if not full else "reasoning"))
+    console.print(Panel(Text(_fold(a.get("completion_text"), full)), title=title))
     if code:
         console.print(Panel(Syntax(code, "python", line_numbers=True), title=f"code {a['code_hash']}"))
     if a.get("build_log") is not None:
-        console.print(Panel(_fold(a["build_log"], full), title="build log"))
+        console.print(Panel(Text(_fold(a["build_log"], full)), title="build log"))
     lines = [f"error: {result.error}"] if result.error else []
+    if result.device_unfit:
+        lines.append(f"device not fit to time: {result.device_unfit} (timing not trusted)")
+    if not result.trusted:
+        lines.append(f"not trusted: {result.untrusted_reason}")
     for t in result.trials:
         status = "ok" if t.ok else f"{t.verdict.value if t.verdict else 'failed'}: {t.error}"
         err = f" rel err {t.max_rel_err:.3g}" if t.max_rel_err is not None else ""
@@ -56,4 +65,4 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
             lines.append(f"{name}: {value:.3g}")
     if result.detail:
         lines.append(_fold(result.detail, full))
-    console.print(Panel("\n".join(lines) or "(no detail)", title="verdict detail"))
+    console.print(Panel(Text("\n".join(lines) or "(no detail)"), title="verdict detail"))

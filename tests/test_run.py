@@ -233,3 +233,15 @@ def test_retry_errors_redoes_failed_model_calls_in_the_same_run(tmp_path):
         assert len(healthy.requests) == 1
     assert again == run_id
     assert [a["verdict"] for a in store.attempts(run=run_id)] == ["correct"]
+
+
+def test_show_prints_a_completion_literally_never_as_markup(tmp_path):
+    """Completions are hostile text: rich markup in one is shown as written."""
+    text = "No code. [red]not markup[/red] [link=file:///etc/passwd]x[/link] [/]"
+    config = write_config(tmp_path, [replay(tmp_path, [("mse", text)])], samples=1)
+    run_id, store = run(config)
+    (row,) = store.attempts(run=run_id)
+    db = str(tmp_path / "db" / "kgen.db")
+    shown = CliRunner().invoke(main, ["show", row["id"], "--db", db, "-c", str(config)])
+    assert shown.exit_code == 0, shown.output
+    assert "[red]not markup[/red]" in shown.output and "[link=file:///etc/passwd]x[/link]" in shown.output

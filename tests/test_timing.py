@@ -1,7 +1,12 @@
-"""How many calls are timed: short calls get more (timing.calls_for), baselines and candidate alike."""
+"""How many calls are timed (short calls get more, baselines and candidate alike), and the speedup
+taken side by side on an idle and on a loaded machine."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from pipeline import evaluate
@@ -51,3 +56,48 @@ def test_a_short_task_is_timed_with_more_calls_on_both_sides(tmp_path):
         counts[target] = (bench.timed_calls, bench.baselines.eager.n, result.timing.n)
     assert counts[0.0] == (6, 6, 6)
     assert counts[10_000.0] == (24, 24, 24)
+
+
+def _busy(seconds: float, per_core: int = 3) -> list[subprocess.Popen]:
+    """Processes spinning, `per_core` for every core, each ending by itself after `seconds` at most."""
+    spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(per_core * (os.cpu_count() or 1))]
+
+
+def test_the_ratio_is_taken_side_by_side_and_survives_a_loaded_machine(tmp_path):
+    """The same work on both sides (the candidate is eager's own ops), judged on an idle machine and
+    with three spinning processes per core running through the whole evaluation. The eager blocks
+    the reference process times between the candidate's see the same machine, and both sides time
+    with one thread (evaluation.cpu_threads), so the speedup stays near 1.0 either way.
+
+    Tolerance 0.6-1.6: both sides run the same ops in alternating blocks of four calls and each
+    keeps the median block, so what is left is how differently the load falls on neighbouring
+    blocks; over 13 runs on the 2-core CI box the ratios were 0.92-1.05 idle and 0.78-1.05 loaded
+    (the margin is for a slower CI machine; the issue's report was 0.07 against 11.6)."""
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    code = tmp_path / "cand.py"
+    code.write_text(MSE_IN_TORCH)
+    (tmp_path / "build").mkdir()
+    settings = EvalConfig(trials=2, warmup_calls=1, compile_baseline=False, check_shapes=False, profile=False,
+                          timeout_s=120, timed_calls=16, timed_ms=0)
+    bench = evaluate.prepare(task, "small", "cpu", settings)
+    try:
+        idle = evaluate.evaluate(bench, code, tmp_path / "build", settings)
+        load = _busy(60)
+        started = time.monotonic()
+        try:
+            loaded = evaluate.evaluate(bench, code, tmp_path / "build", settings)
+        finally:
+            wall = time.monotonic() - started
+            for p in load:
+                p.kill()
+            spun = sum(os.wait4(p.pid, 0)[2].ru_utime for p in load)
+    finally:
+        bench.close()
+    for result in (idle, loaded):
+        assert result.verdict is Verdict.correct, result.error
+        assert result.eager_beside is not None and result.eager_beside.n == settings.timed_calls
+    print(f"side by side: idle {idle.speedup_eager:.3f}, loaded {loaded.speedup_eager:.3f}; the load spun "
+          f"{spun:.1f} cpu-seconds in {wall:.1f} s")
+    assert spun > 0.5 * wall * (os.cpu_count() or 1), "the background load did not keep the cores busy"
+    assert 0.6 <= idle.speedup_eager <= 1.6 and 0.6 <= loaded.speedup_eager <= 1.6

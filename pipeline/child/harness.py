@@ -410,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     job = read_request()
     if not isinstance(job, P.Job):
         return 0
+    if job.threads and not job.device.startswith("cuda"):
+        torch.set_num_threads(job.threads)
     os.environ["TORCH_EXTENSIONS_DIR"] = job.build_dir
     load_prebuilt_only()
     confinement = apply_limits(job.memory_gb, job.device.startswith("cuda"),

@@ -77,6 +77,8 @@ class Job(Message):
     """Bytes of one packed input set in the inbox (`packed`); 0: no inbox, Bound requests carry seeds."""
     inbox_sets: int = 0
     """Input sets the inbox holds."""
+    threads: int | None = None
+    """torch's thread count on the cpu (the reference process times eager with the same)."""
 
 
 class Import(Message):

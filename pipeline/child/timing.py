@@ -199,6 +199,23 @@ def summarize(times_ms: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(times_ms), "p25_ms": qs[0], "p75_ms": qs[2], "n": len(times_ms)}
 
 
+def hold_ms(clock: Clock, ms: float = HOLD_MS, repeats: int = 5) -> float:
+    """How long the hold (pipeline.child.hold) of `ms` takes between CUDA events, median of `repeats`:
+    on a GPU that is ours alone it is `ms` within microseconds; time-sliced with another process's
+    work, or on a device whose every launch has slowed, it is longer."""
+    stream = clock._current_stream()
+    times = []
+    for _ in range(repeats):
+        start, end = clock._event(enable_timing=True), clock._event(enable_timing=True)
+        clock._sync()
+        clock._record(start, stream)
+        clock._hold(stream.cuda_stream, ms)
+        clock._record(end, stream)
+        clock._sync()
+        times.append(float(clock._elapsed(start, end)))
+    return statistics.median(times)
+
+
 def measure_bandwidth(device: str, clock: Clock | None = None) -> float:
     """Device memory bandwidth in GB/s: the better of a large copy (read plus write bytes) and a
     large read-only reduction, median of several repeats. The floor is inputs' bytes over this.

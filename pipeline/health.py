@@ -1,0 +1,161 @@
+"""Is the GPU fit to time? Checked before a task's baselines and around every attempt, not assumed.
+
+A GPU can go bad under a run and still answer: on one H100, after a long series of hostile
+candidates, every kernel timed at 3.19 ms and the bandwidth measured 673 GB/s instead of about 3000,
+and nothing warned (issue 12). So the lane's reference process measures its device (the memory
+bandwidth, and how long a 1 ms hold takes between CUDA events), and the parent looks at the driver
+for compute processes that are not kgen's and for clocks held down by a hardware or thermal limit.
+The device is fit when the measures agree, within BANDWIDTH_TOL and HOLD_TOL, with what it measured
+when the run began (the first fit check of the lane) and, for a model we have measured, with
+STORED_BANDWIDTH; and nothing else computes on it.
+
+An unfit device stops timing: an attempt that starts on it is judged for correctness only, one
+that ran while it went bad keeps its verdict with its timing marked (EvalResult.device_unfit),
+baselines measured on it are not cached, and a resume on a fit device re-times those attempts.
+
+On the cpu backend nothing is checked here: a loaded machine is the normal case there, and the
+candidate and its baselines are timed side by side instead (pipeline.session).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+BANDWIDTH_TOL = 0.10  # below the run's first figure (or the stored one) by more: unfit
+HOLD_TOL = 0.05  # a 1 ms hold that takes over 1.05 ms shares the GPU (or every launch slowed)
+# Measured by this code on healthy machines (docs/benchmarks.md): the figure a model's first check of
+# a run is held to, so a device already sick when the run begins is caught too.
+STORED_BANDWIDTH = {"NVIDIA H100 80GB HBM3": 2995.0}
+# clocks_event_reasons bits that mean the device is slowed by something other than its work: HW
+# slowdown, SW and HW thermal slowdown, HW power brake (nvidia-smi --help-query-gpu).
+THROTTLE_BITS = {0x8: "hardware slowdown", 0x20: "thermal slowdown (software)", 0x40: "thermal slowdown (hardware)",
+                 0x80: "power brake"}
+
+
+class Probe(BaseModel):
+    """One check of a lane's device."""
+
+    bandwidth_gbs: float
+    """Memory bandwidth the reference process measured (timing.measure_bandwidth)."""
+    hold_ms: float | None = None
+    """How long a 1 ms hold took between CUDA events (timing.hold_ms)."""
+    others: list[str] = []
+    """Compute processes on this GPU that are not kgen's, as 'pid command'."""
+    throttle: list[str] = []
+    """Clock limits the driver reports as active (THROTTLE_BITS)."""
+
+
+def unfit_reason(probe: Probe, start: Probe | None, device_name: str) -> str | None:
+    """Why `probe` shows a device unfit to time, or None."""
+    if probe.others:
+        return f"another compute process is on the GPU ({', '.join(probe.others[:3])})"
+    if probe.throttle:
+        return f"the driver reports clocks held down ({', '.join(probe.throttle)})"
+    if probe.hold_ms is not None and probe.hold_ms > 1.0 * (1 + HOLD_TOL):
+        return f"a 1 ms hold took {probe.hold_ms:.3f} ms: the GPU is shared or every launch has slowed"
+    for figure, where in ((start.bandwidth_gbs if start else None, "when the run began"),
+                          (STORED_BANDWIDTH.get(device_name), f"on a healthy {device_name}")):
+        if figure and probe.bandwidth_gbs < figure * (1 - BANDWIDTH_TOL):
+            return f"bandwidth {probe.bandwidth_gbs:.0f} GB/s against {figure:.0f} GB/s {where}"
+    return None
+
+
+@dataclass
+class Watch:
+    """One GPU lane's checks over a run: the first fit probe is what later ones are held to."""
+
+    lane: str | None
+    start: Probe | None = None
+    history: list[tuple[Probe, str | None]] = field(default_factory=list)
+
+    def check(self, bench: Any, env: dict[str, str] | None) -> str | None:
+        """Probe the lane's device through `bench`'s reference process; why it is unfit, or None."""
+        msgs = bench.request({"op": "health"}, 120, env)
+        found = [m for m in msgs if m.get("event") == "health"]
+        if not found:
+            return "the reference process sent no health figures"
+        probe = Probe(bandwidth_gbs=found[0]["bandwidth_gbs"], hold_ms=found[0].get("hold_ms"),
+                      others=foreign_compute_processes(self.lane), throttle=throttled(self.lane))
+        reason = unfit_reason(probe, self.start, bench.env.get("device_name", ""))
+        if reason is None and self.start is None:
+            self.start = probe
+        self.history.append((probe, reason))
+        return reason
+
+
+def _smi(*args: str) -> list[list[str]]:
+    """Rows of an nvidia-smi CSV query; none where nvidia-smi is missing or fails."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, *args, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [[part.strip() for part in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def _uuid(lane: str | None) -> str | None:
+    index = (lane or "0").split(",")[0]
+    for row in _smi("--query-gpu=index,uuid"):
+        if row and (row[0] == index or row[-1] == index):
+            return row[-1]
+    return None
+
+
+def ours() -> set[int]:
+    """This process and every process it started, at any depth (reference processes, children)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parent[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    return mine
+
+
+def foreign_compute_processes(lane: str | None) -> list[str]:
+    """Compute processes the driver lists on this lane's GPU that are not ours. A pid this machine's
+    /proc does not show (another container's) cannot be named, so it is not counted: the bandwidth
+    and hold figures still see what it does to the device."""
+    uuid = _uuid(lane)
+    mine = ours()
+    found = []
+    for row in _smi("--query-compute-apps=gpu_uuid,pid,process_name"):
+        if len(row) < 3 or (uuid and row[0] != uuid) or not row[1].isdigit():
+            continue
+        pid = int(row[1])
+        if pid in mine or not Path(f"/proc/{pid}").exists():
+            continue
+        found.append(f"{pid} {row[2]}")
+    return found
+
+
+def throttled(lane: str | None) -> list[str]:
+    uuid = _uuid(lane)
+    rows = _smi(*(["-i", uuid] if uuid else []), "--query-gpu=clocks_event_reasons.active")
+    if not rows:
+        rows = _smi(*(["-i", uuid] if uuid else []), "--query-gpu=clocks_throttle_reasons.active")
+    try:
+        bits = int(rows[0][0], 16) if rows else 0
+    except ValueError:
+        return []
+    return [name for bit, name in THROTTLE_BITS.items() if bits & bit]

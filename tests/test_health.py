@@ -1,0 +1,81 @@
+"""Device fitness (pipeline.health): the rule, an attempt on a device that stopped being fit, and the
+resume that re-times it. On the cpu the probe is real (the reference process measures bandwidth);
+a device that "went bad" is one whose run-start figure it can no longer reach."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from pipeline import evaluate, health
+from pipeline.child import tasks
+from pipeline.config import EvalConfig
+from pipeline.health import Probe
+from pipeline.leaderboard import is_verified
+from pipeline.records import Verdict
+from test_run import RIGHT, replay, run, write_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = EvalConfig(compile_baseline=False, trials=2, timed_calls=4, timed_ms=0, warmup_calls=1, timeout_s=60,
+                      check_shapes=False, profile=False)
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize("probe,start,device,words", [
+    (Probe(bandwidth_gbs=2990, hold_ms=1.001), Probe(bandwidth_gbs=2995, hold_ms=1.0), H100, None),
+    (Probe(bandwidth_gbs=673, hold_ms=1.002), Probe(bandwidth_gbs=2995, hold_ms=1.0), H100, "673 GB/s"),
+    (Probe(bandwidth_gbs=673, hold_ms=1.002), None, H100, "on a healthy"),  # sick from the start
+    (Probe(bandwidth_gbs=2990, hold_ms=1.9), None, H100, "1 ms hold took 1.900"),
+    (Probe(bandwidth_gbs=2990, hold_ms=1.0, others=["4242 python busy.py"]), None, H100, "4242 python busy.py"),
+    (Probe(bandwidth_gbs=2990, hold_ms=1.0, throttle=["power brake"]), None, H100, "power brake"),
+    (Probe(bandwidth_gbs=500, hold_ms=1.0), None, "Some Other GPU", None),  # no stored figure, no start
+], ids=["fit", "slower_than_at_start", "sick_from_the_start", "shared", "other_process", "throttled", "unknown_model"])
+def test_unfit_reason(probe, start, device, words):
+    reason = health.unfit_reason(probe, start, device)
+    if words is None:
+        assert reason is None
+    else:
+        assert reason is not None and words in reason
+
+
+@pytest.fixture(scope="module")
+def bench():
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    b = evaluate.prepare(task, "small", "cpu", SETTINGS)
+    yield b
+    b.close()
+
+
+def test_an_attempt_on_an_unfit_device_is_judged_but_not_timed(bench, tmp_path):
+    code = tmp_path / "honest.py"
+    code.write_text(RIGHT.split("```python\n")[1].split("```")[0])
+    (tmp_path / "build").mkdir()
+    fit = health.Watch(None)
+    result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS, watch=fit)
+    assert result.verdict is Verdict.correct and result.timing is not None and result.device_unfit is None
+    assert fit.start is not None and fit.start.bandwidth_gbs > 0  # the first fit probe is the run's figure
+    gone_bad = health.Watch(None, start=Probe(bandwidth_gbs=fit.start.bandwidth_gbs * 100))
+    result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS, watch=gone_bad)
+    assert result.verdict is Verdict.correct, result.error
+    assert result.timing is None and result.speedup_eager is None  # nothing timed on it
+    assert result.device_unfit and "when the run began" in result.device_unfit
+
+
+def test_a_resume_retimes_what_an_unfit_device_judged(tmp_path):
+    config = write_config(tmp_path, [replay(tmp_path, [("mse", RIGHT)])], samples=1)
+    run_id, store = run(config)
+    db = tmp_path / "db" / "kgen.db"
+    with sqlite3.connect(db) as conn:  # as a run on a device that went bad would have stored it
+        conn.execute("UPDATE attempts SET device_unfit = 'bandwidth 673 GB/s against 2995 GB/s', time_ms = NULL")
+    again, store = run(config)
+    (row,) = store.attempts(run=run_id)
+    assert again == run_id and row["verdict"] == "correct"
+    assert row["device_unfit"] is None and row["time_ms"] > 0
+
+
+def test_a_timing_from_an_unfit_device_is_never_best():
+    row = {"verdict": "correct", "flags": [], "time_ms": 0.1, "code_hash": "abc", "trusted": 1, "device_unfit": None}
+    assert is_verified(row)
+    assert not is_verified({**row, "device_unfit": "a 1 ms hold took 1.900 ms"})
