@@ -6,13 +6,15 @@ Skipped without CUDA (CI); run on the device machine by scripts/gpu_check.sh.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from pipeline import build, evaluate
+from pipeline import build, evaluate, health
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Flag, Verdict
@@ -268,3 +270,39 @@ def test_forged_clock_is_refused_at_kernelbench_size(built):
               f"error={r.error}")
     assert results["honest"].verdict is Verdict.correct, results["honest"].error
     assert results["forged_clock"].verdict is Verdict.impossible_timing, results["forged_clock"].error
+
+
+BUSY_GPU = """
+import sys, time, torch
+x = torch.randn(8192, 8192, device="cuda")
+torch.cuda.synchronize()
+print("busy", flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    x = torch.tanh(x @ x)
+    torch.cuda.synchronize()
+"""
+
+
+def test_a_busy_gpu_is_refused_then_served_again(built, bench):
+    """A process of our own keeps the GPU busy beside kgen: the device check refuses to time (one
+    line says why), the attempt keeps its verdict with no timing, and once the process is gone the
+    same kernel is timed again."""
+    watch = health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    path, result = built["honest"]
+    build_dir = Path(result.build_dir)
+    before = evaluate.evaluate(bench, path, build_dir, SETTINGS, watch=watch)
+    assert before.verdict is Verdict.correct and before.device_unfit is None and before.timing, before.device_unfit
+    busy = subprocess.Popen([sys.executable, "-c", BUSY_GPU, "120"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout.readline().strip() == "busy"
+        sick = evaluate.evaluate(bench, path, build_dir, SETTINGS, watch=watch)
+    finally:
+        busy.kill()
+        busy.wait()
+    print(f"\nREDTEAM busy_gpu: {sick.verdict.value} device_unfit={sick.device_unfit!r} time_ms={sick.time_ms}")
+    assert sick.verdict is Verdict.correct and sick.timing is None and sick.device_unfit
+    after = evaluate.evaluate(bench, path, build_dir, SETTINGS, watch=watch)
+    print(f"REDTEAM after busy_gpu: device_unfit={after.device_unfit!r} time_ms={after.time_ms} "
+          f"before {before.time_ms}; probes {[(round(p.bandwidth_gbs), p.hold_ms, r) for p, r in watch.history]}")
+    assert after.device_unfit is None and after.timing is not None

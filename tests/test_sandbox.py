@@ -23,7 +23,8 @@ SECRETS = {
     "KGEN_DATABASE": str(ROOT / "db" / "kgen.db"),
 }
 # What the child may hold: the allow-list, the variables sandbox.start sets itself, and the extras we pass.
-SET_BY_SANDBOX = {"HOME", "TMPDIR", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONNOUSERSITE"}
+SET_BY_SANDBOX = {"HOME", "TMPDIR", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONNOUSERSITE",
+                  *sandbox.MALLOC_ENV}
 
 
 def probe(*args: str, extra_env: dict[str, str] | None = None) -> tuple[dict, str, Path]:
