@@ -133,6 +133,13 @@ class EvalConfig(_Strict):
     descheduled thread (2-thread mse blocks ranged 2.4-20 ms under load, 1-thread 2.1-5 ms)."""
     timeout_s: float = Field(default=300.0, gt=0)
     """Wall-clock limit of one evaluation child, after which its process group is killed."""
+    step_floor_s: float = Field(default=20.0, gt=0)
+    """Least time the child gets for any one request (loading, import, a trial, a timed block)."""
+    step_factor: float = Field(default=50.0, ge=1)
+    """A request with calls gets step_floor_s plus this many times its calls at the eager baseline:
+    a kernel 50x slower than eager still finishes, a hang costs seconds, not timeout_s."""
+    step_ceiling_s: float = Field(default=120.0, gt=0)
+    """Most time one request gets, whatever its calls (and never past timeout_s for the child)."""
     build_timeout_s: float = Field(default=900.0, gt=0)
     """Wall-clock limit of one build."""
     memory_limit_gb: float = Field(default=16.0, gt=0)

@@ -298,7 +298,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
                     inbox_sets=sets, threads=settings.cpu_threads)
         inbox = P.Inbox(child.outbox_fd, at, set_size, sets) if plan.inbox else None
         session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env,
-                          inbox, inputs, timed=unfit is None)
+                          inbox, inputs, timed=unfit is None, settings=settings)
         try:
             result = session.run(job)
         except Ended as ended:

@@ -28,10 +28,11 @@ PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
 class Session:
     def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: P.Outbox,
                  spares, env: dict[str, str], inbox: P.Inbox | None = None, inputs: dict[str, str] | None = None,
-                 timed: bool = True):
+                 timed: bool = True, settings=None):
         self.bench, self.child, self.plan, self.expected, self.outbox = bench, child, plan, expected, outbox
         self.spares, self.env = spares, env
         self.timed_too = timed  # False on a device unfit to time (pipeline.health): correctness only
+        self.settings = settings or bench.settings  # this evaluation's (its limits may differ from the bench's)
         self.inbox, self.inputs = inbox, inputs or {}
         self.phases: dict[str, float] = {}
         self.last = time.monotonic()
@@ -59,14 +60,19 @@ class Session:
         inbox after the clock started, so that no work on them can happen before it."""
         self.step = what
         sent = time.monotonic()
+        limit = self.limit(request)
         for i, data in enumerate(reveal or []):
             self.inbox.write(i, data)
         if request is not None:
             self.child.send(request)
         try:
-            reply, at = self.child.reply()
+            reply, at = self.child.reply(sent + limit)
         except TimeoutError:
-            raise Ended(None) from None  # finalize() names the timeout
+            if sent + limit >= self.child.deadline:
+                raise Ended(None) from None  # the child's own deadline: finalize() names it
+            raise Ended(EvalResult(verdict=Verdict.timeout, error=f"no reply in {limit:.1f} s while waiting for "
+                                   f"{what} (the limit for that step: pipeline.session.Session.limit)",
+                                   trials=list(self.judged))) from None
         except P.ProtocolError as exc:
             self.child.kill()
             raise Ended(EvalResult(verdict=Verdict.protocol_error, error=f"while waiting for {what}: {exc}")) from None
@@ -80,6 +86,29 @@ class Session:
             raise Ended(EvalResult(verdict=Verdict.protocol_error, error=f"while waiting for {what}: the child sent "
                                    f"{type(reply).__name__}{_at(reply)} instead of {kind.__name__}{_at(request)}"))
         return reply, (at - sent) * 1e3
+
+    def limit(self, request: P.Message | None) -> float:
+        """Seconds the child gets to answer `request`: the floor, plus step_factor times its calls at
+        the eager baseline, at most the ceiling. A call-free step (import, calibration, the profile)
+        gets the floor; the first calls (Setup) three floors, for a kernel compiled or tuned on first
+        use; loading (before any candidate code) and a trial at another size, whose calls the
+        baseline does not measure, the ceiling."""
+        s, b = self.settings, self.bench.baselines
+        eager_s = b.eager.median_ms / 1e3 if b and b.eager else None
+        floor = 3 * s.step_floor_s if isinstance(request, P.Setup) else s.step_floor_s
+        if request is None or (isinstance(request, P.Trial) and request.size != self.bench.size):
+            calls = None
+        elif isinstance(request, (P.Timed, P.Bound)):
+            calls = request.calls if isinstance(request, P.Bound) else len(request.seeds)
+        elif isinstance(request, P.Setup):
+            calls = request.warmup
+        elif isinstance(request, P.Trial):
+            calls = 3  # the call, its repeat, and the harness's copies around them
+        else:
+            calls = 0
+        if calls is None or eager_s is None:
+            return s.step_ceiling_s
+        return min(s.step_ceiling_s, floor + s.step_factor * calls * eager_s)
 
     def failed(self, reply: P.Failed, what: str) -> EvalResult:
         verdict = Verdict.load_failed if reply.op == "import" else Verdict.runtime_error

@@ -195,6 +195,27 @@ def test_hang_times_out_and_every_process_dies(bench, tmp_path):
     assert alive == [], alive
 
 
+def test_a_hang_costs_the_step_limit_its_baseline_gives_not_the_whole_timeout(bench, tmp_path):
+    """The child may run 120 s, but the first calls (Setup) of a 2 ms task get three floors of 2 s
+    plus 50 x 2 warm-up calls at the eager baseline: the hang is a timeout after about 6 s."""
+    settings = SETTINGS.model_copy(update={"timeout_s": 120, "step_floor_s": 2.0})
+    started = time.monotonic()
+    result = run(bench, "hang.py", "mse", tmp_path, settings)
+    took = time.monotonic() - started
+    assert result.verdict is V.timeout, describe(result)
+    eager_s = bench("mse").baselines.eager.median_ms / 1e3
+    limit = 3 * 2.0 + 50 * settings.warmup_calls * eager_s
+    assert f"no reply in {limit:.1f} s while waiting for building ModelNew" in result.error, result.error
+    assert took < limit + 15, f"{took:.1f} s for a step limit of {limit:.1f} s"
+    notes = {line.split()[1]: line.split()[2:] for line in (result.output or "").splitlines()
+             if line.startswith("KGEN-NOTE ")}
+    pids = [int(notes[k][0]) for k in ("child", "helper", "escaper") if k in notes]
+    deadline = time.monotonic() + 5
+    while (alive := _alive(pids, int(notes["child"][1]))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive == [], alive
+
+
 _SNOOP_RUNNER = """
 import json, sys
 from pathlib import Path
