@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .child import tasks
+from .child.harness import die_with_parent
 from .child.protocol import pack_set, write_line
 from .child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipeline.reference")
     parser.add_argument("--result-fd", type=int, required=True)
     args = parser.parse_args(argv)
+    die_with_parent()  # a killed kgen must not leave this process holding the GPU
     fd = args.result_fd
     job = json.loads(sys.stdin.readline())
     if job["device"].startswith("cuda"):

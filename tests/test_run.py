@@ -141,6 +141,79 @@ def test_kill9_mid_run_then_resume_stores_every_slot_once(tmp_path):
     assert _count(db, "SELECT count(DISTINCT cache_key) FROM completions") == 4
 
 
+def _descendants(root: int) -> set[int]:
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parent[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            except (OSError, ValueError):
+                continue
+    found, grew = {root}, True
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in found and pid not in found:
+                found.add(pid)
+                grew = True
+    return found - {root}
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+SPINS = """A kernel that never returns.
+
+```python
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, predictions, targets):
+        while True:
+            pass
+```
+"""
+
+
+def test_nothing_kgen_started_outlives_a_kgen_killed_with_sigkill(tmp_path):
+    """Only the kgen process is killed (not its group) while a candidate spins in its first call:
+    its reference process and the spinning child, each in a session of its own and deaf to their
+    closed stdin while busy, die with it (PR_SET_PDEATHSIG). On the H100 such survivors held GPU
+    memory and a context beside every later run."""
+    config = write_config(tmp_path, [replay(tmp_path, [("mse", SPINS)])], samples=1)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "-c", str(config)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 240
+    child = []
+    while time.monotonic() < deadline and not child:
+        child = [pid for pid in _descendants(proc.pid) if b"harness" in _cmdline(pid) and b"eval" in _cmdline(pid)]
+        time.sleep(0.2)
+    assert child, "no candidate child started"
+    time.sleep(5)  # past loading and import: spinning in its warm-up call
+    started = _descendants(proc.pid)
+    assert any(b"pipeline.reference" in _cmdline(pid) for pid in started)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while (alive := [pid for pid in started if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive == [], [_cmdline(pid)[:120] for pid in alive]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
 def test_openai_endpoint_answering_429_and_500_is_retried(tmp_path):
     script = [Failure(429), Failure(500), Reply(content=RIGHT, reasoning="think first", completion_tokens=50)]
     with serve(script) as server:

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import resource
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -52,15 +53,30 @@ def readable_paths(extra: list[str]) -> list[str]:
     return paths
 
 
-# seccomp, per machine: (audit arch, setsid's number, seccomp's number).
-_SECCOMP_ABI = {"x86_64": (0xC000003E, 112, 317), "aarch64": (0xC00000B7, 157, 277)}
+# seccomp, per machine: (audit arch, setsid's number, seccomp's number, prctl's number).
+_SECCOMP_ABI = {"x86_64": (0xC000003E, 112, 317, 157), "aarch64": (0xC00000B7, 157, 277, 167)}
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the kgen process that started it dies, however it dies. Without it a
+    killed `kgen` (a timeout, kill -9) left its reference processes and a running child behind on
+    the H100, holding GPU memory and a context beside every later run (docs/benchmarks.md)."""
+    import ctypes
+
+    parent = os.getppid()
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent or parent == 1:  # the parent died before the line above
+        os._exit(1)
 
 
 def forbid_setsid() -> bool:
     """A seccomp filter, on every thread and inherited by everything started later: setsid() fails
     with EPERM, so no process of ours can leave the session that sandbox.Child.kill sweeps (a new
-    process group is still allowed: ninja puts each compile in one). Syscalls of a foreign ABI
-    (x32, i386 through int 0x80), where the numbers differ, are refused outright. True when it holds."""
+    process group is still allowed: ninja puts each compile in one), and prctl(PR_SET_PDEATHSIG)
+    fails too, so the child cannot stop dying with its parent (die_with_parent). Syscalls of a
+    foreign ABI (x32, i386 through int 0x80), where the numbers differ, are refused outright. True
+    when it holds."""
     import ctypes
     import errno
     import platform
@@ -69,7 +85,7 @@ def forbid_setsid() -> bool:
     abi = _SECCOMP_ABI.get(platform.machine())
     if abi is None:
         return False
-    arch, setsid, seccomp = abi
+    arch, setsid, seccomp, prctl = abi
     allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
     load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
     program = [
@@ -77,10 +93,13 @@ def forbid_setsid() -> bool:
         (jeq, 1, 0, arch),          # 1: native ABI -> 3
         (ret, 0, 0, deny),          # 2: foreign ABI
         (load, 0, 0, 0),            # 3: A = seccomp_data.nr
-        (jge, 2, 0, 0x40000000),    # 4: x32 -> 7
-        (jeq, 1, 0, setsid),        # 5: setsid -> 7
-        (ret, 0, 0, allow),         # 6
-        (ret, 0, 0, deny),          # 7
+        (jge, 5, 0, 0x40000000),    # 4: x32 -> 10
+        (jeq, 4, 0, setsid),        # 5: setsid -> 10
+        (jeq, 0, 2, prctl),         # 6: prctl -> 7, else -> 9
+        (load, 0, 0, 16),           # 7: A = low word of seccomp_data.args[0]
+        (jeq, 1, 0, PR_SET_PDEATHSIG),  # 8: prctl(PR_SET_PDEATHSIG, ...) -> 10
+        (ret, 0, 0, allow),         # 9
+        (ret, 0, 0, deny),          # 10
     ]
     code = b"".join(struct.pack("=HBBI", *insn) for insn in program)
     buf = ctypes.create_string_buffer(code, len(code))
@@ -387,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=["build", "eval"])
     parser.add_argument("code_path", nargs="?")
     args = parser.parse_args(argv)
+    die_with_parent()
     fd = args.result_fd
     if args.mode == "build":
         return run_build(fd, args.code_path)
