@@ -28,7 +28,7 @@ for step in ${STEP:-tests run bench}; do
          timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c "config-h100-$tag.yaml" 2>&1 | tee "$OUT/run$tag.log" | tail -25
          cp "db/h100-$tag.db" "$OUT/h100-$tag.db" ;;
     compare) python3 scripts/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
-    tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py ${TEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|passed|failed|Error"
+    tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|passed|failed|Error"
            { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; ps -eo pid,ppid,stat,etime,args; } > "$OUT/after_tests_processes.txt" ;;
     run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100.yaml ${RUN_ARGS:-} 2>&1 | tee "$OUT/run.log" | tail -40
          kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"
