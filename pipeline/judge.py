@@ -28,10 +28,12 @@ from .child.protocol import OutputHeader
 from .records import TrialResult, Verdict
 
 # How far below the parent's estimate the child's per-call time may be. On a GPU the parent's
-# back-to-back estimate counts host launch work the hold hides from the child's events (a launch-bound
-# call of 8 us device time costs 20-30 us of host time), hence the absolute part; on the CPU both
-# clocks see the same work, but a loaded 2-core machine moves a block's time by tens of percent.
-BOUND_SLACK = {"cuda": (0.25, 0.03), "cpu": (0.5, 0.05)}  # (relative, milliseconds)
+# back-to-back estimate counts the host work of the candidate's forward, which the hold hides from
+# the child's events: on the H100 an honest 11 us kernel cost 110 us a call on the parent's clock,
+# hence 0.25 ms absolute (below that the bound says nothing; the bandwidth floor still holds); at
+# KernelBench's mse size the honest kernel's 2.80 ms sat at 0.76 of the parent's 3.67 ms, hence
+# half. On the CPU both clocks see the same work; honest calls measured 0.90-1.40x the estimate.
+BOUND_SLACK = {"cuda": (0.5, 0.25), "cpu": (0.5, 0.05)}  # (relative, milliseconds)
 UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
 
 

@@ -24,7 +24,7 @@ for step in ${STEP:-tests run bench}; do
   case $step in
     known) python3 scripts/gpu_known.py "$(date +%T)" 2>&1 | tee -a "$OUT/known.log" | grep KNOWN ;;
     runA|runB) tag=${step#run}
-         sed "s#db/h100.db#db/h100-$tag.db#" config-h100.yaml > "config-h100-$tag.yaml"
+         sed "s#db/h100-ab.db#db/h100-$tag.db#" config-h100-ab.yaml > "config-h100-$tag.yaml"
          timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c "config-h100-$tag.yaml" 2>&1 | tee "$OUT/run$tag.log" | tail -25
          cp "db/h100-$tag.db" "$OUT/h100-$tag.db" ;;
     compare) python3 scripts/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;

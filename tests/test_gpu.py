@@ -9,6 +9,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import pytest
 from pipeline import build, evaluate, health
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
-from pipeline.records import Flag, Verdict
+from pipeline.leaderboard import is_verified
+from pipeline.records import Flag, Verdict, summary_fields
 
 pytestmark = pytest.mark.gpu
 
@@ -296,12 +298,15 @@ def test_a_busy_gpu_is_refused_then_served_again(built, bench):
     busy = subprocess.Popen([sys.executable, "-c", BUSY_GPU, "120"], stdout=subprocess.PIPE, text=True)
     try:
         assert busy.stdout.readline().strip() == "busy"
+        time.sleep(2)  # into its loop
         sick = evaluate.evaluate(bench, path, build_dir, SETTINGS, watch=watch)
     finally:
         busy.kill()
         busy.wait()
     print(f"\nREDTEAM busy_gpu: {sick.verdict.value} device_unfit={sick.device_unfit!r} time_ms={sick.time_ms}")
-    assert sick.verdict is Verdict.correct and sick.timing is None and sick.device_unfit
+    # Refused before timing (no time), or caught after it (the time is kept, marked): never trusted.
+    assert sick.verdict is Verdict.correct and sick.device_unfit
+    assert not is_verified({**summary_fields(sick), "code_hash": "x", "flags": []})
     after = evaluate.evaluate(bench, path, build_dir, SETTINGS, watch=watch)
     print(f"REDTEAM after busy_gpu: device_unfit={after.device_unfit!r} time_ms={after.time_ms} "
           f"before {before.time_ms}; probes {[(round(p.bandwidth_gbs), p.hold_ms, r) for p, r in watch.history]}")
