@@ -36,6 +36,10 @@ EVALUATOR_VERSION = "2"
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
 CALIBRATION_BLOCKS = 5  # null-model Bound requests before import: what a block costs besides the calls
 BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (pipeline.judge.parent_estimate)
+# On the cpu, Bound requests of one call each: with three spinning processes a core, a request of
+# four 2.4 ms calls was always preempted (the fastest of five read 5.5 ms a call) and an honest kernel
+# was refused; a one-call request fits between preemptions often enough for its fastest to count.
+CPU_BOUND_REQUESTS = 12
 CHECKED_TIMED = 16  # timed calls whose outputs are compared in full, chosen in secret per attempt
 BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
 # On the cpu, Bound inputs come from the parent through the inbox, up to this many bytes a request:
@@ -223,8 +227,11 @@ class AttemptPlan:
         timed = [[_seed() for _ in range(min(BLOCK, n - first))] for first in range(0, n, BLOCK)]
         input_bytes = bench.baselines.input_bytes if bench.baselines else 0
         inbox = bench.device == "cpu" and 0 < input_bytes <= INBOX_BYTES
-        per_bound = max(1, min(BLOCK, (INBOX_BYTES if inbox else BOUND_SET_BYTES) // max(input_bytes, 1)))
-        bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(BOUND_REQUESTS, min(8, len(timed))))]
+        if inbox:  # one call a request: the fastest is then one no other process preempted
+            bounds = [[_seed()] for _ in range(CPU_BOUND_REQUESTS)]
+        else:
+            per_bound = max(1, min(BLOCK, BOUND_SET_BYTES // max(input_bytes, 1)))
+            bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(BOUND_REQUESTS, min(8, len(timed))))]
         checked = {f"trial{t.index}": {"size": t.size, "seed": t.seed, "variant": t.variant} for t in trials}
         flat = [(f"timed{b}_{j}", seed) for b, block in enumerate(timed) for j, seed in enumerate(block)]
         rng = random.SystemRandom()

@@ -114,8 +114,8 @@ def _uuid(lane: str | None) -> str | None:
     return None
 
 
-def ours() -> set[int]:
-    """This process and every process it started, at any depth (reference processes, children)."""
+def descendants(root: int) -> set[int]:
+    """Every live process started by `root`, at any depth (from /proc's parent links)."""
     parent: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -124,15 +124,19 @@ def ours() -> set[int]:
                 parent[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-    mine = {os.getpid()}
-    grew = True
+    found, grew = {root}, True
     while grew:
         grew = False
         for pid, ppid in parent.items():
-            if ppid in mine and pid not in mine:
-                mine.add(pid)
+            if ppid in found and pid not in found:
+                found.add(pid)
                 grew = True
-    return mine
+    return found - {root}
+
+
+def ours() -> set[int]:
+    """This process and every process it started (reference processes, children)."""
+    return {os.getpid()} | descendants(os.getpid())
 
 
 def foreign_compute_processes(lane: str | None) -> list[str]:

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 
 from chat_server import Failure, Reply, serve
 from pipeline.cli import main
+from pipeline.health import descendants
 from pipeline.config import load_config
 from pipeline.run import Runner
 from pipeline.store import Store
@@ -141,25 +142,6 @@ def test_kill9_mid_run_then_resume_stores_every_slot_once(tmp_path):
     assert _count(db, "SELECT count(DISTINCT cache_key) FROM completions") == 4
 
 
-def _descendants(root: int) -> set[int]:
-    parent = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                parent[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
-            except (OSError, ValueError):
-                continue
-    found, grew = {root}, True
-    while grew:
-        grew = False
-        for pid, ppid in parent.items():
-            if ppid in found and pid not in found:
-                found.add(pid)
-                grew = True
-    return found - {root}
-
-
 def _running(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -193,11 +175,11 @@ def test_nothing_kgen_started_outlives_a_kgen_killed_with_sigkill(tmp_path):
     deadline = time.monotonic() + 240
     child = []
     while time.monotonic() < deadline and not child:
-        child = [pid for pid in _descendants(proc.pid) if b"harness" in _cmdline(pid) and b"eval" in _cmdline(pid)]
+        child = [pid for pid in descendants(proc.pid) if b"harness" in _cmdline(pid) and b"eval" in _cmdline(pid)]
         time.sleep(0.2)
     assert child, "no candidate child started"
     time.sleep(5)  # past loading and import: spinning in its warm-up call
-    started = _descendants(proc.pid)
+    started = descendants(proc.pid)
     assert any(b"pipeline.reference" in _cmdline(pid) for pid in started)
     proc.kill()
     proc.wait()

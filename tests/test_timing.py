@@ -58,7 +58,7 @@ def test_a_short_task_is_timed_with_more_calls_on_both_sides(tmp_path):
     assert counts[10_000.0] == (24, 24, 24)
 
 
-def _busy(seconds: float, per_core: int = 3) -> list[subprocess.Popen]:
+def _busy(seconds: float, per_core: int = 1) -> list[subprocess.Popen]:
     """Processes spinning, `per_core` for every core, each ending by itself after `seconds` at most."""
     spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
     return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(per_core * (os.cpu_count() or 1))]
@@ -66,14 +66,16 @@ def _busy(seconds: float, per_core: int = 3) -> list[subprocess.Popen]:
 
 def test_the_ratio_is_taken_side_by_side_and_survives_a_loaded_machine(tmp_path):
     """The same work on both sides (the candidate is eager's own ops), judged on an idle machine and
-    with three spinning processes per core running through the whole evaluation. The eager blocks
+    with a spinning process per core running through the whole evaluation. The eager blocks
     the reference process times between the candidate's see the same machine, and both sides time
     with one thread (evaluation.cpu_threads), so the speedup stays near 1.0 either way.
 
     Tolerance 0.6-1.6: both sides run the same ops in alternating blocks of four calls and each
     keeps the median block, so what is left is how differently the load falls on neighbouring
-    blocks; over 13 runs on the 2-core CI box the ratios were 0.92-1.05 idle and 0.78-1.05 loaded
-    (the margin is for a slower CI machine; the issue's report was 0.07 against 11.6)."""
+    blocks; over 13 runs on the 2-core CI box, with one to three spinners a core, the ratios were
+    0.92-1.05 idle and 0.78-1.05 loaded (the margin is for a slower CI machine; the issue's report
+    was 0.07 against 11.6). Three spinners a core also push the parent's lower bound on times past
+    honest kernels at times (README), so the test loads the machine fully, not over."""
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
     code = tmp_path / "cand.py"
     code.write_text(MSE_IN_TORCH)
