@@ -129,6 +129,11 @@ class TaskBench:
             ref.finish(grace=0.1)
 
 
+def lane_of(env: dict[str, str]) -> dict[str, str] | None:
+    """The part of a child's environment that names its GPU lane, which keys the lane's reference."""
+    return {k: v for k, v in env.items() if k == "CUDA_VISIBLE_DEVICES"} or None
+
+
 def device_for(backend: str) -> str:
     return "cuda" if backend == "cuda" else "cpu"
 
@@ -276,7 +281,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     started = time.monotonic()
     env = {"MAX_JOBS": str(os.cpu_count() or 1), **(env or {})}
     plan = AttemptPlan.draw(bench)
-    lane_env = {k: v for k, v in env.items() if k == "CUDA_VISIBLE_DEVICES"} or None
+    lane_env = lane_of(env)
     unfit = watch.check(bench, lane_env) if watch is not None else None
     workdir = tempfile.mkdtemp(prefix="kgen-expected-")  # ours alone: no child can read it
     child = None

@@ -76,6 +76,7 @@ class Watch:
 
     lane: str | None
     start: Probe | None = None
+    uuid: str | None = None  # the lane's GPU as the driver names it ("" where nvidia-smi cannot say)
     history: list[tuple[Probe, str | None]] = field(default_factory=list)
 
     def check(self, bench: Any, env: dict[str, str] | None) -> str | None:
@@ -84,8 +85,10 @@ class Watch:
         found = [m for m in msgs if m.get("event") == "health"]
         if not found:
             return "the reference process sent no health figures"
+        if self.uuid is None:
+            self.uuid = _uuid(self.lane) or ""
         probe = Probe(bandwidth_gbs=found[0]["bandwidth_gbs"], hold_ms=found[0].get("hold_ms"),
-                      others=foreign_compute_processes(self.lane), throttle=throttled(self.lane))
+                      others=foreign_compute_processes(self.uuid), throttle=throttled(self.uuid))
         reason = unfit_reason(probe, self.start, bench.env.get("device_name", ""))
         if reason is None and self.start is None:
             self.start = probe
@@ -139,11 +142,10 @@ def ours() -> set[int]:
     return {os.getpid()} | descendants(os.getpid())
 
 
-def foreign_compute_processes(lane: str | None) -> list[str]:
+def foreign_compute_processes(uuid: str) -> list[str]:
     """Compute processes the driver lists on this lane's GPU that are not ours. A pid this machine's
     /proc does not show (another container's) cannot be named, so it is not counted: the bandwidth
-    and hold figures still see what it does to the device."""
-    uuid = _uuid(lane)
+    and hold figures still see what it does to the device. `uuid` "": every GPU's."""
     mine = ours()
     found = []
     for row in _smi("--query-compute-apps=gpu_uuid,pid,process_name"):
@@ -156,8 +158,7 @@ def foreign_compute_processes(lane: str | None) -> list[str]:
     return found
 
 
-def throttled(lane: str | None) -> list[str]:
-    uuid = _uuid(lane)
+def throttled(uuid: str) -> list[str]:
     rows = _smi(*(["-i", uuid] if uuid else []), "--query-gpu=clocks_event_reasons.active")
     if not rows:
         rows = _smi(*(["-i", uuid] if uuid else []), "--query-gpu=clocks_throttle_reasons.active")

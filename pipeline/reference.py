@@ -94,8 +94,7 @@ class Reference:
                 for _ in range(warmup):
                     m32(*self.sets[0])
                 self.clock.sync()
-            return time_blocks(self.clock, lambda x: m32(*x), self.sets, len(seeds), lambda i, n: seeds[i:i + n],
-                               lambda x, seed: tasks.refill_inputs(x, module, seed, self.device))
+            return self._blocks(m32, module, self.sets, seeds, len(seeds), self.clock)
 
     def release(self) -> None:
         """Free what an attempt's eager blocks kept (models, input sets, the clock's buffers)."""
@@ -137,10 +136,13 @@ class Reference:
             job = self.job
             count = calls_for(clock.block_ms(lambda: model(*inputs), 3) / 3, job["timed_ms"], job["timed_calls"],
                               min(job["max_timed_calls"], len(seeds)))
-            sets = tasks.block_sets(module, inputs, self.device)
-            times = time_blocks(clock, lambda x: model(*x), sets, count, lambda i, n: seeds[i:i + n],
-                                lambda x, seed: tasks.refill_inputs(x, module, seed, self.device))
+            times = self._blocks(model, module, tasks.block_sets(module, inputs, self.device), seeds, count, clock)
         return summarize_blocks(times)
+
+    def _blocks(self, model, module, sets: list[list[Any]], seeds: list[int], count: int, clock: Clock) -> list[float]:
+        """`count` calls timed in blocks, each set refilled from the next seeds (timing.time_blocks)."""
+        return time_blocks(clock, lambda x: model(*x), sets, count, lambda i, n: seeds[i:i + n],
+                           lambda x, seed: tasks.refill_inputs(x, module, seed, self.device))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from . import judge
 from .judge import Window
 from .child import protocol as P
 from .evaluate import (CALIBRATION_BLOCKS, Ended, EvalResult, Expected, TaskBench, ended_early, flags_for,
-                       summarize, _seed)
+                       lane_of, summarize, _seed)
 from .records import TrialResult, Verdict
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
@@ -44,7 +44,7 @@ class Session:
         self.timed: list[tuple[list[float], Window]] = []
         self.estimate: float | None = None
         self.eager: list[float] = []  # the reference's eager calls, timed between the candidate's blocks
-        self.lane = {k: v for k, v in env.items() if k == "CUDA_VISIBLE_DEVICES"} or None
+        self.lane = lane_of(env)
 
     # ---- the conversation ----------------------------------------------------------------------
 
@@ -209,9 +209,27 @@ class Session:
         return result
 
     def timing(self) -> tuple[Verdict, str] | None:
-        """Timed blocks with Bound requests spread among them (so both see the same machine state),
-        each output the plan checks compared as soon as its reply is in."""
-        plan, bench = self.plan, self.bench
+        """The blocks, then the child's times against the floor and the parent's own clock. The
+        reference frees what the eager blocks kept however the blocks ended."""
+        bench = self.bench
+        try:
+            if (problem := self.blocks()):
+                return problem
+        finally:
+            bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
+        self.estimate = judge.parent_estimate(self.calibration, self.bound_windows)
+        times = [t for claimed, _ in self.timed for t in claimed]
+        median = summarize(times).median_ms
+        b = bench.baselines
+        if b and b.floor_ms and median < b.floor_ms * bench.settings.floor_slack:
+            return (Verdict.impossible_timing, f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms "
+                    f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
+        return judge.check_times(bench.device, median, self.timed, self.estimate)
+
+    def blocks(self) -> tuple[Verdict, str] | None:
+        """Timed blocks with Bound requests and eager blocks spread among them (so all see the same
+        machine state), each output the plan checks compared as soon as its reply is in."""
+        plan = self.plan
         every = max(1, len(plan.timed) // len(plan.bounds))
         bounds = iter(enumerate(plan.bounds))
         for j, seeds in enumerate(plan.timed):
@@ -236,15 +254,7 @@ class Session:
                         return problem
                     if j < len(plan.timed) - 1:
                         break
-        self.bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
-        self.estimate = judge.parent_estimate(self.calibration, self.bound_windows)
-        times = [t for claimed, _ in self.timed for t in claimed]
-        median = summarize(times).median_ms
-        b = bench.baselines
-        if b and b.floor_ms and median < b.floor_ms * bench.settings.floor_slack:
-            return (Verdict.impossible_timing, f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms "
-                    f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
-        return judge.check_times(bench.device, median, self.timed, self.estimate)
+        return None
 
     def eager_block(self, calls: int, first: bool) -> None:
         """As many eager calls, timed by the reference process right after the candidate's block (and
