@@ -169,6 +169,31 @@ class Child:
                     pass
             time.sleep(0.01)
 
+    def pause(self) -> None:
+        """SIGSTOP every process in the child's session until `resume`: while the reference process
+        times eager calls beside the candidate's, nothing the candidate left running (a thread, a
+        helper process) may take the cpu from it. Swept until every member shows as stopped, since
+        a member not yet stopped can fork."""
+        for _ in range(50):
+            members = session_members(self.proc.pid, with_state=True)
+            running = [pid for pid, state in members if state not in ("T", "t")]
+            if not running:
+                return
+            for pid in running:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.0005)
+
+    def resume(self) -> None:
+        """SIGCONT what `pause` stopped (the whole session: a stopped process cannot have left it)."""
+        for pid, _ in session_members(self.proc.pid, with_state=True):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def finish(self, grace: float = 10.0) -> tuple[int, str]:
         """Wait for exit (killing the group at the deadline), then return (returncode, log). Its
         stdin is closed first: a child waiting for a request reads end of file and exits."""
@@ -204,9 +229,10 @@ def _exited(pid: int, timeout: float) -> bool:
         time.sleep(0.01)
 
 
-def session_members(sid: int) -> list[int]:
-    """Live (not zombie) processes in session `sid`, read from /proc."""
-    members = []
+def session_members(sid: int, with_state: bool = False) -> list:
+    """Live (not zombie) processes in session `sid`, read from /proc: pids, or (pid, state letter)
+    pairs with `with_state`."""
+    members: list = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -217,7 +243,7 @@ def session_members(sid: int) -> list[int]:
             continue
         fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
         if fields[0] not in ("Z", "X") and int(fields[3]) == sid:
-            members.append(int(entry.name))
+            members.append((int(entry.name), fields[0]) if with_state else int(entry.name))
     return members
 
 

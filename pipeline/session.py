@@ -260,9 +260,14 @@ class Session:
         """As many eager calls, timed by the reference process right after the candidate's block (and
         never beside it): the speedup is a ratio of times taken in the same window."""
         bench = self.bench
-        msgs = bench.request({"op": "time_block", "size": bench.size, "init_seed": self.plan.init_seed,
-                              "seeds": [_seed() for _ in range(calls)],
-                              "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, self.lane)
+        self.child.pause()  # what the candidate left running must not slow the eager side (sandbox.Child.pause)
+        try:
+            msgs = bench.request({"op": "time_block", "size": bench.size, "init_seed": self.plan.init_seed,
+                                  "seeds": [_seed() for _ in range(calls)],
+                                  "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s,
+                                 self.lane)
+        finally:
+            self.child.resume()
         self.eager.extend(t for m in msgs if m.get("event") == "block" for t in m["times_ms"])
 
     def bound_request(self, index: int, seeds: list[int]) -> P.Bound:
