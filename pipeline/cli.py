@@ -162,26 +162,31 @@ def summary_table(store, run_id: str, backend: str) -> None:
 @click.option("--model", default=None, help="Only this model.")
 @click.option("--verdict", default=None, help="Only this verdict (correct, mismatch, build_failed, ...).")
 @click.option("--flag", default=None, help="Only attempts with this flag (no_custom_kernel, shape_specialized).")
+@click.option("--turn", type=click.IntRange(min=1), default=None,
+              help="Only this turn of a search's conversations (1 is the first answer).")
 @click.option("-n", "--limit", type=int, default=None, help="At most this many, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def attempts(config, db, run_id, task, model, verdict, flag, limit, as_json) -> None:
+def attempts(config, db, run_id, task, model, verdict, flag, turn, limit, as_json) -> None:
     """List stored attempts, newest first."""
     store = _store(db, config)
     if run_id == "latest":
         run_id = store.latest_run_id()
-    rows = store.attempts(run=run_id, task=task, model=model, verdict=verdict, flag=flag, limit=limit)
-    keys = ("id", "run", "task", "model", "sample", "backend", "verdict", "flags", "error", "time_ms", "eager_ms",
-            "compile_ms", "floor_ms", "speedup_eager", "speedup_compile", "floor_fraction", "code_hash")
+    rows = store.attempts(run=run_id, task=task, model=model, verdict=verdict, flag=flag, limit=limit,
+                          turn=None if turn is None else turn - 1)
+    keys = ("id", "run", "task", "model", "sample", "backend", "turn", "generation", "verdict", "flags", "error",
+            "time_ms", "eager_ms", "compile_ms", "floor_ms", "speedup_eager", "speedup_compile", "floor_fraction",
+            "code_hash")
     if as_json:
         for r in rows:
             click.echo(json.dumps({k: r.get(k) for k in keys}))
         return
     table = Table()
-    for col in ("id", "task", "model", "sample", "backend", "verdict", "flags", "time ms", "x eager", "x compile",
-                "error"):
+    for col in ("id", "task", "model", "sample", "turn", "backend", "verdict", "flags", "time ms", "x eager",
+                "x compile", "error"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r["id"], r["task"], r["model"], str(r["sample"]), r["backend"], r["verdict"],
+        turn_text = f"{r['turn'] + 1}" + (f" (gen {r['generation']})" if r["generation"] else "")
+        table.add_row(r["id"], r["task"], r["model"], str(r["sample"]), turn_text, r["backend"], r["verdict"],
                       ",".join(r["flags"]), _fmt(r["time_ms"]), _fmt(r["speedup_eager"]),
                       _fmt(r["speedup_compile"]), Text((r["error"] or "")[:80]))  # a candidate's words: literal
     console.print(table)
@@ -207,7 +212,7 @@ def show(attempt_id: str, config: str, db: str | None, full: bool) -> None:
     code = (generated / f"{a['code_hash']}.py") if a.get("code_hash") else None
     from .show import render_attempt
 
-    render_attempt(console, a, code.read_text() if code and code.exists() else None, full)
+    render_attempt(console, a, code.read_text() if code and code.exists() else None, full, store.chain(a["id"]))
 
 
 def _generated_dir(config: str) -> Path:

@@ -170,6 +170,46 @@ class Budget(_Strict):
     """Dollars, from each model's price table."""
 
 
+class Target(_Strict):
+    """When a correct, trusted, timed attempt is good enough to end its search early: every figure
+    given must be reached (none given: a search runs all its turns)."""
+
+    speedup_eager: float | None = Field(default=None, gt=0)
+    """Speedup over eager PyTorch timed side by side."""
+    speedup_compile: float | None = Field(default=None, gt=0)
+    """Speedup over torch.compile of the reference."""
+    floor_fraction: float | None = Field(default=None, gt=0, le=1)
+    """The bandwidth floor's time over the kernel's (1.0: at the floor)."""
+
+
+class SearchConfig(_Strict):
+    """How kgen searches: one shot per slot, a refining conversation per slot, or an evolving
+    archive per task (pipeline.search)."""
+
+    strategy: Literal["single", "refine", "evolve"] = "single"
+    """single: one prompt, one verdict per slot. refine: the verdict becomes the next user turn, up
+    to max_turns. evolve: generations of children prompted with parents from the task's archive."""
+    max_turns: int = Field(default=4, ge=1, le=100)
+    """refine: attempts per conversation, the first included."""
+    target: Target = Field(default_factory=lambda: Target())
+    """refine and evolve: stop a conversation (or a task's generations) once reached."""
+    keep_turns: int = Field(default=2, ge=1, le=50)
+    """Exchanges (answer, feedback) kept whole in the conversation; older ones shrink to one line
+    each, so a long search fits the model's context while the latest code and verdicts stay."""
+    feedback_template: str = "feedback.j2"
+    """The template in the prompts folder that renders a verdict as the next user turn."""
+    evolve_template: str = "evolve.j2"
+    """evolve: the template of a child's prompt, showing its parents."""
+    generations: int = Field(default=3, ge=1, le=1000)
+    """evolve: generations per task, the first (from the plain prompt) included."""
+    population: int = Field(default=4, ge=1, le=1000)
+    """evolve: children per generation and task (generation 0's come from the plain prompt)."""
+    parents: int = Field(default=2, ge=1, le=3)
+    """evolve: parents shown in a child's prompt: the fastest, then others chosen for variety."""
+    fix_turns: int = Field(default=1, ge=0, le=10)
+    """evolve: refine turns a failed child gets before it is given up."""
+
+
 class Config(_Strict):
     """The whole config.yaml."""
 
@@ -201,6 +241,8 @@ class Config(_Strict):
     """Ray cluster address (None starts or joins a local instance)."""
     budget: Budget = Field(default_factory=lambda: Budget())
     """Limits that stop new model calls for a run once reached."""
+    search: SearchConfig = Field(default_factory=lambda: SearchConfig())
+    """single, refine or evolve, and their limits."""
 
     base_dir: Path = Field(default=Path("."), exclude=True)
     """Folder of the config file; relative paths resolve against it."""

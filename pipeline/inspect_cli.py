@@ -24,7 +24,7 @@ db_option = click.option("--db", default="db/kgen.db", show_default=True, type=c
 
 BEST_KEYS = ("task", "backend", "device", "size", "time_ms", "eager_ms", "compile_ms", "floor_ms",
              "speedup_eager", "speedup_compile", "floor_fraction", "model", "run", "attempt", "code_hash",
-             "torch_version", "cuda_version")
+             "torch_version", "cuda_version", "turn", "generation")
 
 
 def _store(db: str):
@@ -75,23 +75,29 @@ def best(db: str, task: str | None, backend: str | None, as_json: bool) -> None:
         return
     table = Table(title="best verified kernels")
     for col in ("task", "backend", "device", "size", "time ms", "x eager", "x compile", "floor frac", "model",
-                "run", "attempt"):
+                "found at", "run", "attempt"):
         table.add_column(col, overflow="fold", justify="left" if col in ("task", "backend", "device", "size",
                                                                           "model", "run", "attempt") else "right")
     for r in board:
         table.add_row(r["task"], r["backend"], r["device"] or "-", r["size"] or "-", _fmt(r["time_ms"], ".4g"),
                       _fmt(r["speedup_eager"]), _fmt(r["speedup_compile"]), _fmt(r["floor_fraction"]), r["model"],
-                      r["run_id"], r["id"])
+                      _found_at(r), r["run_id"], r["id"])
     console = Console()  # made here, so it writes to the stdout click (or a test runner) set up
     if not console.is_terminal:
         console.width = 200  # piped: rich's 80-column default would fold ids and device names
     console.print(table)
 
 
+def _found_at(row: dict[str, Any]) -> str:
+    """Which step of a search found the kernel: its turn, and its generation in an evolving search."""
+    turn = f"turn {row.get('turn', 0) + 1}"
+    return f"gen {row['generation']} {turn}" if row.get("generation") else turn
+
+
 def _columns(store) -> list[str]:
     # The table's own column order (what Store.attempts returns, less its hidden columns, plus the
     # "run" alias), so an export with no rows still has a header.
-    hidden = {"result_json", "detail"}
+    hidden = {"result_json", "detail", "messages_json", "feedback"}
     return [c.name for c in store.db["attempts"].columns if c.name not in hidden] + ["run"]
 
 

@@ -78,8 +78,12 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
     max_abs = float(diff.max()) if diff.size else 0.0
     max_rel = max_abs / max(float(mag.max()) if mag.size else 0.0, 1e-30)
     if not bool(np.all(diff <= bound)):
+        # The one element the feedback may show (pipeline.feedback): the furthest past its bound.
+        worst = int(np.argmax(diff - bound))
+        index = [int(i) for i in np.unravel_index(worst, tuple(want.shape))] if want.shape else []
         return fail(Verdict.mismatch, f"max relative error {max_rel:.3g} exceeds tolerance {tol:g}",
-                    max_abs_err=max_abs, max_rel_err=max_rel)
+                    max_abs_err=max_abs, max_rel_err=max_rel, worst_index=index,
+                    expected=float(b[worst]), got=float(values[worst]))
     return TrialResult(index=0, variant="", ok=True, max_abs_err=max_abs, max_rel_err=max_rel)
 
 

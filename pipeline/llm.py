@@ -40,6 +40,8 @@ class ChatRequest(Record):
     """Chat messages in OpenAI form: {"role": ..., "content": ...}."""
     sample: int
     """Which of the samples for this task this request is (0-based)."""
+    turn: int = 0
+    """Which turn of a search conversation this is (0: the first prompt); replay answers by it."""
 
 
 class Provider(Protocol):
@@ -140,12 +142,15 @@ class _ReplayEntry(Record):
     task: str
     backend: Backend
     text: str
+    turn: int | None = None
+    """The turn of a search conversation this entry answers; None answers any turn."""
     reasoning: str | None = None
     usage: Usage = Field(default_factory=Usage)
 
 
 class ReplayProvider:
-    """Recorded completions from a JSONL file: reruns without a model, and tests."""
+    """Recorded completions from a JSONL file: reruns without a model, and tests. An entry with a
+    `turn` answers only that turn of a search's conversations, so a recorded search replays."""
 
     def __init__(self, cfg: ModelConfig, base_dir: Path) -> None:
         if not cfg.replay_file:
@@ -182,10 +187,12 @@ class ReplayProvider:
         return entries
 
     async def complete(self, request: ChatRequest) -> Completion:
-        entries = self._entries.get((request.task, request.backend))
+        entries = self._entries.get((request.task, request.backend), [])
+        # A recorded conversation: the entries for this turn; else those that answer any turn.
+        entries = [e for e in entries if e.turn == request.turn] or [e for e in entries if e.turn is None]
         if not entries:
             return Completion(error=f"replay: no recorded completion for task {request.task} "
-                                    f"on backend {request.backend}")
+                                    f"on backend {request.backend} at turn {request.turn}")
         entry = entries[request.sample % len(entries)]
         return Completion(text=entry.text, reasoning=entry.reasoning, usage=entry.usage,
                           model_id=self.cfg.model or "replay", finish_reason="stop")

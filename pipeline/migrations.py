@@ -211,3 +211,22 @@ def m004_device_unfit(db: sqlite_utils.Database) -> None:
     # existed): such a row keeps its verdict, is never "best", and a resume re-times it.
     if "device_unfit" not in db["attempts"].columns_dict:
         db["attempts"].add_column("device_unfit", str)
+
+
+@migration
+def m005_search(db: sqlite_utils.Database) -> None:
+    # Search (pipeline.search): an attempt is one turn of a conversation or one child of a
+    # generation, so a slot holds several rows; the unique slot index grows those two columns.
+    # parents: JSON list of the attempt ids it was prompted with; messages_json: exactly what was
+    # sent; feedback: the user turn its verdict became (what the next turn was told).
+    attempts = db["attempts"]
+    for column, kind, default in (("turn", int, 0), ("generation", int, 0)):
+        if column not in attempts.columns_dict:
+            attempts.add_column(column, kind, not_null_default=default)
+    for column in ("parents", "messages_json", "feedback"):
+        if column not in attempts.columns_dict:
+            attempts.add_column(column, str)
+    db.execute("DROP INDEX IF EXISTS attempts_slot")
+    attempts.create_index(["run_id", "task", "model", "template", "sample", "backend", "generation", "turn"],
+                          index_name="attempts_turn", unique=True, if_not_exists=True)
+    attempts.create_index(["run_id", "turn"], if_not_exists=True)

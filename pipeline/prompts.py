@@ -34,7 +34,8 @@ def example_paths(backend: str, prompts_dir: Path) -> tuple[Path, Path]:
     return examples / "model.py", examples / f"{backend}_model_new.py"
 
 
-def _environment(prompts_dir: Path) -> Environment:
+def environment(prompts_dir: Path) -> Environment:
+    """Strict: a variable a template names but is not given is an error, never an empty string."""
     return Environment(loader=FileSystemLoader(prompts_dir), undefined=StrictUndefined,
                        keep_trailing_newline=True)
 
@@ -44,7 +45,7 @@ def render(template: str, task: TaskFile, backend: str, prompts_dir: Path) -> st
     prompts_dir = Path(prompts_dir)
     if backend not in BACKENDS:
         raise PromptError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
-    env = _environment(prompts_dir)
+    env = environment(prompts_dir)
     try:
         tmpl = env.get_template(template)
     except TemplateNotFound:

@@ -132,6 +132,12 @@ class TrialResult(Record):
     """Largest absolute difference from the reference."""
     max_rel_err: float | None = None
     """Largest difference relative to the reference's magnitude."""
+    worst_index: list[int] | None = None
+    """A mismatch's worst element: its index in the output (furthest past the tolerance)."""
+    expected: float | None = None
+    """The reference's value there (float64): the only reference value feedback ever shows."""
+    got: float | None = None
+    """The candidate's value there."""
 
 
 class Timing(Record):

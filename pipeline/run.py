@@ -14,17 +14,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from . import build as build_stage
-from . import evaluate, extract, prompts
+from . import diagnostics, evaluate, extract, prompts
+from .diagnostics import Diagnostic
 from .child import tasks
 from .config import Config, ModelConfig
 from .executor import Executor, make_executor
 from .llm import ChatRequest, Provider, make_provider
-from .records import BuildResult, EvalResult, Verdict
+from .records import BuildResult, Completion, EvalResult, Verdict
 from .store import Store
 
 
@@ -37,6 +38,10 @@ class Slot:
     template: str
     sample: int
     backend: str
+    turn: int = 0
+    """Which turn of its conversation (refine, or an evolve child's fixes); 0 for single."""
+    generation: int = 0
+    """Which generation of its task's archive (evolve); 0 otherwise."""
 
     @property
     def key(self) -> tuple[str, str, str, int, str]:
@@ -62,16 +67,40 @@ def plan(cfg: Config, backend: str) -> list[Slot]:
 def plan_key(cfg: Config, backend: str, slots: list[Slot]) -> str:
     planned = {"slots": [list(s.key) + [s.task.sha] for s in slots], "size": cfg.tasks.size,
                "evaluation": cfg.evaluation.model_dump(), "backend": backend}
+    if cfg.search.strategy != "single":  # a single run's key stays what it was before search existed
+        planned["search"] = cfg.search.model_dump()
     return hashlib.sha256(json.dumps(planned, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def cache_key(model: ModelConfig, messages: list[dict[str, str]], sample: int, backend: str, task: str) -> str:
+def cache_key(model: ModelConfig, messages: list[dict[str, str]], sample: int, backend: str, task: str,
+              turn: int = 0) -> str:
     """Everything that changes a completion, nothing that only changes transport (retries, timeouts)."""
     parts = {"provider": model.provider, "base_url": model.base_url, "model": model.model,
              "replay_file": model.replay_file, "sampling": model.sampling.model_dump(), "messages": messages,
              "sample": sample, "backend": backend if model.provider == "replay" else None,
              "task": task if model.provider == "replay" else None}
+    if turn and model.provider == "replay":  # a replay file answers by turn too
+        parts["turn"] = turn
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A model's answer to one prompt, as stored."""
+
+    completion_id: str
+    completion: Completion
+    messages: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What the pipeline made of an answer: the verdict, the code it judged, the compiler's errors."""
+
+    result: EvalResult
+    code_hash: str | None = None
+    code: str | None = None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
 
 
 class Runner:
@@ -118,7 +147,12 @@ class Runner:
             self.task_ids[t.name] = self.store.upsert_task(t.name, str(t.path), t.source)
         self.spent_tokens, self.spent_usd = self.store.run_spending(run_id)
         try:
-            results = await asyncio.gather(*(self._attempt(s) for s in todo), return_exceptions=True)
+            if self.cfg.search.strategy == "single":
+                work = [self._attempt(s) for s in todo]
+            else:  # a search resumes inside each conversation: every slot goes in (pipeline.search)
+                from . import search
+                work = search.plan(self, self.slots)
+            results = await asyncio.gather(*work, return_exceptions=True)
         finally:
             self.executor.close()
             for pending in self.benches.values():
@@ -147,57 +181,84 @@ class Runner:
                 if a["verdict"] in again or (a["verdict"] == Verdict.correct.value and a.get("device_unfit"))}
 
     async def _attempt(self, slot: Slot) -> None:
-        task_id = self.task_ids[slot.task.name]
-        text = prompts.render(slot.template, slot.task, slot.backend, self.cfg.path(self.cfg.prompts_dir))
-        prompt_id = self.store.save_prompt(task_id, slot.template, slot.backend, text)
-        messages = prompts.messages(text)
-        key = cache_key(slot.model, messages, slot.sample, slot.backend, slot.task.name)
+        """A single-shot slot: the plain prompt, one answer, one verdict."""
+        prompt_id, messages = self.first_prompt(slot)
+        answer = await self.generate(slot, prompt_id, messages)
+        if answer is not None:
+            verdict = await self.judge(slot, answer)
+            self.store_attempt(slot, answer, verdict)
+
+    def first_prompt(self, slot: Slot, text: str | None = None) -> tuple[str, list[dict[str, str]]]:
+        """The prompt a conversation starts from (the template's, or `text`), stored; its messages."""
+        if text is None:
+            text = prompts.render(slot.template, slot.task, slot.backend, self.cfg.path(self.cfg.prompts_dir))
+        prompt_id = self.store.save_prompt(self.task_ids[slot.task.name], slot.template, slot.backend, text)
+        return prompt_id, prompts.messages(text)
+
+    async def generate(self, slot: Slot, prompt_id: str, messages: list[dict[str, str]]) -> Answer | None:
+        """The model's answer to `messages`, from the cache when these exact messages were answered
+        before (a resumed run repeats no call); None when the budget is spent."""
+        key = cache_key(slot.model, messages, slot.sample, slot.backend, slot.task.name, slot.turn)
         cached = self.store.cached_completion(key)
         if cached:
-            completion_id, completion = cached
-        else:
-            # The budget is checked once a call slot is ours, so calls queued behind it see its cost.
-            async with self.model_slots[slot.model.name]:
-                if not self._budget_left():
-                    self.over_budget += 1  # not stored: a later run with a larger budget picks it up
-                    self.on_event("budget", slot, None)
-                    return None
-                self.on_event("calling", slot, None)
-                completion = await self.providers[slot.model.name].complete(
-                    ChatRequest(task=slot.task.name, backend=slot.backend, messages=messages, sample=slot.sample))
-            cost = (completion.usage.prompt_tokens * slot.model.price.input_per_mtok
-                    + completion.usage.completion_tokens * slot.model.price.output_per_mtok) / 1e6
-            self.spent_tokens += completion.usage.prompt_tokens + completion.usage.completion_tokens
-            self.spent_usd += cost
-            completion_id = self.store.save_completion(
-                self.run_id, task_id, prompt_id, slot.model.name, slot.model.provider, slot.model.base_url,
-                slot.sample, key, completion, cost)
-            self.on_event("completed", slot, completion)
-        save = dict(run_id=self.run_id, task_id=task_id, task=slot.task.name, model=slot.model.name,
-                    sample=slot.sample, backend=slot.backend, template=slot.template,
-                    completion_id=completion_id, size=self._size_name(slot))
+            return Answer(cached[0], cached[1], messages)
+        # The budget is checked once a call slot is ours, so calls queued behind it see its cost.
+        async with self.model_slots[slot.model.name]:
+            if not self._budget_left():
+                self.over_budget += 1  # not stored: a later run with a larger budget picks it up
+                self.on_event("budget", slot, None)
+                return None
+            self.on_event("calling", slot, None)
+            completion = await self.providers[slot.model.name].complete(
+                ChatRequest(task=slot.task.name, backend=slot.backend, messages=messages, sample=slot.sample,
+                            turn=slot.turn))
+        cost = (completion.usage.prompt_tokens * slot.model.price.input_per_mtok
+                + completion.usage.completion_tokens * slot.model.price.output_per_mtok) / 1e6
+        self.spent_tokens += completion.usage.prompt_tokens + completion.usage.completion_tokens
+        self.spent_usd += cost
+        completion_id = self.store.save_completion(
+            self.run_id, self.task_ids[slot.task.name], prompt_id, slot.model.name, slot.model.provider,
+            slot.model.base_url, slot.sample, key, completion, cost)
+        self.on_event("completed", slot, completion)
+        return Answer(completion_id, completion, messages)
+
+    async def judge(self, slot: Slot, answer: Answer) -> Judged:
+        """Extract, build and evaluate one answer (nothing stored yet)."""
+        completion = answer.completion
         if completion.error:
-            return self._store(slot, save, None, EvalResult(verdict=Verdict.model_error, error=completion.error))
+            return Judged(EvalResult(verdict=Verdict.model_error, error=completion.error))
         extraction = extract.extract(completion.text)
         if extraction.error:
-            return self._store(slot, save, None, EvalResult(verdict=Verdict.extract_failed, error=extraction.error))
+            return Judged(EvalResult(verdict=Verdict.extract_failed, error=extraction.error))
         code_path = extract.save(extraction, self.generated)
         code_hash = extraction.code_hash
         if slot.backend == "cuda" and not self.gpu:
-            return self._store(slot, save, code_hash, EvalResult(
-                verdict=Verdict.waiting_gpu, error="no CUDA device here: evaluated when a GPU run resumes this run"))
+            return Judged(EvalResult(verdict=Verdict.waiting_gpu, error="no CUDA device here: evaluated when a "
+                                     "GPU run resumes this run"), code_hash, extraction.code)
         built = await self._build(code_path, code_hash, slot)
         if not built.ok:
             verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
-            return self._store(slot, save, code_hash, EvalResult(
-                verdict=verdict, error=build_stage.summary_line(built)))
+            return Judged(EvalResult(verdict=verdict, error=build_stage.summary_line(built)), code_hash,
+                          extraction.code, diagnostics.compiler_errors(built.log, extraction.code or "",
+                                                                       candidate_name=code_path.name))
         bench = await self._bench(slot)
         self.on_event("evaluating", slot, None)
         result = await self.executor.evaluate(bench, code_path, Path(built.build_dir), self.cfg.evaluation)
         self.on_event("evaluated", slot, result)
         if result.device_unfit:
             self.on_event("unfit", slot, result.device_unfit)
-        self._store(slot, save, code_hash, result)
+        return Judged(result, code_hash, extraction.code)
+
+    def store_attempt(self, slot: Slot, answer: Answer, judged: Judged, parents: list[str] | None = None,
+                      feedback: str | None = None) -> str:
+        attempt_id = self.store.save_attempt(
+            run_id=self.run_id, task_id=self.task_ids[slot.task.name], task=slot.task.name, model=slot.model.name,
+            sample=slot.sample, backend=slot.backend, template=slot.template, completion_id=answer.completion_id,
+            size=self._size_name(slot), code_hash=judged.code_hash, result=judged.result, turn=slot.turn,
+            generation=slot.generation, parents=parents,
+            messages=answer.messages if self.cfg.search.strategy != "single" else None, feedback=feedback)
+        self.on_event("stored", slot, judged.result)
+        return attempt_id
 
     def _size_name(self, slot: Slot) -> str:
         """The size that actually runs for this task (a derived `small` names the globals it set)."""
@@ -206,15 +267,13 @@ class Runner:
             self.size_names[slot.task.name] = tasks.effective_size(module, self.cfg.tasks.size)
         return self.size_names[slot.task.name]
 
-    def _store(self, slot: Slot, save: dict[str, Any], code_hash: str | None, result: EvalResult) -> None:
-        self.store.save_attempt(**save, code_hash=code_hash, result=result)
-        self.on_event("stored", slot, result)
-
     async def _build(self, code_path: Path, code_hash: str, slot: Slot) -> BuildResult:
         lock = self.build_locks.setdefault(code_hash, asyncio.Lock())
         async with lock:  # one build per hash: the second attempt with the same code reuses it
             known = self.store.get_build(code_hash)
-            if known and known.ok and Path(known.build_dir).is_dir():
+            # The same code fails the same way (a search sends a broken kernel back more than once);
+            # a timeout may not repeat, so it is built again.
+            if known and ((known.ok and Path(known.build_dir).is_dir()) or not (known.ok or known.timed_out)):
                 return known.model_copy(update={"cached": True})
             self.on_event("building", slot, None)
             result = await self.executor.build(code_path, code_hash, self.builds_root,

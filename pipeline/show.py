@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rich.console import Console
@@ -21,7 +22,21 @@ def _fold(text: str | None, full: bool) -> str:
     return text[: FOLD // 3] + f"\n... [{len(text) - FOLD} characters folded; --full shows them] ...\n" + text[-2 * FOLD // 3:]
 
 
-def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: bool) -> None:
+def render_chain(console: Console, a: dict[str, Any], chain: list[dict[str, Any]]) -> None:
+    """The search lineage an attempt belongs to: its earlier turns and the parents it was shown."""
+    if len(chain) < 2 and not a.get("turn") and not a.get("generation"):
+        return
+    lines = []
+    for row in chain:
+        mark = "->" if row["id"] == a["id"] else "  "
+        speed = f", {row['speedup_eager']:.3g}x eager" if row.get("speedup_eager") else ""
+        lines.append(f"{mark} {row['id']}  gen {row['generation']} child {row['sample']} turn {row['turn'] + 1}: "
+                     f"{row['verdict']}{speed}")
+    console.print(Panel(Text("\n".join(lines)), title="search chain (oldest first)"))
+
+
+def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: bool,
+                   chain: list[dict[str, Any]] | None = None) -> None:
     """Everything a model, a candidate or a compiler wrote goes in as Text: shown literally, so a
     completion's "[link=...]" or "[/]" is text, never rich markup."""
     result = a["result"]
@@ -30,7 +45,13 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
                   "verdict ") + f"[bold]{escape(a['verdict'])}[/]" + escape(
                       f"  flags {','.join(a['flags'])}" if a.get('flags') else "")
     console.print(Panel(head, title="attempt"))
+    render_chain(console, a, chain or [])
     console.print(Panel(Text(_fold(a.get("prompt"), full)), title="prompt"))
+    if a.get("messages_json"):
+        later = json.loads(a["messages_json"])[1:]  # the first is the prompt above
+        if later:
+            text = "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in later)
+            console.print(Panel(Text(_fold(text, full)), title=f"conversation sent at turn {a['turn'] + 1}"))
     usage = a.get("usage")
     title = "completion" + (f" ({usage.prompt_tokens} in / {usage.completion_tokens} out tokens)" if usage else "")
     if a.get("reasoning"):
@@ -66,3 +87,5 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
     if result.detail:
         lines.append(_fold(result.detail, full))
     console.print(Panel(Text("\n".join(lines) or "(no detail)"), title="verdict detail"))
+    if a.get("feedback"):
+        console.print(Panel(Text(_fold(a["feedback"], full)), title="feedback (the next user turn)"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import secrets
 import sqlite3
 import threading
@@ -36,7 +37,7 @@ _NOT_COMPILED = sorted(
 )
 
 # Large or internal columns kept out of list views; attempt() returns them.
-_LIST_HIDDEN = ("result_json", "detail")
+_LIST_HIDDEN = ("result_json", "detail", "messages_json", "feedback")
 
 
 class StoreError(Exception):
@@ -326,11 +327,18 @@ class Store:
         code_hash: str | None,
         result: EvalResult,
         size: str,
+        turn: int = 0,
+        generation: int = 0,
+        parents: list[str] | None = None,
+        messages: list[dict[str, str]] | None = None,
+        feedback: str | None = None,
     ) -> str:
         attempt_id = new_id()
         row = dict(
             id=attempt_id, run_id=run_id, task_id=task_id, task=task, model=model,
             sample=sample, backend=backend, template=template, completion_id=completion_id,
+            turn=turn, generation=generation, parents=json.dumps(parents or []),
+            messages_json=json.dumps(messages) if messages is not None else None, feedback=feedback,
             code_hash=code_hash, **summary_fields(result), detail=result.detail,
             confinement_json=result.confinement.model_dump_json() if result.confinement else None,
             result_json=result.model_dump_json(), device=result.device,
@@ -351,6 +359,51 @@ class Store:
         return {(r["task"], r["model"], r["template"], r["sample"], r["backend"]) for r in rows}
 
     @_locked
+    def slot_history(self, run_id: str, task: str, model: str, template: str, sample: int, backend: str,
+                     generation: int = 0) -> list[dict[str, Any]]:
+        """One conversation's stored turns in order, each with its completion's text (a resumed
+        search rebuilds its messages from these, so its model calls hit the cache)."""
+        rows = self.db.query(
+            "SELECT a.*, c.text AS completion_text FROM attempts a LEFT JOIN completions c "
+            "ON c.id = a.completion_id WHERE a.run_id = ? AND a.task = ? AND a.model = ? AND a.template = ? "
+            "AND a.sample = ? AND a.backend = ? AND a.generation = ? ORDER BY a.turn",
+            [run_id, task, model, template, sample, backend, generation])
+        return [_attempt_row(dict(r)) for r in rows]
+
+    @_locked
+    def archive(self, run_id: str, task: str, model: str, template: str, backend: str,
+                before_generation: int) -> list[dict[str, Any]]:
+        """A task's verified kernels in an evolving search: correct, trusted and timed on a fit
+        device, from generations before `before_generation`; fastest first, one row per code."""
+        rows = self.db.query(
+            "SELECT a.*, c.text AS completion_text FROM attempts a JOIN completions c ON c.id = a.completion_id "
+            "WHERE a.run_id = ? AND a.task = ? AND a.model = ? AND a.template = ? AND a.backend = ? "
+            "AND a.generation < ? AND a.verdict = 'correct' AND coalesce(a.trusted, 1) = 1 "
+            "AND a.device_unfit IS NULL AND a.time_ms IS NOT NULL ORDER BY a.time_ms, a.id",
+            [run_id, task, model, template, backend, before_generation])
+        out, seen = [], set()
+        for r in rows:
+            if r["code_hash"] not in seen:
+                seen.add(r["code_hash"])
+                out.append(_attempt_row(dict(r)))
+        return out
+
+    @_locked
+    def chain(self, attempt_id: str) -> list[dict[str, Any]]:
+        """The attempts an attempt descends from, oldest first, ending with itself: its earlier
+        turns, and through `parents`, the archive kernels it was prompted with."""
+        seen: dict[str, dict[str, Any]] = {}
+        todo = [attempt_id]
+        while todo and len(seen) < 200:  # a lineage is a DAG; the cap only bounds a corrupt one
+            row = self._one("SELECT id, task, turn, generation, sample, verdict, speedup_eager, parents, "
+                            "created_utc FROM attempts WHERE id = ?", [todo.pop()])
+            if row is None or row["id"] in seen:
+                continue
+            seen[row["id"]] = row
+            todo.extend(json.loads(row["parents"] or "[]"))
+        return sorted(seen.values(), key=lambda r: (r["generation"], r["sample"], r["turn"], r["created_utc"]))
+
+    @_locked
     def attempts(
         self,
         run: str | None = None,
@@ -359,10 +412,11 @@ class Store:
         verdict: str | Verdict | None = None,
         flag: str | Flag | None = None,
         limit: int | None = None,
+        turn: int | None = None,
     ) -> list[dict[str, Any]]:
         where, params = [], []
         for column, value in (("run_id", run), ("task", task), ("model", model),
-                              ("verdict", verdict)):
+                              ("verdict", verdict), ("turn", turn)):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(_value(value))

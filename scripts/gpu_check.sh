@@ -4,6 +4,7 @@
 #   STEP=tests  the CUDA red team (tests/test_gpu.py)
 #   STEP=runA / runB  `kgen run -c config-h100.yaml` into db/h100-A.db or -B.db (fresh baselines each)
 #   STEP=compare  runA against runB, attempt by attempt (scripts/gpu_compare.py)
+#   STEP=refine  `kgen run -c config-refine.yaml` at KernelBench sizes on cuda, then per turn (search_turns.py)
 #   STEP=run    `kgen run -c config-h100.yaml` (KernelBench sizes, cuda backend; resumes if cut off)
 #   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
 #   STEP=library  replayed kernels (pipeline.library) against the times the evaluator recorded
@@ -27,6 +28,13 @@ for step in ${STEP:-tests run bench}; do
          sed "s#db/h100-ab.db#db/h100-$tag.db#" config-h100-ab.yaml > "config-h100-$tag.yaml"
          timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c "config-h100-$tag.yaml" 2>&1 | tee "$OUT/run$tag.log" | tail -25
          cp "db/h100-$tag.db" "$OUT/h100-$tag.db" ;;
+    refine) sed -e "s#^  size: small.*#  size: default#" -e "s#^backend: auto.*#backend: cuda#" \
+              -e "s#^database: db/kgen.db#database: db/h100-refine.db#" config-refine.yaml > config-h100-refine.yaml
+         start=$(date +%s)
+         timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100-refine.yaml 2>&1 | tee "$OUT/refine.log" | tail -25
+         echo "refine wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/refine.log"
+         python3 scripts/search_turns.py db/h100-refine.db 2>&1 | tee "$OUT/refine_turns.log"
+         cp db/h100-refine.db "$OUT/h100-refine.db" ;;
     compare) python3 scripts/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
     tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|passed|failed|Error"
            { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; ps -eo pid,ppid,stat,etime,args; } > "$OUT/after_tests_processes.txt" ;;

@@ -6,7 +6,8 @@
         assert server.requests[0].body["model"] == "x"
 
 The script is consumed in order, one entry per request; the last entry answers every request
-after it, so [Failure(500)] fails forever and [Failure(429), Reply()] fails once.
+after it, so [Failure(500)] fails forever and [Failure(429), Reply()] fails once. An entry may be
+a function of the request body that returns the Reply or Failure (tests/search_model.py).
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                            {"x-should-retry": "false"})
                 return
             try:
+                if callable(step):  # a responder: the answer depends on what was asked
+                    step = step(body)
                 if isinstance(step, Failure):
                     headers = ({"retry-after-ms": str(step.retry_after_ms)}
                                if step.retry_after_ms is not None else {})

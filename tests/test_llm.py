@@ -157,10 +157,10 @@ def test_replay_missing_task_gives_error_completion(tmp_path):
     write_replay(tmp_path / "replay.jsonl", [{"task": "relu", "backend": "cuda", "text": "a"}])
     provider = ReplayProvider(replay_cfg(), tmp_path)
     c = complete(provider, request(task="softmax", backend="cuda"))
-    assert c.error == "replay: no recorded completion for task softmax on backend cuda"
+    assert c.error == "replay: no recorded completion for task softmax on backend cuda at turn 0"
     assert c.text == ""
     c = complete(provider, request(task="relu", backend="cpu"))
-    assert c.error == "replay: no recorded completion for task relu on backend cpu"
+    assert c.error == "replay: no recorded completion for task relu on backend cpu at turn 0"
 
 
 def test_replay_bad_json_line_names_file_and_line(tmp_path):

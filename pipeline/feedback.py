@@ -1,0 +1,167 @@
+"""A verdict as the next user turn of a search (pipeline.search), and a child's prompt with parents.
+
+    text = feedback.render(cfg.search.feedback_template, prompts_dir, result, diagnostics, turn=0, max_turns=4)
+
+Everything shown comes from typed records: the evaluator's EvalResult (its trials, timings and
+the profile it stored) and the build stage's compiler Diagnostics, never from scraping free-form
+logs. Nothing secret goes in: no seeds, no reference values but the one worst element of a
+mismatch, so a model learns what to fix and not what the checker will ask next.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .child.protocol import ProfileDone
+from .diagnostics import Diagnostic
+from .prompts import PromptError, environment
+from .records import EvalResult, Flag, Record, TrialResult, Verdict
+
+# One line per verdict: what it means and where to look.
+HINTS: dict[Verdict, str] = {
+    Verdict.extract_failed: "No ```python block defining ModelNew was found in your answer.",
+    Verdict.build_failed: "The extension did not compile or the module did not import.",
+    Verdict.build_timeout: "The build ran past its time limit: keep the sources small, avoid heavy templates.",
+    Verdict.load_failed: "The module failed while being imported, before ModelNew was built.",
+    Verdict.runtime_error: "ModelNew raised an error when it was built or called.",
+    Verdict.timeout: "A call did not return within its time limit: look for a hang or a far too slow loop.",
+    Verdict.crashed: "The process died while running your code (a segfault, an abort or out of memory).",
+    Verdict.wrong_type: "forward must return exactly a torch.Tensor on the inputs' device.",
+    Verdict.wrong_shape: "The output's shape differs from the reference's.",
+    Verdict.wrong_dtype: "The output's dtype differs from the reference's.",
+    Verdict.non_finite: "The output held NaN or Inf where the reference has none.",
+    Verdict.mismatch: "The values differ from the reference beyond the tolerance.",
+    Verdict.inputs_mutated: "forward changed its inputs; it must leave them as they were.",
+    Verdict.nondeterministic: "Two calls on the same inputs gave different results, or the output changed "
+                              "after the call returned (work left running on another stream or thread).",
+    Verdict.impossible_timing: "The measured times are impossible for the work (work done outside the call, "
+                               "or a tampered timer); only honest kernels are accepted.",
+    Verdict.protocol_error: "The evaluation's protocol was broken (output written from outside forward?).",
+    Verdict.correct: "It is correct.",
+    Verdict.model_error: "The model call failed.",
+    Verdict.waiting_gpu: "It was not run: no GPU was available.",
+}
+
+FLAGS: dict[Flag, str] = {
+    Flag.no_custom_kernel: "most of the time went to PyTorch's own kernels, not yours: do the work in your kernel.",
+    Flag.shape_specialized: "it failed at another input size: do not hard-code sizes, read them from the inputs.",
+}
+
+
+class TimingView(Record):
+    """The numbers of a correct attempt, rounded for a prompt."""
+
+    time_ms: float
+    """The candidate's median time a call."""
+    calls: int
+    """How many timed calls the median is over."""
+    eager_ms: float | None = None
+    """Eager PyTorch timed beside it."""
+    speedup_eager: float | None = None
+    """eager_ms over time_ms."""
+    compile_ms: float | None = None
+    """torch.compile of the reference."""
+    speedup_compile: float | None = None
+    """compile_ms over time_ms."""
+    floor_ms: float | None = None
+    """The bandwidth floor: every input read once at the measured bandwidth."""
+    floor_percent: float | None = None
+    """The floor's time over the kernel's, in percent."""
+
+
+def _r(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
+def timing_view(result: EvalResult) -> TimingView | None:
+    if result.timing is None or result.verdict is not Verdict.correct:
+        return None
+    b = result.baselines
+    eager = result.eager_beside or (b.eager if b else None)
+    return TimingView(time_ms=_r(result.timing.median_ms), calls=result.timing.n,
+                      eager_ms=_r(eager.median_ms) if eager else None, speedup_eager=_r(result.speedup_eager, 3),
+                      compile_ms=_r(b.compiled.median_ms) if b and b.compiled else None,
+                      speedup_compile=_r(result.speedup_compile, 3),
+                      floor_ms=_r(b.floor_ms) if b and b.floor_ms else None,
+                      floor_percent=_r(100 * result.floor_fraction, 3) if result.floor_fraction else None)
+
+
+def _profile(result: EvalResult) -> ProfileDone | None:
+    """The profile a correct attempt stored (its `detail`), or None; at most five entries shown."""
+    if result.verdict is not Verdict.correct or not result.detail:
+        return None
+    try:
+        profile = ProfileDone.model_validate_json(result.detail)
+    except ValidationError:
+        return None
+    if profile.error or not profile.top:
+        return None
+    return profile.model_copy(update={"top": [(str(n)[:80], float(us)) for n, us in profile.top[:5]]})
+
+
+def _scale_note(failing: TrialResult, passed: list[TrialResult]) -> str | None:
+    """Whether the error shows only on larger or rarer inputs (the trials' input families say so)."""
+    if not passed or failing.verdict not in (Verdict.mismatch, Verdict.non_finite):
+        return None
+    if failing.variant.startswith(("scaled", "heavy", "needle")) and any(t.variant == "base" for t in passed):
+        worst_ok = max((t.max_rel_err or 0.0) for t in passed)
+        return (f"The ordinary inputs passed (relative error at most {worst_ok:.3g}); the error grows on the "
+                f"{failing.variant} inputs, which have larger magnitudes or rare large values: look for "
+                f"overflow, lost precision in the accumulation, or elements never read.")
+    return None
+
+
+def render(template: str, prompts_dir: Path, result: EvalResult, diagnostics: list[Diagnostic] | None = None,
+           turn: int = 0, max_turns: int = 1) -> str:
+    """The user turn that tells the model how its answer of `turn` (0-based) was judged."""
+    failed = [t for t in result.trials if not t.ok]
+    failing = failed[-1] if failed and result.verdict is not Verdict.correct else None
+    passed = [t for t in result.trials if t.ok]
+    correct = result.verdict is Verdict.correct
+    context: dict[str, Any] = dict(
+        verdict=result.verdict.value, hint=HINTS.get(result.verdict, ""), error=result.error,
+        diagnostics=list(diagnostics or []), failing=failing, passed=passed,
+        scale_note=_scale_note(failing, passed) if failing else None,
+        timing=timing_view(result), profile=_profile(result),
+        flags=[(f.value, FLAGS[f]) for f in result.flags if f in FLAGS],
+        turn=turn, max_turns=max_turns,
+        ask="Make it faster while keeping it correct." if correct else "Fix it.")
+    return _render(template, prompts_dir, context)
+
+
+class ParentView(Record):
+    """One archive kernel as a child's prompt shows it."""
+
+    code: str
+    """Its ModelNew source."""
+    time_ms: float
+    """Its median time a call."""
+    speedup_eager: float | None = None
+    """Over eager, side by side."""
+    speedup_compile: float | None = None
+    """Over torch.compile."""
+    floor_percent: float | None = None
+    """The floor's time over its time, in percent."""
+    flags: list[str] = []
+    """Its flags (no_custom_kernel, shape_specialized)."""
+
+
+def render_evolve(template: str, prompts_dir: Path, task_name: str, task_source: str, backend: str,
+                  generation: int, parents: list[ParentView]) -> str:
+    """A child's prompt: the task and its parents' code and numbers."""
+    return _render(template, prompts_dir, dict(task_name=task_name, task_source=task_source, backend=backend,
+                                               generation=generation, parents=parents))
+
+
+def _render(template: str, prompts_dir: Path, context: dict[str, Any]) -> str:
+    from jinja2 import TemplateNotFound, TemplateSyntaxError, UndefinedError
+
+    try:
+        return environment(Path(prompts_dir)).get_template(template).render(**context)
+    except TemplateNotFound:
+        raise PromptError(f"template {template!r} not found in {prompts_dir}") from None
+    except (TemplateSyntaxError, UndefinedError) as exc:
+        raise PromptError(f"template {template!r}: {exc.message}") from None

@@ -1,0 +1,187 @@
+"""Search over the judge's verdicts: a refining conversation per slot, or an evolving archive per task.
+
+    work = search.plan(runner, runner.slots)   # coroutines: one per conversation (refine) or task (evolve)
+
+refine: the first prompt is the template's; after each attempt its verdict, rendered by the
+feedback template (pipeline.feedback), becomes the next user turn, until `max_turns` or the target.
+evolve: generation 0 asks `population` children from the plain prompt; each later child's prompt
+shows one to three parents from the task's archive (its correct, trusted, timed kernels), and a
+child that fails gets `fix_turns` refine turns. Every turn is an attempt judged by the same
+evaluator and stored with its turn, generation, parents and the exact messages sent.
+
+Resume: a conversation is rebuilt from its stored turns (their completions and the feedback stored
+with them), so the messages of the next turn are the ones sent before a kill, and the model call is
+answered from the completions cache; a stored turn is never judged again. Parents are chosen by a
+seed made from the task, generation and child, over an archive that earlier generations fixed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import extract, feedback
+from .config import Target
+from .records import EvalResult, Verdict, summary_fields
+
+if TYPE_CHECKING:
+    from .run import Runner, Slot
+
+# What an earlier answer keeps in the conversation when only its summary line stays. The answer
+# itself is its ModelNew code block (the prose around it helps nobody in a later turn), capped so
+# that one runaway answer cannot fill the context.
+ANSWER_CAP = 24_000
+TOP_FOR_VARIETY = 8  # evolve: parents beyond the fastest are drawn from this many of the fastest
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One finished turn as later turns see it."""
+
+    answer: str
+    """The assistant message: the answer's code block (or its capped text if none was found)."""
+    feedback: str
+    """The user message that judged it."""
+    summary: str
+    """One line for when the exchange is too old to be kept whole."""
+
+
+def answer_text(text: str | None) -> str:
+    found = extract.extract(text or "")
+    if found.code:
+        return f"```python\n{found.code.strip()}\n```"
+    return (text or "(no answer)")[:ANSWER_CAP]
+
+
+def summary_line(turn: int, row: dict[str, Any]) -> str:
+    line = f"turn {turn + 1}: {row['verdict']}"
+    if row.get("speedup_eager"):
+        line += f", {row['speedup_eager']:.3g}x eager"
+    elif row.get("error"):
+        line += f" ({str(row['error'])[:160]})"
+    return line
+
+
+def messages_for(first: list[dict[str, str]], exchanges: list[Exchange], keep: int) -> list[dict[str, str]]:
+    """The conversation sent for the next turn: the first prompt, one summary line per exchange
+    older than the last `keep` (their code is superseded and their verdicts are in the line), then
+    the last `keep` exchanges whole (the code to improve, and what the judge said of it)."""
+    old, recent = exchanges[:-keep] if len(exchanges) > keep else [], exchanges[-keep:]
+    messages = [dict(m) for m in first]
+    if old:
+        messages[0]["content"] += ("\n\nEarlier answers in this conversation (no longer shown):\n"
+                                   + "\n".join(f"- {e.summary}" for e in old))
+    for e in recent:
+        messages += [{"role": "assistant", "content": e.answer}, {"role": "user", "content": e.feedback}]
+    return messages
+
+
+def reached(target: Target, row: dict[str, Any]) -> bool:
+    """True when a correct, trusted attempt timed on a fit device meets every figure the target
+    gives (a target that gives none is never reached: the search runs all its turns)."""
+    wanted = {k: v for k, v in target.model_dump().items() if v is not None}
+    if not wanted or row.get("verdict") != Verdict.correct.value or row.get("trusted") == 0 or row.get("device_unfit"):
+        return False
+    return all(row.get(k) is not None and row[k] >= v for k, v in wanted.items())
+
+
+def _row(result: EvalResult) -> dict[str, Any]:
+    return summary_fields(result)
+
+
+async def converse(runner: Runner, slot: Slot, prompt_id: str, first: list[dict[str, str]], max_turns: int,
+                   done: Callable[[dict[str, Any]], bool], parents: list[str] | None = None) -> None:
+    """One conversation: turns from where the store left it until `done` says so or turns run out."""
+    cfg = runner.cfg.search
+    prompts_dir = runner.cfg.path(runner.cfg.prompts_dir)
+    stored = runner.store.slot_history(runner.run_id, slot.task.name, slot.model.name, slot.template, slot.sample,
+                                       slot.backend, slot.generation)
+    exchanges: list[Exchange] = []
+    previous: str | None = None
+    for row in stored[:max_turns]:
+        if done(row) or row["feedback"] is None:
+            return
+        exchanges.append(Exchange(answer_text(row["completion_text"]), row["feedback"], summary_line(row["turn"], row)))
+        previous = row["id"]
+    for turn in range(len(exchanges), max_turns):
+        now = dataclasses.replace(slot, turn=turn)
+        runner.on_event("planned", now, None)
+        answer = await runner.generate(now, prompt_id, messages_for(first, exchanges, cfg.keep_turns))
+        if answer is None:
+            return  # the budget is spent: a later run with a larger one resumes here
+        judged = await runner.judge(now, answer)
+        text = feedback.render(cfg.feedback_template, prompts_dir, judged.result, judged.diagnostics,
+                               turn=turn, max_turns=max_turns)
+        lineage = ([previous] if previous else []) + ((parents or []) if turn == 0 else [])
+        row = {**_row(judged.result), "error": judged.result.error}
+        previous = runner.store_attempt(now, answer, judged, parents=lineage, feedback=text)
+        if done(row):
+            return
+        exchanges.append(Exchange(answer_text(answer.completion.text), text, summary_line(turn, row)))
+
+
+async def refine(runner: Runner, slot: Slot) -> None:
+    prompt_id, first = runner.first_prompt(slot)
+    target = runner.cfg.search.target
+    await converse(runner, slot, prompt_id, first, runner.cfg.search.max_turns, lambda row: reached(target, row))
+
+
+def choose_parents(archive: list[dict[str, Any]], k: int, rng: random.Random) -> list[dict[str, Any]]:
+    """The fastest kernel, then up to k-1 others drawn at random from the next fastest: speed, and
+    variety (a child of the single best only ever polishes one idea)."""
+    if not archive:
+        return []
+    rest = archive[1:TOP_FOR_VARIETY]
+    return [archive[0]] + rng.sample(rest, min(k - 1, len(rest)))
+
+
+def parent_view(row: dict[str, Any]) -> feedback.ParentView:
+    code = extract.extract(row["completion_text"] or "").code or ""
+    return feedback.ParentView(code=code, time_ms=float(f"{row['time_ms']:.4g}"),
+                               speedup_eager=_round(row.get("speedup_eager")),
+                               speedup_compile=_round(row.get("speedup_compile")),
+                               floor_percent=_round(100 * row["floor_fraction"]) if row.get("floor_fraction") else None,
+                               flags=list(row.get("flags") or []))
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.3g}")
+
+
+async def evolve(runner: Runner, base: Slot) -> None:
+    """Generations of children for one task (and model, template, backend)."""
+    cfg, store = runner.cfg.search, runner.store
+    prompts_dir = runner.cfg.path(runner.cfg.prompts_dir)
+    fixed = lambda row: row.get("verdict") == Verdict.correct.value or reached(cfg.target, row)  # noqa: E731
+    for g in range(cfg.generations):
+        archive = store.archive(runner.run_id, base.task.name, base.model.name, base.template, base.backend, g)
+        if any(reached(cfg.target, row) for row in archive):
+            return
+        children = []
+        for i in range(cfg.population):
+            child = dataclasses.replace(base, sample=i, generation=g)
+            parents = choose_parents(archive, cfg.parents, random.Random(f"{base.task.name}:{g}:{i}")) if g else []
+            if parents:
+                text = feedback.render_evolve(cfg.evolve_template, prompts_dir, base.task.name, base.task.source,
+                                              base.backend, g, [parent_view(p) for p in parents])
+                prompt_id, first = runner.first_prompt(child, text)
+            else:  # generation 0, or nothing verified yet: the plain prompt
+                prompt_id, first = runner.first_prompt(child)
+            children.append(converse(runner, child, prompt_id, first, 1 + cfg.fix_turns, fixed,
+                                     [p["id"] for p in parents]))
+        await asyncio.gather(*children)
+
+
+def plan(runner: Runner, slots: list[Slot]) -> list[Coroutine[Any, Any, None]]:
+    """The work of a search run: a conversation per slot (refine), or one evolution per task, model,
+    template and backend (evolve: `samples` gives way to the population)."""
+    if runner.cfg.search.strategy == "refine":
+        return [refine(runner, s) for s in slots]
+    bases: dict[tuple, Slot] = {}
+    for s in slots:
+        bases.setdefault((s.task.name, s.model.name, s.template, s.backend), s)
+    return [evolve(runner, s) for s in bases.values()]
