@@ -81,9 +81,10 @@ def timing_view(result: EvalResult) -> TimingView | None:
         return None
     b = result.baselines
     eager = result.eager_beside or (b.eager if b else None)
+    compiled = result.compiled_beside or (b.compiled if b else None)
     return TimingView(time_ms=_r(result.timing.median_ms), calls=result.timing.n,
                       eager_ms=_r(eager.median_ms) if eager else None, speedup_eager=_r(result.speedup_eager, 3),
-                      compile_ms=_r(b.compiled.median_ms) if b and b.compiled else None,
+                      compile_ms=_r(compiled.median_ms) if compiled else None,
                       speedup_compile=_r(result.speedup_compile, 3),
                       floor_ms=_r(b.floor_ms) if b and b.floor_ms else None,
                       floor_percent=_r(100 * result.floor_fraction, 3) if result.floor_fraction else None)

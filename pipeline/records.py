@@ -191,6 +191,9 @@ class EvalResult(Record):
     eager_beside: Timing | None = None
     """Eager PyTorch timed by the reference process in blocks interleaved with the candidate's, in the
     same window: what `speedup_eager` divides (the prepared baselines only size the plan)."""
+    compiled_beside: Timing | None = None
+    """torch.compile of the reference, timed the same way right after each eager block: what
+    `speedup_compile` divides (where the task's baseline compiled)."""
     baselines: Baselines | None = None
     """Eager, compile and floor on the same device."""
     wall_ms_per_call: float | None = None
@@ -235,7 +238,9 @@ class EvalResult(Record):
 
     @property
     def speedup_compile(self) -> float | None:
-        return self._ratio(self.baselines.compiled if self.baselines else None)
+        """Over torch.compile timed side by side (`compiled_beside`); rows from before it existed, or
+        whose compiled blocks failed, divide the prepared baseline."""
+        return self._ratio(self.compiled_beside or (self.baselines.compiled if self.baselines else None))
 
     @property
     def floor_fraction(self) -> float | None:
@@ -255,7 +260,8 @@ def summary_fields(result: EvalResult) -> dict[str, Any]:
         "time_ms": result.time_ms,
         "eager_ms": (result.eager_beside.median_ms if result.eager_beside
                      else b.eager.median_ms if b and b.eager else None),
-        "compile_ms": b.compiled.median_ms if b and b.compiled else None,
+        "compile_ms": (result.compiled_beside.median_ms if result.compiled_beside
+                       else b.compiled.median_ms if b and b.compiled else None),
         "floor_ms": b.floor_ms if b else None,
         "speedup_eager": result.speedup_eager,
         "speedup_compile": result.speedup_compile,

@@ -44,11 +44,12 @@ class Reference:
         self.init_seed: int | None = None
         self.sets: list[list[Any]] | None = None  # an attempt's eager blocks' input sets
         self.clock: Clock | None = None
+        self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
 
     def models_for(self, size: str, init_seed: int):
         """(task module, float32 model, float64 model) at a size, built under the attempt's init seed."""
         if init_seed != self.init_seed:
-            self.models, self.init_seed = {}, init_seed
+            self.models, self.compiled, self.init_seed = {}, {}, init_seed
         key = json.dumps(size, sort_keys=True)
         if key not in self.models:
             module = tasks.load_module(self.task, size)
@@ -82,9 +83,10 @@ class Reference:
         return {**meta, "shape": list(ref.shape), "numel": ref.numel(), "path": path,
                 "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": _rel_err(out32, ref)}
 
-    def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0) -> list[float]:
-        """One block of eager calls, timed exactly as the candidate's (timing.time_blocks), between the
-        candidate's own blocks: the speedup is a ratio of times taken side by side."""
+    def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False) -> list[float]:
+        """One block of eager calls (or, with `compiled`, of torch.compile of the same model), timed
+        exactly as the candidate's (timing.time_blocks), between the candidate's own blocks: the
+        speedups are ratios of times taken side by side."""
         module, m32, _ = self.models_for(size, init_seed)
         if self.clock is None:
             self.clock = Clock(self.device)
@@ -94,11 +96,20 @@ class Reference:
                 for _ in range(warmup):
                     m32(*self.sets[0])
                 self.clock.sync()
-            return self._blocks(m32, module, self.sets, seeds, len(seeds), self.clock)
+            model = m32
+            if compiled:
+                key = json.dumps(size, sort_keys=True)
+                if key not in self.compiled:  # compiled (and warmed as the baseline was) at its first block
+                    self.compiled[key] = torch.compile(m32)
+                    for _ in range(warmup + 2):
+                        self.compiled[key](*self.sets[0])
+                    self.clock.sync()
+                model = self.compiled[key]
+            return self._blocks(model, module, self.sets, seeds, len(seeds), self.clock)
 
     def release(self) -> None:
-        """Free what an attempt's eager blocks kept (models, input sets, the clock's buffers)."""
-        self.models, self.sets, self.clock = {}, None, None
+        """Free what an attempt's blocks kept (models, compiled models, input sets, the clock's buffers)."""
+        self.models, self.compiled, self.sets, self.clock = {}, {}, None, None
 
     def baselines(self, send) -> None:
         job = self.job
@@ -176,8 +187,12 @@ def main(argv: list[str] | None = None) -> int:
                   "hold_ms": hold_ms(clock) if clock.cuda else None})
             del clock
         elif request["op"] == "time_block":
-            send({"event": "block", "times_ms": ref.time_block(request["size"], request["init_seed"], request["seeds"],
-                                                                  request.get("warmup", 0))})
+            try:
+                send({"event": "block", "times_ms": ref.time_block(request["size"], request["init_seed"],
+                                                                      request["seeds"], request.get("warmup", 0),
+                                                                      request.get("compiled", False))})
+            except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs the ratio, not the run
+                send({"event": "block_failed", "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
         elif request["op"] == "expect":
             for spec in request["specs"]:
                 base = os.path.join(request["dir"], spec["key"])

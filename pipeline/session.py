@@ -44,6 +44,9 @@ class Session:
         self.timed: list[tuple[list[float], Window]] = []
         self.estimate: float | None = None
         self.eager: list[float] = []  # the reference's eager calls, timed between the candidate's blocks
+        self.compiled: list[float] = []  # and its torch.compile calls, where the baseline compiled
+        b = bench.baselines
+        self.compile_beside = bool(b and b.compiled and self.settings.compile_baseline)
         self.lane = lane_of(env)
 
     # ---- the conversation ----------------------------------------------------------------------
@@ -149,9 +152,10 @@ class Session:
         claimed = [t for times, _ in self.timed for t in times]
         timing = summarize(claimed) if claimed else None
         eager = summarize(self.eager) if self.eager else None
+        compiled = summarize(self.compiled) if self.compiled else None
         if problem:
             return EvalResult(verdict=problem[0], error=problem[1], trials=list(self.judged), timing=timing,
-                              eager_beside=eager)
+                              eager_beside=eager, compiled_beside=compiled)
         profile = None
         if bench.settings.profile:
             profile, _ = self.ask(P.Profile(), P.ProfileDone, "the profile")
@@ -169,7 +173,8 @@ class Session:
         self.mark("other_sizes")
         self.child.send(P.Finish())
         return EvalResult(verdict=Verdict.correct, flags=flags_for(profile, shape_results), trials=list(self.judged),
-                          timing=timing, eager_beside=eager, detail=profile.model_dump_json() if profile else None)
+                          timing=timing, eager_beside=eager, compiled_beside=compiled,
+                          detail=profile.model_dump_json() if profile else None)
 
     def finalize(self, result: EvalResult | None, code: int, log: str) -> EvalResult:
         if result is None:
@@ -262,13 +267,18 @@ class Session:
         bench = self.bench
         self.child.pause()  # what the candidate left running must not slow the eager side (sandbox.Child.pause)
         try:
-            msgs = bench.request({"op": "time_block", "size": bench.size, "init_seed": self.plan.init_seed,
-                                  "seeds": [_seed() for _ in range(calls)],
-                                  "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s,
-                                 self.lane)
+            for compiled, times in ((False, self.eager), (True, self.compiled)):
+                if compiled and not self.compile_beside:
+                    continue
+                msgs = bench.request({"op": "time_block", "size": bench.size, "init_seed": self.plan.init_seed,
+                                      "seeds": [_seed() for _ in range(calls)], "compiled": compiled,
+                                      "warmup": bench.settings.warmup_calls if first else 0},
+                                     bench.settings.timeout_s, self.lane)
+                times.extend(t for m in msgs if m.get("event") == "block" for t in m["times_ms"])
+                if compiled and any(m.get("event") == "block_failed" for m in msgs):
+                    self.compile_beside, self.compiled = False, []  # the prepared baseline stands in
         finally:
             self.child.resume()
-        self.eager.extend(t for m in msgs if m.get("event") == "block" for t in m["times_ms"])
 
     def bound_request(self, index: int, seeds: list[int]) -> P.Bound:
         """Values through the inbox (the parent's, written in the window) or a seed per call."""

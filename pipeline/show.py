@@ -70,6 +70,10 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
         status = "ok" if t.ok else f"{t.verdict.value if t.verdict else 'failed'}: {t.error}"
         err = f" rel err {t.max_rel_err:.3g}" if t.max_rel_err is not None else ""
         lines.append(f"trial {t.index} {t.variant:<14} {status}{err}")
+    for name, beside in (("eager", result.eager_beside), ("torch.compile", result.compiled_beside)):
+        if beside:
+            lines.append(f"{name} timed beside it {beside.median_ms:.4g} ms (p25 {beside.p25_ms:.4g}, "
+                         f"p75 {beside.p75_ms:.4g}, n {beside.n})")
     if result.timing:
         tm = result.timing
         lines.append(f"time {tm.median_ms:.4g} ms (p25 {tm.p25_ms:.4g}, p75 {tm.p75_ms:.4g}, n {tm.n});"

@@ -136,6 +136,13 @@ def test_refine_fixes_what_single_cannot_and_only_from_the_feedback(tmp_path):
         assert "search chain" in shown.output and "turn 1: build_failed" in shown.output
         listed = CliRunner().invoke(main, ["attempts", "--db", db, "--run", refine_id, "--turn", "2", "--json"])
         assert {json.loads(line)["task"] for line in listed.output.splitlines()} == {"cosine", "huber", "mse"}
+        html = tmp_path / "report.html"
+        reported = CliRunner().invoke(main, ["report", "--db", db, "--run", refine_id, "-o", str(html)])
+        assert reported.exit_code == 0, reported.output
+        page = html.read_text()
+        assert "Search, by turn" in page and 'id="search-steps"' in page
+        # turn 1: 5 of 7 correct (the single-shot figure); turn 2: all 7
+        assert "<td>1</td><td>7</td><td>71%</td>" in page and "<td>2</td><td>3</td><td>100%</td>" in page
         best = CliRunner().invoke(main, ["best", "--db", db, "--task", "huber", "--json"])
         assert best.exit_code == 0, best.output
         assert "turn" in json.loads(best.output.splitlines()[0])
@@ -149,8 +156,8 @@ def test_refine_fixes_what_single_cannot_and_only_from_the_feedback(tmp_path):
         blind = tmp_path / "blind-run"
         blind.mkdir()
         config = search_config(blind, server.base_url, names=("mse",), search={"strategy": "refine", "max_turns": 2},
-                               prompts_dir=str(tmp_path / "blind"))
-        blind_id, store = run(config)
+                               prompts_dir=str(tmp_path / "blind"), database=str(tmp_path / "db" / "kgen.db"))
+        blind_id, store = run(config)  # the same database: the broken build's failure is reused, not rebuilt
         assert [a["verdict"] for a in store.attempts(run=blind_id)] == ["build_failed", "build_failed"]
 
 

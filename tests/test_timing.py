@@ -137,3 +137,28 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     print(f"speedup of a candidate spinning beside eager: {result.speedup_eager}")
     assert result.verdict is Verdict.correct, result.error
     assert result.speedup_eager is not None and result.speedup_eager <= 1.2
+
+
+def test_torch_compile_is_timed_side_by_side_too(tmp_path):
+    """Where the task's torch.compile baseline compiled, the reference also times the compiled model
+    in a block right after each eager block (the child stopped), and speedup_compile divides that,
+    never the cached baseline: the same ratio, side by side, as speedup_eager."""
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    code = tmp_path / "cand.py"
+    code.write_text(MSE_IN_TORCH)
+    (tmp_path / "build").mkdir()
+    settings = EvalConfig(trials=2, warmup_calls=1, compile_baseline=True, check_shapes=False, profile=False,
+                          timeout_s=300, timed_calls=8, timed_ms=0)
+    bench = evaluate.prepare(task, "small", "cpu", settings)
+    try:
+        assert bench.baselines.compiled is not None
+        result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
+    finally:
+        bench.close()
+    assert result.verdict is Verdict.correct, result.error
+    beside = result.compiled_beside
+    assert beside is not None and beside.n == settings.timed_calls
+    assert result.speedup_compile == beside.median_ms / result.timing.median_ms
+    print(f"compile beside {beside.median_ms:.4g} ms (prepared {bench.baselines.compiled.median_ms:.4g}), "
+          f"candidate {result.timing.median_ms:.4g} ms")
+    assert 0.05 < result.speedup_compile < 20  # eager's own ops against the compiled reference
