@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .child import protocol
 
@@ -158,33 +158,29 @@ class Child:
             pass
         if self.proc.returncode is not None:
             return
-        for _ in range(200):  # stragglers can fork until SIGKILL lands; a few sweeps catch up
-            members = session_members(self.proc.pid)
-            if not members:
+        # stragglers can fork until SIGKILL lands; a few sweeps catch up
+        self._sweep(signal.SIGKILL, lambda: session_members(self.proc.pid), 200, 0.01)
+
+    def _sweep(self, sig: int, left: Callable[[], list[int]], tries: int, wait: float) -> None:
+        """Send `sig` to every pid `left()` names, again until it names none (or `tries` runs out)."""
+        for _ in range(tries):
+            pids = left()
+            if not pids:
                 return
-            for pid in members:
+            for pid in pids:
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
-            time.sleep(0.01)
+            time.sleep(wait)
 
     def pause(self) -> None:
         """SIGSTOP every process in the child's session until `resume`: while the reference process
         times eager calls beside the candidate's, nothing the candidate left running (a thread, a
         helper process) may take the cpu from it. Swept until every member shows as stopped, since
         a member not yet stopped can fork."""
-        for _ in range(50):
-            members = session_members(self.proc.pid, with_state=True)
-            running = [pid for pid, state in members if state not in ("T", "t")]
-            if not running:
-                return
-            for pid in running:
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            time.sleep(0.0005)
+        self._sweep(signal.SIGSTOP, lambda: [pid for pid, state in session_members(self.proc.pid, with_state=True)
+                                             if state not in ("T", "t")], 50, 0.0005)
 
     def resume(self) -> None:
         """SIGCONT what `pause` stopped (the whole session: a stopped process cannot have left it)."""

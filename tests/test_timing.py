@@ -27,6 +27,17 @@ class ModelNew(torch.nn.Module):
 '''
 
 
+def _mse_setup(tmp_path, code_text: str, **settings) -> tuple:
+    """The mse task, a candidate file, a build dir and the settings these tests share."""
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    code = tmp_path / "cand.py"
+    code.write_text(code_text)
+    (tmp_path / "build").mkdir()
+    base = dict(trials=2, warmup_calls=1, compile_baseline=False, check_shapes=False, profile=False, timeout_s=120,
+                timed_calls=16, timed_ms=0)
+    return task, code, EvalConfig(**{**base, **settings})
+
+
 def test_calls_for_adds_calls_for_short_kernels_within_bounds():
     assert calls_for(5.0, 100, 30, 256) == 30  # long calls: the least
     assert calls_for(0.8, 100, 30, 256) == 125  # about 100 ms of calls
@@ -80,12 +91,7 @@ def test_the_ratio_is_taken_side_by_side_and_survives_a_loaded_machine(tmp_path)
     One CI run (2026-11-23) saw a loaded ratio of 1.93 once, never reproduced in 20 runs here; the
     child's session is now stopped around each eager block (the test below), and a loaded ratio out
     of tolerance is judged a second time: one outlier from a noisy host passes, a bias fails both."""
-    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    code = tmp_path / "cand.py"
-    code.write_text(MSE_IN_TORCH)
-    (tmp_path / "build").mkdir()
-    settings = EvalConfig(trials=2, warmup_calls=1, compile_baseline=False, check_shapes=False, profile=False,
-                          timeout_s=120, timed_calls=16, timed_ms=0)
+    task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH)
     bench = evaluate.prepare(task, "small", "cpu", settings)
     loaded_ratios = []
     try:
@@ -123,12 +129,7 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     without the pause (the helpers share the child's session, so their autogroup's share of the
     cpu, which is why not 3x). The helpers still spin in the gaps of the candidate's own blocks,
     which only slows the candidate."""
-    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    code = tmp_path / "cand.py"
-    code.write_text((Path(__file__).parent / "redteam" / "slow_the_eager_side.py").read_text())
-    (tmp_path / "build").mkdir()
-    settings = EvalConfig(trials=2, warmup_calls=1, compile_baseline=False, check_shapes=False, profile=False,
-                          timeout_s=120, timed_calls=16, timed_ms=0)
+    task, code, settings = _mse_setup(tmp_path, (Path(__file__).parent / "redteam" / "slow_the_eager_side.py").read_text())
     bench = evaluate.prepare(task, "small", "cpu", settings)
     try:
         result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
@@ -143,12 +144,7 @@ def test_torch_compile_is_timed_side_by_side_too(tmp_path):
     """Where the task's torch.compile baseline compiled, the reference also times the compiled model
     in a block right after each eager block (the child stopped), and speedup_compile divides that,
     never the cached baseline: the same ratio, side by side, as speedup_eager."""
-    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    code = tmp_path / "cand.py"
-    code.write_text(MSE_IN_TORCH)
-    (tmp_path / "build").mkdir()
-    settings = EvalConfig(trials=2, warmup_calls=1, compile_baseline=True, check_shapes=False, profile=False,
-                          timeout_s=300, timed_calls=8, timed_ms=0)
+    task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, compile_baseline=True, timeout_s=300, timed_calls=8)
     bench = evaluate.prepare(task, "small", "cpu", settings)
     try:
         assert bench.baselines.compiled is not None
