@@ -256,7 +256,7 @@ class Runner:
             sample=slot.sample, backend=slot.backend, template=slot.template, completion_id=answer.completion_id,
             size=self._size_name(slot), code_hash=judged.code_hash, result=judged.result, turn=slot.turn,
             generation=slot.generation, parents=parents,
-            messages=answer.messages if self.cfg.search.strategy != "single" else None, feedback=feedback)
+            messages=answer.messages, feedback=feedback)
         self.on_event("stored", slot, judged.result)
         return attempt_id
 
