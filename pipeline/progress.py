@@ -72,5 +72,7 @@ class Progress:
             result: EvalResult = info
             self._done("attempt", failed=result.verdict is not Verdict.correct)
             if self.bars.disable:  # no terminal (CI, a pipe): one plain line per attempt instead
-                print(f"{slot.task.name} / {slot.model.name} / sample {slot.sample}: {result.verdict.value}"
+                step = (f" / gen {slot.generation}" if getattr(slot, "generation", 0) else "") + (
+                    f" / turn {slot.turn + 1}" if getattr(slot, "turn", 0) else "")
+                print(f"{slot.task.name} / {slot.model.name} / sample {slot.sample}{step}: {result.verdict.value}"
                       + (f" ({result.error[:120]})" if result.error else ""), flush=True)

@@ -5,7 +5,7 @@
 The conversation figures are kgen report's (pipeline.report.search_data: each conversation's best so
 far after the turn). Seconds are summed over the turn's attempts: the model call (completions.seconds,
 0 for a replayed answer), the build (builds.seconds, counted once, at the first attempt of its hash),
-the evaluation (the result's eval_seconds). Conversations run concurrently, so a turn's sums are work,
+the evaluation (the result's eval_seconds). Builds reused from an earlier run count nothing. Conversations run concurrently, so a turn's sums are work,
 not wall time; the run's wall time is printed last.
 """
 
@@ -26,6 +26,7 @@ def main(db: str, run_id: str | None = None) -> None:
     run_id = run_id or store.latest_run_id()
     rows = store.attempts(run=run_id)
     data = search_data(rows)
+    started = (store.get_run(run_id) or {}).get("started_utc") or ""
     seconds: dict[int, dict[str, float]] = {}
     built: set[str] = set()
     for r in sorted(rows, key=lambda r: r["created_utc"]):
@@ -34,8 +35,10 @@ def main(db: str, run_id: str | None = None) -> None:
         s["model"] += full["completion"].seconds if full.get("completion") else 0.0
         if r["code_hash"] and r["code_hash"] not in built:
             built.add(r["code_hash"])
-            b = store.get_build(r["code_hash"])
-            s["build"] += b.seconds if b else 0.0
+            b = next(iter(store.db.query("SELECT seconds, created_utc FROM builds WHERE code_hash = ?",
+                                         [r["code_hash"]])), None)
+            if b and b["created_utc"] >= started:  # built by this run, not reused from an earlier one
+                s["build"] += b["seconds"] or 0.0
         s["eval"] += full["result"].eval_seconds
     print(f"run {run_id}: {len(rows)} attempts")
     print(f"{'turn':>4} {'attempts':>8} {'correct':>8} {'fast_1':>7} {'fast_c':>7} {'best xe':>8} "
