@@ -213,3 +213,13 @@ def _rows(db: Path, sql: str) -> list:
 
     with sqlite3.connect(db) as con:
         return con.execute(sql).fetchall()
+
+
+def test_a_bad_search_section_gets_one_line_naming_the_key(tmp_path):
+    for search, key in (({"strategy": "anneal"}, "search.strategy"), ({"parents": 4}, "search.parents"),
+                        ({"target": {"floor_fraction": 1.5}}, "search.target.floor_fraction"),
+                        ({"max_turn": 3}, "search.max_turn")):
+        config = search_config(tmp_path, "http://127.0.0.1:9/v1", search=search)
+        result = CliRunner().invoke(main, ["run", "-c", str(config)])
+        assert result.exit_code != 0 and key in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
