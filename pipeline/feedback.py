@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from .child.protocol import ProfileDone
 from .diagnostics import Diagnostic
-from .prompts import PromptError, environment
+from .prompts import render_file
 from .records import EvalResult, Flag, Record, TrialResult, Verdict
 
 # One line per verdict: what it means and where to look.
@@ -130,7 +130,7 @@ def render(template: str, prompts_dir: Path, result: EvalResult, diagnostics: li
         flags=[(f.value, FLAGS[f]) for f in result.flags if f in FLAGS],
         turn=turn, max_turns=max_turns,
         ask="Make it faster while keeping it correct." if correct else "Fix it.")
-    return _render(template, prompts_dir, context)
+    return render_file(template, prompts_dir, **context)
 
 
 class ParentView(Record):
@@ -150,19 +150,16 @@ class ParentView(Record):
     """Its flags (no_custom_kernel, shape_specialized)."""
 
 
+def parent_view(row: dict[str, Any], code: str) -> ParentView:
+    """An archive row (pipeline.store.Store.archive) and its code, rounded as the timing view is."""
+    return ParentView(code=code, time_ms=_r(row["time_ms"]), speedup_eager=_r(row.get("speedup_eager"), 3),
+                      speedup_compile=_r(row.get("speedup_compile"), 3),
+                      floor_percent=_r(100 * row["floor_fraction"], 3) if row.get("floor_fraction") else None,
+                      flags=list(row.get("flags") or []))
+
+
 def render_evolve(template: str, prompts_dir: Path, task_name: str, task_source: str, backend: str,
                   generation: int, parents: list[ParentView]) -> str:
     """A child's prompt: the task and its parents' code and numbers."""
-    return _render(template, prompts_dir, dict(task_name=task_name, task_source=task_source, backend=backend,
-                                               generation=generation, parents=parents))
-
-
-def _render(template: str, prompts_dir: Path, context: dict[str, Any]) -> str:
-    from jinja2 import TemplateNotFound, TemplateSyntaxError, UndefinedError
-
-    try:
-        return environment(Path(prompts_dir)).get_template(template).render(**context)
-    except TemplateNotFound:
-        raise PromptError(f"template {template!r} not found in {prompts_dir}") from None
-    except (TemplateSyntaxError, UndefinedError) as exc:
-        raise PromptError(f"template {template!r}: {exc.message}") from None
+    return render_file(template, prompts_dir, task_name=task_name, task_source=task_source, backend=backend,
+                       generation=generation, parents=parents)

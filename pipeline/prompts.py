@@ -13,8 +13,9 @@ empty string in a prompt sent to a model.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from jinja2 import (Environment, FileSystemLoader, StrictUndefined, TemplateNotFound,
+from jinja2 import (Environment, FileSystemLoader, StrictUndefined, Template, TemplateNotFound,
                     TemplateSyntaxError, UndefinedError)
 
 from pipeline.child.tasks import TaskFile
@@ -34,7 +35,7 @@ def example_paths(backend: str, prompts_dir: Path) -> tuple[Path, Path]:
     return examples / "model.py", examples / f"{backend}_model_new.py"
 
 
-def environment(prompts_dir: Path) -> Environment:
+def _environment(prompts_dir: Path) -> Environment:
     """Strict: a variable a template names but is not given is an error, never an empty string."""
     return Environment(loader=FileSystemLoader(prompts_dir), undefined=StrictUndefined,
                        keep_trailing_newline=True)
@@ -45,21 +46,33 @@ def render(template: str, task: TaskFile, backend: str, prompts_dir: Path) -> st
     prompts_dir = Path(prompts_dir)
     if backend not in BACKENDS:
         raise PromptError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
-    env = environment(prompts_dir)
-    try:
-        tmpl = env.get_template(template)
-    except TemplateNotFound:
-        raise PromptError(f"prompt template {template!r} not found in {prompts_dir}") from None
-    except TemplateSyntaxError as exc:
-        raise PromptError(f"prompt template {template!r} line {exc.lineno}: {exc.message}") from None
+    tmpl = load(template, prompts_dir)
     examples = []
     for path in example_paths(backend, prompts_dir):
         if not path.is_file():
             raise PromptError(f"prompt example {path.name!r} not found in {path.parent}")
         examples.append(path.read_text())
+    return fill(tmpl, template, task_name=task.name, task_source=task.source, backend=backend,
+                example_model=examples[0], example_model_new=examples[1])
+
+
+def render_file(template: str, prompts_dir: Path, **context: Any) -> str:
+    """Any template in `prompts_dir` (the feedback and evolve ones too) with `context`, strictly."""
+    return fill(load(template, Path(prompts_dir)), template, **context)
+
+
+def load(template: str, prompts_dir: Path) -> Template:
     try:
-        return tmpl.render(task_name=task.name, task_source=task.source, backend=backend,
-                           example_model=examples[0], example_model_new=examples[1])
+        return _environment(prompts_dir).get_template(template)
+    except TemplateNotFound:
+        raise PromptError(f"prompt template {template!r} not found in {prompts_dir}") from None
+    except TemplateSyntaxError as exc:
+        raise PromptError(f"prompt template {template!r} line {exc.lineno}: {exc.message}") from None
+
+
+def fill(tmpl: Template, template: str, **context: Any) -> str:
+    try:
+        return tmpl.render(**context)
     except UndefinedError as exc:
         raise PromptError(f"prompt template {template!r}: {exc.message}") from None
     except TemplateSyntaxError as exc:  # an {% include %} of a broken file surfaces at render time

@@ -131,7 +131,7 @@ class Reference:
                     with torch.no_grad():
                         result["compiled_plain_ms"] = plain_ms(lambda: compiled(*inputs))
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
-                result["compile_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                result["compile_error"] = _one_line(exc)
         bandwidth = measure_bandwidth(self.device, clock)
         result["bandwidth_gbs"] = bandwidth
         result["floor_ms"] = result["input_bytes"] / (bandwidth * 1e9) * 1e3
@@ -187,12 +187,15 @@ def main(argv: list[str] | None = None) -> int:
                   "hold_ms": hold_ms(clock) if clock.cuda else None})
             del clock
         elif request["op"] == "time_block":
+            compiled = request.get("compiled", False)
             try:
                 send({"event": "block", "times_ms": ref.time_block(request["size"], request["init_seed"],
                                                                       request["seeds"], request.get("warmup", 0),
-                                                                      request.get("compiled", False))})
-            except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs the ratio, not the run
-                send({"event": "block_failed", "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+                                                                      compiled)})
+            except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs its ratio, not the run
+                if not compiled:
+                    raise  # eager failing is the reference's own fault, as it always was
+                send({"event": "block_failed", "error": _one_line(exc)})
         elif request["op"] == "expect":
             for spec in request["specs"]:
                 base = os.path.join(request["dir"], spec["key"])
@@ -209,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         send({"event": "done", "op": request["op"]})
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one capped line (its message may be empty or span pages)."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
 
 
 def _write_new(path: str, data: bytes) -> None:

@@ -149,6 +149,7 @@ def search_data(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
     fair = [r for r in rows if r["verdict"] == "correct" and r.get("trusted", 1) != 0 and not r.get("device_unfit")]
     threads = sorted({key(r) for r in rows})
+    task_names = sorted({r["task"] for r in rows})
     per_step, per_task = [], {}
     for step in steps:
         upto = [r for r in fair if _step(r, evolve) <= step]
@@ -162,7 +163,7 @@ def search_data(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
                          "correct": len(best) / n, "fast_1": sum(b["eager"] > 1 for b in best.values()) / n,
                          "fast_compile": sum(b["compile"] > 1 for b in best.values()) / n,
                          "best_eager": max((b["eager"] for b in best.values()), default=None)})
-        for task in sorted({r["task"] for r in rows}):
+        for task in task_names:
             mine = [r["speedup_eager"] for r in upto if r["task"] == task and r["speedup_eager"]]
             per_task.setdefault(task, []).append(max(mine) if mine else None)
     return {"unit": "generation" if evolve else "turn", "steps": [s + 1 for s in steps], "per_step": per_step,

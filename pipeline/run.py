@@ -95,11 +95,10 @@ class Answer:
 
 @dataclass(frozen=True)
 class Judged:
-    """What the pipeline made of an answer: the verdict, the code it judged, the compiler's errors."""
+    """What the pipeline made of an answer: the verdict, the hash of the code it judged, the compiler's errors."""
 
     result: EvalResult
     code_hash: str | None = None
-    code: str | None = None
     diagnostics: list[Diagnostic] = field(default_factory=list)
 
 
@@ -234,20 +233,19 @@ class Runner:
         code_hash = extraction.code_hash
         if slot.backend == "cuda" and not self.gpu:
             return Judged(EvalResult(verdict=Verdict.waiting_gpu, error="no CUDA device here: evaluated when a "
-                                     "GPU run resumes this run"), code_hash, extraction.code)
+                                     "GPU run resumes this run"), code_hash)
         built = await self._build(code_path, code_hash, slot)
         if not built.ok:
             verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
             return Judged(EvalResult(verdict=verdict, error=build_stage.summary_line(built)), code_hash,
-                          extraction.code, diagnostics.compiler_errors(built.log, extraction.code or "",
-                                                                       candidate_name=code_path.name))
+                          diagnostics.compiler_errors(built.log, extraction.code or "", candidate_name=code_path.name))
         bench = await self._bench(slot)
         self.on_event("evaluating", slot, None)
         result = await self.executor.evaluate(bench, code_path, Path(built.build_dir), self.cfg.evaluation)
         self.on_event("evaluated", slot, result)
         if result.device_unfit:
             self.on_event("unfit", slot, result.device_unfit)
-        return Judged(result, code_hash, extraction.code)
+        return Judged(result, code_hash)
 
     def store_attempt(self, slot: Slot, answer: Answer, judged: Judged, parents: list[str] | None = None,
                       feedback: str | None = None) -> str:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import extract, feedback
 from .config import Target
-from .records import EvalResult, Verdict, summary_fields
+from .records import Verdict, summary_fields
 
 if TYPE_CHECKING:
     from .run import Runner, Slot
@@ -89,10 +89,6 @@ def reached(target: Target, row: dict[str, Any]) -> bool:
     return all(row.get(k) is not None and row[k] >= v for k, v in wanted.items())
 
 
-def _row(result: EvalResult) -> dict[str, Any]:
-    return summary_fields(result)
-
-
 async def converse(runner: Runner, slot: Slot, prompt_id: str, first: list[dict[str, str]], max_turns: int,
                    done: Callable[[dict[str, Any]], bool], parents: list[str] | None = None) -> None:
     """One conversation: turns from where the store left it until `done` says so or turns run out."""
@@ -117,7 +113,7 @@ async def converse(runner: Runner, slot: Slot, prompt_id: str, first: list[dict[
         text = feedback.render(cfg.feedback_template, prompts_dir, judged.result, judged.diagnostics,
                                turn=turn, max_turns=max_turns)
         lineage = ([previous] if previous else []) + ((parents or []) if turn == 0 else [])
-        row = {**_row(judged.result), "error": judged.result.error}
+        row = summary_fields(judged.result)  # the figures a stored row has, for `done` and the summary line
         previous = runner.store_attempt(now, answer, judged, parents=lineage, feedback=text)
         if done(row):
             return
@@ -139,19 +135,6 @@ def choose_parents(archive: list[dict[str, Any]], k: int, rng: random.Random) ->
     return [archive[0]] + rng.sample(rest, min(k - 1, len(rest)))
 
 
-def parent_view(row: dict[str, Any]) -> feedback.ParentView:
-    code = extract.extract(row["completion_text"] or "").code or ""
-    return feedback.ParentView(code=code, time_ms=float(f"{row['time_ms']:.4g}"),
-                               speedup_eager=_round(row.get("speedup_eager")),
-                               speedup_compile=_round(row.get("speedup_compile")),
-                               floor_percent=_round(100 * row["floor_fraction"]) if row.get("floor_fraction") else None,
-                               flags=list(row.get("flags") or []))
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else float(f"{x:.3g}")
-
-
 async def evolve(runner: Runner, base: Slot) -> None:
     """Generations of children for one task (and model, template, backend)."""
     cfg, store = runner.cfg.search, runner.store
@@ -166,8 +149,9 @@ async def evolve(runner: Runner, base: Slot) -> None:
             child = dataclasses.replace(base, sample=i, generation=g)
             parents = choose_parents(archive, cfg.parents, random.Random(f"{base.task.name}:{g}:{i}")) if g else []
             if parents:
+                views = [feedback.parent_view(p, extract.extract(p["completion_text"] or "").code or "") for p in parents]
                 text = feedback.render_evolve(cfg.evolve_template, prompts_dir, base.task.name, base.task.source,
-                                              base.backend, g, [parent_view(p) for p in parents])
+                                              base.backend, g, views)
                 prompt_id, first = runner.first_prompt(child, text)
             else:  # generation 0, or nothing verified yet: the plain prompt
                 prompt_id, first = runner.first_prompt(child)

@@ -262,23 +262,31 @@ class Session:
         return None
 
     def eager_block(self, calls: int, first: bool) -> None:
-        """As many eager calls, timed by the reference process right after the candidate's block (and
-        never beside it): the speedup is a ratio of times taken in the same window."""
-        bench = self.bench
-        self.child.pause()  # what the candidate left running must not slow the eager side (sandbox.Child.pause)
+        """As many eager calls, then as many torch.compile calls, timed by the reference process right
+        after the candidate's block (never beside it): the speedups are ratios of times taken in the
+        same window."""
+        self.child.pause()  # what the candidate left running must not slow the other side (sandbox.Child.pause)
         try:
-            for compiled, times in ((False, self.eager), (True, self.compiled)):
-                if compiled and not self.compile_beside:
-                    continue
-                msgs = bench.request({"op": "time_block", "size": bench.size, "init_seed": self.plan.init_seed,
-                                      "seeds": [_seed() for _ in range(calls)], "compiled": compiled,
-                                      "warmup": bench.settings.warmup_calls if first else 0},
-                                     bench.settings.timeout_s, self.lane)
-                times.extend(t for m in msgs if m.get("event") == "block" for t in m["times_ms"])
-                if compiled and any(m.get("event") == "block_failed" for m in msgs):
-                    self.compile_beside, self.compiled = False, []  # the prepared baseline stands in
+            self.eager.extend(self.reference_block(calls, first, compiled=False))
+            if self.compile_beside:
+                times = self.reference_block(calls, first, compiled=True)
+                if times is None:  # torch.compile failed in the reference: the prepared baseline stands in
+                    self.compile_beside, self.compiled = False, []
+                else:
+                    self.compiled.extend(times)
         finally:
             self.child.resume()
+
+    def reference_block(self, calls: int, first: bool, compiled: bool) -> list[float] | None:
+        """One block timed by the reference process (eager, or torch.compile of the same model); None
+        when it reports the block failed."""
+        bench = self.bench
+        msgs = bench.request({"op": "time_block", "size": bench.size, "init_seed": self.plan.init_seed,
+                              "seeds": [_seed() for _ in range(calls)], "compiled": compiled,
+                              "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, self.lane)
+        if any(m.get("event") == "block_failed" for m in msgs):
+            return None
+        return [t for m in msgs if m.get("event") == "block" for t in m["times_ms"]]
 
     def bound_request(self, index: int, seeds: list[int]) -> P.Bound:
         """Values through the inbox (the parent's, written in the window) or a seed per call."""
