@@ -34,14 +34,28 @@ def clear_stale_locks(build_dir: Path) -> list[Path]:
     return removed
 
 
+def build_env(gpus: list[str]) -> dict[str, str]:
+    """What a build child's environment adds: no visible GPU (a build only compiles, and must not
+    open a context on a device that a lane is timing), so torch cannot ask the device for its
+    architecture; it is named instead, from the lanes' GPUs (unless the user set it), rather than
+    letting torch compile for every architecture it knows."""
+    env = {"CUDA_VISIBLE_DEVICES": ""}
+    if gpus and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        import torch
+
+        archs = {"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+        env["TORCH_CUDA_ARCH_LIST"] = ";".join(sorted(archs))
+    return env
+
+
 def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
-          max_jobs: int | None = None) -> BuildResult:
+          max_jobs: int | None = None, extra_env: dict[str, str] | None = None) -> BuildResult:
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
     code_path = code_path.resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
     stale = clear_stale_locks(build_dir)
     sandbox.own_for_child(build_dir)
-    env = {"TORCH_EXTENSIONS_DIR": str(build_dir), "MAX_JOBS": str(max_jobs or os.cpu_count() or 1)}
+    env = {**(extra_env or {}), "TORCH_EXTENSIONS_DIR": str(build_dir), "MAX_JOBS": str(max_jobs or os.cpu_count() or 1)}
     started = time.monotonic()
     child = sandbox.start("pipeline.child.harness", ["build", str(code_path)], timeout_s, env)
     message, problem = None, None

@@ -54,8 +54,9 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     if not code_path.exists():
         code_path.write_text(code)
     db = Store.open(cfg.path(cfg.database) if cfg else Path("db/kgen.db")) if store else None
+    gpus = ["0"] if backend == "cuda" else []
     built = build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
-                              settings.build_timeout_s)
+                              settings.build_timeout_s, extra_env=build_stage.build_env(gpus))
     if db:
         db.save_build(built, backend, torch.__version__)
     if not built.ok:

@@ -177,13 +177,6 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     return bench
 
 
-def prepare_detached(*args, **kwargs) -> TaskBench:
-    """`prepare` for another process (Ray): the bench comes back without a live reference."""
-    bench = prepare(*args, **kwargs)
-    bench.close()
-    return bench
-
-
 def timed_count(settings: EvalConfig, *baseline_ms: float | None) -> int:
     """Timed calls for this task: more when its faster baseline is short (timing.calls_for); a kernel
     worth keeping is at least about that fast, and baselines and candidates then get the same rule."""

@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from . import build as build_stage
 from . import evaluate as evaluate_stage
 from . import health, sandbox
+from .lanes import LaneFailed, Lanes
 from .config import Config, EvalConfig
 from .records import BuildResult, EvalResult
 from .child.tasks import TaskFile
@@ -60,47 +61,73 @@ def visible_gpus() -> list[str]:
     return ids or [str(i) for i in range(torch.cuda.device_count())]
 
 
+def _lane_job(fn, watch: health.Watch | None, discard=None):
+    """Run `fn` (a blocking stage) and raise LaneFailed where the lane's device was found unfit."""
+    try:
+        result = fn()
+    except Exception as exc:
+        if watch is not None and watch.failure:
+            raise LaneFailed(watch.failure, exc) from exc
+        raise
+    if watch is not None and watch.failure:
+        if discard is not None:
+            discard(result)
+        raise LaneFailed(watch.failure, result)
+    return result
+
+
+def _close(bench: evaluate_stage.TaskBench) -> None:
+    bench.close()
+
+
 class LocalExecutor:
     """Subprocesses on this machine: a build pool sized to cores and memory, one evaluation lane per GPU."""
 
-    def __init__(self, backend: str, build_workers: int = 0):
+    def __init__(self, backend: str, build_workers: int = 0, notice: Callable[[str], None] | None = None):
         self.workers = build_workers or default_build_workers()
         self.jobs = max(1, (os.cpu_count() or 1) // self.workers)
         self.build_pool = asyncio.Semaphore(self.workers)
         gpus = visible_gpus() if backend == "cuda" else []
-        self.lanes = max(1, len(gpus))
+        # A build never sees a GPU: it only compiles, for the lanes' architecture (build.arch_list).
+        self.build_env = build_stage.build_env(gpus)
         # On the cpu backend the kernel under test shares the cores with compilers: an evaluation
         # takes every build slot, so nothing compiles while something is being timed.
         self.exclusive = backend == "cpu"
-        self.free: asyncio.Queue[str | None] = asyncio.Queue()
-        for gpu in gpus or [None]:
-            self.free.put_nowait(gpu)
+        self.pool: Lanes[str | None] = Lanes(list(gpus) or [None], notice, name=lambda gpu: f"GPU {gpu}")
         # Not on the cpu backend: a spare loading torch would share the cores with a timed kernel.
         self.spares = sandbox.Spares("pipeline.child.harness", ["eval"]) if gpus else None
         # Each GPU is checked fit to time around every attempt (pipeline.health).
         self.watches = {gpu: health.Watch(gpu) for gpu in gpus}
 
+    @property
+    def lanes(self) -> int:
+        return len(self.pool)
+
     async def build(self, code_path: Path, code_hash: str, builds_root: Path, timeout_s: float) -> BuildResult:
         async with self.build_pool:
-            return await asyncio.to_thread(build_stage.build, code_path, code_hash, builds_root, timeout_s, self.jobs)
+            return await asyncio.to_thread(build_stage.build, code_path, code_hash, builds_root, timeout_s, self.jobs,
+                                           self.build_env)
 
-    async def _on_lane(self, fn, *args):
-        lane = await self.free.get()  # a device runs one child at a time, so timings stay true
-        held = 0
-        try:
-            if self.exclusive:
-                for _ in range(self.workers):
-                    await self.build_pool.acquire()
-                    held += 1
-            env = {"CUDA_VISIBLE_DEVICES": lane} if lane is not None else {}
-            return await asyncio.to_thread(fn, *args, env=env, watch=self.watches.get(lane))
-        finally:
-            for _ in range(held):
-                self.build_pool.release()
-            self.free.put_nowait(lane)
+    async def _on_lane(self, fn, *args, discard=None):
+        async def job(lane):
+            held = 0
+            try:
+                if self.exclusive:
+                    for _ in range(self.workers):
+                        await self.build_pool.acquire()
+                        held += 1
+                env = {"CUDA_VISIBLE_DEVICES": lane} if lane is not None else {}
+                watch = self.watches.get(lane)
+                return await asyncio.to_thread(_lane_job, lambda: fn(*args, env=env, watch=watch), watch, discard)
+            finally:
+                for _ in range(held):
+                    self.build_pool.release()
+
+        return await self.pool.run(job)
 
     async def prepare(self, task, size, backend, settings, known_baselines):
-        return await self._on_lane(evaluate_stage.prepare, task, size, backend, settings, known_baselines.get)
+        return await self._on_lane(evaluate_stage.prepare, task, size, backend, settings, known_baselines.get,
+                                   discard=_close)
 
     async def evaluate(self, bench, code_path, build_dir, settings):
         spares = self.spares if settings.warm_start else None
@@ -112,11 +139,54 @@ class LocalExecutor:
             self.spares.close()
 
 
-class RayExecutor:
-    """Builds as CPU tasks and evaluations as one-GPU tasks on a Ray cluster; each still starts the
-    same sandboxed child. Code and build folders must be on a filesystem every node sees."""
+class _RayLane:
+    """One evaluation lane as a Ray actor: Ray gives it one GPU (CUDA_VISIBLE_DEVICES) and it runs
+    one call at a time, like a local lane. It keeps each task's reference process alive between
+    attempts, a spare child for the next attempt, and its device's health watch."""
 
-    def __init__(self, backend: str, address: str | None):
+    def __init__(self, backend: str):
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() if backend == "cuda" else ""
+        self.gpu = gpu or None
+        self.env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
+        self.watch = health.Watch(gpu) if gpu else None
+        self.spares = sandbox.Spares("pipeline.child.harness", ["eval"]) if gpu else None
+        self.benches: dict[tuple, evaluate_stage.TaskBench] = {}
+
+    def name(self) -> str:
+        return f"GPU {self.gpu}" if self.gpu else f"actor {os.getpid()}"
+
+    def _failure(self) -> str | None:
+        return self.watch.failure if self.watch else None
+
+    def prepare(self, task, size, backend, settings, known_baselines):
+        bench = evaluate_stage.prepare(task, size, backend, settings, known_baselines.get, self.env, self.watch)
+        self.benches[(str(task.path), bench.size_name)] = bench
+        return bench, self._failure()
+
+    def evaluate(self, bench, code_path, build_dir, settings):
+        # The bench arrives as a copy without a process; this lane's own copy keeps its reference.
+        key = (str(bench.task.path), bench.size_name)
+        live = self.benches.get(key)
+        if live is None:
+            bench.detached = False
+            live = self.benches[key] = bench
+        spares = self.spares if settings.warm_start else None
+        result = evaluate_stage.evaluate(live, code_path, build_dir, settings, self.env, spares, self.watch)
+        return result, self._failure()
+
+    def close(self) -> None:
+        for bench in self.benches.values():
+            bench.close()
+        if self.spares:
+            self.spares.close()
+
+
+class RayExecutor:
+    """Builds as CPU tasks and one lane actor per GPU on a Ray cluster (a local one started here when
+    no address is given); each still starts the same sandboxed child. Code and build folders must be
+    on a filesystem every node sees."""
+
+    def __init__(self, backend: str, address: str | None, notice: Callable[[str], None] | None = None):
         try:
             import ray
         except ImportError:
@@ -126,27 +196,51 @@ class RayExecutor:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
                          [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}})
-        gpus = int(ray.cluster_resources().get("GPU", 0)) if backend == "cuda" else 0
-        self.lanes = max(1, gpus) if backend == "cuda" else max(1, int(ray.cluster_resources().get("CPU", 1)) // 2)
-        device = {"num_gpus": 1} if backend == "cuda" else {"num_cpus": 1}
-        self._build = ray.remote(num_cpus=1, max_retries=0)(build_stage.build)
-        self._prepare = ray.remote(max_retries=0, **device)(evaluate_stage.prepare_detached)
-        self._evaluate = ray.remote(max_retries=0, **device)(evaluate_stage.evaluate)
+        resources = ray.cluster_resources()
+        gpus = int(resources.get("GPU", 0)) if backend == "cuda" else 0
+        count = max(1, gpus) if backend == "cuda" else max(1, int(resources.get("CPU", 1)) // 2)
+        device = {"num_gpus": 1} if backend == "cuda" and gpus else {"num_cpus": 1}
+        lane = ray.remote(max_restarts=0, max_concurrency=1, **device)(_RayLane)
+        self.actors = [lane.remote(backend) for _ in range(count)]
+        names = ray.get([actor.name.remote() for actor in self.actors])
+        self.names = dict(zip(self.actors, names))
+        self.pool = Lanes(self.actors, notice, name=self.names.get)
+        # Builds get no GPU from Ray, and build_env hides any the node has.
+        self._build = ray.remote(num_cpus=1, num_gpus=0, max_retries=0)(build_stage.build)
+        self.build_env = build_stage.build_env(["0"] * gpus)
+
+    @property
+    def lanes(self) -> int:
+        return len(self.pool)
 
     async def build(self, code_path, code_hash, builds_root, timeout_s):
-        return await self._build.remote(code_path, code_hash, builds_root, timeout_s, 1)
+        return await self._build.remote(code_path, code_hash, builds_root, timeout_s, 1, self.build_env)
+
+    async def _on_lane(self, method: str, *args):
+        async def job(actor):
+            result, failure = await getattr(actor, method).remote(*args)
+            if failure:
+                raise LaneFailed(failure, result)
+            return result
+
+        return await self.pool.run(job)
 
     async def prepare(self, task, size, backend, settings, known_baselines):
-        return await self._prepare.remote(task, size, backend, settings, dict(known_baselines).get)
+        return await self._on_lane("prepare", task, size, backend, settings, dict(known_baselines))
 
     async def evaluate(self, bench, code_path, build_dir, settings):
-        return await self._evaluate.remote(bench, code_path, build_dir, settings)
+        return await self._on_lane("evaluate", bench, code_path, build_dir, settings)
 
     def close(self) -> None:
+        try:
+            self.ray.get([actor.close.remote() for actor in self.actors], timeout=60)
+        except Exception:  # an actor that died has nothing left to close
+            pass
         self.ray.shutdown()
 
 
-def make_executor(cfg: Config, backend: str) -> Executor:
+def make_executor(cfg: Config, backend: str, notice: Callable[[str], None] | None = None) -> Executor:
+    """`notice` gets one line when a lane is taken out of service."""
     if cfg.executor == "ray":
-        return RayExecutor(backend, cfg.ray_address)
-    return LocalExecutor(backend, cfg.build_workers)
+        return RayExecutor(backend, cfg.ray_address, notice)
+    return LocalExecutor(backend, cfg.build_workers, notice)

@@ -77,14 +77,17 @@ class Watch:
     lane: str | None
     start: Probe | None = None
     uuid: str | None = None  # the lane's GPU as the driver names it ("" where nvidia-smi cannot say)
-    history: list[tuple[Probe, str | None]] = field(default_factory=list)
+    history: list[tuple[Probe | None, str | None]] = field(default_factory=list)
 
     def check(self, bench: Any, env: dict[str, str] | None) -> str | None:
         """Probe the lane's device through `bench`'s reference process; why it is unfit, or None."""
-        msgs = bench.request({"op": "health"}, 120, env)
+        try:
+            msgs = bench.request({"op": "health"}, 120, env)
+        except RuntimeError as exc:  # the reference process died on its device (EvaluationError)
+            return self._record(None, f"the reference process failed its health check: {str(exc)[-300:]}")
         found = [m for m in msgs if m.get("event") == "health"]
         if not found:
-            return "the reference process sent no health figures"
+            return self._record(None, "the reference process sent no health figures")
         if self.uuid is None:
             self.uuid = _uuid(self.lane) or ""
         probe = Probe(bandwidth_gbs=found[0]["bandwidth_gbs"], hold_ms=found[0].get("hold_ms"),
@@ -92,8 +95,16 @@ class Watch:
         reason = unfit_reason(probe, self.start, bench.env.get("device_name", ""))
         if reason is None and self.start is None:
             self.start = probe
+        return self._record(probe, reason)
+
+    def _record(self, probe: Probe | None, reason: str | None) -> str | None:
         self.history.append((probe, reason))
         return reason
+
+    @property
+    def failure(self) -> str | None:
+        """Why the last check found the device unfit; None if it was fit (or nothing was checked)."""
+        return self.history[-1][1] if self.history else None
 
 
 def _smi(*args: str) -> list[list[str]]:

@@ -68,6 +68,8 @@ class Progress:
             self.unfit.add(info)
             self.bars.console.print(Text(f"device not fit to time: {info}; timings are not trusted until it "
                                          f"recovers, and a resume re-times these attempts", style="yellow"))
+        elif stage == "lane":  # a lane taken out of service (pipeline.lanes)
+            self.bars.console.print(Text(info, style="yellow"))
         elif stage == "stored":
             result: EvalResult = info
             self._done("attempt", failed=result.verdict is not Verdict.correct)

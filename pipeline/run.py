@@ -114,7 +114,7 @@ class Runner:
         self.key = plan_key(cfg, self.backend, self.slots)
         self.generated = cfg.path(cfg.generated_dir)
         self.builds_root = cfg.path(cfg.build_dir)
-        self.executor: Executor = make_executor(cfg, self.backend)
+        self.executor: Executor = make_executor(cfg, self.backend, lambda line: self.on_event("lane", None, line))
         self.build_locks: dict[str, asyncio.Lock] = {}
         self.benches: dict[str, asyncio.Task] = {}
         self.size_names: dict[str, str] = {}

@@ -9,6 +9,9 @@
 #   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
 #   STEP=library  replayed kernels (pipeline.library) against the times the evaluator recorded
 #   STEP=batch  7 tasks x 8 samples (config-h100-batch.yaml) with GPU utilisation sampled
+#   STEP=ray    unpack the carried Ray (.ray/, see docs/benchmarks.md) and start it once
+#   STEP=lanes  config-batch.yaml's distinct candidates, pass by pass (LANE_PASSES: cold, local1, local2,
+#               ray1, ray2: executor and GPUs), each GPU's utilisation sampled; scripts/gpu_lanes.py
 #   STEP=probe  eager and torch.compile baselines under several timing protocols (gpu_probe_compile.py)
 #   STEP=noise  run-to-run variance of a copy, eager and compiled references, with GPU clocks sampled
 # Logs go to $OUT (the device tool brings them back).
@@ -23,7 +26,30 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/device.txt"
 for step in ${STEP:-tests run bench}; do
   case $step in
-    known) python3 scripts/gpu_known.py "$(date +%T)" 2>&1 | tee -a "$OUT/known.log" | grep KNOWN ;;
+    known) for g in $(nvidia-smi --query-gpu=index --format=csv,noheader); do
+             CUDA_VISIBLE_DEVICES=$g python3 scripts/gpu_known.py "$(date +%T) gpu$g" 2>&1 | tee -a "$OUT/known.log" | grep KNOWN
+           done ;;
+    ray) mkdir -p /tmp/site && tar -C /tmp/site -xJf .ray/ray-stripped.tar.xz \
+           && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .ray/*.whl
+         python3 -c 'import ray; ray.init(include_dashboard=False, log_to_driver=False); print("RAY", ray.__version__, ray.cluster_resources()); ray.shutdown()' 2>&1 | tail -3 ;;
+    lanes) all=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)
+         sed -e "s#^samples: 8#samples: ${LANE_SAMPLES:-4}#" config-batch.yaml > config-lanes-local.yaml
+         sed -e "s#^executor: local.*#executor: ray#" config-lanes-local.yaml > config-lanes-ray.yaml
+         for pass in ${LANE_PASSES:-cold local1 local2}; do
+           case $pass in
+             cold|local2) ex=local vis=$all ;; local1) ex=local vis=0 ;; ray1) ex=ray vis=0 ;; ray2) ex=ray vis=$all ;;
+           esac
+           nvidia-smi --query-gpu=timestamp,index,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util-$pass.csv" &
+           smi=$!
+           start=$(date +%s)
+           CUDA_VISIBLE_DEVICES=$vis timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c "config-lanes-$ex.yaml" --new 2>&1 \
+             | tee "$OUT/lanes-$pass.log" | tail -6
+           echo "LANEPASS $pass ($ex, GPUs $vis): $(( $(date +%s) - start )) s" | tee -a "$OUT/lanes.log"
+           kill $smi
+           echo "$pass" >> db/lanes-passes.txt
+         done
+         python3 scripts/gpu_lanes.py db/batch.db "$OUT" $(cat db/lanes-passes.txt) 2>&1 | tee -a "$OUT/lanes.log"
+         cp db/batch.db "$OUT/batch.db" ;;
     runA|runB) tag=${step#run}
          sed "s#db/h100-ab.db#db/h100-$tag.db#" config-h100-ab.yaml > "config-h100-$tag.yaml"
          timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c "config-h100-$tag.yaml" 2>&1 | tee "$OUT/run$tag.log" | tail -25

@@ -309,5 +309,47 @@ def test_a_busy_gpu_is_refused_then_served_again(built, bench):
     assert not is_verified({**summary_fields(sick), "code_hash": "x", "flags": []})
     after = evaluate.evaluate(bench, path, build_dir, SETTINGS, watch=watch)
     print(f"REDTEAM after busy_gpu: device_unfit={after.device_unfit!r} time_ms={after.time_ms} "
-          f"before {before.time_ms}; probes {[(round(p.bandwidth_gbs), p.hold_ms, r) for p, r in watch.history]}")
+          f"before {before.time_ms}; probes {[(p and round(p.bandwidth_gbs), p and p.hold_ms, r) for p, r in watch.history]}")
     assert after.device_unfit is None and after.timing is not None
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available() or __import__("torch").cuda.device_count() < 2,
+                    reason="needs two GPUs")
+def test_two_lanes_share_a_batch_and_an_unfit_gpu_is_retired(built):
+    """Two GPUs, two lanes (issue 17): a process of our own keeps the second GPU busy, so that lane's
+    health check fails; it is taken out of service with one line, and every attempt gets its verdict
+    and a trusted timing from the first GPU."""
+    import asyncio
+
+    from pipeline.executor import LocalExecutor, visible_gpus
+
+    gpus = visible_gpus()
+    notices: list[str] = []
+    executor = LocalExecutor("cuda", notice=notices.append)
+    assert executor.lanes == len(gpus) >= 2
+    path, result = built["honest"]
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    busy = subprocess.Popen([sys.executable, "-c", BUSY_GPU, "240"], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus[-1]})
+
+    async def batch():
+        bench = await executor.prepare(task, "small", "cuda", SETTINGS, {})
+        try:
+            return await asyncio.gather(*(executor.evaluate(bench, path, Path(result.build_dir), SETTINGS)
+                                          for _ in range(2 * len(gpus))))
+        finally:
+            bench.close()
+
+    try:
+        assert busy.stdout.readline().strip() == "busy"
+        time.sleep(2)
+        results = asyncio.run(batch())
+    finally:
+        busy.kill()
+        busy.wait()
+        executor.close()
+    print(f"\nLANES notices={notices} verdicts={[(r.verdict.value, r.device_unfit, r.time_ms) for r in results]}")
+    assert [r.verdict for r in results] == [Verdict.correct] * len(results)
+    assert all(r.device_unfit is None and r.timing is not None for r in results)
+    assert executor.lanes == len(gpus) - 1 and f"GPU {gpus[-1]}" in executor.pool.retired
+    assert len(notices) == 1 and notices[0].startswith(f"lane GPU {gpus[-1]} taken out of service")

@@ -1,0 +1,73 @@
+"""Evaluation lanes: one attempt at a time per device, and a device that fails is taken out of service.
+
+A lane is one GPU (local executor) or one Ray actor holding one GPU; on the cpu backend, the
+machine. A lane runs one child at a time, so nothing else computes on its device while it times.
+After each job the lane says whether its device is still fit (pipeline.health): a lane found unfit
+is retired for the rest of the run with one message, and the job it was doing goes to another lane,
+so its verdict and timing come from a device that is fit. The last lane is never retired: with
+nowhere else to go, its jobs keep the correctness verdict and their timing is marked unfit, as on a
+one-GPU machine (a resume re-times them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Generic, TypeVar
+
+Lane = TypeVar("Lane")
+
+
+class LaneFailed(Exception):
+    """A job found its lane's device unfit. Carries what the job produced there, a result or the
+    exception it raised (used only when no other lane is left), and why."""
+
+    def __init__(self, reason: str, result: Any):
+        super().__init__(reason)
+        self.reason = reason
+        self.result = result
+
+
+class Lanes(Generic[Lane]):
+    """A pool of lanes handed out one job at a time."""
+
+    def __init__(self, lanes: list[Lane], notice: Callable[[str], None] | None = None,
+                 name: Callable[[Lane], str] = str):
+        if not lanes:
+            raise ValueError("no evaluation lanes")
+        self.live = list(lanes)
+        self.retired: dict[str, str] = {}
+        """Retired lanes by name, with why."""
+        self.notice = notice or (lambda message: None)
+        self.name = name
+        self.free: asyncio.Queue[Lane] = asyncio.Queue()
+        for lane in lanes:
+            self.free.put_nowait(lane)
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    async def run(self, job: Callable[[Lane], Awaitable[Any]]) -> Any:
+        """Run `job` on the next free lane; if it raises LaneFailed and another lane is in service,
+        retire this one and run the job again elsewhere."""
+        while True:
+            lane = await self.free.get()
+            retired = False
+            try:
+                return await job(lane)
+            except LaneFailed as failed:
+                if len(self.live) == 1:
+                    if isinstance(failed.result, BaseException):  # the job raised on the unfit device
+                        raise failed.result
+                    return failed.result
+                self._retire(lane, failed.reason)
+                retired = True
+            finally:
+                if not retired:
+                    self.free.put_nowait(lane)
+
+    def _retire(self, lane: Lane, reason: str) -> None:
+        self.live.remove(lane)
+        self.retired[self.name(lane)] = reason
+        left = ", ".join(self.name(other) for other in self.live)
+        self.notice(f"lane {self.name(lane)} taken out of service: {reason}; its attempts go to lane "
+                    f"{left}")

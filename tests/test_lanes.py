@@ -1,0 +1,74 @@
+"""Evaluation lanes: one job per lane at a time, and a lane whose device fails is retired.
+
+The GPU side (two real lanes, one made unfit by a foreign process) is tests/test_gpu.py's
+test_two_lanes_share_a_batch_and_an_unfit_gpu_is_retired; here the pool itself, with plain jobs."""
+
+import asyncio
+
+from pipeline.lanes import LaneFailed, Lanes
+
+
+def test_a_failed_lane_is_retired_and_its_job_goes_to_another():
+    notices: list[str] = []
+    pool = Lanes(["0", "1"], notices.append, name=lambda gpu: f"GPU {gpu}")
+    ran: list[tuple[int, str]] = []
+    busy: set[str] = set()
+
+    async def job_for(n: int):
+        async def job(lane: str):
+            assert lane not in busy, "two jobs on one lane at once"
+            busy.add(lane)
+            try:
+                await asyncio.sleep(0.01)
+                if lane == "1":
+                    raise LaneFailed("another compute process is on the GPU (123 hog)", f"unfit {n}")
+                ran.append((n, lane))
+                return f"ok {n}"
+            finally:
+                busy.discard(lane)
+        return await pool.run(job)
+
+    async def main():
+        return await asyncio.gather(*(job_for(n) for n in range(6)))
+
+    results = asyncio.run(main())
+    assert results == [f"ok {n}" for n in range(6)]  # every job's result came from the fit lane
+    assert sorted(n for n, _ in ran) == list(range(6)) and {lane for _, lane in ran} == {"0"}
+    assert pool.live == ["0"] and list(pool.retired) == ["GPU 1"] and len(pool) == 1
+    assert notices == ["lane GPU 1 taken out of service: another compute process is on the GPU (123 hog); "
+                       "its attempts go to lane GPU 0"]
+
+
+def test_the_last_lane_is_kept_and_its_jobs_keep_what_they_found():
+    notices: list[str] = []
+    pool = Lanes([None], notices.append)
+
+    async def job(lane):
+        raise LaneFailed("bandwidth 673 GB/s against 3002 GB/s when the run began", "correct, timing unfit")
+
+    async def main():
+        return [await pool.run(job), await pool.run(job)]
+
+    assert asyncio.run(main()) == ["correct, timing unfit"] * 2
+    assert pool.live == [None] and notices == []
+
+
+def test_an_error_that_is_not_the_device_frees_the_lane():
+    pool = Lanes(["0"])
+
+    async def broken(lane):
+        raise ValueError("the task's reference failed")
+
+    async def fine(lane):
+        return lane
+
+    async def main():
+        try:
+            await pool.run(broken)
+        except ValueError as exc:
+            assert "reference" in str(exc)
+        else:
+            raise AssertionError("the error was swallowed")
+        return await asyncio.wait_for(pool.run(fine), 5)
+
+    assert asyncio.run(main()) == "0"
