@@ -35,9 +35,17 @@ for step in ${STEP:-tests run bench}; do
     lanes) all=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)
          sed -e "s#^samples: 8#samples: ${LANE_SAMPLES:-4}#" config-batch.yaml > config-lanes-local.yaml
          sed -e "s#^executor: local.*#executor: ray#" config-lanes-local.yaml > config-lanes-ray.yaml
+         sed -e "s#^samples: .*#samples: 1#" config-lanes-local.yaml > config-lanes-fail.yaml
+         rm -f db/lanes-passes.txt
          for pass in ${LANE_PASSES:-cold local1 local2}; do
+           hog=
            case $pass in
              cold|local2) ex=local vis=$all ;; local1) ex=local vis=0 ;; ray1) ex=ray vis=0 ;; ray2) ex=ray vis=$all ;;
+             fail2) ex=fail vis=$all  # the last GPU kept busy by a process of ours: its lane must be retired
+                    CUDA_VISIBLE_DEVICES=${all##*,} python3 -c 'import time, torch
+x = torch.randn(8192, 8192, device="cuda"); end = time.monotonic() + 300
+while time.monotonic() < end: x = torch.tanh(x @ x); torch.cuda.synchronize()' & hog=$!
+                    sleep 8 ;;
            esac
            nvidia-smi --query-gpu=timestamp,index,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util-$pass.csv" &
            smi=$!
@@ -45,7 +53,7 @@ for step in ${STEP:-tests run bench}; do
            CUDA_VISIBLE_DEVICES=$vis timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c "config-lanes-$ex.yaml" --new 2>&1 \
              | tee "$OUT/lanes-$pass.log" | tail -6
            echo "LANEPASS $pass ($ex, GPUs $vis): $(( $(date +%s) - start )) s" | tee -a "$OUT/lanes.log"
-           kill $smi
+           kill $smi ${hog}
            echo "$pass" >> db/lanes-passes.txt
          done
          python3 scripts/gpu_lanes.py db/batch.db "$OUT" $(cat db/lanes-passes.txt) 2>&1 | tee -a "$OUT/lanes.log"
