@@ -108,7 +108,7 @@ class LocalExecutor:
             return await asyncio.to_thread(build_stage.build, code_path, code_hash, builds_root, timeout_s, self.jobs,
                                            self.build_env)
 
-    async def _on_lane(self, fn, *args, discard=None):
+    async def _on_lane(self, fn, *args, key=None, discard=None):
         async def job(lane):
             held = 0
             try:
@@ -123,16 +123,16 @@ class LocalExecutor:
                 for _ in range(held):
                     self.build_pool.release()
 
-        return await self.pool.run(job)
+        return await self.pool.run(job, key)
 
     async def prepare(self, task, size, backend, settings, known_baselines):
         return await self._on_lane(evaluate_stage.prepare, task, size, backend, settings, known_baselines.get,
-                                   discard=_close)
+                                   key=task.name, discard=_close)
 
     async def evaluate(self, bench, code_path, build_dir, settings):
         spares = self.spares if settings.warm_start else None
         return await self._on_lane(lambda *args, **kw: evaluate_stage.evaluate(*args, spares=spares, **kw),
-                                   bench, code_path, build_dir, settings)
+                                   bench, code_path, build_dir, settings, key=bench.task.name)
 
     def close(self) -> None:
         if self.spares:
@@ -216,20 +216,20 @@ class RayExecutor:
     async def build(self, code_path, code_hash, builds_root, timeout_s):
         return await self._build.remote(code_path, code_hash, builds_root, timeout_s, 1, self.build_env)
 
-    async def _on_lane(self, method: str, *args):
+    async def _on_lane(self, method: str, key: str, *args):
         async def job(actor):
             result, failure = await getattr(actor, method).remote(*args)
             if failure:
                 raise LaneFailed(failure, result)
             return result
 
-        return await self.pool.run(job)
+        return await self.pool.run(job, key)
 
     async def prepare(self, task, size, backend, settings, known_baselines):
-        return await self._on_lane("prepare", task, size, backend, settings, dict(known_baselines))
+        return await self._on_lane("prepare", task.name, task, size, backend, settings, dict(known_baselines))
 
     async def evaluate(self, bench, code_path, build_dir, settings):
-        return await self._on_lane("evaluate", bench, code_path, build_dir, settings)
+        return await self._on_lane("evaluate", bench.task.name, bench, code_path, build_dir, settings)
 
     def close(self) -> None:
         try:

@@ -72,3 +72,33 @@ def test_an_error_that_is_not_the_device_frees_the_lane():
         return await asyncio.wait_for(pool.run(fine), 5)
 
     assert asyncio.run(main()) == "0"
+
+
+def _batch(pool: Lanes, jobs: list[tuple[str, float]]) -> list[tuple[str, str]]:
+    """Run (key, seconds) jobs at once; which lane ran each key."""
+    ran: list[tuple[str, str]] = []
+
+    async def one(key: str, seconds: float):
+        async def job(lane: str):
+            await asyncio.sleep(seconds)
+            ran.append((key, lane))
+        await pool.run(job, key)
+
+    async def main():
+        await asyncio.gather(*(one(k, s) for k, s in jobs))
+
+    asyncio.run(main())
+    return ran
+
+
+def test_a_task_stays_on_the_lane_that_holds_its_reference():
+    # Task a's attempts are slow, b's fast: a plain queue would hand b's free lane the next a.
+    # Once b's are done, lane 1 takes a's rather than stay idle.
+    ran = _batch(Lanes(["0", "1"]), [("a", 0.05), ("b", 0.01)] * 4)
+    on = {lane: [k for k, ran_on in ran if ran_on == lane] for lane in "01"}
+    assert len(ran) == 8 and on["1"][:4] == ["b"] * 4 and set(on["0"]) == {"a"}, ran
+
+
+def test_no_lane_idles_while_attempts_wait():
+    ran = _batch(Lanes(["0", "1"]), [("a", 0.02)] * 6)
+    assert {lane for _, lane in ran} == {"0", "1"}, ran
