@@ -82,12 +82,13 @@ db_option = click.option("--db", default=None, help="The SQLite database (defaul
 
 @main.command()
 @config_option
-@click.option("--backend", type=click.Choice(["cuda", "cpu", "auto"]), default=None,
+@click.option("--backend", type=click.Choice(["cuda", "triton", "cpu", "auto"]), default=None,
               help="Override the config's backend.")
 @click.option("--new", "fresh", is_flag=True, help="Start a new run instead of resuming the same plan.")
 @click.option("--retry-errors", is_flag=True, help="Redo slots whose model call failed.")
 def run(config: str, backend: str | None, fresh: bool, retry_errors: bool) -> None:
     """Run the batch in the config: resume it if the same plan ran before."""
+    from .backends import BackendError
     from .child.tasks import TaskError
     from .llm import ProviderError
     from .progress import Progress
@@ -99,7 +100,7 @@ def run(config: str, backend: str | None, fresh: bool, retry_errors: bool) -> No
     try:
         progress = Progress(console)
         runner = Runner(cfg, store, backend=backend, on_event=progress.event)
-    except (ProviderError, TaskError) as exc:
+    except (ProviderError, TaskError, BackendError) as exc:
         raise KgenError(str(exc)) from None
     with progress:
         run_id = asyncio.run(runner.run(fresh=fresh, retry_errors=retry_errors))
@@ -225,7 +226,7 @@ def _generated_dir(config: str) -> Path:
 @main.command(name="eval")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--task", "task_name", required=True, help="A task name in the task folder, or a task file path.")
-@click.option("--backend", type=click.Choice(["cuda", "cpu", "auto"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(["cuda", "triton", "cpu", "auto"]), default="auto", show_default=True)
 @click.option("--size", default=None, help="A size the task declares (small, odd, default); default: the config's.")
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

@@ -223,8 +223,11 @@ class Config(_Strict):
     """Folder of prompt templates, relative to the config file."""
     samples: int = Field(default=1, ge=1, le=1000)
     """Completions asked per task and model."""
-    backend: Literal["cuda", "cpu", "auto"] = "auto"
-    """cuda, cpu, or auto (cuda where a GPU is visible, else cpu)."""
+    backend: Literal["cuda", "triton", "cpu", "auto"] = "auto"
+    """cuda (load_inline CUDA), triton (@triton.jit kernels; Triton's interpreter where no GPU is
+    visible), cpu (load_inline C++), or auto: the first of auto_backends this machine runs."""
+    auto_backends: list[Literal["cuda", "triton", "cpu"]] = Field(default=["cuda", "cpu"], min_length=1)
+    """The order `auto` tries: cuda and triton need a visible GPU, cpu always runs."""
     database: str = "db/kgen.db"
     """The SQLite store, relative to the config file."""
     generated_dir: str = "generated"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import build as build_stage
-from . import evaluate, health
+from . import backends, evaluate, health
 from .child import tasks
 from .config import Config, EvalConfig
 from .records import EvalResult, Verdict
@@ -39,7 +39,7 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     chosen_size = size or (cfg.tasks.size if cfg else tasks.DEFAULT_SIZE)
     module = tasks.load_module(task, chosen_size)
     size_name = tasks.effective_size(module, chosen_size)
-    backend, gpu = resolve_backend(backend)
+    backend, gpu = resolve_backend(backend, cfg.auto_backends if cfg else ("cuda", "cpu"))
     if backend == "cuda" and not gpu:
         raise ValueError("--backend cuda: no CUDA device is visible on this machine")
     tasks.check_memory(module, evaluate.device_for(backend))
@@ -54,7 +54,7 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     if not code_path.exists():
         code_path.write_text(code)
     db = Store.open(cfg.path(cfg.database) if cfg else Path("db/kgen.db")) if store else None
-    gpus = ["0"] if backend == "cuda" else []
+    gpus = ["0"] if backends.on_gpu(backend) else []
     built = build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
                               settings.build_timeout_s, extra_env=build_stage.build_env(gpus))
     if db:
@@ -63,7 +63,7 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
         verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
         result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
     else:
-        watch = health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backend == "cuda" else None
+        watch = health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(backend) else None
         bench = evaluate.prepare(task, chosen_size, backend, settings, db.get_baseline if db else None, watch=watch)
         if db:
             remember_baselines(db, bench)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import health, sandbox
+from . import backends, health, sandbox
 from .child import protocol as P
 from .child import tasks
 from .child.timing import BLOCK, TIMING_VERSION, calls_for, summarize_blocks
@@ -135,7 +135,7 @@ def lane_of(env: dict[str, str]) -> dict[str, str] | None:
 
 
 def device_for(backend: str) -> str:
-    return "cuda" if backend == "cuda" else "cpu"
+    return backends.device_for(backend)
 
 
 def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
@@ -145,7 +145,7 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     it has them); the bench then serves every attempt of the task in this run. With `watch`, the
     device is checked before and after they are measured (pipeline.health)."""
     module = tasks.load_module(task, size)
-    if backend != "cuda":  # on cuda, asking for free memory would open a CUDA context in this process
+    if device_for(backend) != "cuda":  # on cuda, asking for free memory would open a CUDA context in this process
         tasks.check_memory(module, device_for(backend), env=env)
     bench = TaskBench(task, size, tasks.effective_size(module, size), backend, device_for(backend),
                       tasks.tolerance(module, settings.tolerance), settings,
@@ -272,7 +272,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     from .session import Session
 
     started = time.monotonic()
-    env = {"MAX_JOBS": str(os.cpu_count() or 1), **(env or {})}
+    env = {"MAX_JOBS": str(os.cpu_count() or 1), **backends.child_env(bench.backend), **(env or {})}
     plan = AttemptPlan.draw(bench)
     lane_env = lane_of(env)
     unfit = watch.check(bench, lane_env) if watch is not None else None
@@ -300,7 +300,8 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
         job = P.Job(task_path=str(bench.task.path.resolve()), size=bench.size, code_path=str(Path(code_path).resolve()),
                     build_dir=str(Path(build_dir).resolve()), device=bench.device, memory_gb=settings.memory_limit_gb,
                     out_shape=main.shape, slot_values=slot_values, slots=slots, inbox_set_bytes=set_size,
-                    inbox_sets=sets, threads=settings.cpu_threads)
+                    inbox_sets=sets, threads=settings.cpu_threads,
+                    own_kernels=backends.triton_kernels(Path(code_path).read_text()) if bench.backend == "triton" else [])
         inbox = P.Inbox(child.outbox_fd, at, set_size, sets) if plan.inbox else None
         session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env,
                           inbox, inputs, timed=unfit is None, settings=settings)
@@ -357,10 +358,19 @@ def ended_early(child: sandbox.Child, code: int, log: str, what: str) -> EvalRes
                       detail=log[-4000:])
 
 
-def flags_for(profile: P.ProfileDone | None, shape_results: list[TrialResult]) -> list[Flag]:
+def flags_for(profile: P.ProfileDone | None, shape_results: list[TrialResult],
+              interpreted_eager_ms: float | None = None) -> list[Flag]:
+    """`interpreted_eager_ms`: eager's time, where Triton's interpreter ran the candidate's kernels.
+    Their Python time would hide PyTorch's share of the call there, so PyTorch did the work when its
+    ops alone took half as long as eager's whole call."""
     flags = []
-    if profile and profile.torch_fraction is not None and profile.torch_fraction > NO_CUSTOM_KERNEL_FRACTION:
-        flags.append(Flag.no_custom_kernel)
+    if profile and profile.torch_fraction is not None:
+        if interpreted_eager_ms:
+            pytorch_did_it = (profile.torch_us or 0.0) / 1000 >= NO_CUSTOM_KERNEL_FRACTION * interpreted_eager_ms
+        else:
+            pytorch_did_it = profile.torch_fraction > NO_CUSTOM_KERNEL_FRACTION
+        if pytorch_did_it:
+            flags.append(Flag.no_custom_kernel)
     if any(not t.ok for t in shape_results):
         flags.append(Flag.shape_specialized)
     return flags

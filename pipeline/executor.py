@@ -19,7 +19,7 @@ from typing import Any, Callable, Protocol
 
 from . import build as build_stage
 from . import evaluate as evaluate_stage
-from . import health, sandbox
+from . import backends, health, sandbox
 from .lanes import LaneFailed, Lanes
 from .config import Config, EvalConfig
 from .records import BuildResult, EvalResult
@@ -87,12 +87,12 @@ class LocalExecutor:
         self.workers = build_workers or default_build_workers()
         self.jobs = max(1, (os.cpu_count() or 1) // self.workers)
         self.build_pool = asyncio.Semaphore(self.workers)
-        gpus = visible_gpus() if backend == "cuda" else []
+        gpus = visible_gpus() if backends.on_gpu(backend) else []
         # A build never sees a GPU: it only compiles, for the lanes' architecture (build.arch_list).
         self.build_env = build_stage.build_env(gpus)
         # On the cpu backend the kernel under test shares the cores with compilers: an evaluation
         # takes every build slot, so nothing compiles while something is being timed.
-        self.exclusive = backend == "cpu"
+        self.exclusive = not gpus
         self.pool: Lanes[str | None] = Lanes(list(gpus) or [None], notice, name=lambda gpu: f"GPU {gpu}")
         # Not on the cpu backend: a spare loading torch would share the cores with a timed kernel.
         self.spares = sandbox.Spares("pipeline.child.harness", ["eval"]) if gpus else None
@@ -145,7 +145,7 @@ class _RayLane:
     attempts, a spare child for the next attempt, and its device's health watch."""
 
     def __init__(self, backend: str):
-        gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() if backend == "cuda" else ""
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() if backends.on_gpu(backend) else ""
         self.gpu = gpu or None
         self.env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
         self.watch = health.Watch(gpu) if gpu else None
@@ -197,9 +197,9 @@ class RayExecutor:
                      runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
                          [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}})
         resources = ray.cluster_resources()
-        gpus = int(resources.get("GPU", 0)) if backend == "cuda" else 0
-        count = max(1, gpus) if backend == "cuda" else max(1, int(resources.get("CPU", 1)) // 2)
-        device = {"num_gpus": 1} if backend == "cuda" and gpus else {"num_cpus": 1}
+        gpus = int(resources.get("GPU", 0)) if backends.on_gpu(backend) else 0
+        count = max(1, gpus) if backends.on_gpu(backend) else max(1, int(resources.get("CPU", 1)) // 2)
+        device = {"num_gpus": 1} if gpus else {"num_cpus": 1}
         lane = ray.remote(max_restarts=0, max_concurrency=1, **device)(_RayLane)
         self.actors = [lane.remote(backend) for _ in range(count)]
         names = ray.get([actor.name.remote() for actor in self.actors])

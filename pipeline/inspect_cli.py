@@ -57,7 +57,7 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
 @click.command()
 @db_option
 @click.option("--task", default=None, help="Only this task.")
-@click.option("--backend", type=click.Choice(["cuda", "cpu"]), default=None, help="Only this backend.")
+@click.option("--backend", type=click.Choice(["cuda", "triton", "cpu"]), default=None, help="Only this backend.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def best(db: str, task: str | None, backend: str | None, as_json: bool) -> None:
     """The fastest verified attempt (correct, no flags) per task, backend, device and size."""

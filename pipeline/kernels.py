@@ -59,7 +59,7 @@ class OutputSpec(_Record):
 class Envelope(_Record):
     """The inputs a kernel was validated on; outside them the library runs the reference."""
 
-    backend: Literal["cuda", "cpu"]
+    backend: Literal["cuda", "triton", "cpu"]
     """Where it ran."""
     device: str
     """The device kind: the CUDA device name, or "cpu" (any CPU) for the cpu backend."""
@@ -92,7 +92,7 @@ class KernelEntry(_Record):
     """The model that wrote it."""
     size: str
     """The task size it was evaluated (and timed) at."""
-    backend: Literal["cuda", "cpu"]
+    backend: Literal["cuda", "triton", "cpu"]
     """cuda or cpu."""
     device: str
     """The device name the evaluator reported."""

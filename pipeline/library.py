@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from .backends import GPU_BACKENDS
 from .child import tasks
 from .export import export_best, open_export, task_row_of
 from .kernels import (KernelEntry, LibraryError, device_kind, entry_from_attempt, outside, parse_size,
@@ -64,9 +65,9 @@ class _Choice:
 
 def _here(backend: str | None) -> tuple[str, str]:
     backend = backend or ("cuda" if torch.cuda.is_available() else "cpu")
-    if backend == "cuda" and not torch.cuda.is_available():
-        raise LibraryError("backend cuda: no CUDA device is visible")
-    return backend, device_kind(backend, torch.cuda.get_device_name() if backend == "cuda" else "cpu")
+    if backend in GPU_BACKENDS and not torch.cuda.is_available():  # an interpreted Triton kernel never pays
+        raise LibraryError(f"backend {backend}: no CUDA device is visible")
+    return backend, device_kind(backend, torch.cuda.get_device_name() if backend in GPU_BACKENDS else "cpu")
 
 
 def _fits(backend: str, kind: str, row_backend: str, row_device: str, torch_version: str | None,
@@ -288,7 +289,7 @@ class KgenModule(torch.nn.Module):
                     else ("value", type(x), repr(x)) for x in args)
         if key not in self._verdicts:
             why = outside(self.entry.envelope, args)
-            if why is None and self.entry.backend == "cuda":
+            if why is None and self.entry.backend in GPU_BACKENDS:
                 why = self._other_gpu(args)
             self._verdicts[key] = why
         return self._verdicts[key]
@@ -330,7 +331,7 @@ def _module_class(task: str, reference: torch.nn.Module) -> type:
 
 def _own_rng(backend: str):
     """make_model seeds the global generators; a library must leave the caller's RNG state alone."""
-    devices = list(range(torch.cuda.device_count())) if backend == "cuda" else []
+    devices = list(range(torch.cuda.device_count())) if backend in GPU_BACKENDS else []
     return torch.random.fork_rng(devices=devices)
 
 
@@ -365,7 +366,7 @@ def load(task: str, *, db: str | Path | None = None, export_dir: str | Path | No
             kernel = import_kernel(choice.kernel_source, choice.entry.code_hash, choice.kernel_path,
                                    choice.build_dir)
             with _own_rng(backend):  # built as the evaluator built them: same seed, same weights
-                kernel_model = tasks.make_model(module, kernel.ModelNew, 0, "cuda" if backend == "cuda" else "cpu")
+                kernel_model = tasks.make_model(module, kernel.ModelNew, 0, "cuda" if backend in GPU_BACKENDS else "cpu")
                 backward_reference = tasks.make_model(module, module.Model, 0, "cpu")
             op = register_op(choice.entry, kernel_model, backward_reference)
             direct = kernel_model

@@ -4,7 +4,7 @@
     request_messages = messages(text)
 
 The template gets `task_name`, `task_source` (the reference file's full text), `backend`
-("cuda" or "cpu") and the worked example for that backend, `example_model` and
+("cuda", "triton" or "cpu") and the worked example for that backend, `example_model` and
 `example_model_new`, read from prompts/examples/model.py and {backend}_model_new.py.
 Rendering is strict: a variable the template names but is not given is an error, never an
 empty string in a prompt sent to a model.
@@ -18,9 +18,9 @@ from typing import Any
 from jinja2 import (Environment, FileSystemLoader, StrictUndefined, Template, TemplateNotFound,
                     TemplateSyntaxError, UndefinedError)
 
+from pipeline.backends import BACKENDS
 from pipeline.child.tasks import TaskFile
 
-BACKENDS = ("cuda", "cpu")
 EXAMPLES_DIR = "examples"
 
 

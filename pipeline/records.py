@@ -12,7 +12,7 @@ from typing import Any, Literal
 from .child.protocol import Confinement
 from pydantic import BaseModel, ConfigDict, Field
 
-Backend = Literal["cuda", "cpu"]
+Backend = Literal["cuda", "triton", "cpu"]
 
 
 class Record(BaseModel):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import build as build_stage
-from . import diagnostics, evaluate, extract, prompts
+from . import backends, diagnostics, evaluate, extract, prompts
 from .diagnostics import Diagnostic
 from .child import tasks
 from .config import Config, ModelConfig
@@ -48,14 +48,9 @@ class Slot:
         return (self.task.name, self.model.name, self.template, self.sample, self.backend)
 
 
-def resolve_backend(requested: str) -> tuple[str, bool]:
-    """(backend, gpu_present). auto means cuda where a GPU is visible, else cpu."""
-    import torch
-
-    gpu = torch.cuda.is_available()
-    if requested == "auto":
-        return ("cuda" if gpu else "cpu"), gpu
-    return requested, gpu
+def resolve_backend(requested: str, order: list[str] | tuple[str, ...] = ("cuda", "cpu")) -> tuple[str, bool]:
+    """(backend, gpu_present): `requested`, or for auto the first of `order` this machine runs."""
+    return backends.resolve(requested, order), backends.gpu_present()
 
 
 def plan(cfg: Config, backend: str) -> list[Slot]:
@@ -107,7 +102,7 @@ class Runner:
                  on_event: Callable[[str, Slot, Any], None] | None = None):
         self.cfg = cfg
         self.store = store
-        self.backend, self.gpu = resolve_backend(backend or cfg.backend)
+        self.backend, self.gpu = resolve_backend(backend or cfg.backend, cfg.auto_backends)
         self.on_event = on_event or (lambda stage, slot, info: None)
         self.providers: dict[str, Provider] = {m.name: make_provider(m, cfg.base_dir) for m in cfg.models}
         self.slots = plan(cfg, self.backend)
@@ -131,7 +126,7 @@ class Runner:
         if run_id is None:
             config_json = self.cfg.model_dump_json(exclude={"base_dir"})
             plan_json = json.dumps([list(s.key) for s in self.slots])
-            device = torch.cuda.get_device_name() if self.backend == "cuda" and self.gpu else self.backend
+            device = torch.cuda.get_device_name() if backends.on_gpu(self.backend) else self.backend
             run_id = self.store.start_run(config_json, plan_json, self.backend, device, torch.__version__,
                                           torch.version.cuda, key=self.key)
         else:

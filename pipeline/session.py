@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import judge
+from . import backends, judge
 from .judge import Window
 from .child import protocol as P
 from .evaluate import (CALIBRATION_BLOCKS, Ended, EvalResult, Expected, TaskBench, ended_early, flags_for,
@@ -172,7 +172,10 @@ class Session:
                 break
         self.mark("other_sizes")
         self.child.send(P.Finish())
-        return EvalResult(verdict=Verdict.correct, flags=flags_for(profile, shape_results), trials=list(self.judged),
+        interpreted = self.bench.baselines.eager.median_ms if (
+            backends.interpreted(self.bench.backend) and self.bench.baselines) else None
+        return EvalResult(verdict=Verdict.correct, flags=flags_for(profile, shape_results, interpreted),
+                          trials=list(self.judged),
                           timing=timing, eager_beside=eager, compiled_beside=compiled,
                           detail=profile.model_dump_json() if profile else None)
 

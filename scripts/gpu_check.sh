@@ -9,6 +9,7 @@
 #   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
 #   STEP=library  replayed kernels (pipeline.library) against the times the evaluator recorded
 #   STEP=batch  7 tasks x 8 samples (config-h100-batch.yaml) with GPU utilisation sampled
+#   STEP=triton the Triton backend's red team compiled by Triton's JIT on the GPU (tests/test_triton.py)
 #   STEP=ray    unpack the carried Ray (.ray/, see docs/benchmarks.md) and start it once
 #   STEP=lanes  config-batch.yaml's distinct candidates, pass by pass (LANE_PASSES: cold, local1, local2,
 #               ray1, ray2: executor and GPUs), each GPU's utilisation sampled; scripts/gpu_lanes.py
@@ -69,6 +70,8 @@ while time.monotonic() < end: x = torch.tanh(x @ x); torch.cuda.synchronize()' &
          echo "refine wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/refine.log"
          python3 scripts/search_turns.py db/h100-refine.db 2>&1 | tee "$OUT/refine_turns.log"
          cp db/h100-refine.db "$OUT/h100-refine.db" ;;
+    triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA 2>&1 | tee "$OUT/triton.log" \
+              | grep -E "TRITON|passed|failed|Error" ;;
     compare) python3 scripts/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
     tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|passed|failed|Error"
            { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; ps -eo pid,ppid,stat,etime,args; } > "$OUT/after_tests_processes.txt" ;;

@@ -255,7 +255,7 @@ class Evaluator:
             return self.bound(req)
         if isinstance(req, P.Profile):
             try:
-                return P.ProfileDone(**profile(self.model, self.main, self.warm_seed, self.device))
+                return P.ProfileDone(**profile(self.model, self.main, self.warm_seed, self.device, self.job.own_kernels))
             except Exception as exc:  # noqa: BLE001 - a profile that fails leaves the flag unset, not the verdict
                 return P.ProfileDone(error=f"{type(exc).__name__}: {_first_line(exc)}")
         raise ValueError(f"unexpected request {req.op}")
@@ -319,7 +319,7 @@ class Evaluator:
         return P.BoundDone(index=req.index, outputs=headers)
 
 
-def profile(model, module, warm_seed: int, device: str) -> dict[str, Any]:
+def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> dict[str, Any]:
     """Where one call's time went: the candidate's own code, or PyTorch's kernels and ops."""
     import torch
     from torch.profiler import ProfilerActivity
@@ -332,7 +332,7 @@ def profile(model, module, warm_seed: int, device: str) -> dict[str, Any]:
         model(*inputs)
         if cuda:
             torch.cuda.synchronize()
-    return summarize_profile(prof.events(), cuda)
+    return summarize_profile(prof.events(), cuda, own)
 
 
 # Ops that only allocate or reshape: a custom kernel legitimately calls them.
@@ -341,19 +341,28 @@ _CHEAP_OPS = ("aten::empty", "aten::zeros", "aten::ones", "aten::view", "aten::r
               "aten::item", "aten::_local_scalar_dense", "aten::select", "aten::slice", "aten::expand",
               "aten::alias", "aten::unsqueeze", "aten::squeeze", "aten::fill_", "aten::zero_", "aten::copy_",
               "aten::empty_strided", "aten::empty_like", "aten::zeros_like", "aten::t", "aten::transpose",
-              "aten::div", "aten::div_", "aten::mul", "aten::mul_", "aten::resolve")
+              "aten::div", "aten::div_", "aten::mul", "aten::mul_", "aten::resolve",
+              "aten::set_", "aten::new_empty")  # the last two: Triton's interpreter moving its buffers
 _TORCH_KERNEL_MARKS = ("at::native", "at::cuda", "void at::", "cutlass", "cublas", "cudnn", "gemm", "triton_",
                        "cub::", "reduce_kernel", "elementwise_kernel", "vectorized_elementwise")
 
 
-def summarize_profile(events, cuda: bool) -> dict[str, Any]:
+def torch_kernel(name: str, own: list[str] | tuple[str, ...] = ()) -> bool:
+    """Whether a GPU kernel is PyTorch's (ATen, cuBLAS, inductor's triton_*), not the candidate's:
+    a kernel named after one of the candidate's own Triton functions is always its own."""
+    if any(name == k or name.startswith(k + "_") for k in own):
+        return False
+    return any(m in name for m in _TORCH_KERNEL_MARKS)
+
+
+def summarize_profile(events, cuda: bool, own: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     if cuda:
         kernels: dict[str, float] = {}
         for e in events:
             if str(e.device_type).endswith("CUDA") and not e.name.startswith(("Memcpy", "Memset")):
                 kernels[e.name] = kernels.get(e.name, 0.0) + e.device_time_total
         total = sum(kernels.values())
-        torch_time = sum(t for n, t in kernels.items() if any(m in n for m in _TORCH_KERNEL_MARKS))
+        torch_time = sum(t for n, t in kernels.items() if torch_kernel(n, own))
         top = sorted(kernels.items(), key=lambda kv: -kv[1])[:8]
         return {"total_us": total, "torch_us": torch_time, "top": top,
                 "torch_fraction": torch_time / total if total else None}

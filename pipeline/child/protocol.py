@@ -79,6 +79,9 @@ class Job(Message):
     """Input sets the inbox holds."""
     threads: int | None = None
     """torch's thread count on the cpu (the reference process times eager with the same)."""
+    own_kernels: list[str] = []
+    """Kernel names the candidate's source defines (@triton.jit functions, read by the parent): the
+    profiler counts them as the candidate's own, whatever their names look like."""
 
 
 class Import(Message):
