@@ -140,10 +140,12 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     assert result.speedup_eager is not None and result.speedup_eager <= 1.2
 
 
-def test_torch_compile_is_timed_side_by_side_too(tmp_path):
+def test_torch_compile_is_timed_side_by_side_too(tmp_path, monkeypatch):
     """Where the task's torch.compile baseline compiled, the reference also times the compiled model
     in a block right after each eager block (the child stopped), and speedup_compile divides that,
-    never the cached baseline: the same ratio, side by side, as speedup_eager."""
+    never the cached baseline: the same ratio, side by side, as speedup_eager. The reference keeps
+    its compile caches in KGEN_CACHE_DIR, where the next reference process finds them."""
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / "cache"))
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, compile_baseline=True, timeout_s=300, timed_calls=8)
     bench = evaluate.prepare(task, "small", "cpu", settings)
     try:
@@ -158,3 +160,4 @@ def test_torch_compile_is_timed_side_by_side_too(tmp_path):
     print(f"compile beside {beside.median_ms:.4g} ms (prepared {bench.baselines.compiled.median_ms:.4g}), "
           f"candidate {result.timing.median_ms:.4g} ms")
     assert 0.05 < result.speedup_compile < 20  # eager's own ops against the compiled reference
+    assert any(p.is_file() for p in (tmp_path / "cache" / "inductor").rglob("*")), "no compile cache written"
