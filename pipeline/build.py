@@ -7,10 +7,12 @@ there, with one build directory per code hash and the compiler's full log kept.
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from . import sandbox
+from . import headers, sandbox
 from .child import protocol
 from .records import BuildResult
 
@@ -49,13 +51,38 @@ def build_env(gpus: list[str]) -> dict[str, str]:
 
 
 def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
-          max_jobs: int | None = None, extra_env: dict[str, str] | None = None) -> BuildResult:
+          max_jobs: int | None = None, extra_env: dict[str, str] | None = None, fast: bool = True,
+          cuda: bool = False, notice: Callable[[str], None] | None = None) -> BuildResult:
+    """Build once with the fast headers (pipeline/headers.py) where `fast` and they can be made here;
+    if that build fails (not a timeout), build again from a clean folder with torch's own header,
+    whose result and log stand, so the fast route never costs a candidate its build. `cuda`: the
+    candidates are CUDA extensions (main.cpp then has CUDA's include paths, which the PCH must match)."""
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
     code_path = code_path.resolve()
+    folder = headers.ensure(cuda, notice) if fast else None
+    if folder is not None:
+        result = _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs,
+                             {**(extra_env or {}), "KGEN_HEADERS": str(folder)})
+        if result.ok or result.timed_out:
+            return result.model_copy(update={"headers": "fast"})
+        shutil.rmtree(build_dir, ignore_errors=True)  # follows no link: a link is removed, not its target
+        plain = _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env)
+        # At the end, and without the first build's errors: the log's errors are the plain build's.
+        note = (f"\n[kgen] built with torch/extension.h as written, after a build with kgen's fast torch "
+                f"headers failed in {result.seconds:.1f} s (its log is not kept)\n")
+        return plain.model_copy(update={"log": plain.log + note, "seconds": result.seconds + plain.seconds})
+    return _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env)
+
+
+def _build_once(code_path: Path, code_hash: str, build_dir: Path, timeout_s: float, max_jobs: int | None,
+                extra_env: dict[str, str] | None) -> BuildResult:
     build_dir.mkdir(parents=True, exist_ok=True)
     stale = clear_stale_locks(build_dir)
     sandbox.own_for_child(build_dir)
-    env = {**(extra_env or {}), "TORCH_EXTENSIONS_DIR": str(build_dir), "MAX_JOBS": str(max_jobs or os.cpu_count() or 1)}
+    env = {**(extra_env or {}), "TORCH_EXTENSIONS_DIR": str(build_dir), "MAX_JOBS": str(max_jobs or os.cpu_count() or 1),
+           # nvcc's dependency files are for ninja rebuilding after a header edit; a build dir is
+           # built once, so they are only cost (torch PR #119936).
+           "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES": "1"}
     started = time.monotonic()
     child = sandbox.start("pipeline.child.harness", ["build", str(code_path)], timeout_s, env)
     message, problem = None, None

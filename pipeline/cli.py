@@ -239,7 +239,8 @@ def eval_command(path, task_name, backend, size, config, as_json, no_store) -> N
     sized: dict[str, Any] = {}
     try:
         result, attempt_id = evaluate_file(Path(path), task_name, backend, size, cfg, store=not no_store,
-                                           on_size=lambda name, dims: sized.update(size=name, size_dims=dims))
+                                           on_size=lambda name, dims: sized.update(size=name, size_dims=dims),
+                                           notice=lambda line: click.echo(line, err=True))
     except ValueError as exc:  # tasks.SizeError among them: a size the task lacks, or too big to fit
         raise KgenError(str(exc)) from None
     if as_json:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -12,6 +13,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+
+
+def cache_root() -> Path:
+    """The one folder kgen keeps between runs for the user, outside every project: torch.compile's
+    caches and the precompiled headers of fast builds. KGEN_CACHE_DIR, else ~/.cache/kgen."""
+    return Path(os.environ.get("KGEN_CACHE_DIR") or Path.home() / ".cache" / "kgen")
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message is one line naming the key."""
@@ -238,6 +245,9 @@ class Config(_Strict):
     """Checking and timing."""
     build_workers: int = Field(default=0, ge=0, le=256)
     """Parallel builds; 0 sizes the pool to the machine's cores and memory."""
+    fast_builds: bool = True
+    """Build against kgen's precompiled subset of torch's headers (pipeline/headers.py), falling back
+    to torch/extension.h as written for a candidate that needs more; false: always as written."""
     executor: Literal["local", "ray"] = "local"
     """local: subprocesses on this machine. ray: builds and evaluations as Ray tasks."""
     ray_address: str | None = None

@@ -24,13 +24,14 @@ def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
 
 
 def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cfg: Config | None,
-                  store: bool = True, on_size: Callable[[str, dict[str, int]], None] | None = None
-                  ) -> tuple[EvalResult, str | None]:
+                  store: bool = True, on_size: Callable[[str, dict[str, int]], None] | None = None,
+                  notice: Callable[[str], None] | None = None) -> tuple[EvalResult, str | None]:
     """Build, check and time the file; returns the result and, when stored, the attempt id.
 
     The size is checked first: a size the task does not have, or one that does not fit in memory,
     is a tasks.SizeError (a ValueError, one line) before anything is written, built or started.
-    `on_size` gets the size's effective name (what is stored) and its dimensions (tasks.size_dims)."""
+    `on_size` gets the size's effective name (what is stored) and its dimensions (tasks.size_dims);
+    `notice` a line for anything slow that happens once (precompiling headers for fast builds)."""
     import torch
 
     from .store import Store
@@ -56,7 +57,8 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     db = Store.open(cfg.path(cfg.database) if cfg else Path("db/kgen.db")) if store else None
     gpus = ["0"] if backends.on_gpu(backend) else []
     built = build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
-                              settings.build_timeout_s, extra_env=build_stage.build_env(gpus))
+                              settings.build_timeout_s, extra_env=build_stage.build_env(gpus),
+                              fast=cfg.fast_builds if cfg else True, cuda=backend == "cuda", notice=notice)
     if db:
         db.save_build(built, backend, torch.__version__)
     if not built.ok:

@@ -28,7 +28,7 @@ from . import backends, health, sandbox
 from .child import protocol as P
 from .child import tasks
 from .child.timing import BLOCK, TIMING_VERSION, calls_for, summarize_blocks
-from .config import EvalConfig
+from .config import EvalConfig, cache_root
 from .judge import Expected
 from .records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
 
@@ -136,7 +136,7 @@ def compile_cache_env() -> dict[str, str]:
     process compiled each task from nothing: 15 s of a 40 s `kgen eval` on the cpu, 9 s of a task's
     first attempt on each GPU lane. Only reference processes write here; a candidate's child can
     write nowhere but its own temp dir (Landlock), so it cannot plant code the reference would load."""
-    root = Path(os.environ.get("KGEN_CACHE_DIR") or Path.home() / ".cache" / "kgen")
+    root = cache_root()
     return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton")}
 
 

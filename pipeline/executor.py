@@ -83,8 +83,10 @@ def _close(bench: evaluate_stage.TaskBench) -> None:
 class LocalExecutor:
     """Subprocesses on this machine: a build pool sized to cores and memory, one evaluation lane per GPU."""
 
-    def __init__(self, backend: str, build_workers: int = 0, notice: Callable[[str], None] | None = None):
+    def __init__(self, backend: str, build_workers: int = 0, notice: Callable[[str], None] | None = None,
+                 fast_builds: bool = True):
         self.workers = build_workers or default_build_workers()
+        self.fast = dict(fast=fast_builds, cuda=backend == "cuda", notice=notice)
         self.jobs = max(1, (os.cpu_count() or 1) // self.workers)
         self.build_pool = asyncio.Semaphore(self.workers)
         gpus = visible_gpus() if backends.on_gpu(backend) else []
@@ -106,7 +108,7 @@ class LocalExecutor:
     async def build(self, code_path: Path, code_hash: str, builds_root: Path, timeout_s: float) -> BuildResult:
         async with self.build_pool:
             return await asyncio.to_thread(build_stage.build, code_path, code_hash, builds_root, timeout_s, self.jobs,
-                                           self.build_env)
+                                           self.build_env, **self.fast)
 
     async def _on_lane(self, fn, *args, key=None, discard=None):
         async def job(lane):
@@ -186,7 +188,8 @@ class RayExecutor:
     no address is given); each still starts the same sandboxed child. Code and build folders must be
     on a filesystem every node sees."""
 
-    def __init__(self, backend: str, address: str | None, notice: Callable[[str], None] | None = None):
+    def __init__(self, backend: str, address: str | None, notice: Callable[[str], None] | None = None,
+                 fast_builds: bool = True):
         try:
             import ray
         except ImportError:
@@ -208,13 +211,15 @@ class RayExecutor:
         # Builds get no GPU from Ray, and build_env hides any the node has.
         self._build = ray.remote(num_cpus=1, num_gpus=0, max_retries=0)(build_stage.build)
         self.build_env = build_stage.build_env(["0"] * gpus)
+        # Each node precompiles its own headers (pipeline/headers.py) in its first build.
+        self.fast = dict(fast=fast_builds, cuda=backend == "cuda")
 
     @property
     def lanes(self) -> int:
         return len(self.pool)
 
     async def build(self, code_path, code_hash, builds_root, timeout_s):
-        return await self._build.remote(code_path, code_hash, builds_root, timeout_s, 1, self.build_env)
+        return await self._build.remote(code_path, code_hash, builds_root, timeout_s, 1, self.build_env, **self.fast)
 
     async def _on_lane(self, method: str, key: str, *args):
         async def job(actor):
@@ -242,5 +247,5 @@ class RayExecutor:
 def make_executor(cfg: Config, backend: str, notice: Callable[[str], None] | None = None) -> Executor:
     """`notice` gets one line when a lane is taken out of service."""
     if cfg.executor == "ray":
-        return RayExecutor(backend, cfg.ray_address, notice)
-    return LocalExecutor(backend, cfg.build_workers, notice)
+        return RayExecutor(backend, cfg.ray_address, notice, cfg.fast_builds)
+    return LocalExecutor(backend, cfg.build_workers, notice, cfg.fast_builds)

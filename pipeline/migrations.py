@@ -230,3 +230,11 @@ def m005_search(db: sqlite_utils.Database) -> None:
     attempts.create_index(["run_id", "task", "model", "template", "sample", "backend", "generation", "turn"],
                           index_name="attempts_turn", unique=True, if_not_exists=True)
     attempts.create_index(["run_id", "turn"], if_not_exists=True)
+
+
+@migration
+def m006_build_headers(db: sqlite_utils.Database) -> None:
+    # Which torch headers a build compiled against (fast or plain, pipeline/headers.py); NULL for
+    # builds from before fast builds existed, which were all plain.
+    if "headers" not in db["builds"].columns_dict:
+        db["builds"].add_column("headers", str)

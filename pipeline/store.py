@@ -127,7 +127,8 @@ def _completion(row: dict[str, Any]) -> Completion:
 def _build(row: dict[str, Any]) -> BuildResult:
     return BuildResult(code_hash=row["code_hash"], ok=bool(row["ok"]),
                        timed_out=bool(row["timed_out"]), log=row["log"] or "",
-                       seconds=row["seconds"] or 0.0, build_dir=row["build_dir"] or "")
+                       seconds=row["seconds"] or 0.0, build_dir=row["build_dir"] or "",
+                       headers=row.get("headers") or "plain")
 
 
 def _attempt_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,11 @@
 #   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
 #   STEP=library  replayed kernels (pipeline.library) against the times the evaluator recorded
 #   STEP=batch  7 tasks x 8 samples (config-h100-batch.yaml) with GPU utilisation sampled
+#   STEP=builds build seconds per candidate, plain against fast headers, alone and 8 at once (gpu_builds.py;
+#               carry .seeds with the seed completions' .txt files; BUILD_ARGS passes options)
+#   STEP=evalwall  `kgen eval` wall time of one demo kernel: building, cached, cached with torch.compile's cache
+#               emptied (as before the cache was kept), cached again
+#   STEP=nvcc   where a CUDA build's seconds go: nvcc's phases, g++ on main.cpp (gpu_probe_nvcc.py)
 #   STEP=triton the Triton backend's red team compiled by Triton's JIT on the GPU (tests/test_triton.py)
 #   STEP=ray    unpack the carried Ray (.ray/, see docs/benchmarks.md) and start it once
 #   STEP=lanes  config-batch.yaml's distinct candidates, pass by pass (LANE_PASSES: cold, local1, local2,
@@ -22,6 +27,8 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
+# Every package kgen imports, before any step spends device time on a missing one.
+python3 -c 'import openai, sqlite_utils, pydantic, jinja2, click, rich, yaml' || exit 1
 kgen() { python3 -m pipeline.cli "$@"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/device.txt"
@@ -70,7 +77,19 @@ while time.monotonic() < end: x = torch.tanh(x @ x); torch.cuda.synchronize()' &
          echo "refine wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/refine.log"
          python3 scripts/search_turns.py db/h100-refine.db 2>&1 | tee "$OUT/refine_turns.log"
          cp db/h100-refine.db "$OUT/h100-refine.db" ;;
-    triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA 2>&1 | tee "$OUT/triton.log" \
+    builds) timeout ${BUILD_LIMIT:-480} python3 scripts/gpu_builds.py ${BUILD_ARGS:-} $( [ -d .seeds ] && echo --seeds .seeds ) 2>&1 \
+              | tee "$OUT/builds.log" | grep -E "^BUILD|PCH|candidates|^[a-z]+-(alone|x)|builds|SKIP" ;;
+    evalwall) python3 -c "import json; from pipeline import extract
+e = [json.loads(l) for l in open('fixtures/replay/demo.jsonl') if json.loads(l)['backend'] == 'cuda'][0]
+open('/tmp/cand_mse.py', 'w').write(extract.extract(e['text']).code)"
+         for pass in build cached cached-cold-compile-cache cached2; do
+           [ $pass = cached-cold-compile-cache ] && rm -rf ~/.cache/kgen/inductor ~/.cache/kgen/triton
+           s=$(date +%s%N)
+           kgen eval /tmp/cand_mse.py --task mse --backend cuda --size default -c config-h100.yaml --json > "$OUT/evalwall-$pass.json" 2>&1
+           echo "EVALWALL $pass $(( ($(date +%s%N) - s) / 1000000 )) ms" | tee -a "$OUT/evalwall.log"
+         done ;;
+    nvcc) timeout ${PROBE_LIMIT:-300} python3 scripts/gpu_probe_nvcc.py 2>&1 | tee "$OUT/probe_nvcc.log" | grep -v "^$" ;;
+    triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/triton.log" \
               | grep -E "TRITON|passed|failed|Error" ;;
     compare) python3 scripts/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
     tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|passed|failed|Error"

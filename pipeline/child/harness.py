@@ -145,15 +145,19 @@ def load_prebuilt_only() -> None:
     file_baton.FileBaton.wait = lambda self: None
 
 
-def import_candidate(code_path: str, force_verbose_build: bool = False):
+def import_candidate(code_path: str, force_verbose_build: bool = False, headers: str = ""):
     if force_verbose_build:
         # The build log must hold the compiler's full text, whatever `verbose` the candidate passed.
+        # With `headers` (the parent's fast-build folder, pipeline/headers.py) first on the include
+        # path, <torch/extension.h> is its smaller, precompiled one; the candidate's text is unchanged.
         import torch.utils.cpp_extension as ce
 
         original = ce.load_inline
 
         def load_inline(*args, **kwargs):
             kwargs["verbose"] = True
+            if headers:
+                kwargs["extra_include_paths"] = [headers, *(kwargs.get("extra_include_paths") or [])]
             return original(*args, **kwargs)
 
         ce.load_inline = load_inline
@@ -166,11 +170,14 @@ def import_candidate(code_path: str, force_verbose_build: bool = False):
 
 def run_build(fd: int, code_path: str) -> int:
     # The build dir (TORCH_EXTENSIONS_DIR) is this code's own, written by this build alone.
-    confinement = apply_limits(None, True, [code_path], [os.environ.get("TORCH_EXTENSIONS_DIR", "")])
+    # The fast-build headers are read here and never written (pipeline/headers.py).
+    headers = os.environ.get("KGEN_HEADERS", "")
+    confinement = apply_limits(None, True, [code_path, *([headers] if headers else [])],
+                               [os.environ.get("TORCH_EXTENSIONS_DIR", "")])
     if not confinement.filesystem:
         print("[kgen] landlock unavailable: the build runs without filesystem confinement", flush=True)
     try:
-        import_candidate(code_path, force_verbose_build=True)
+        import_candidate(code_path, force_verbose_build=True, headers=headers)
     except BaseException as exc:  # noqa: BLE001 - any failure of hostile code is a build failure
         traceback.print_exc()
         P.send(fd, P.BuildDone(ok=False, error=f"{type(exc).__name__}: {_first_line(exc)}"))

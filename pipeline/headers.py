@@ -1,0 +1,155 @@
+"""Fast builds: torch's headers, cut down and precompiled once per torch version and compiler.
+
+Most of a `load_inline` build is the compiler reading `torch/extension.h` (torch/all.h, the whole
+C++ frontend, then pybind11 and Python): 25 s of a 26 s `main.cpp` on 2 cores. A build child gets
+a folder of ours first on its include path, holding a `torch/extension.h` that includes only what
+a kernel's host code and its binding need (torch/types.h, and torch/python.h outside nvcc) -- the
+same cut torch makes for inductor's own C++ wrappers -- and, next to it, that header precompiled by
+g++ for the flag sets candidates use (a `.gch` folder: g++ takes the first variant that matches the
+command line and reads the header as text when none does). nvcc cannot use a g++ PCH, so a `.cu`
+gains only the smaller header.
+
+The candidate's text is untouched; only what `#include <torch/extension.h>` brings in is smaller.
+A candidate that needs more (torch::nn, its own PYBIND11_MODULE in a .cu) fails the fast build and
+is built again with torch's own header (build.build), so no candidate is lost to this.
+
+The folder is written here, by the parent, under the user's cache (KGEN_CACHE_DIR); a build child
+may read it and write nothing in it (Landlock), so no candidate can plant a header or a PCH that a
+later build would read.
+
+    folder = headers.ensure(with_cuda=False)   # None where it cannot be made (then plain builds)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import inspect
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .config import cache_root
+
+SHIM = """\
+// kgen's fast torch/extension.h (pipeline/headers.py): torch/types.h (ATen, tensors, options)
+// and, for g++, torch/python.h (the binding); not torch/all.h, the C++ frontend (nn, optim, data).
+#pragma once
+#include <torch/types.h>
+#ifndef __CUDACC__
+#include <torch/python.h>
+#endif
+"""
+
+# The extra_cflags seen in completions (none, or -O3): each gets a precompiled variant. Other flag
+# sets still get the smaller header, read as text.
+VARIANTS: dict[str, list[str]] = {"plain": [], "O3": ["-O3"]}
+
+_lock = threading.Lock()
+_ready: dict[bool, Path | None] = {}
+
+
+def ensure(with_cuda: bool, notice: Callable[[str], None] | None = None) -> Path | None:
+    """The include folder for builds of this kind (made once per machine, torch and compiler), or
+    None when it cannot be made here (no g++, an unknown torch layout): builds are then plain."""
+    with _lock:
+        if with_cuda not in _ready:
+            try:
+                _ready[with_cuda] = _make(with_cuda, notice)
+            except (OSError, RuntimeError, ValueError, TypeError, subprocess.SubprocessError) as exc:
+                if notice:
+                    notice(f"fast builds off: torch's headers could not be precompiled here ({exc})")
+                _ready[with_cuda] = None
+        return _ready[with_cuda]
+
+
+def compile_command(with_cuda: bool) -> tuple[str, list[str]]:
+    """The compiler and the flags `load_inline` gives main.cpp on this machine, read from the ninja
+    file torch itself writes (so they follow the installed torch), less the extension's name."""
+    from torch.utils import cpp_extension as ce
+
+    with tempfile.TemporaryDirectory() as scratch:
+        source = Path(scratch) / "main.cpp"
+        source.write_text("")
+        wanted = {"path": str(Path(scratch) / "build.ninja"), "name": "kgen_probe", "sources": [str(source)],
+                  "extra_cflags": [], "extra_cuda_cflags": [], "extra_sycl_cflags": [], "extra_ldflags": [],
+                  "extra_include_paths": [], "with_cuda": with_cuda, "with_sycl": False, "is_standalone": False}
+        writer = ce._write_ninja_file_to_build_library
+        accepted = inspect.signature(writer).parameters
+        writer(**{k: v for k, v in wanted.items() if k in accepted})
+        lines = dict(line.split(" = ", 1) for line in (Path(scratch) / "build.ninja").read_text().splitlines()
+                     if " = " in line and not line.startswith(" "))
+    flags = [f for f in shlex.split(lines["cflags"] + " " + lines.get("post_cflags", ""))
+             if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+    return lines.get("cxx", ce.get_cxx_compiler()), flags
+
+
+def _compiler_id(cxx: str) -> str:
+    found = shutil.which(cxx)
+    if not found:
+        raise RuntimeError(f"no C++ compiler {cxx!r}")
+    version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30).stdout
+    return f"{os.path.realpath(found)}\n{version}"
+
+
+def key(cxx: str, flags: list[str]) -> str:
+    """The folder's name: a PCH is only valid for the torch, Python, compiler and flags it was made
+    with, so any change to those gets a folder of its own."""
+    import torch
+
+    return hashlib.sha256("\n".join([torch.__version__, sys.version, _compiler_id(cxx), SHIM, *flags,
+                                      repr(sorted(VARIANTS.items()))]).encode()).hexdigest()[:16]
+
+
+def _make(with_cuda: bool, notice: Callable[[str], None] | None) -> Path | None:
+    cxx, flags = compile_command(with_cuda)
+    name = key(cxx, flags)
+    folder = cache_root() / "headers" / name
+    done = folder / "ready"
+    if done.is_file():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another kgen on this machine may be making the same folder
+        if done.is_file():
+            return folder
+        if notice:
+            notice("precompiling torch's headers for fast builds (once per torch and compiler; about a "
+                   "minute on 2 cores, some 600 MB a variant under " + str(cache_root()) + ")")
+        shutil.rmtree(folder, ignore_errors=True)
+        header = folder / "torch" / "extension.h"
+        (header.parent / "extension.h.gch").mkdir(parents=True)
+        header.write_text(SHIM)
+        with ThreadPoolExecutor(len(VARIANTS)) as pool:
+            made = list(pool.map(lambda item: _precompile(cxx, flags, header, *item), VARIANTS.items()))
+        if not any(made):
+            raise RuntimeError("no precompiled variant passed its check")
+        done.write_text("\n".join(name for name, ok in zip(VARIANTS, made) if ok) + "\n")
+    return folder
+
+
+def _precompile(cxx: str, flags: list[str], header: Path, name: str, extra: list[str]) -> bool:
+    """One variant, made in a folder of its own and moved in place once g++ accepts it for a file that
+    includes <torch/extension.h> with the same flags (-Werror=invalid-pch): a variant that would
+    silently not be used is not kept."""
+    own = header.parent.parent / f".{name}"
+    (own / "torch").mkdir(parents=True)
+    (own / "torch" / "extension.h").write_text(SHIM)
+    gch = own / "torch" / "extension.h.gch"
+    subprocess.run([cxx, "-x", "c++-header", *flags, *extra, str(own / "torch" / "extension.h"), "-o", str(gch)],
+                   check=True, capture_output=True, timeout=1800)
+    probe = own / "probe.cpp"
+    probe.write_text("#include <torch/extension.h>\nint kgen_probe;\n")
+    check = [cxx, f"-I{own}", *flags, *extra, "-Winvalid-pch", "-Werror=invalid-pch", "-fsyntax-only", str(probe)]
+    ok = subprocess.run(check, capture_output=True, timeout=600).returncode == 0
+    if ok:
+        gch.rename(header.parent / "extension.h.gch" / f"{name}.gch")
+    shutil.rmtree(own)
+    return ok

@@ -1,0 +1,102 @@
+"""Build seconds per candidate, plain against fast (pipeline/headers.py), one at a time and eight at once
+(issue 14; docs/benchmarks.md). Candidates: the demo's CUDA completions (fixtures/replay/demo.jsonl)
+and any completions in --seeds DIR (*.txt), each extracted by kgen's own extractor.
+
+    python3 scripts/gpu_builds.py [--seeds .seeds] [--alone-plain 3] [--alone-fast 99] [--modes plain,fast]
+
+Every build runs in its own fresh folder through pipeline.build, as a batch runs it (no GPU visible,
+the lanes' architecture named, MAX_JOBS = cores / concurrent builds)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline import build, extract, headers  # noqa: E402
+
+
+def candidates(seeds: Path | None) -> list[tuple[str, str]]:
+    found = []
+    for n, line in enumerate(Path("fixtures/replay/demo.jsonl").read_text().splitlines()):
+        entry = json.loads(line)
+        if entry["backend"] == "cuda":
+            found.append((f"demo-{entry['task']}-{n}", entry["text"]))
+    for path in sorted(seeds.glob("*.txt")) if seeds else []:
+        found.append((f"seed-{path.stem[:3]}", path.read_text()))
+    out = []
+    for name, text in found:
+        got = extract.extract(text)
+        if got.code:
+            out.append((name, got.code))
+        else:
+            print(f"SKIP {name}: {got.error}")
+    return out
+
+
+def run(label: str, group: list[tuple[str, str]], fast: bool, at_once: int, root: Path) -> list[dict]:
+    env = build.build_env(["0"])
+    jobs = max(1, (os.cpu_count() or 1) // at_once)
+
+    def one(item):
+        name, code = item
+        where = root / f"{label}-{name}"
+        where.mkdir(parents=True)
+        path = where / "candidate.py"
+        path.write_text(code)
+        result = build.build(path, "h" + name.replace("-", "_"), where / "builds", 900, jobs, env, fast=fast,
+                             cuda=True, notice=print)
+        row = dict(label=label, name=name, fast=fast, at_once=at_once, seconds=round(result.seconds, 1),
+                   ok=result.ok, headers=result.headers)
+        print("BUILD", json.dumps(row), flush=True)
+        if not result.ok:
+            print("  ", build.summary_line(result)[:200], flush=True)
+        return row
+
+    with ThreadPoolExecutor(at_once) as pool:
+        return list(pool.map(one, group))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=Path, default=None)
+    parser.add_argument("--modes", default="fast,plain")
+    parser.add_argument("--alone-fast", type=int, default=99, help="candidates built one at a time, fast")
+    parser.add_argument("--alone-plain", type=int, default=3, help="candidates built one at a time, plain")
+    parser.add_argument("--at-once", type=int, default=8)
+    args = parser.parse_args()
+    group = candidates(args.seeds)
+    print(f"{len(group)} candidates; {os.cpu_count()} cores")
+    started = time.monotonic()
+    folder = headers.ensure(True, print)
+    print(f"PCH ready in {time.monotonic() - started:.1f} s: {folder}")
+    rows = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("KGEN_BUILD_BENCH_DIR")) as scratch:
+        root = Path(scratch)
+        for mode in args.modes.split(","):
+            fast = mode == "fast"
+            alone = args.alone_fast if fast else args.alone_plain
+            # Seeds first among the lone builds when only a few are asked for: they are the ones named.
+            order = sorted(group, key=lambda item: not item[0].startswith("seed"))
+            if args.at_once:
+                rows += run(f"{mode}-x{args.at_once}", group[:args.at_once], fast, args.at_once, root)
+            if alone:
+                rows += run(f"{mode}-alone", order[:alone], fast, 1, root)
+    print(f"\n{'builds':<14} {'n':>3} {'ok':>3} {'median s':>9} {'min':>6} {'max':>6}")
+    for label in dict.fromkeys(r["label"] for r in rows):
+        secs = [r["seconds"] for r in rows if r["label"] == label]
+        oks = sum(r["ok"] for r in rows if r["label"] == label)
+        print(f"{label:<14} {len(secs):>3} {oks:>3} {statistics.median(secs):>9.1f} {min(secs):>6.1f} {max(secs):>6.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

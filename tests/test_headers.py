@@ -1,0 +1,138 @@
+"""Fast builds (pipeline/headers.py): real g++ builds of C++ candidates on the cpu backend, against
+kgen's precompiled subset of torch's headers, with the fallback to torch/extension.h as written.
+
+The precompiled headers live in the user's cache (KGEN_CACHE_DIR, else ~/.cache/kgen), like the rest
+of the suite's builds, so the suite makes them once (about a minute on 2 cores)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import build, headers
+
+pytestmark = pytest.mark.slow
+
+REDTEAM = Path(__file__).parent / "redteam"
+
+# A C++ kernel that needs torch's C++ frontend (torch::nn::functional), which the fast header leaves
+# out: its fast build fails and the plain build must stand in.
+NEEDS_FRONTEND = '''
+import torch
+from torch.utils.cpp_extension import load_inline
+
+_SOURCE = r"""
+#include <torch/extension.h>
+torch::Tensor mse(torch::Tensor a, torch::Tensor b) {
+    return torch::nn::functional::mse_loss(a, b);
+}
+"""
+_ext = load_inline(name="kgen_test_needs_frontend", cpp_sources=_SOURCE, functions=["mse"])
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, a, b):
+        return _ext.mse(a, b)
+'''
+
+# Module-level code of a build child that tries to change the fast headers every later build reads.
+PLANTS_A_HEADER = '''
+import os
+from pathlib import Path
+
+folder = Path(os.environ["KGEN_HEADERS"])
+for target in (folder / "torch" / "extension.h", folder / "torch" / "planted.h"):
+    try:
+        with open(target, "a") as f:
+            f.write("#error planted by a candidate\\n")
+    except OSError:
+        continue
+    raise SystemExit(f"wrote {target}")
+
+
+class ModelNew:
+    pass
+'''
+
+
+def _copy(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    return path
+
+
+def test_a_candidate_builds_against_the_precompiled_headers_and_a_second_reuses_them(tmp_path):
+    first = build.build(REDTEAM / "honest_cpp.py", "fasthonest000000", tmp_path / "builds", timeout_s=900)
+    assert first.ok, first.log[-2000:]
+    assert first.headers == "fast"
+    folder = headers.ensure(False)
+    assert folder is not None and (folder / "ready").is_file()
+    variants = sorted(p.name for p in (folder / "torch" / "extension.h.gch").iterdir())
+    assert variants == ["O3.gch", "plain.gch"]  # both passed g++'s own -Werror=invalid-pch check
+    made = {p: p.stat().st_mtime_ns for p in (folder / "torch" / "extension.h.gch").iterdir()}
+    ninja = (Path(first.build_dir) / "kgen_redteam_honest_mse" / "build.ninja").read_text()
+    assert f"-I{folder}" in ninja  # the include folder the PCH sits in came first
+    # honest_cpp.py passes -O3: g++ read the O3 variant; compiling it again with a variant that
+    # does not match (-Werror=invalid-pch) must fail, which shows the check means something.
+    cxx, flags = headers.compile_command(False)
+    probe = tmp_path / "probe.cpp"
+    probe.write_text("#include <torch/extension.h>\n")
+    import subprocess
+
+    only_plain = tmp_path / "only_plain" / "torch"
+    only_plain.mkdir(parents=True)
+    shutil.copy(folder / "torch" / "extension.h", only_plain)
+    shutil.copy(folder / "torch" / "extension.h.gch" / "plain.gch", only_plain / "extension.h.gch")
+    wrong = subprocess.run([cxx, f"-I{only_plain.parent}", *flags, "-O2", "-Winvalid-pch", "-Werror=invalid-pch",
+                            "-fsyntax-only", str(probe)], capture_output=True, text=True)
+    assert wrong.returncode != 0 and "pch" in wrong.stderr.lower()
+
+    second_code = (REDTEAM / "honest_cpp.py").read_text().replace("kgen_redteam_honest_mse", "kgen_test_second")
+    second = build.build(_copy(tmp_path, "second", second_code), "fastsecond000000", tmp_path / "builds",
+                         timeout_s=900)
+    assert second.ok and second.headers == "fast"
+    assert {p: p.stat().st_mtime_ns for p in (folder / "torch" / "extension.h.gch").iterdir()} == made
+
+
+def test_a_changed_torch_or_compiler_gets_its_own_headers(tmp_path, monkeypatch):
+    def folder_key() -> str:
+        cxx, flags = headers.compile_command(False)
+        return headers.key(cxx, flags)
+
+    base = folder_key()
+    assert folder_key() == base
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + "+other")
+    assert folder_key() != base
+    monkeypatch.undo()
+    wrapper = tmp_path / "g++-other"
+    wrapper.write_text(f"#!/bin/sh\nexec {shutil.which('g++') or 'g++'} \"$@\"\n")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("CXX", str(wrapper))
+    assert folder_key() != base
+
+
+def test_a_candidate_the_fast_headers_cannot_build_is_built_as_written(tmp_path):
+    result = build.build(_copy(tmp_path, "frontend", NEEDS_FRONTEND), "needsfrontend000", tmp_path / "builds",
+                         timeout_s=900)
+    assert result.ok, result.log[-2000:]
+    assert result.headers == "plain"
+    assert "built with torch/extension.h as written, after a build with kgen's fast torch headers failed" in result.log
+    assert "nn::functional" not in build.summary_line(result)  # the log is the plain build's, which passed
+
+
+def test_a_build_child_cannot_write_the_shared_headers(tmp_path):
+    folder = headers.ensure(False)
+    assert folder is not None
+    before = (folder / "torch" / "extension.h").read_text()
+    result = build.build(_copy(tmp_path, "plant", PLANTS_A_HEADER), "plantheader00000", tmp_path / "builds",
+                         timeout_s=300)
+    if os.environ.get("KGEN_LANDLOCK") == "0":
+        pytest.skip("Landlock switched off")
+    assert result.ok, result.log[-2000:]  # every write was refused, so the module imported
+    assert (folder / "torch" / "extension.h").read_text() == before
+    assert not (folder / "torch" / "planted.h").exists()
