@@ -120,6 +120,7 @@ def _check_sizes(cfg: Config) -> None:
 
 
 WRONG = {"mismatch", "wrong_shape", "wrong_dtype", "wrong_type", "non_finite", "inputs_mutated",
+         "no_gradient", "missing_gradient", "wrong_gradient",
          "nondeterministic", "impossible_timing"}
 
 
@@ -231,7 +232,10 @@ def _generated_dir(config: str) -> Path:
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--no-store", is_flag=True, help="Do not record the result in the database.")
-def eval_command(path, task_name, backend, size, config, as_json, no_store) -> None:
+@click.option("--grad/--no-grad", default=None, help="Judge forward plus backward (default: the config's evaluation.grad).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Cast inputs and weights to this dtype (default: the config's evaluation.dtype).")
+def eval_command(path, task_name, backend, size, config, as_json, no_store, grad, dtype) -> None:
     """Evaluate one candidate file written anywhere, and print (and store) its verdict."""
     from .evalone import evaluate_file
 
@@ -240,7 +244,7 @@ def eval_command(path, task_name, backend, size, config, as_json, no_store) -> N
     try:
         result, attempt_id = evaluate_file(Path(path), task_name, backend, size, cfg, store=not no_store,
                                            on_size=lambda name, dims: sized.update(size=name, size_dims=dims),
-                                           notice=lambda line: click.echo(line, err=True))
+                                           notice=lambda line: click.echo(line, err=True), grad=grad, dtype=dtype)
     except ValueError as exc:  # tasks.SizeError among them: a size the task lacks, or too big to fit
         raise KgenError(str(exc)) from None
     if as_json:

@@ -153,6 +153,12 @@ class EvalConfig(_Strict):
     """Address-space limit of a cpu-backend child."""
     compile_baseline: bool = True
     """Also time torch.compile of the reference."""
+    grad: bool = False
+    """Gradient mode: a call is forward plus backward; every floating input's and parameter's gradient
+    is compared with float64 autograd of the reference, and the baselines time the same."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The dtype inputs and weights are cast to; in bfloat16 and float16 the tolerance comes from the
+    reference's own error in that dtype against float64 (pipeline.judge.tolerance_for)."""
     check_shapes: bool = True
     """Also check the candidate at the task's other sizes, to flag shape-specialized kernels."""
     profile: bool = True

@@ -25,20 +25,22 @@ def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
 
 def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cfg: Config | None,
                   store: bool = True, on_size: Callable[[str, dict[str, int]], None] | None = None,
-                  notice: Callable[[str], None] | None = None) -> tuple[EvalResult, str | None]:
+                  notice: Callable[[str], None] | None = None, grad: bool | None = None,
+                  dtype: str | None = None) -> tuple[EvalResult, str | None]:
     """Build, check and time the file; returns the result and, when stored, the attempt id.
 
     The size is checked first: a size the task does not have, or one that does not fit in memory,
     is a tasks.SizeError (a ValueError, one line) before anything is written, built or started.
     `on_size` gets the size's effective name (what is stored) and its dimensions (tasks.size_dims);
-    `notice` a line for anything slow that happens once (precompiling headers for fast builds)."""
+    `notice` a line for anything slow that happens once (precompiling headers for fast builds).
+    `grad` and `dtype`, where given, override the config's evaluation.grad and evaluation.dtype."""
     import torch
 
     from .store import Store
 
     task = _task(task_name, cfg)
     chosen_size = size or (cfg.tasks.size if cfg else tasks.DEFAULT_SIZE)
-    module = tasks.load_module(task, chosen_size)
+    module = tasks.load_module(task, chosen_size, dtype)
     size_name = tasks.effective_size(module, chosen_size)
     backend, gpu = resolve_backend(backend, cfg.auto_backends if cfg else ("cuda", "cpu"))
     if backend == "cuda" and not gpu:
@@ -47,6 +49,7 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     if on_size:
         on_size(size_name, tasks.size_dims(module))
     settings = cfg.evaluation if cfg else EvalConfig()
+    settings = settings.model_copy(update={k: v for k, v in (("grad", grad), ("dtype", dtype)) if v is not None})
     code = path.read_text()
     code_hash = hashlib.sha256(code.encode()).hexdigest()[:16]
     generated = cfg.path(cfg.generated_dir) if cfg else Path("generated")

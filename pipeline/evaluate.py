@@ -89,7 +89,7 @@ class TaskBench:
             return ref
         ref = sandbox.start("pipeline.reference", [], 24 * 3600, {**compile_cache_env(), **(env or {})})
         ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
-                  "threads": self.settings.cpu_threads})
+                  "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad})
         ready = ref.receive()
         if not ready or ready.get("event") != "ready":
             _, log = ref.finish()
@@ -119,7 +119,8 @@ class TaskBench:
         msgs = self.request({"op": "expect", "init_seed": init_seed, "dir": directory,
                              "specs": [{"key": k, **v} for k, v in specs.items()]}, self.settings.timeout_s * 2, env)
         found = [m for m in msgs if m.get("event") == "expected"]
-        return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m["path"], m.get("fp32_rel_err"))
+        return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m["path"], m.get("fp32_rel_err"),
+                                    m.get("parts") if self.settings.grad else None, m.get("rel_errs"))
                  for m in found if "shape" in m}, {m["key"]: m["inputs_path"] for m in found if "inputs_path" in m})
 
     def close(self) -> None:
@@ -155,12 +156,12 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     """Start the task's reference process and get its baselines (from `cached_baselines(key)` when
     it has them); the bench then serves every attempt of the task in this run. With `watch`, the
     device is checked before and after they are measured (pipeline.health)."""
-    module = tasks.load_module(task, size)
+    module = tasks.load_module(task, size, settings.dtype)
     if device_for(backend) != "cuda":  # on cuda, asking for free memory would open a CUDA context in this process
         tasks.check_memory(module, device_for(backend), env=env)
     bench = TaskBench(task, size, tasks.effective_size(module, size), backend, device_for(backend),
                       tasks.tolerance(module, settings.tolerance), settings,
-                      other_sizes=tasks.other_sizes(module, size) if settings.check_shapes else [])
+                      other_sizes=_held_out(module, size) if settings.check_shapes else [])
     started = time.monotonic()
     bench._reference(env)
     ready_at = time.monotonic()
@@ -188,6 +189,14 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     return bench
 
 
+def _held_out(module, size) -> list[str]:
+    """The sizes every correct candidate is also run at: the task's other declared presets (not its
+    huge default), then one smaller and one larger shape drawn for this run (tasks.held_out_sizes),
+    which no prompt showed; a failure at any is flagged shape_specialized."""
+    declared = tasks.other_sizes(module, size)
+    return declared + [s for s in tasks.held_out_sizes(module, random.SystemRandom()) if s not in declared]
+
+
 def timed_count(settings: EvalConfig, *baseline_ms: float | None) -> int:
     """Timed calls for this task: more when its faster baseline is short (timing.calls_for); a kernel
     worth keeping is at least about that fast, and baselines and candidates then get the same rule."""
@@ -196,9 +205,11 @@ def timed_count(settings: EvalConfig, *baseline_ms: float | None) -> int:
 
 
 def baseline_key(bench: TaskBench) -> str:
-    env = bench.env
+    env, s = bench.env, bench.settings
+    mode = [s.dtype] if s.dtype != "float32" else []
+    mode += ["grad"] if s.grad else []  # forward plus backward is another baseline
     return ":".join([bench.task.name, bench.task.sha, bench.size_name, bench.backend, env["device_name"],
-                     env["torch_version"], f"timing{TIMING_VERSION}"])
+                     env["torch_version"], f"timing{TIMING_VERSION}", *mode])
 
 
 def _baselines(msg: dict[str, Any]) -> Baselines:
@@ -311,7 +322,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
         job = P.Job(task_path=str(bench.task.path.resolve()), size=bench.size, code_path=str(Path(code_path).resolve()),
                     build_dir=str(Path(build_dir).resolve()), device=bench.device, memory_gb=settings.memory_limit_gb,
                     out_shape=main.shape, slot_values=slot_values, slots=slots, inbox_set_bytes=set_size,
-                    inbox_sets=sets, threads=settings.cpu_threads,
+                    inbox_sets=sets, threads=settings.cpu_threads, grad=bench.settings.grad, dtype=bench.settings.dtype,
                     own_kernels=backends.triton_kernels(Path(code_path).read_text()) if bench.backend == "triton" else [])
         inbox = P.Inbox(child.outbox_fd, at, set_size, sets) if plan.inbox else None
         session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env,
@@ -345,6 +356,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     return result.model_copy(update={
         "device": bench.env.get("device_name", ""), "torch_version": bench.env.get("torch_version", ""),
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,
+        "grad": bench.settings.grad, "dtype": bench.settings.dtype,
         "eval_seconds": ended - started, "phases": {**session.phases, "teardown": round(ended - session.last, 3)}})
 
 

@@ -34,6 +34,10 @@ HINTS: dict[Verdict, str] = {
     Verdict.wrong_dtype: "The output's dtype differs from the reference's.",
     Verdict.non_finite: "The output held NaN or Inf where the reference has none.",
     Verdict.mismatch: "The values differ from the reference beyond the tolerance.",
+    Verdict.no_gradient: "Gradient mode: the output has no gradient. Wrap your kernels in a "
+                         "torch.autograd.Function whose backward is a kernel too, and do not detach the result.",
+    Verdict.missing_gradient: "Gradient mode: backward returned None for an input that needs a gradient.",
+    Verdict.wrong_gradient: "Gradient mode: a gradient differs from the reference's beyond the tolerance.",
     Verdict.inputs_mutated: "forward changed its inputs; it must leave them as they were.",
     Verdict.nondeterministic: "Two calls on the same inputs gave different results, or the output changed "
                               "after the call returned (work left running on another stream or thread).",
@@ -159,7 +163,7 @@ def parent_view(row: dict[str, Any], code: str) -> ParentView:
 
 
 def render_evolve(template: str, prompts_dir: Path, task_name: str, task_source: str, backend: str,
-                  generation: int, parents: list[ParentView]) -> str:
-    """A child's prompt: the task and its parents' code and numbers."""
+                  generation: int, parents: list[ParentView], grad: bool = False, dtype: str = "float32") -> str:
+    """A child's prompt: the task and its parents' code and numbers, for the run's evaluation mode."""
     return render_file(template, prompts_dir, task_name=task_name, task_source=task_source, backend=backend,
-                       generation=generation, parents=parents)
+                       generation=generation, parents=parents, grad=grad, dtype=dtype)

@@ -46,17 +46,47 @@ class Expected:
     ref_dtype: str
     path: str
     fp32_rel_err: float | None = None
+    parts: list | None = None
+    """Gradient mode: [label, shape] of the output and of each gradient, in the order of the values."""
+    rel_errs: list | None = None
+    """PyTorch's own error in the run's dtype against float64, part by part."""
 
     def values(self) -> np.ndarray:
         return np.fromfile(self.path, dtype=np.float64, count=self.numel)
+
+    def layout(self) -> list[tuple[str, list[int], int]]:
+        """(label, shape, numel) of each part the values hold one after another."""
+        if not self.parts:
+            return [("output", list(self.shape), self.numel)]
+        return [(label, list(shape), int(np.prod(shape, dtype=np.int64))) for label, shape in self.parts]
+
+
+# The least relative tolerance a dtype gets: its machine epsilon (2**-7 for bfloat16, 2**-10 for
+# float16). A fixed 1e-4 fails every honest bfloat16 kernel; the rounding of the output alone is
+# up to half an epsilon.
+DTYPE_EPS = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
+REF_ERR_FACTOR = 4  # and at least this many times PyTorch's own error in the dtype against float64
+
+
+def tolerance_for(tol: float, dtype: str, ref_err: float | None) -> float:
+    """The relative tolerance for one part in the run's dtype. float32 keeps the task's (default
+    1e-4), as always; in bfloat16 and float16 it is derived from the reference's own error in that
+    dtype against float64 (measured per attempt on the same inputs), never below the dtype's
+    epsilon. Every comparison is against float64, so a reduction accumulated in the low dtype
+    (whose error grows with its length) fails where PyTorch's, accumulated in float32, passes."""
+    if dtype not in DTYPE_EPS:
+        return tol
+    return max(tol, DTYPE_EPS[dtype], REF_ERR_FACTOR * (ref_err or 0.0))
 
 
 def fail(verdict: Verdict, error: str, **extra) -> TrialResult:
     return TrialResult(index=0, variant="", ok=False, verdict=verdict, error=error, **extra)
 
 
-def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol: float, device: str) -> TrialResult:
-    """Judge one output (the child's header, the parent's copy of its values) against the reference."""
+def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol: float, device: str,
+            dtype: str = "float32") -> TrialResult:
+    """Judge one output (the child's header, the parent's copy of its values) against the reference;
+    in gradient mode the output and then every gradient, each part against its own magnitude."""
     if not header.exact_tensor:
         return fail(Verdict.wrong_type, f"returned {header.type}, expected exactly torch.Tensor")
     if (header.device or "").split(":")[0] != device:
@@ -65,25 +95,46 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         return fail(Verdict.wrong_shape, f"shape {tuple(header.shape or ())}, the reference returns {tuple(want.shape)}")
     if header.dtype != want.ref_dtype:
         return fail(Verdict.wrong_dtype, f"dtype {header.dtype}, the reference returns {want.ref_dtype}")
+    layout = want.layout()
+    if want.parts:
+        shapes = [shape for _, shape, _ in layout[1:]]
+        if header.grads is None or len(header.grads) != len(shapes):
+            return fail(Verdict.missing_gradient, f"{len(header.grads or [])} gradients, the reference has {len(shapes)}")
+        for (label, shape, _), got in zip(layout[1:], header.grads):
+            if list(got) != shape:
+                return fail(Verdict.wrong_gradient, f"the {label} has shape {tuple(got)}, the reference's {tuple(shape)}")
     if values is None or not header.written or values.size != want.numel:
         return fail(Verdict.mismatch, "the output's values did not reach the parent")
-    if not np.all(np.isfinite(values)):
-        return fail(Verdict.non_finite, "output holds NaN or Inf")
     b = want.values()
-    diff = np.abs(values - b)
-    mag = np.abs(b)
-    # Magnitude-aware: relative per element, with the output's mean magnitude as the absolute
-    # floor, so zeros never pass against a non-zero reference (KernelBench #165).
-    bound = tol * (mag + (mag.mean() if mag.size else 0.0))
-    max_abs = float(diff.max()) if diff.size else 0.0
-    max_rel = max_abs / max(float(mag.max()) if mag.size else 0.0, 1e-30)
-    if not bool(np.all(diff <= bound)):
-        # The one element the feedback may show (pipeline.feedback): the furthest past its bound.
-        worst = int(np.argmax(diff - bound))
-        index = [int(i) for i in np.unravel_index(worst, tuple(want.shape))] if want.shape else []
-        return fail(Verdict.mismatch, f"max relative error {max_rel:.3g} exceeds tolerance {tol:g}",
-                    max_abs_err=max_abs, max_rel_err=max_rel, worst_index=index,
-                    expected=float(b[worst]), got=float(values[worst]))
+    errs = want.rel_errs or [want.fp32_rel_err] * len(layout)
+    start, worst_part = 0, None
+    for (label, shape, n), ref_err in zip(layout, errs):
+        part = slice(start, start + n)
+        start += n
+        got, ref = values[part], b[part]
+        wrong = Verdict.mismatch if label == "output" else Verdict.wrong_gradient
+        where = "output" if label == "output" else label
+        if not np.all(np.isfinite(got)):
+            return fail(Verdict.non_finite if label == "output" else wrong, f"{where} holds NaN or Inf")
+        part_tol = tolerance_for(tol, dtype, ref_err)
+        diff = np.abs(got - ref)
+        mag = np.abs(ref)
+        # Magnitude-aware: relative per element, with the part's mean magnitude as the absolute
+        # floor, so zeros never pass against a non-zero reference (KernelBench #165).
+        bound = part_tol * (mag + (mag.mean() if mag.size else 0.0))
+        max_abs = float(diff.max()) if diff.size else 0.0
+        max_rel = max_abs / max(float(mag.max()) if mag.size else 0.0, 1e-30)
+        if not bool(np.all(diff <= bound)):
+            # The one element the feedback may show (pipeline.feedback): the furthest past its bound.
+            worst = int(np.argmax(diff - bound))
+            index = [int(i) for i in np.unravel_index(worst, tuple(shape))] if shape else []
+            prefix = "" if label == "output" else f"{label}: "
+            return fail(wrong, f"{prefix}max relative error {max_rel:.3g} exceeds tolerance {part_tol:g}",
+                        max_abs_err=max_abs, max_rel_err=max_rel, worst_index=index,
+                        expected=float(ref[worst]), got=float(got[worst]))
+        if worst_part is None or max_rel > worst_part[1]:
+            worst_part = (max_abs, max_rel)
+    max_abs, max_rel = worst_part or (0.0, 0.0)
     return TrialResult(index=0, variant="", ok=True, max_abs_err=max_abs, max_rel_err=max_rel)
 
 

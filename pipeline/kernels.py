@@ -71,6 +71,11 @@ class Envelope(_Record):
     """True when the kernel also passed at the task's other sizes: any shape of the same rank."""
     contiguous: bool = True
     """The evaluator only passes contiguous tensors, so that is all a kernel is vouched for."""
+    backward: bool = False
+    """Its backward was verified too (gradient mode): every input's gradient against float64 autograd,
+    at every trial and size. False: only its forward is vouched for."""
+    sizes: list[str] = []
+    """The sizes it was judged correct at: the timed one first, then the held-out shapes it passed."""
 
 
 class KernelEntry(_Record):
@@ -102,6 +107,10 @@ class KernelEntry(_Record):
     """torch.version.cuda at evaluation."""
     evaluator_version: str = EVALUATOR_VERSION
     """Version of the checks that passed it."""
+    grad: bool = False
+    """Judged in gradient mode: its times are forward plus backward, as are its baselines'."""
+    dtype: str = "float32"
+    """The dtype its inputs were cast to."""
     time_ms: float
     """Median time of the kernel."""
     eager_ms: float | None = None
@@ -150,13 +159,18 @@ def _input_spec(x: Any) -> InputSpec:
 
 
 def meta_call(module, size_name: str) -> tuple[list[Any], Any]:
-    """get_inputs() and the reference's output on the meta device: shapes without the memory."""
+    """get_inputs() and the reference's output on the meta device, in the module's dtype (the run's,
+    tasks.load_module): shapes and dtypes without the memory."""
+    cast = getattr(module, "__kgen_dtype__", None)
     try:
         # fork_rng: describing a task must not reseed the caller's generator (make_model seeds it).
         with torch.random.fork_rng(devices=[]):
             model = tasks.make_model(module, module.Model, 0, "cpu")
             with torch.device("meta"), torch.no_grad():
                 inputs = list(module.get_inputs())
+                if cast is not None:
+                    inputs = [x.to(cast) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                              for x in inputs]
                 out = model.to("meta")(*inputs)
     except Exception as exc:  # a task whose get_inputs needs real data cannot be described
         raise LibraryError(f"task {module.__name__}: cannot compute its shapes at size {size_name} on the "
@@ -164,12 +178,14 @@ def meta_call(module, size_name: str) -> tuple[list[Any], Any]:
     return inputs, out
 
 
-def envelope_for(task_module, size: str, backend: str, device: str, shape_general: bool) -> Envelope:
+def envelope_for(task_module, size: str, backend: str, device: str, shape_general: bool, backward: bool = False,
+                 sizes: list[str] | None = None) -> Envelope:
     inputs, out = meta_call(task_module, size)
     if not isinstance(out, torch.Tensor):
         raise LibraryError(f"the reference returns {type(out).__name__}; the library replays one-tensor outputs")
     return Envelope(backend=backend, device=device_kind(backend, device), inputs=[_input_spec(x) for x in inputs],
-                    output=OutputSpec(dtype=_dtype(out.dtype), shape=list(out.shape)), shape_general=shape_general)
+                    output=OutputSpec(dtype=_dtype(out.dtype), shape=list(out.shape)), shape_general=shape_general,
+                    backward=backward, sizes=list(sizes or [size]))
 
 
 def passed_shape_trials(result) -> bool:
@@ -186,16 +202,17 @@ def task_file(name: str, path: str, source: str) -> tasks.TaskFile:
 
 def entry_from_attempt(attempt: dict[str, Any], task_source: str, source_sha256: str) -> KernelEntry:
     """A KernelEntry for one verified attempt (a Store.attempt() dict, with its EvalResult)."""
+    result = attempt["result"]
     module = tasks.load_module(task_file(attempt["task"], attempt["task"] + ".py", task_source),
-                               parse_size(attempt["size"]))
+                               parse_size(attempt["size"]), result.dtype)
     envelope = envelope_for(module, attempt["size"], attempt["backend"], attempt["device"] or "",
-                            passed_shape_trials(attempt["result"]))
+                            passed_shape_trials(result), backward=result.grad, sizes=result.sizes)
     return KernelEntry(
         task=attempt["task"], task_sha256=sha256_text(task_source), code_hash=attempt["code_hash"],
         sha256=source_sha256, attempt_id=attempt["id"], run_id=attempt["run_id"], model=attempt["model"],
         size=attempt["size"], backend=attempt["backend"], device=attempt["device"] or "",
         torch_version=attempt["torch_version"] or "", cuda_version=attempt["cuda_version"],
-        **{k: attempt[k] for k in ("time_ms", "eager_ms", "compile_ms", "floor_ms", "speedup_eager",
+        grad=result.grad, dtype=result.dtype, **{k: attempt[k] for k in ("time_ms", "eager_ms", "compile_ms", "floor_ms", "speedup_eager",
                                    "speedup_compile", "floor_fraction")},
         envelope=envelope)
 

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 # Times are only comparable on the same device at the same size: a kernel timed at "small" is
 # not faster than one timed at "default" because its number is lower.
-GROUP = ("task", "backend", "device", "size")
+GROUP = ("task", "backend", "device", "size", "grad", "dtype")  # forward plus backward is another number
 
 
 def is_verified(row: dict[str, Any]) -> bool:

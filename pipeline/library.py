@@ -8,7 +8,12 @@
     mse = library.load("mse", export_dir="dist/kernels")   # no database; files checked against kgen.lock
 
 Each kernel becomes the custom op kgen::<task>_<code_hash> with a fake (so torch.compile traces
-through it) and an autograd formula that recomputes the reference's backward. The kernel module is
+through it) and an autograd formula. A kernel verified in gradient mode (`kgen eval --grad`,
+`evaluation.grad`) brings its own backward: the formula runs the kernel's forward again with
+autograd on and then its verified backward kernel (eager calls skip the op and use the kernel's
+autograd.Function directly, with no recomputation). A forward-only kernel gets the reference's
+backward, which recomputes the reference's forward too, so a training step through it costs about
+one eager forward more than plain PyTorch; the first call that wants a gradient says so once. The kernel module is
 imported into this process, deliberately: the user chose to run a kernel the evaluator verified.
 Its extension builds once into builds/<code_hash> (an export's builds/<code_hash>) and is reused.
 Set KGEN_DISABLE=1 to run every reference instead.
@@ -16,6 +21,7 @@ Set KGEN_DISABLE=1 to run every reference instead.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -84,7 +90,16 @@ def _none_here(backend: str, kind: str, elsewhere: int) -> tuple[str, str]:
     return "no_kernel", f"no verified kernel for {kind} ({backend}) with torch {torch.__version__}{note}"
 
 
-def _from_db(task: str, db: Path, backend: str, kind: str, generated: Path, builds: Path) -> _Choice:
+def _mode_key(grad: bool | None, row_grad: bool) -> int | None:
+    """None: a row of the other mode, skipped; else its place (gradient-mode kernels first when
+    either will do: their forward passed the same checks, and they bring a backward)."""
+    if grad is not None and row_grad != grad:
+        return None
+    return 0 if row_grad else 1
+
+
+def _from_db(task: str, db: Path, backend: str, kind: str, generated: Path, builds: Path,
+             grad: bool | None = None, dtype: str = "float32") -> _Choice:
     from .store import Store
 
     if not db.is_file():
@@ -94,9 +109,11 @@ def _from_db(task: str, db: Path, backend: str, kind: str, generated: Path, buil
         newest = store.attempts(task=task, limit=1)
         if not newest:
             raise LibraryError(f"{db}: no attempts for task {task!r}")
-        verified = [r for r in store.attempts(task=task, verdict="correct") if is_verified(r)]
+        verified = [r for r in store.attempts(task=task, verdict="correct") if is_verified(r)
+                    and (r.get("dtype") or "float32") == dtype and _mode_key(grad, bool(r.get("grad"))) is not None]
         here = sorted((r for r in verified if _fits(backend, kind, r["backend"], r["device"], r["torch_version"],
-                                                     r["cuda_version"])), key=rank_key)
+                                                     r["cuda_version"])),
+                      key=lambda r: (_mode_key(grad, bool(r.get("grad"))), rank_key(r)))
         reasons = []
         for row in here:
             path = generated / f"{row['code_hash']}.py"
@@ -120,13 +137,16 @@ def _from_db(task: str, db: Path, backend: str, kind: str, generated: Path, buil
         store.close()
 
 
-def _from_export(task: str, export_dir: Path, backend: str, kind: str) -> _Choice:
+def _from_export(task: str, export_dir: Path, backend: str, kind: str, grad: bool | None = None,
+                 dtype: str = "float32") -> _Choice:
     manifest, read = open_export(export_dir)
     kernels = manifest.tasks.get(task)
     if not kernels:
         known = ", ".join(sorted(manifest.tasks)) or "none"
         raise LibraryError(f"{export_dir}: no kernel for task {task!r} in this export (has: {known})")
-    for k in kernels:  # best first
+    ours = sorted((k for k in kernels if k.dtype == dtype and _mode_key(grad, k.grad) is not None),
+                  key=lambda k: _mode_key(grad, k.grad))  # stable: best first within a mode
+    for k in ours:
         if _fits(backend, kind, k.backend, k.device, k.torch_version, k.cuda_version):
             source = read(k.source)
             if sha256_text(source) != k.sha256:
@@ -136,6 +156,27 @@ def _from_export(task: str, export_dir: Path, backend: str, kind: str) -> _Choic
                            Path(export_dir) / "builds" / k.code_hash)
     return _Choice(task, read(kernels[0].reference), kernels[0].size,
                    reasons=[_none_here(backend, kind, len(kernels))])
+
+
+@contextlib.contextmanager
+def _prebuilt(build_dir: Path):
+    """Where kgen's build stage already built this kernel, load that binary (the one the evaluator
+    verified) and never build again: a fast build (pipeline/headers.py) compiled with an include
+    path this process does not add, so torch would see other flags and rebuild it from nothing, a
+    minute on the H100. As the evaluation child does (harness.load_prebuilt_only), torch is told its
+    build lock is held elsewhere, so it imports what is there; for this import only."""
+    if not any(build_dir.glob("*/*.so")):
+        yield
+        return
+    from torch.utils import file_baton
+
+    saved = file_baton.FileBaton.try_acquire, file_baton.FileBaton.wait
+    file_baton.FileBaton.try_acquire = lambda self: False
+    file_baton.FileBaton.wait = lambda self: None
+    try:
+        yield
+    finally:
+        file_baton.FileBaton.try_acquire, file_baton.FileBaton.wait = saved
 
 
 def import_kernel(source: str, code_hash: str, path: Path, build_dir: Path) -> types.ModuleType:
@@ -153,7 +194,8 @@ def import_kernel(source: str, code_hash: str, path: Path, build_dir: Path) -> t
         os.environ["TORCH_EXTENSIONS_DIR"] = str(build_dir.resolve())
         try:
             sys.modules[name] = module
-            exec(compile(source, str(path), "exec"), module.__dict__)
+            with _prebuilt(build_dir):
+                exec(compile(source, str(path), "exec"), module.__dict__)
         except BaseException:
             sys.modules.pop(name, None)
             raise
@@ -223,6 +265,22 @@ def _backward(reference: torch.nn.Module) -> Callable:
     return backward
 
 
+def _kernel_backward(kernel_model: Callable) -> Callable:
+    # A kernel verified in gradient mode: its own backward, on its own forward's graph rebuilt from
+    # the saved inputs (the op's forward ran without autograd, so nothing of that graph was kept).
+    def backward(ctx, grad):
+        saved = iter(ctx.saved_tensors)
+        args = [scalar if not is_tensor else next(saved).detach() for is_tensor, scalar in zip(ctx.tensor_at, ctx.scalars)]
+        args = [x.requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in args]
+        wants = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
+        with torch.enable_grad():
+            out = kernel_model(*args)
+        grads = iter(torch.autograd.grad(out, wants, grad, allow_unused=True))
+        return tuple(next(grads) if isinstance(x, torch.Tensor) and x.requires_grad else None for x in args)
+
+    return backward
+
+
 def register_op(entry: KernelEntry, kernel_model: Callable, reference: torch.nn.Module):
     """The torch.ops packet kgen.<task>_<code_hash>, registered once per process."""
     name = f"{re.sub(r'[^0-9A-Za-z_]', '_', entry.task)}_{entry.code_hash}"
@@ -233,7 +291,8 @@ def register_op(entry: KernelEntry, kernel_model: Callable, reference: torch.nn.
 
             op = torch.library.custom_op(f"kgen::{name}", impl, mutates_args=(), schema=_schema(entry, reference))
             op.register_fake(_fake(entry, reference))
-            op.register_autograd(_backward(reference), setup_context=_setup_context)
+            backward = _kernel_backward(kernel_model) if entry.envelope.backward else _backward(reference)
+            op.register_autograd(backward, setup_context=_setup_context)
             _OPS[name] = (op, getattr(torch.ops.kgen, name))
         return _OPS[name][1]
 
@@ -264,10 +323,19 @@ class KgenModule(torch.nn.Module):
             args = self._signature.bind(*args, **kwargs).args
         why = self._why_not(args)
         if why is None:
-            if self.direct is not None and not torch.compiler.is_compiling() and not (
-                    torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
-                # Eager and no gradient wanted: the op's dispatch (autograd wrapper, Python layers)
-                # would cost tens of microseconds a call; the kernel computes the same thing. Under
+            wants_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+            compiling = torch.compiler.is_compiling()  # dynamo cannot trace warnings.warn
+            if wants_grad and not self.entry.envelope.backward and "backward" not in self._warned and not compiling:
+                self._warned.add("backward")
+                warnings.warn(f"kgen {self.task}: kernel {self.entry.code_hash} was verified forward only; gradients "
+                              "come from the reference's backward, which recomputes the reference's forward "
+                              "(a training step costs about one eager forward more than plain PyTorch)",
+                              KgenFallbackWarning, stacklevel=3)
+            if self.direct is not None and not compiling and (
+                    not wants_grad or self.entry.envelope.backward):
+                # Eager, and no gradient wanted or the kernel's own backward verified: the op's
+                # dispatch (autograd wrapper, Python layers) would cost tens of microseconds a call,
+                # and its backward a second forward; the kernel computes the same thing. Under
                 # a profiler, a record keeps the call visible by the op's name (it costs ~20 us, so
                 # only then).
                 if _profiler_enabled():
@@ -337,21 +405,23 @@ def _own_rng(backend: str):
 
 def load(task: str, *, db: str | Path | None = None, export_dir: str | Path | None = None,
          backend: str | None = None, generated_dir: str | Path = "generated",
-         builds_dir: str | Path = "builds") -> KgenModule:
+         builds_dir: str | Path = "builds", grad: bool | None = None, dtype: str = "float32") -> KgenModule:
     """A module for `task` backed by its best verified kernel for this device, torch and backend.
 
     From an export when export_dir is given (no database needed), else from the database.
     Outside the kernel's envelope, with no verified kernel, or with KGEN_DISABLE=1, calls run the
-    reference Model, with one KgenFallbackWarning per reason.
+    reference Model, with one KgenFallbackWarning per reason. `dtype`: kernels verified in that
+    dtype (float32, bfloat16, float16). `grad`: True, only kernels whose backward was verified;
+    False, only forward-mode ones; None, a backward-verified kernel where there is one.
     """
     backend, kind = _here(backend)
     if export_dir is not None:
-        choice = _from_export(task, Path(export_dir), backend, kind)
+        choice = _from_export(task, Path(export_dir), backend, kind, grad, dtype)
     else:
         choice = _from_db(task, Path(db) if db else DEFAULT_DB, backend, kind, Path(generated_dir),
-                          Path(builds_dir))
+                          Path(builds_dir), grad, dtype)
     size = parse_size(choice.size)
-    module = tasks.load_module(task_file(task, f"{task}.py", choice.task_source), size)
+    module = tasks.load_module(task_file(task, f"{task}.py", choice.task_source), size, dtype)
     with _own_rng(backend):
         reference = tasks.make_model(module, module.Model, 0, "cpu")
     op, direct, reasons = None, None, list(choice.reasons)

@@ -238,3 +238,14 @@ def m006_build_headers(db: sqlite_utils.Database) -> None:
     # builds from before fast builds existed, which were all plain.
     if "headers" not in db["builds"].columns_dict:
         db["builds"].add_column("headers", str)
+
+
+@migration
+def m007_grad_dtype(db: sqlite_utils.Database) -> None:
+    # The mode an attempt was judged in (issue 15): forward only or forward plus backward, and the
+    # dtype. Rows from before were all forward-only float32.
+    attempts = db["attempts"]
+    if "grad" not in attempts.columns_dict:
+        attempts.add_column("grad", int, not_null_default=0)
+    if "dtype" not in attempts.columns_dict:
+        attempts.add_column("dtype", str, not_null_default="float32")

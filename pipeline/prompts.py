@@ -5,7 +5,9 @@
 
 The template gets `task_name`, `task_source` (the reference file's full text), `backend`
 ("cuda", "triton" or "cpu") and the worked example for that backend, `example_model` and
-`example_model_new`, read from prompts/examples/model.py and {backend}_model_new.py.
+`example_model_new`, read from prompts/examples/model.py and {backend}_model_new.py (in gradient
+mode {backend}_model_new_grad.py, a torch.autograd.Function with kernels both ways), `grad` and
+`dtype` (the run's evaluation mode).
 Rendering is strict: a variable the template names but is not given is an error, never an
 empty string in a prompt sent to a model.
 """
@@ -28,11 +30,11 @@ class PromptError(ValueError):
     """A prompt that cannot be rendered; the message names the template or file."""
 
 
-def example_paths(backend: str, prompts_dir: Path) -> tuple[Path, Path]:
+def example_paths(backend: str, prompts_dir: Path, grad: bool = False) -> tuple[Path, Path]:
     """The worked example for a backend: (reference model, its optimized ModelNew). Both backends
     start from the same reference model; only the optimized version differs."""
     examples = Path(prompts_dir) / EXAMPLES_DIR
-    return examples / "model.py", examples / f"{backend}_model_new.py"
+    return examples / "model.py", examples / f"{backend}_model_new{'_grad' if grad else ''}.py"
 
 
 def _environment(prompts_dir: Path) -> Environment:
@@ -41,19 +43,21 @@ def _environment(prompts_dir: Path) -> Environment:
                        keep_trailing_newline=True)
 
 
-def render(template: str, task: TaskFile, backend: str, prompts_dir: Path) -> str:
-    """The prompt text for `task` on `backend` from the template file `template` in `prompts_dir`."""
+def render(template: str, task: TaskFile, backend: str, prompts_dir: Path, grad: bool = False,
+           dtype: str = "float32") -> str:
+    """The prompt text for `task` on `backend` from the template file `template` in `prompts_dir`,
+    for the run's evaluation mode (gradient mode, dtype)."""
     prompts_dir = Path(prompts_dir)
     if backend not in BACKENDS:
         raise PromptError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
     tmpl = load(template, prompts_dir)
     examples = []
-    for path in example_paths(backend, prompts_dir):
+    for path in example_paths(backend, prompts_dir, grad):
         if not path.is_file():
             raise PromptError(f"prompt example {path.name!r} not found in {path.parent}")
         examples.append(path.read_text())
     return fill(tmpl, template, task_name=task.name, task_source=task.source, backend=backend,
-                example_model=examples[0], example_model_new=examples[1])
+                example_model=examples[0], example_model_new=examples[1], grad=grad, dtype=dtype)
 
 
 def render_file(template: str, prompts_dir: Path, **context: Any) -> str:

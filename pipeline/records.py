@@ -34,6 +34,9 @@ class Verdict(str, enum.Enum):
     wrong_dtype = "wrong_dtype"
     non_finite = "non_finite"
     mismatch = "mismatch"
+    no_gradient = "no_gradient"
+    missing_gradient = "missing_gradient"
+    wrong_gradient = "wrong_gradient"
     inputs_mutated = "inputs_mutated"
     nondeterministic = "nondeterministic"
     impossible_timing = "impossible_timing"
@@ -219,6 +222,12 @@ class EvalResult(Record):
     torch_version: str = ""
     cuda_version: str | None = None
     eval_seconds: float = 0.0
+    grad: bool = False
+    """Judged in gradient mode: forward plus backward, every gradient compared and timed."""
+    dtype: str = "float32"
+    """The dtype the inputs and weights were cast to."""
+    sizes: list[str] = Field(default_factory=list)
+    """Every size the candidate was judged correct at (the main one first, then held-out shapes)."""
     """Wall time of the whole evaluation, build excluded."""
     phases: dict[str, float] = Field(default_factory=dict)
     """Seconds spent in each stage of the evaluation (start-up, import, trials, timing, profile,
@@ -271,4 +280,6 @@ def summary_fields(result: EvalResult) -> dict[str, Any]:
         "floor_fraction": result.floor_fraction,
         "trusted": int(result.trusted),
         "device_unfit": result.device_unfit,
+        "grad": int(result.grad),
+        "dtype": result.dtype,
     }

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .child import tasks
+from .child.grad import ForwardBackward, Grads
 from .child.harness import die_with_parent
 from .child.protocol import pack_set, write_line
 from .child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
@@ -31,8 +32,20 @@ def _as64(inputs: list[Any]) -> list[Any]:
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
     diff = (a.double() - b.double()).abs().max().item()
     return diff / max(b.double().abs().max().item(), 1e-30)
+
+
+def _parts(result: Any) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
+    """A call's output and what the judge compares part by part: the output alone, or in gradient
+    mode the output and then each gradient."""
+    if isinstance(result, Grads):
+        return result.output, [("output", result.output), *zip((f"gradient of {l}" for l in result.labels), result.grads)]
+    if not isinstance(result, torch.Tensor):
+        raise TypeError(f"the reference Model returns {type(result).__name__}, not a tensor")
+    return result, [("output", result)]
 
 
 class Reference:
@@ -41,24 +54,32 @@ class Reference:
         self.device = job["device"]
         self.task = tasks.load_file(Path(job["task_path"]))
         self.models: dict[str, tuple[Any, Any]] = {}
+        self.grad = bool(job.get("grad"))  # a call is forward plus backward (pipeline.child.grad)
+        self.dtype = job.get("dtype") or "float32"  # the run's dtype: inputs and weights cast to it
         self.init_seed: int | None = None
         self.sets: list[list[Any]] | None = None  # an attempt's eager blocks' input sets
         self.clock: Clock | None = None
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
 
     def models_for(self, size: str, init_seed: int):
-        """(task module, float32 model, float64 model) at a size, built under the attempt's init seed."""
+        """(task module, model in the run's dtype, float64 model) at a size, built under the attempt's
+        init seed; in gradient mode each called as forward plus backward."""
         if init_seed != self.init_seed:
             self.models, self.compiled, self.init_seed = {}, {}, init_seed
         key = json.dumps(size, sort_keys=True)
         if key not in self.models:
-            module = tasks.load_module(self.task, size)
+            module = tasks.load_module(self.task, size, self.dtype)
             m32 = tasks.make_model(module, module.Model, init_seed, self.device)
-            m64 = tasks.make_model(module, module.Model, init_seed, self.device)
+            m64 = tasks.make_model(module, module.Model, init_seed, self.device)  # the dtype's weights, in float64
             if isinstance(m64, torch.nn.Module):
                 m64 = m64.double()
-            self.models[key] = (module, m32, m64)
+            self.models[key] = (module, self.wrap(m32, init_seed), self.wrap(m64, init_seed, module.__kgen_dtype__ or torch.float32))
         return self.models[key]
+
+    def wrap(self, model, init_seed: int, upstream_dtype: torch.dtype | None = None):
+        if not self.grad:
+            return model
+        return ForwardBackward(model, init_seed, upstream_dtype)
 
     def expected(self, size: str, init_seed: int, seed: int, variant: str, path: str, inputs_to: str | None = None,
                  output: bool = True) -> dict[str, Any]:
@@ -73,15 +94,16 @@ class Reference:
         if not output:
             return meta
         with torch.no_grad():
-            ref = m64(*_as64(inputs))
-            out32 = m32(*inputs)
-        if not isinstance(ref, torch.Tensor) or not isinstance(out32, torch.Tensor):
-            raise TypeError(f"the reference Model returns {type(out32).__name__}, not a tensor")
-        values = ref.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy()
+            ref, parts = _parts(m64(*_as64(inputs)))
+            out32, parts32 = _parts(m32(*inputs))
+        values = torch.cat([t.detach().reshape(-1).to(device="cpu", dtype=torch.float64) for _, t in parts]).numpy()
         _write_new(path, values.tobytes())
-        # How far PyTorch's own float32 lands from float64 here: evidence for the tolerance.
-        return {**meta, "shape": list(ref.shape), "numel": ref.numel(), "path": path,
-                "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": _rel_err(out32, ref)}
+        # How far PyTorch's own run dtype lands from float64 here, part by part: evidence for the
+        # tolerance, and in bfloat16 and float16 the tolerance itself (pipeline.judge.tolerance_for).
+        errs = [_rel_err(a, b) for (_, a), (_, b) in zip(parts32, parts)]
+        return {**meta, "shape": list(ref.shape), "numel": len(values), "path": path,
+                "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": errs[0],
+                "parts": [[label, list(t.shape)] for label, t in parts], "rel_errs": errs}
 
     def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False) -> list[float]:
         """One block of eager calls (or, with `compiled`, of torch.compile of the same model), timed
@@ -100,12 +122,19 @@ class Reference:
             if compiled:
                 key = json.dumps(size, sort_keys=True)
                 if key not in self.compiled:  # compiled (and warmed as the baseline was) at its first block
-                    self.compiled[key] = torch.compile(m32)
+                    self.compiled[key] = self.compile(m32)
                     for _ in range(warmup + 2):
                         self.compiled[key](*self.sets[0])
                     self.clock.sync()
                 model = self.compiled[key]
             return self._blocks(model, module, self.sets, seeds, len(seeds), self.clock)
+
+    def compile(self, model):
+        """torch.compile of the model; in gradient mode of the model inside the forward-backward
+        call, so inductor compiles the backward too (AOTAutograd)."""
+        if isinstance(model, ForwardBackward):
+            return ForwardBackward(torch.compile(model.model), model.seed, model.round_to)
+        return torch.compile(model)
 
     def release(self) -> None:
         """Free what an attempt's blocks kept (models, compiled models, input sets, the clock's buffers)."""
@@ -125,7 +154,7 @@ class Reference:
                 result["eager_plain_ms"] = plain_ms(lambda: m32(*inputs))
         if job.get("compile_baseline"):
             try:
-                compiled = torch.compile(m32)
+                compiled = self.compile(m32)
                 result["compiled"] = self._time(compiled, module, seeds, clock, job["warmup"] + 2)
                 if cuda:
                     with torch.no_grad():
@@ -171,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     def send(message: dict[str, Any]) -> None:
         write_line(fd, json.dumps(message))
 
-    ref = Reference(job)
+    ref = Reference(job)  # job: task_path, device, threads, and the run's dtype and gradient mode
     env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else _cpu_name(),
            "torch_version": torch.__version__, "cuda_version": torch.version.cuda}
     send({"event": "ready", **env})

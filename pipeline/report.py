@@ -28,6 +28,7 @@ VERDICT_COLOURS = {
     "impossible_timing": "#000000", "extract_failed": "#bbbbbb", "build_failed": "#cc3311",
     "build_timeout": "#ee3377", "load_failed": "#661100", "runtime_error": "#ee6677", "timeout": "#0077bb",
     "crashed": "#33bbee", "model_error": "#777777", "waiting_gpu": "#dddddd",
+    "no_gradient": "#117733", "missing_gradient": "#88ccee", "wrong_gradient": "#882200",
 }
 EAGER, COMPILE = "#4477aa", "#ee6677"
 

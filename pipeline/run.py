@@ -185,7 +185,8 @@ class Runner:
     def first_prompt(self, slot: Slot, text: str | None = None) -> tuple[str, list[dict[str, str]]]:
         """The prompt a conversation starts from (the template's, or `text`), stored; its messages."""
         if text is None:
-            text = prompts.render(slot.template, slot.task, slot.backend, self.cfg.path(self.cfg.prompts_dir))
+            text = prompts.render(slot.template, slot.task, slot.backend, self.cfg.path(self.cfg.prompts_dir),
+                                  self.cfg.evaluation.grad, self.cfg.evaluation.dtype)
         prompt_id = self.store.save_prompt(self.task_ids[slot.task.name], slot.template, slot.backend, text)
         return prompt_id, prompts.messages(text)
 

@@ -115,6 +115,8 @@ class Session:
 
     def failed(self, reply: P.Failed, what: str) -> EvalResult:
         verdict = Verdict.load_failed if reply.op == "import" else Verdict.runtime_error
+        if reply.kind:  # gradient mode's own failures (pipeline.child.grad): the child's word only rejects
+            verdict = Verdict(reply.kind)
         return EvalResult(verdict=verdict, error=f"{what}: {reply.error}" if reply.op != "import" else reply.error,
                           detail=reply.traceback, trials=list(self.judged))
 
@@ -174,8 +176,9 @@ class Session:
         self.child.send(P.Finish())
         interpreted = self.bench.baselines.eager.median_ms if (
             backends.interpreted(self.bench.backend) and self.bench.baselines) else None
+        sizes = [bench.size_name] + [t.variant.split("@", 1)[1] for t in shape_results if t.ok]
         return EvalResult(verdict=Verdict.correct, flags=flags_for(profile, shape_results, interpreted),
-                          trials=list(self.judged),
+                          trials=list(self.judged), sizes=sizes,
                           timing=timing, eager_beside=eager, compiled_beside=compiled,
                           detail=profile.model_dump_json() if profile else None)
 
@@ -200,14 +203,14 @@ class Session:
         want = self.expected[f"trial{trial.index}"]
         first, after = self.values(0, reply.output, want), self.values(1, reply.after_sync, want)
         again = self.values(2, reply.repeat, want)
-        tol, device = bench.tolerance, bench.device
-        result = judge.compare(reply.output, first, want, tol, device)
+        tol, device, dtype = bench.tolerance, bench.device, bench.settings.dtype
+        result = judge.compare(reply.output, first, want, tol, device, dtype)
         if result.ok and not reply.inputs_unchanged:
             result = judge.fail(Verdict.inputs_mutated, "the candidate changed its inputs")
         if result.ok and not judge.same_values(first, after):
             result = judge.fail(Verdict.nondeterministic, "the output changed after the call returned (work left running)")
         if result.ok and trial.repeat:
-            second = judge.compare(reply.repeat or reply.output, again, want, tol, device)
+            second = judge.compare(reply.repeat or reply.output, again, want, tol, device, dtype)
             if not second.ok:
                 result = judge.fail(Verdict.nondeterministic, f"a second call on the same inputs disagrees: {second.error}")
         at = trial.size if isinstance(trial.size, str) else "custom"
@@ -302,7 +305,8 @@ class Session:
                 if header.shape != self.expected["trial0"].shape or not header.written:
                     return Verdict.mismatch, f"{what} {first + j} returned {header.type} of shape {header.shape}"
                 continue
-            r = judge.compare(header, self.values(j, header, want), want, self.bench.tolerance, self.bench.device)
+            r = judge.compare(header, self.values(j, header, want), want, self.bench.tolerance, self.bench.device,
+                              self.bench.settings.dtype)
             if not r.ok:
                 return r.verdict, f"{what} {first + j} returned a wrong result ({r.error}): cached, stale or drifting output"
         return None

@@ -14,6 +14,8 @@
 #   STEP=evalwall  `kgen eval` wall time of one demo kernel: building, cached, cached with torch.compile's cache
 #               emptied (as before the cache was kept), cached again
 #   STEP=nvcc   where a CUDA build's seconds go: nvcc's phases, g++ on main.cpp (gpu_probe_nvcc.py)
+#   STEP=grad   forward-plus-backward kernels (fixtures/grad/) in gradient mode, float32 and bfloat16, and a
+#               training loop through pipeline.library against plain PyTorch (scripts/gpu_grad.py)
 #   STEP=triton the Triton backend's red team compiled by Triton's JIT on the GPU (tests/test_triton.py)
 #   STEP=ray    unpack the carried Ray (.ray/, see docs/benchmarks.md) and start it once
 #   STEP=lanes  config-batch.yaml's distinct candidates, pass by pass (LANE_PASSES: cold, local1, local2,
@@ -79,6 +81,10 @@ while time.monotonic() < end: x = torch.tanh(x @ x); torch.cuda.synchronize()' &
          cp db/h100-refine.db "$OUT/h100-refine.db" ;;
     builds) timeout ${BUILD_LIMIT:-480} python3 scripts/gpu_builds.py ${BUILD_ARGS:-} $( [ -d .seeds ] && echo --seeds .seeds ) 2>&1 \
               | tee "$OUT/builds.log" | grep -E "^BUILD|PCH|candidates|^[a-z]+-(alone|x)|builds|SKIP" ;;
+    grad) db=${GRAD_DB:-$OUT/grad.db}  # GRAD_DB: a carried database of an earlier call's attempts, added to
+          timeout ${GRAD_LIMIT:-420} python3 scripts/gpu_grad.py --db "$db" ${GRAD_ARGS:-} 2>&1 | tee "$OUT/grad.log" \
+              | grep -E "^(BUILD|GRAD|TRAIN)|Traceback|Error"
+          [ "$db" = "$OUT/grad.db" ] || cp "$db" "$OUT/grad.db" ;;
     evalwall) python3 -c "import json; from pipeline import extract
 e = [json.loads(l) for l in open('fixtures/replay/demo.jsonl') if json.loads(l)['backend'] == 'cuda'][0]
 open('/tmp/cand_mse.py', 'w').write(extract.extract(e['text']).code)"

@@ -237,3 +237,26 @@ def test_replay_provider_serves_the_fixture_in_order():
     assert first.error is None and second.error is None
     assert [first.text, second.text] == [e["text"] for e in recorded]
     assert first.reasoning == recorded[0]["reasoning"]
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cpu"])
+def test_gradient_mode_prompt_shows_the_backward_example_and_asks_for_both_directions(backend):
+    text = render("one_shot.j2", _task("huber"), backend, PROMPTS, grad=True)
+    grad_example = example_paths(backend, PROMPTS, grad=True)[1].read_text()
+    assert "autograd.Function" in grad_example and "def backward" in grad_example
+    assert grad_example.strip() in text
+    assert example_paths(backend, PROMPTS)[1].read_text().strip() not in text  # the forward-only one is not
+    assert "Gradient mode" in text and "backward" in text and "upstream gradient" in text
+    forward = render("one_shot.j2", _task("huber"), backend, PROMPTS)
+    assert "Gradient mode" not in forward and "autograd.Function" not in forward
+
+
+def test_bf16_prompt_asks_for_float32_accumulation_and_a_bf16_result():
+    text = render("one_shot.j2", _task("mse"), "cuda", PROMPTS, dtype="bfloat16")
+    assert "0-dim bfloat16 tensor" in text and "accumulate in float32" in text
+    assert "accumulate in float32" not in render("one_shot.j2", _task("mse"), "cuda", PROMPTS)
+
+
+def test_gradient_mode_without_an_example_for_the_backend_is_one_clear_error():
+    with pytest.raises(PromptError, match="triton_model_new_grad.py"):
+        render("one_shot.j2", _task("huber"), "triton", PROMPTS, grad=True)

@@ -327,3 +327,28 @@ def test_kgen_eval_json_reports_and_stores_the_size_that_ran(tmp_path):
     from pipeline.store import Store
 
     assert Store.open(tmp_path / "db" / "kgen.db").attempt(out["id"])["size"] == out["size"]
+
+
+def test_kgen_eval_grad_and_dtype_flags_reach_the_judge_and_the_database(tmp_path):
+    """`kgen eval --grad --dtype bfloat16` on a pure-PyTorch candidate whose output is detached: the
+    verdict names the missing gradient, and the stored attempt records its mode."""
+    import json as json_
+    import sqlite3
+
+    config = _config_file(tmp_path)
+    code = tmp_path / "detached.py"
+    code.write_text("import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                    "    def forward(self, predictions, targets):\n"
+                    "        return torch.mean((predictions - targets) ** 2).detach()\n")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "eval", str(code), "--task", "mse", "--backend",
+                           "cpu", "--grad", "--dtype", "bfloat16", "-c", str(config), "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    out = json_.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["verdict"] == "no_gradient" and "detached" in out["error"], out
+    with sqlite3.connect(tmp_path / "db" / "kgen.db") as db:
+        assert db.execute("SELECT verdict, grad, dtype FROM attempts").fetchall() == [("no_gradient", 1, "bfloat16")]
+    bad = subprocess.run([sys.executable, "-m", "pipeline.cli", "eval", str(code), "--task", "mse", "--backend",
+                          "cpu", "--dtype", "bf16", "-c", str(config)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "bf16" in bad.stderr and "bfloat16" in bad.stderr

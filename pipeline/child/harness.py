@@ -25,6 +25,7 @@ from typing import Any
 
 from . import landlock, tasks, timing
 from . import protocol as P
+from .grad import ForwardBackward, GradError, Grads
 from .timing import Clock
 
 
@@ -192,6 +193,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _failed(op: str, exc: BaseException, index: int | None = None) -> P.Failed:
+    if isinstance(exc, GradError):
+        return P.Failed(op=op, index=index, error=str(exc), kind=exc.kind)
     return P.Failed(op=op, index=index, error=f"{type(exc).__name__}: {_first_line(exc)}",
                     traceback=traceback.format_exc()[-4000:])
 
@@ -209,14 +212,36 @@ class Evaluator:
         self.modules: dict[str, Any] = {}
         self.candidate = None
         self.main = self.module(job.size)  # a broken task file fails here, before the candidate runs
-        shape = tuple(job.out_shape)
-        self.model = lambda *inputs: torch.zeros(shape, device=self.device)
+        self.model = self.null_model()
         self.sets: list[list[Any]] = []
+
+    def null_model(self):
+        """Zeros of the reference's shape; in gradient mode with zero gradients of every floating
+        input's and parameter's shape too, so calibration copies as many values as a real call."""
+        import torch
+
+        shape, device = tuple(self.job.out_shape), self.device
+        dtype = self.main.__kgen_dtype__ or torch.float32
+        if not self.job.grad:
+            return lambda *inputs: torch.zeros(shape, device=device, dtype=dtype)
+        meta = tasks.make_model(self.main, self.main.Model, 0, "meta")
+        params = [p.shape for p in meta.parameters()] if isinstance(meta, torch.nn.Module) else []
+
+        def null(*inputs):
+            wanted = [x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()]
+            grads = [torch.zeros_like(x) for x in wanted] + [torch.zeros(s, device=device, dtype=dtype) for s in params]
+            return Grads(torch.zeros(shape, device=device, dtype=dtype), grads, [])
+        return null
+
+    def candidate_model(self, module, init_seed: int):
+        """ModelNew at a size, called as forward plus backward in gradient mode."""
+        model = tasks.make_model(module, self.candidate.ModelNew, init_seed, self.device)
+        return ForwardBackward(model, init_seed) if self.job.grad else model
 
     def module(self, size: str | dict[str, Any]):
         key = json.dumps(size, sort_keys=True)
         if key not in self.modules:
-            self.modules[key] = tasks.load_module(self.task, size)
+            self.modules[key] = tasks.load_module(self.task, size, self.job.dtype)
         return self.modules[key]
 
     def poison(self) -> None:
@@ -247,7 +272,7 @@ class Evaluator:
             return P.Imported()
         if isinstance(req, P.Setup):
             self.init_seed, self.warm_seed = req.init_seed, req.warm_seed
-            self.model = tasks.make_model(self.main, self.candidate.ModelNew, req.init_seed, self.device)
+            self.model = self.candidate_model(self.main, req.init_seed)
             with torch.no_grad():
                 inputs = tasks.make_inputs(self.main, req.warm_seed, "base", self.device)
                 for _ in range(req.warmup):
@@ -273,7 +298,7 @@ class Evaluator:
         module = self.module(req.size)
         model = self.model
         if req.size != self.job.size:
-            model = tasks.make_model(module, self.candidate.ModelNew, self.init_seed, self.device)
+            model = self.candidate_model(module, self.init_seed)
         inputs = tasks.make_inputs(module, req.seed, req.variant, self.device)
         self.poison()
         with torch.no_grad():

@@ -79,6 +79,10 @@ class Job(Message):
     """Input sets the inbox holds."""
     threads: int | None = None
     """torch's thread count on the cpu (the reference process times eager with the same)."""
+    grad: bool = False
+    """Gradient mode: a call is forward plus backward (pipeline.child.grad)."""
+    dtype: str = "float32"
+    """The floating dtype the harness casts inputs and the model to."""
     own_kernels: list[str] = []
     """Kernel names the candidate's source defines (@triton.jit functions, read by the parent): the
     profiler counts them as the candidate's own, whatever their names look like."""
@@ -176,6 +180,8 @@ class OutputHeader(Message):
     numel: int = 0
     written: bool = False
     """Its values (float64) are in the outbox slot."""
+    grads: list[list[int]] | None = None
+    """Gradient mode: each gradient's shape; their values follow the output's in the slot."""
 
 
 class Ready(Message):
@@ -194,6 +200,8 @@ class Failed(Message):
     index: int | None = None
     error: str
     traceback: str = ""
+    kind: Literal["no_gradient", "missing_gradient"] | None = None
+    """Gradient mode: the call had no usable gradient (the child's word only ever rejects)."""
 
 
 class SetupDone(Message):
@@ -451,6 +459,18 @@ def put(outbox: Outbox, slot: int, obj: Any) -> OutputHeader:
     """Child side: the header, and the values written to `slot` when they fit."""
     import torch
 
+    from .grad import Grads
+
+    if isinstance(obj, Grads):  # the output, then each gradient, one after another
+        header = header_of(obj.output)
+        parts = [obj.output, *obj.grads]
+        exact = header.exact_tensor and all(type(g) is torch.Tensor for g in obj.grads)
+        header = header.model_copy(update={"exact_tensor": exact, "grads": [list(g.shape) for g in obj.grads],
+                                           "numel": sum(p.numel() for p in parts)})
+        if not exact or header.numel > outbox.slot_values:
+            return header
+        flat = torch.cat([p.detach().reshape(-1).to(device="cpu", dtype=torch.float64) for p in parts]).numpy()
+        return header.model_copy(update={"written": outbox.write(slot, flat)})
     header = header_of(obj)
     if not isinstance(obj, torch.Tensor) or obj.numel() > outbox.slot_values:
         return header

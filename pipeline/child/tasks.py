@@ -58,6 +58,7 @@ DEFAULT_SIZE = "default"
 SMALL_SIZE = "small"
 SMALL_ELEMENTS = 1 << 20  # a derived "small" keeps each input at most this many elements
 VARIANTS = ("base", "scaled", "heavy", "needle")
+DTYPES = ("float32", "bfloat16", "float16")  # what a task can be judged in (its float32 inputs cast)
 
 # Bytes a size needs per byte of its inputs (plus weights and output, where the meta device can
 # tell): the float32 inputs (1), the reference's float64 copies (2), about two float64 temporaries
@@ -108,9 +109,12 @@ def load_file(path: Path) -> TaskFile:
     return TaskFile(path.stem, path, path.read_text())
 
 
-def load_module(task: TaskFile, size: str | dict[str, Any] = DEFAULT_SIZE) -> types.ModuleType:
+def load_module(task: TaskFile, size: str | dict[str, Any] = DEFAULT_SIZE, dtype: str | None = None) -> types.ModuleType:
     """Execute the task's source in a fresh module, with the chosen size's globals applied.
-    An unknown size is a SizeError naming the sizes the task has."""
+    An unknown size is a SizeError naming the sizes the task has. With `dtype` (bfloat16, float16),
+    make_inputs and make_model cast the module's floating inputs and weights to it."""
+    if dtype not in (None, *DTYPES):
+        raise TaskError(f"no dtype {dtype!r} (has: {', '.join(DTYPES)})")
     module = types.ModuleType(f"kgen_task_{task.name}")
     module.__file__ = str(task.path)
     try:
@@ -125,6 +129,7 @@ def load_module(task: TaskFile, size: str | dict[str, Any] = DEFAULT_SIZE) -> ty
     overrides, name = _resolve(module, size)
     module.__dict__.update(overrides)
     module.__kgen_size__ = (_size_key(size), name)
+    module.__kgen_dtype__ = None if dtype in (None, "float32") else getattr(torch, dtype)
     return module
 
 
@@ -159,6 +164,36 @@ def other_sizes(module: types.ModuleType, size: str | dict[str, Any]) -> list[st
     """Declared presets to check shape-generality against: all but the chosen one and the (huge) default."""
     chosen = _parse_size(module, size)[0] if isinstance(size, str) else None
     return [s for s in size_presets(module) if s not in (chosen, DEFAULT_SIZE)]
+
+
+def held_out_sizes(module: types.ModuleType, rng) -> list[str]:
+    """Two shapes the prompt never showed, drawn with `rng` (a run's own): one smaller (each input
+    dimension 50-80% of the loaded size's) and one larger (each 1-12% more, so the inputs grow at
+    most about 1.27x in two dimensions), every drawn dimension odd, so that none is a multiple of 2,
+    4, 8 or a block. Globals holding the same value move together (a file often derives one from
+    another, as `dim = batch_size`). Named by their globals, as a size mapping is; [] where the
+    task's shapes cannot be probed on the meta device."""
+    current = _dim_globals(module)
+    try:
+        with _meta():
+            dims = _input_dims(module, current)
+    except Exception:  # noqa: BLE001 - get_inputs needs real data: nothing to draw from
+        return []
+    values = sorted({_element(current, key) for key in dims if _element(current, key) > 1})
+    out = []
+    for smaller in (True, False):
+        new = {}
+        for v in values:
+            lo, hi = (max(1, v // 2), max(1, v * 4 // 5)) if smaller else (v + 1, v + max(1, v // 8))
+            new[v] = rng.randint(lo, max(lo, hi)) | 1
+        overrides = dict(current)
+        for key in _elements(current):
+            if _element(current, key) in new:
+                overrides = _with_element(overrides, key, new[_element(current, key)])
+        changed = {k: v for k, v in overrides.items() if v != current[k]}
+        if changed:
+            out.append(_overrides_name({**{k: v for k, v in current.items() if k in changed}, **changed}))
+    return out
 
 
 def check_size(task: TaskFile, size: str | dict[str, Any]) -> str:
@@ -536,7 +571,10 @@ def make_model(module: types.ModuleType, cls: type, init_seed: int, device: str)
     init = module.get_init_inputs()
     torch.manual_seed(init_seed)
     model = cls(*init)
-    return model.to(device) if isinstance(model, torch.nn.Module) else model
+    if not isinstance(model, torch.nn.Module):
+        return model
+    cast = getattr(module, "__kgen_dtype__", None)
+    return model.to(device=device, dtype=cast) if cast is not None else model.to(device)
 
 
 def make_inputs(module: types.ModuleType, seed: int, variant: str, device: str) -> list[Any]:
@@ -556,6 +594,9 @@ def make_inputs(module: types.ModuleType, seed: int, variant: str, device: str) 
         if isinstance(x, torch.Tensor):
             x = _shape_to_domain(x, domain, variant, gen, module)
         out.append(x)
+    cast = getattr(module, "__kgen_dtype__", None)
+    if cast is not None:  # values drawn in float32 as the file draws them, then rounded to the dtype
+        out = [x.to(cast) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in out]
     return out
 
 
