@@ -120,7 +120,8 @@ class TaskBench:
                              "specs": [{"key": k, **v} for k, v in specs.items()]}, self.settings.timeout_s * 2, env)
         found = [m for m in msgs if m.get("event") == "expected"]
         return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m["path"], m.get("fp32_rel_err"),
-                                    m.get("parts") if self.settings.grad else None, m.get("rel_errs"))
+                                    m.get("parts") if self.settings.grad else None, m.get("rel_errs"),
+                                    m.get("dtypes"))
                  for m in found if "shape" in m}, {m["key"]: m["inputs_path"] for m in found if "inputs_path" in m})
 
     def close(self) -> None:

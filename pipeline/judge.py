@@ -50,6 +50,8 @@ class Expected:
     """Gradient mode: [label, shape] of the output and of each gradient, in the order of the values."""
     rel_errs: list | None = None
     """PyTorch's own error in the run's dtype against float64, part by part."""
+    dtypes: list | None = None
+    """The dtype of each part from PyTorch in the run's dtype: what the candidate's must be."""
 
     def values(self) -> np.ndarray:
         return np.fromfile(self.path, dtype=np.float64, count=self.numel)
@@ -103,6 +105,12 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         for (label, shape, _), got in zip(layout[1:], header.grads):
             if list(got) != shape:
                 return fail(Verdict.wrong_gradient, f"the {label} has shape {tuple(got)}, the reference's {tuple(shape)}")
+        packed, wanted = header.packed or [], want.dtypes or []
+        for (label, _, _), got, dtype in zip(layout[1:], packed[1:], wanted[1:]):
+            if got != dtype:
+                return fail(Verdict.wrong_gradient, f"the {label} is {got}, the reference's {dtype}")
+    if header.packed and header.packed[0] != header.dtype:
+        return fail(Verdict.protocol_error, f"the output is said to be {header.dtype} but was written as {header.packed[0]}")
     if values is None or not header.written or values.size != want.numel:
         return fail(Verdict.mismatch, "the output's values did not reach the parent")
     b = want.values()

@@ -245,8 +245,12 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(*[x for x in inputs if isinstance(x, torch.Tensor)])
 
 
-def _backward(reference: torch.nn.Module) -> Callable:
-    # The kernels are forward-only; the gradient is the reference's, recomputed on the saved inputs.
+def _backward(forward: Callable) -> Callable:
+    """An autograd formula: `forward` run again on the saved inputs with autograd on, then
+    differentiated. With the reference Model (a forward-only kernel), that is the reference's
+    forward and backward. With the kernel model (its backward verified in gradient mode, called by
+    _kernel_backward's op), the kernel's forward and its own backward: the op's forward ran without
+    autograd, so nothing of the kernel's graph was kept and it is rebuilt here."""
     def backward(ctx, grad):
         saved = iter(ctx.saved_tensors)
         args = []
@@ -258,25 +262,40 @@ def _backward(reference: torch.nn.Module) -> Callable:
             args.append(x.requires_grad_(True) if (x.is_floating_point() or x.is_complex()) else x)
         wants = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
         with torch.enable_grad():
-            out = reference(*args)
+            out = forward(*args)
         grads = iter(torch.autograd.grad(out, wants, grad, allow_unused=True))
         return tuple(next(grads) if isinstance(x, torch.Tensor) and x.requires_grad else None for x in args)
 
     return backward
 
 
-def _kernel_backward(kernel_model: Callable) -> Callable:
-    # A kernel verified in gradient mode: its own backward, on its own forward's graph rebuilt from
-    # the saved inputs (the op's forward ran without autograd, so nothing of that graph was kept).
+def _kernel_backward(name: str, entry: KernelEntry, kernel_model: Callable, reference: torch.nn.Module) -> Callable:
+    """A kernel verified in gradient mode: its backward as a second custom op,
+    kgen::<task>_<code_hash>_backward(grad, inputs...) -> the floating inputs' gradients, opaque to
+    torch.compile as the forward op is (tracing into the extension with fake tensors would fail),
+    with a fake that returns gradients shaped like those inputs."""
+    run = _backward(kernel_model)
+    forward_schema = _schema(entry, reference)
+    schema = "(Tensor grad, " + forward_schema[1:].split(") -> ")[0] + ") -> Tensor[]"
+
+    def impl(grad, *args):
+        tensor_at = [isinstance(x, torch.Tensor) for x in args]
+        ctx = types.SimpleNamespace(tensor_at=tensor_at, scalars=[None if t else x for t, x in zip(tensor_at, args)],
+                                    saved_tensors=[x for x in args if isinstance(x, torch.Tensor)])
+        return [g if g is not None else torch.zeros_like(x)
+                for x, g in zip(args, run(ctx, grad)) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+
+    op = torch.library.custom_op(f"kgen::{name}_backward", impl, mutates_args=(), schema=schema)
+    op.register_fake(lambda grad, *args: [torch.empty_like(x) for x in args
+                                          if isinstance(x, torch.Tensor) and x.is_floating_point()])
+
     def backward(ctx, grad):
+        args = []
         saved = iter(ctx.saved_tensors)
-        args = [scalar if not is_tensor else next(saved).detach() for is_tensor, scalar in zip(ctx.tensor_at, ctx.scalars)]
-        args = [x.requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in args]
-        wants = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
-        with torch.enable_grad():
-            out = kernel_model(*args)
-        grads = iter(torch.autograd.grad(out, wants, grad, allow_unused=True))
-        return tuple(next(grads) if isinstance(x, torch.Tensor) and x.requires_grad else None for x in args)
+        for is_tensor, scalar in zip(ctx.tensor_at, ctx.scalars):
+            args.append(next(saved) if is_tensor else scalar)
+        grads = iter(op(grad, *args))
+        return tuple(next(grads) if isinstance(x, torch.Tensor) and x.is_floating_point() else None for x in args)
 
     return backward
 
@@ -291,8 +310,11 @@ def register_op(entry: KernelEntry, kernel_model: Callable, reference: torch.nn.
 
             op = torch.library.custom_op(f"kgen::{name}", impl, mutates_args=(), schema=_schema(entry, reference))
             op.register_fake(_fake(entry, reference))
-            backward = _kernel_backward(kernel_model) if entry.envelope.backward else _backward(reference)
-            op.register_autograd(backward, setup_context=_setup_context)
+            if entry.envelope.backward:
+                op.register_autograd(_kernel_backward(name, entry, kernel_model, reference),
+                                     setup_context=_setup_context)
+            else:
+                op.register_autograd(_backward(reference), setup_context=_setup_context)
             _OPS[name] = (op, getattr(torch.ops.kgen, name))
         return _OPS[name][1]
 

@@ -103,7 +103,8 @@ class Reference:
         errs = [_rel_err(a, b) for (_, a), (_, b) in zip(parts32, parts)]
         return {**meta, "shape": list(ref.shape), "numel": len(values), "path": path,
                 "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": errs[0],
-                "parts": [[label, list(t.shape)] for label, t in parts], "rel_errs": errs}
+                "parts": [[label, list(t.shape)] for label, t in parts], "rel_errs": errs,
+                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in parts32]}
 
     def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False) -> list[float]:
         """One block of eager calls (or, with `compiled`, of torch.compile of the same model), timed

@@ -195,7 +195,11 @@ class Session:
     # ---- checks --------------------------------------------------------------------------------
 
     def values(self, slot: int, header: P.OutputHeader | None, want: Expected) -> np.ndarray | None:
-        return self.outbox.read(slot, want.numel) if header is not None and header.written else None
+        """The slot's values as float64, decoded part by part in the dtypes the header names (the
+        output's dtype, and each gradient's, are then judged against the reference's)."""
+        if header is None or not header.written:
+            return None
+        return P.unpack(self.outbox, slot, header.packed or [header.dtype or ""], [n for _, _, n in want.layout()])
 
     def trial(self, trial: P.Trial) -> TrialResult:
         bench = self.bench

@@ -76,3 +76,38 @@ def test_the_estimate_is_the_fastest_request_over_a_robust_calibration():
     verdict = judge.check_times("cpu", 0.5, [], per_call)
     assert verdict is not None and verdict[0] is judge.Verdict.impossible_timing
     assert judge.check_times("cpu", 0.6, [], per_call) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_an_output_travels_in_its_own_dtype_and_the_parent_widens_it(dtype):
+    """put() writes a tensor's own bytes (no widening inside the child's timed windows); the parent's
+    unpack() gives exactly its float64 values, and refuses a dtype it does not know."""
+    fd = P.Outbox.create(1 << 16)
+    try:
+        child, parent = P.Outbox(fd, 1000, 2), P.Outbox(fd, 1000, 2)
+        x = (torch.randn(7, 9) * 100).to(dtype)
+        header = P.put(child, 1, x)
+        assert header.written and header.packed == [str(dtype).removeprefix("torch.")]
+        got = P.unpack(parent, 1, header.packed, [x.numel()])
+        assert got.dtype.name == "float64" and (got == x.reshape(-1).double().numpy()).all()
+        assert P.unpack(parent, 1, ["complex128"], [x.numel()]) is None
+        assert P.unpack(parent, 1, header.packed, [10 ** 6]) is None  # more than the slot holds
+    finally:
+        os.close(fd)
+
+
+def test_gradients_follow_the_output_part_by_part():
+    from pipeline.child.grad import Grads
+
+    fd = P.Outbox.create(1 << 16)
+    try:
+        child, parent = P.Outbox(fd, 200, 1), P.Outbox(fd, 200, 1)
+        out = torch.tensor(0.5, dtype=torch.bfloat16)
+        grads = [torch.randn(3, 5).bfloat16(), torch.randn(4)]
+        header = P.put(child, 0, Grads(out, grads, ["input 0", "input 1"]))
+        assert header.packed == ["bfloat16", "bfloat16", "float32"] and header.grads == [[3, 5], [4]]
+        got = P.unpack(parent, 0, header.packed, [1, 15, 4])
+        want = torch.cat([out.reshape(-1).double(), grads[0].reshape(-1).double(), grads[1].double()]).numpy()
+        assert (got == want).all()
+    finally:
+        os.close(fd)

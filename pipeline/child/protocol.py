@@ -182,6 +182,10 @@ class OutputHeader(Message):
     """Its values (float64) are in the outbox slot."""
     grads: list[list[int]] | None = None
     """Gradient mode: each gradient's shape; their values follow the output's in the slot."""
+    packed: list[str] | None = None
+    """The dtype each part's values were written in, one after another in the slot (the output's,
+    then each gradient's): raw, as computed, so the child's window holds no widening (the parent
+    widens to float64 after the reply)."""
 
 
 class Ready(Message):
@@ -341,22 +345,29 @@ class Outbox:
         return fd
 
     def write(self, slot: int, values) -> bool:
-        """Child side: a 1-D float64 numpy array into `slot`; False when it does not fit."""
+        """Child side: a 1-D numpy array's bytes into `slot`; False when they do not fit."""
         import numpy as np
 
-        if slot >= self.slots or values.size > self.slot_values:
+        raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+        if slot >= self.slots or raw.size > self.slot_values * 8:
             return False
-        view = np.frombuffer(self.map, dtype=np.float64, count=values.size, offset=slot * self.slot_values * 8)
-        view[:] = values
+        view = np.frombuffer(self.map, dtype=np.uint8, count=raw.size, offset=slot * self.slot_values * 8)
+        view[:] = raw
         del view
         return True
 
     def read(self, slot: int, count: int):
-        """Parent side: a private copy of `count` values of `slot`."""
+        """Parent side: a private copy of `count` float64 values of `slot`."""
         import numpy as np
 
-        count = max(0, min(count, self.slot_values))
-        view = np.frombuffer(self.map, dtype=np.float64, count=count, offset=slot * self.slot_values * 8)
+        return self.read_bytes(slot, count * 8).view(np.float64)
+
+    def read_bytes(self, slot: int, count: int):
+        """Parent side: a private copy of the first `count` bytes of `slot` (uint8)."""
+        import numpy as np
+
+        count = max(0, min(count, self.slot_values * 8))
+        view = np.frombuffer(self.map, dtype=np.uint8, count=count, offset=slot * self.slot_values * 8)
         copy = view.copy()
         del view
         return copy
@@ -467,12 +478,44 @@ def put(outbox: Outbox, slot: int, obj: Any) -> OutputHeader:
         exact = header.exact_tensor and all(type(g) is torch.Tensor for g in obj.grads)
         header = header.model_copy(update={"exact_tensor": exact, "grads": [list(g.shape) for g in obj.grads],
                                            "numel": sum(p.numel() for p in parts)})
-        if not exact or header.numel > outbox.slot_values:
+        if not exact:
             return header
-        flat = torch.cat([p.detach().reshape(-1).to(device="cpu", dtype=torch.float64) for p in parts]).numpy()
-        return header.model_copy(update={"written": outbox.write(slot, flat)})
-    header = header_of(obj)
-    if not isinstance(obj, torch.Tensor) or obj.numel() > outbox.slot_values:
+    else:
+        header = header_of(obj)
+        if not isinstance(obj, torch.Tensor):
+            return header
+        parts = [obj]
+    if sum(p.numel() * p.element_size() for p in parts) > outbox.slot_values * 8:
         return header
-    flat = obj.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy()
-    return header.model_copy(update={"written": outbox.write(slot, flat)})
+    # Each part's own bytes, copied off the device as they are: widening 16M bf16 gradients to
+    # float64 here cost tens of ms a call inside the parent's Bound window, noise that swamped the
+    # calls (docs/benchmarks.md, ninth session). The parent decodes them (PACKED_DTYPES).
+    raw = [p.detach().reshape(-1).contiguous().to("cpu").view(torch.uint8) for p in parts]
+    flat = (torch.cat(raw) if len(raw) > 1 else raw[0]).numpy()
+    return header.model_copy(update={"written": outbox.write(slot, flat),
+                                     "packed": [str(p.dtype).removeprefix("torch.") for p in parts]})
+
+
+# The dtypes a part may be written in (protocol.put) and the parent decodes: anything else is refused.
+PACKED_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+def unpack(outbox: Outbox, slot: int, dtypes: list[str], counts: list[int]):
+    """Parent side: a private copy of a slot's values, widened to float64 part by part from the
+    dtypes the header names; None when a dtype is not one of PACKED_DTYPES or the parts do not fit."""
+    import numpy as np
+    import torch
+
+    if len(dtypes) != len(counts) or any(d not in PACKED_DTYPES for d in dtypes):
+        return None
+    sizes = [count * torch.empty((), dtype=getattr(torch, d)).element_size() for d, count in zip(dtypes, counts)]
+    if sum(sizes) > outbox.slot_values * 8:
+        return None
+    raw = outbox.read_bytes(slot, sum(sizes))
+    out, at = [], 0
+    for dtype, size in zip(dtypes, sizes):
+        torch_dtype = getattr(torch, dtype)
+        part = torch.from_numpy(raw[at:at + size]).view(torch_dtype) if size else torch.empty(0, dtype=torch_dtype)
+        out.append(part.to(torch.float64).numpy())
+        at += size
+    return np.concatenate(out) if out else np.empty(0)
