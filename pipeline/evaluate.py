@@ -143,8 +143,9 @@ def compile_cache_env() -> dict[str, str]:
 
 
 def lane_of(env: dict[str, str]) -> dict[str, str] | None:
-    """The part of a child's environment that names its GPU lane, which keys the lane's reference."""
-    return {k: v for k, v in env.items() if k == "CUDA_VISIBLE_DEVICES"} or None
+    """The part of a child's environment that names its GPU lane and the lane's cores (KGEN_CORES),
+    which keys the lane's reference process and pins it beside the lane's children."""
+    return {k: v for k, v in env.items() if k in ("CUDA_VISIBLE_DEVICES", "KGEN_CORES")} or None
 
 
 def device_for(backend: str) -> str:

@@ -41,14 +41,35 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-def default_build_workers() -> int:
-    """Builds are memory-hungry (nvcc or g++ on torch headers takes ~1.5 GB each); size by cores and RAM."""
-    cores = os.cpu_count() or 1
+def default_build_workers(cores: int | None = None) -> int:
+    """Builds are memory-hungry (nvcc or g++ on torch headers takes ~1.5 GB each); size by cores
+    (`cores`: those builds may use) and RAM."""
+    cores = cores or os.cpu_count() or 1
     try:
         mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
     except (ValueError, OSError):
         mem_gb = 8
     return max(1, min(cores, int(mem_gb // 2)))
+
+
+TIMING_CORES = 2  # per GPU lane: its candidate's child and reference process take turns, never at once
+MIN_BUILD_CORES = 2
+
+
+def core_plan(lanes: int, cores: list[int] | None = None) -> tuple[list[list[int]], list[int]] | None:
+    """The cores each GPU lane times on and the cores builds may use: TIMING_CORES per lane from the
+    front of this process's affinity, the rest for builds, so that a compiler never runs on a core
+    a timing child is using (a build's eight nvcc processes beside a timed kernel slowed its host
+    side). None where that would leave builds fewer than MIN_BUILD_CORES: nothing is pinned then."""
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    reserved = lanes * TIMING_CORES
+    if lanes < 1 or len(cores) - reserved < MIN_BUILD_CORES:
+        return None
+    return [cores[i * TIMING_CORES:(i + 1) * TIMING_CORES] for i in range(lanes)], cores[reserved:]
+
+
+def _cores(cores: list[int]) -> str:
+    return ",".join(map(str, cores))
 
 
 def visible_gpus() -> list[str]:
@@ -85,13 +106,17 @@ class LocalExecutor:
 
     def __init__(self, backend: str, build_workers: int = 0, notice: Callable[[str], None] | None = None,
                  fast_builds: bool = True):
-        self.workers = build_workers or default_build_workers()
-        self.fast = dict(fast=fast_builds, cuda=backend == "cuda", notice=notice)
-        self.jobs = max(1, (os.cpu_count() or 1) // self.workers)
-        self.build_pool = asyncio.Semaphore(self.workers)
         gpus = visible_gpus() if backends.on_gpu(backend) else []
-        # A build never sees a GPU: it only compiles, for the lanes' architecture (build.arch_list).
-        self.build_env = build_stage.build_env(gpus)
+        plan = core_plan(len(gpus)) if gpus else None
+        build_cores = plan[1] if plan else None
+        self.lane_cores = {gpu: _cores(cores) for gpu, cores in zip(gpus, plan[0])} if plan else {}
+        self.workers = build_workers or default_build_workers(len(build_cores) if build_cores else None)
+        self.fast = dict(fast=fast_builds, cuda=backend == "cuda", notice=notice)
+        self.jobs = max(1, (len(build_cores) if build_cores else os.cpu_count() or 1) // self.workers)
+        self.build_pool = asyncio.Semaphore(self.workers)
+        # A build never sees a GPU: it only compiles, for the lanes' architecture (build.arch_list),
+        # and on GPU lanes only on the cores no lane times on (core_plan).
+        self.build_env = {**build_stage.build_env(gpus), **({"KGEN_CORES": _cores(build_cores)} if build_cores else {})}
         # On the cpu backend the kernel under test shares the cores with compilers: an evaluation
         # takes every build slot, so nothing compiles while something is being timed.
         self.exclusive = not gpus
@@ -119,6 +144,8 @@ class LocalExecutor:
                         await self.build_pool.acquire()
                         held += 1
                 env = {"CUDA_VISIBLE_DEVICES": lane} if lane is not None else {}
+                if lane in self.lane_cores:
+                    env["KGEN_CORES"] = self.lane_cores[lane]
                 watch = self.watches.get(lane)
                 return await asyncio.to_thread(_lane_job, lambda: fn(*args, env=env, watch=watch), watch, discard)
             finally:

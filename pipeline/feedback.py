@@ -109,7 +109,7 @@ def _profile(result: EvalResult) -> ProfileDone | None:
 
 def _scale_note(failing: TrialResult, passed: list[TrialResult]) -> str | None:
     """Whether the error shows only on larger or rarer inputs (the trials' input families say so)."""
-    if not passed or failing.verdict not in (Verdict.mismatch, Verdict.non_finite):
+    if not passed or failing.verdict not in (Verdict.mismatch, Verdict.non_finite, Verdict.wrong_gradient):
         return None
     if failing.variant.startswith(("scaled", "heavy", "needle")) and any(t.variant == "base" for t in passed):
         worst_ok = max((t.max_rel_err or 0.0) for t in passed)

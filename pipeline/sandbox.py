@@ -269,8 +269,22 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
     finally:
         os.close(write_fd)
         log.close()
+    pin(proc.pid, env.get("KGEN_CORES"))
     now = time.monotonic()
     return Child(proc, protocol.Reader(read_fd), log_fd, workdir, now, now + timeout, outbox_fd)
+
+
+def pin(pid: int, cores: str | None) -> None:
+    """Keep a child on `cores` ("0,1"; KGEN_CORES in its environment): a GPU lane's timing processes
+    on the lane's own cores, builds on the rest (executor.core_plan). Set from here, right after
+    exec, before the interpreter has started a thread or a process, so all it starts inherit it;
+    the harness's seccomp filter then refuses sched_setaffinity, so candidate code cannot leave."""
+    if not cores:
+        return
+    try:
+        os.sched_setaffinity(pid, {int(c) for c in cores.split(",")})
+    except (ProcessLookupError, ValueError, OSError):  # gone already, or cores this machine lacks
+        pass
 
 
 class Spares:

@@ -1,8 +1,11 @@
-"""Gradient mode and dtypes (issue 15) through the real evaluator on the cpu backend: C++ candidates
+"""Gradient mode and dtypes (issue 15) through the real evaluator on the cpu backend: candidates
 built by kgen's build child, judged by a sealed child against the float64 reference process.
 
-The candidates are in tests/redteam/ (grad_*, huber_forward_only, bf16_*). They build two at a time
-once per session (about 15-40 s each on two cores with the precompiled headers)."""
+The candidates are in tests/redteam/ (grad_*, huber_forward_only, bf16_*): the honest huber, the
+forward-only one and both bf16 ones are C++ kernels; the wrong, detached and missing gradients are
+plain PyTorch in an autograd.Function (the judge's check is under test there, not a kernel). They
+build two at a time once per session (C++: about 15-40 s each on two cores with the precompiled
+headers)."""
 
 from __future__ import annotations
 

@@ -158,3 +158,35 @@ def test_stale_lock_is_removed_before_building(tmp_path):
     assert not lock.exists()
     assert "removed stale lock" in result.log
     assert result.build_dir == str(build_dir.resolve())
+
+
+def test_core_plan_keeps_builds_off_the_lanes_timing_cores():
+    from pipeline.executor import core_plan
+
+    assert core_plan(1, list(range(16))) == ([[0, 1]], list(range(2, 16)))
+    assert core_plan(2, list(range(8))) == ([[0, 1], [2, 3]], [4, 5, 6, 7])
+    assert core_plan(1, [0, 1]) is None  # too few to split: nothing pinned
+    assert core_plan(1, [3, 9, 4, 5]) == ([[3, 4]], [5, 9])
+
+
+def test_a_pinned_build_stays_on_its_cores_whatever_the_candidate_asks(tmp_path):
+    """KGEN_CORES pins the child from the parent right after exec; the harness's seccomp filter then
+    refuses sched_setaffinity, so import-time code of the candidate cannot move onto a lane's cores."""
+    core = sorted(os.sched_getaffinity(0))[-1]
+    code = tmp_path / "pinned.py"
+    code.write_text(textwrap.dedent("""
+        import os
+        print("KGEN-NOTE affinity", sorted(os.sched_getaffinity(0)), flush=True)
+        try:
+            os.sched_setaffinity(0, set(range(os.cpu_count())))
+            print("KGEN-NOTE widened", sorted(os.sched_getaffinity(0)), flush=True)
+        except OSError as exc:
+            print("KGEN-NOTE refused", type(exc).__name__, flush=True)
+
+        class ModelNew:
+            pass
+    """))
+    result = build.build(code, "pinned", tmp_path / "builds", 120, extra_env={"KGEN_CORES": str(core)}, fast=False)
+    assert result.ok, result.log
+    assert f"KGEN-NOTE affinity [{core}]" in result.log, result.log
+    assert "KGEN-NOTE refused PermissionError" in result.log and "widened" not in result.log, result.log

@@ -54,8 +54,8 @@ def readable_paths(extra: list[str]) -> list[str]:
     return paths
 
 
-# seccomp, per machine: (audit arch, setsid's number, seccomp's number, prctl's number).
-_SECCOMP_ABI = {"x86_64": (0xC000003E, 112, 317, 157), "aarch64": (0xC00000B7, 157, 277, 167)}
+# seccomp, per machine: (audit arch, and the numbers of setsid, seccomp, prctl, sched_setaffinity).
+_SECCOMP_ABI = {"x86_64": (0xC000003E, 112, 317, 157, 203), "aarch64": (0xC00000B7, 157, 277, 167, 122)}
 PR_SET_PDEATHSIG = 1
 
 
@@ -75,9 +75,10 @@ def forbid_setsid() -> bool:
     """A seccomp filter, on every thread and inherited by everything started later: setsid() fails
     with EPERM, so no process of ours can leave the session that sandbox.Child.kill sweeps (a new
     process group is still allowed: ninja puts each compile in one), and prctl(PR_SET_PDEATHSIG)
-    fails too, so the child cannot stop dying with its parent (die_with_parent). Syscalls of a
-    foreign ABI (x32, i386 through int 0x80), where the numbers differ, are refused outright. True
-    when it holds."""
+    fails too, so the child cannot stop dying with its parent (die_with_parent), and
+    sched_setaffinity fails, so a process of the candidate cannot leave the cores the parent pinned
+    it to (sandbox.start, KGEN_CORES: a build off the timing lane's cores). Syscalls of a foreign ABI
+    (x32, i386 through int 0x80), where the numbers differ, are refused outright. True when it holds."""
     import ctypes
     import errno
     import platform
@@ -86,7 +87,7 @@ def forbid_setsid() -> bool:
     abi = _SECCOMP_ABI.get(platform.machine())
     if abi is None:
         return False
-    arch, setsid, seccomp, prctl = abi
+    arch, setsid, seccomp, prctl, setaffinity = abi
     allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
     load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
     program = [
@@ -94,13 +95,14 @@ def forbid_setsid() -> bool:
         (jeq, 1, 0, arch),          # 1: native ABI -> 3
         (ret, 0, 0, deny),          # 2: foreign ABI
         (load, 0, 0, 0),            # 3: A = seccomp_data.nr
-        (jge, 5, 0, 0x40000000),    # 4: x32 -> 10
-        (jeq, 4, 0, setsid),        # 5: setsid -> 10
-        (jeq, 0, 2, prctl),         # 6: prctl -> 7, else -> 9
-        (load, 0, 0, 16),           # 7: A = low word of seccomp_data.args[0]
-        (jeq, 1, 0, PR_SET_PDEATHSIG),  # 8: prctl(PR_SET_PDEATHSIG, ...) -> 10
-        (ret, 0, 0, allow),         # 9
-        (ret, 0, 0, deny),          # 10
+        (jge, 6, 0, 0x40000000),    # 4: x32 -> 11
+        (jeq, 5, 0, setsid),        # 5: setsid -> 11
+        (jeq, 4, 0, setaffinity),   # 6: sched_setaffinity -> 11
+        (jeq, 0, 2, prctl),         # 7: prctl -> 8, else -> 10
+        (load, 0, 0, 16),           # 8: A = low word of seccomp_data.args[0]
+        (jeq, 1, 0, PR_SET_PDEATHSIG),  # 9: prctl(PR_SET_PDEATHSIG, ...) -> 11
+        (ret, 0, 0, allow),         # 10
+        (ret, 0, 0, deny),          # 11
     ]
     code = b"".join(struct.pack("=HBBI", *insn) for insn in program)
     buf = ctypes.create_string_buffer(code, len(code))
