@@ -133,7 +133,9 @@ PURE_PYTHON = textwrap.dedent('''
 def test_failed_build_keeps_the_compiler_error(tmp_path):
     code = tmp_path / "broken.py"
     code.write_text(BROKEN)
-    result = build.build(code, "broken0000000000", tmp_path / "builds", timeout_s=600)
+    # fast=False: one plain build (with the fast headers a failing build is tried twice; that
+    # fallback has its own test in tests/test_headers.py)
+    result = build.build(code, "broken0000000000", tmp_path / "builds", timeout_s=600, fast=False)
     assert not result.ok and not result.timed_out
     assert "error:" in result.log
     assert "expected primary-expression" in result.log, result.log[-3000:]  # g++'s own words
