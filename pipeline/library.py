@@ -245,28 +245,30 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(*[x for x in inputs if isinstance(x, torch.Tensor)])
 
 
-def _backward(forward: Callable) -> Callable:
-    """An autograd formula: `forward` run again on the saved inputs with autograd on, then
-    differentiated. With the reference Model (a forward-only kernel), that is the reference's
-    forward and backward. With the kernel model (its backward verified in gradient mode, called by
-    _kernel_backward's op), the kernel's forward and its own backward: the op's forward ran without
-    autograd, so nothing of the kernel's graph was kept and it is rebuilt here."""
-    def backward(ctx, grad):
-        saved = iter(ctx.saved_tensors)
-        args = []
-        for is_tensor, scalar in zip(ctx.tensor_at, ctx.scalars):
-            if not is_tensor:
-                args.append(scalar)
-                continue
-            x = next(saved).detach()
-            args.append(x.requires_grad_(True) if (x.is_floating_point() or x.is_complex()) else x)
-        wants = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
-        with torch.enable_grad():
-            out = forward(*args)
-        grads = iter(torch.autograd.grad(out, wants, grad, allow_unused=True))
-        return tuple(next(grads) if isinstance(x, torch.Tensor) and x.requires_grad else None for x in args)
+def _saved_args(ctx) -> list[Any]:
+    """forward's arguments back from what _setup_context kept: tensors saved, scalars as they were."""
+    saved = iter(ctx.saved_tensors)
+    return [next(saved) if is_tensor else scalar for is_tensor, scalar in zip(ctx.tensor_at, ctx.scalars)]
 
-    return backward
+
+def _input_grads(forward: Callable, args: list[Any], grad: torch.Tensor) -> tuple:
+    """`forward` run again on `args` with autograd on, then differentiated against `grad`: one
+    gradient per argument (None for scalars, integer tensors and inputs it did not use). With the
+    reference Model (a forward-only kernel), that is the reference's forward and backward. With the
+    kernel model (its backward verified in gradient mode), the kernel's forward and its own
+    backward: the op's forward ran without autograd, so nothing of the kernel's graph was kept."""
+    args = [x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+            else x for x in args]
+    wants = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
+    with torch.enable_grad():
+        out = forward(*args)
+    grads = iter(torch.autograd.grad(out, wants, grad, allow_unused=True))
+    return tuple(next(grads) if isinstance(x, torch.Tensor) and x.requires_grad else None for x in args)
+
+
+def _backward(reference: torch.nn.Module) -> Callable:
+    """A forward-only kernel's autograd formula: the reference's gradient on the saved inputs."""
+    return lambda ctx, grad: _input_grads(reference, _saved_args(ctx), grad)
 
 
 def _kernel_backward(name: str, entry: KernelEntry, kernel_model: Callable, reference: torch.nn.Module) -> Callable:
@@ -274,26 +276,20 @@ def _kernel_backward(name: str, entry: KernelEntry, kernel_model: Callable, refe
     kgen::<task>_<code_hash>_backward(grad, inputs...) -> the floating inputs' gradients, opaque to
     torch.compile as the forward op is (tracing into the extension with fake tensors would fail),
     with a fake that returns gradients shaped like those inputs."""
-    run = _backward(kernel_model)
     forward_schema = _schema(entry, reference)
     schema = "(Tensor grad, " + forward_schema[1:].split(") -> ")[0] + ") -> Tensor[]"
 
     def impl(grad, *args):
-        tensor_at = [isinstance(x, torch.Tensor) for x in args]
-        ctx = types.SimpleNamespace(tensor_at=tensor_at, scalars=[None if t else x for t, x in zip(tensor_at, args)],
-                                    saved_tensors=[x for x in args if isinstance(x, torch.Tensor)])
         return [g if g is not None else torch.zeros_like(x)
-                for x, g in zip(args, run(ctx, grad)) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+                for x, g in zip(args, _input_grads(kernel_model, list(args), grad))
+                if isinstance(x, torch.Tensor) and x.is_floating_point()]
 
     op = torch.library.custom_op(f"kgen::{name}_backward", impl, mutates_args=(), schema=schema)
     op.register_fake(lambda grad, *args: [torch.empty_like(x) for x in args
                                           if isinstance(x, torch.Tensor) and x.is_floating_point()])
 
     def backward(ctx, grad):
-        args = []
-        saved = iter(ctx.saved_tensors)
-        for is_tensor, scalar in zip(ctx.tensor_at, ctx.scalars):
-            args.append(next(saved) if is_tensor else scalar)
+        args = _saved_args(ctx)
         grads = iter(op(grad, *args))
         return tuple(next(grads) if isinstance(x, torch.Tensor) and x.is_floating_point() else None for x in args)
 
