@@ -140,12 +140,10 @@ def apply_limits(memory_gb: float | None, cuda: bool, read: list[str], write: li
 
 def load_prebuilt_only() -> None:
     """In an evaluation the build directory is read-only: torch's load_inline must load what the
-    build stage compiled and never compile. Its file lock is the one write it would make; reporting
-    the lock as held by another builder makes torch skip straight to importing the built module."""
-    from torch.utils import file_baton
+    build stage compiled and never compile (pipeline.child.prebuilt), for the child's whole life."""
+    from .prebuilt import import_only
 
-    file_baton.FileBaton.try_acquire = lambda self: False
-    file_baton.FileBaton.wait = lambda self: None
+    import_only()
 
 
 def import_candidate(code_path: str, force_verbose_build: bool = False, headers: str = ""):
