@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.extract import extract
-from pipeline.prompts import PromptError, example_paths, messages, render
+from pipeline.prompts import PromptError, TaskFacts, example_paths, messages, render, task_facts
 from pipeline.child.tasks import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,3 +260,145 @@ def test_bf16_prompt_asks_for_float32_accumulation_and_a_bf16_result():
 def test_gradient_mode_without_an_example_for_the_backend_is_one_clear_error():
     with pytest.raises(PromptError, match="triton_model_new_grad.py"):
         render("one_shot.j2", _task("huber"), "triton", PROMPTS, grad=True)
+
+
+# --------------------------------------------------------------------------------------------
+# notes chosen by what the task is (pipeline.prompts.task_facts)
+
+# KernelBench level-1 files as KernelBench writes them: no KGEN_SIZES, no KGEN_DOMAINS.
+KERNELBENCH = {
+    "gemm": ("A, B", "return torch.matmul(A, B)", "M = 1024\nK = 4096\nN = 2048\n",
+             "[torch.randn(M, K), torch.randn(K, N)]", "[]"),
+    "relu": ("x", "return torch.relu(x)", "batch_size = 4096\ndim = 16384\n", "[torch.randn(batch_size, dim)]", "[]"),
+    "softmax": ("x", "return torch.softmax(x, dim=1)", "batch_size = 16\ndim = 16384\n",
+                "[torch.randn(batch_size, dim)]", "[]"),
+    "row_sum": ("x", "return torch.sum(x, dim=1, keepdim=True)", "batch_size = 16\ndim = 256\n",
+                "[torch.randn(batch_size, dim)]", "[]"),
+    "linear_gelu": ("x", "return torch.nn.functional.gelu(self.fc(x))", "batch_size = 128\nfeatures = 512\n",
+                    "[torch.randn(batch_size, features)]", "[features]"),
+    "conv": ("x", "return self.conv(x)", "batch_size = 4\nchannels = 3\n",
+             "[torch.randn(batch_size, channels, 32, 32)]", "[channels]"),
+    "gather_rows": ("table, idx", "return table[idx]", "rows = 1000\ndim = 64\nn = 4096\n",
+                    "[torch.randn(rows, dim), torch.randint(0, rows, (n,))]", "[]"),
+    "item": ("x", "return x * float(x.sum().item())", "n = 8\n", "[torch.randn(n)]", "[]"),
+}
+LAYERS = {"linear_gelu": "self.fc = nn.Linear(args[0], args[0])",
+          "conv": "self.conv = nn.Conv2d(args[0], 8, 3)"}
+
+
+def _kernelbench(directory: Path, name: str):
+    args, body, sizes, inputs, init = KERNELBENCH[name]
+    source = (f"import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+              f"    def __init__(self, *args):\n        super().__init__()\n"
+              f"        {LAYERS.get(name, 'pass')}\n\n"
+              f"    def forward(self, {args}):\n        {body}\n\n\n{sizes}\n\n"
+              f"def get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return {init}\n")
+    path = directory / f"{name}.py"
+    path.write_text(source)
+    return load_file(path)
+
+
+def _notes(text: str) -> str:
+    return text[text.index("Notes:"):]
+
+
+# The loss tasks' hints; "int64" alone would match the Triton note on `tl.int64` offsets.
+LOSS_HINTS = ("`torch.long`", "int64_t", "class indices", "reduction", "0-dim", "loss", "probabilities")
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton", "cpu"])
+def test_a_loss_with_int64_class_targets_gets_the_int64_and_reduction_hints(backend):
+    notes = _notes(render("one_shot.j2", _task("cross_entropy"), backend, PROMPTS))
+    assert "`targets` is int64 (`torch.long`): class indices in [0, num_classes)" in notes
+    if backend == "triton":
+        assert "`tl.load` gives int64 values" in notes and "int64_t" not in notes
+    else:
+        assert "Read it as `int64_t` (`data_ptr<int64_t>()`), never as `int`" in notes
+    assert "0-dim float32 tensor" in notes and "numerically careful reduction" in notes
+    assert "loss and reduction ops" in notes
+    assert "`predictions` may be of any scale" in notes
+    assert "matrix product" not in notes and "one pass over memory" not in notes
+
+
+def test_a_loss_without_integer_inputs_gets_no_int64_hint():
+    for name in ("mse", "huber", "cosine", "triplet", "hinge", "kl_div"):
+        notes = _notes(render("one_shot.j2", _task(name), "cuda", PROMPTS))
+        assert "int64" not in notes, name
+        assert "0-dim float32 tensor" in notes and "numerically careful reduction" in notes, name
+
+
+def test_probability_and_sign_inputs_are_named_by_their_domain():
+    kl = _notes(render("one_shot.j2", _task("kl_div"), "cpu", PROMPTS))
+    assert "`predictions` and `targets` hold probabilities: positive and summing to 1 along dimension -1" in kl
+    assert "any scale" not in kl  # neither input is drawn at any scale
+    hinge = _notes(render("one_shot.j2", _task("hinge"), "cpu", PROMPTS))
+    assert "`targets` holds only -1 and +1" in hinge and "probabilities" not in hinge
+    assert "probabilities" not in _notes(render("one_shot.j2", _task("mse"), "cpu", PROMPTS))
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton", "cpu"])
+def test_a_gemm_gets_the_matmul_hint_and_none_of_the_loss_hints(tmp_path, backend):
+    notes = _notes(render("one_shot.j2", _kernelbench(tmp_path, "gemm"), backend, PROMPTS))
+    for hint in LOSS_HINTS:
+        assert hint not in notes, hint
+    assert "This is a matrix product" in notes
+    assert "Do not call torch.matmul, torch.mm, torch.bmm, the `@` operator" in notes
+    assert "Return a tensor of exactly the reference's shape and dtype" in notes
+    assert ("`tl.dot`" in notes) == (backend == "triton")
+    assert ("shared memory" in notes) == (backend == "cuda")
+    assert "{{" not in notes and "{%" not in notes
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton", "cpu"])
+def test_an_elementwise_task_gets_the_one_pass_hint_and_no_reduction_hint(tmp_path, backend):
+    notes = _notes(render("one_shot.j2", _kernelbench(tmp_path, "relu"), backend, PROMPTS))
+    for hint in LOSS_HINTS:
+        assert hint not in notes, hint
+    assert "one pass over memory" in notes and "matrix product" not in notes
+    assert "the torch ops the reference uses" in notes
+    # a KernelBench file declares no domains: its inputs run as drawn, so no claim about their scale
+    assert "any scale" not in notes
+
+
+def test_task_facts_say_what_each_task_is(tmp_path):
+    facts = {name: task_facts(_kernelbench(tmp_path, name)) for name in KERNELBENCH}
+    got = {name: (f.output, f.reduces, f.elementwise) for name, f in facts.items()}
+    assert got == {"gemm": ("matmul", False, False), "relu": ("same_shape", False, True),
+                   "softmax": ("same_shape", True, False), "row_sum": ("reduced", True, False),
+                   "linear_gelu": ("matmul", False, False), "conv": ("convolution", False, False),
+                   "gather_rows": ("other", False, False),
+                   "item": ("unknown", False, False)}  # .item() has no value on the meta device
+    assert [(i.name, i.dtype, i.domain) for i in facts["gather_rows"].inputs] == [
+        ("table", "float32", "fixed"), ("idx", "int64", "fixed")]
+    assert [(i.name, i.dtype) for i in facts["item"].inputs] == [("x", "float32")]
+    for name in TASK_NAMES:
+        f = task_facts(_task(name))
+        assert (f.output, f.reduces) == ("scalar", True), name
+        assert [i.integer for i in f.inputs] == [False, name == "cross_entropy"] + [False] * (name == "triplet")
+
+
+def test_an_integer_input_without_a_declared_domain_still_gets_its_dtype_hint(tmp_path):
+    notes = _notes(render("one_shot.j2", _kernelbench(tmp_path, "gather_rows"), "cuda", PROMPTS))
+    assert "`idx` is int64 (`torch.long`). Read it as `int64_t`" in notes
+    assert "class indices" not in notes and "reduction" not in notes
+
+
+def test_a_task_the_meta_device_cannot_run_gets_only_the_neutral_notes(tmp_path):
+    notes = _notes(render("one_shot.j2", _kernelbench(tmp_path, "item"), "cuda", PROMPTS))
+    for hint in LOSS_HINTS + ("matrix product", "one pass over memory", "Return a tensor"):
+        assert hint not in notes, hint
+    assert "read every element" in notes and "Do not call torch.nn.functional" in notes
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nraise RuntimeError('no')\n")
+    assert task_facts(load_file(broken)) == TaskFacts()  # the judge, not the prompt, says why
+
+
+def test_the_evolve_prompt_gets_the_same_task_notes(tmp_path):
+    from pipeline.feedback import ParentView, render_evolve
+
+    gemm = _kernelbench(tmp_path, "gemm")
+    parents = [ParentView(code="class ModelNew: pass", time_ms=1.0)]
+    text = render_evolve("evolve.j2", PROMPTS, gemm.name, gemm.source, "cuda", 1, parents)
+    assert _notes(text) == _notes(render("one_shot.j2", gemm, "cuda", PROMPTS))
+    loss = render_evolve("evolve.j2", PROMPTS, "cross_entropy", _task().source, "cpu", 1, parents)
+    assert "`targets` is int64" in _notes(loss) and "matrix product" not in _notes(loss)
