@@ -50,6 +50,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--train", default=None, help="dtypes to run the training loop in (default: --dtypes), from "
                                                    "the correct attempts in --db, earlier calls' included")
+    ap.add_argument("--pairs", default=None, help="task:dtype pairs to judge instead of every task in every dtype")
+    ap.add_argument("--train-tasks", default=None, help="tasks to run the training loop for (default: --tasks)")
+    ap.add_argument("--train-size", default=None, help="the loop's size (default: the size judged); a kernel "
+                    "that passed at every shape drawn is used at any shape of that rank (its envelope)")
     args = ap.parse_args()
     cfg = load_config(ROOT / args.config)
     work = Path(tempfile.mkdtemp(prefix="kgen-grad-"))
@@ -82,7 +86,7 @@ def main() -> int:
     for dtype in [d for d in args.dtypes.split(",") if d]:
         settings = cfg.evaluation.model_copy(update={"grad": True, "dtype": dtype})
         for t in names:
-            if not built[t].ok:
+            if not built[t].ok or (args.pairs and f"{t}:{dtype}" not in args.pairs.split(",")):
                 continue
             task = tasks.discover(ROOT / "reference_tasks", [t])[0]
             size = (CPU_SIZES if args.backend == "cpu" else SIZES)[t]
@@ -102,11 +106,12 @@ def main() -> int:
             print(f"GRAD {t} {dtype} size={bench.size_name} verdict={r.verdict.value} flags={[f.value for f in r.flags]} "
                   f"ms={r.time_ms} eager={e.median_ms if e else None} compile={c.median_ms if c else None} "
                   f"x_eager={r.speedup_eager} x_compile={r.speedup_compile} floor_frac={r.floor_fraction} "
-                  f"sizes={r.sizes} ({spread}) error={r.error} wall={time.monotonic() - s:.1f}s", flush=True)
+                  f"sizes={r.sizes} ({spread}) error={r.error} wall={time.monotonic() - s:.1f}s "
+                  f"prepare={bench.phases} eval={r.phases}", flush=True)
     rows = {(r["task"], r["dtype"]) for r in store.attempts(verdict="correct") if r.get("grad")}
     store.close()
     for dtype in (args.train or args.dtypes).split(","):
-        for t in names:
+        for t in (args.train_tasks or args.tasks).split(","):
             if (t, dtype) in rows:
                 train(t, dtype, args, db_path, generated, builds)
     return 0
@@ -117,7 +122,7 @@ def train(t: str, dtype: str, args, db_path: Path, generated: Path, builds: Path
     the reference Model, same start, same steps, alternating repeats; ms per step and the end state."""
     device = "cuda" if args.backend == "cuda" else "cpu"
     task = tasks.discover(ROOT / "reference_tasks", [t])[0]
-    size = (CPU_SIZES if args.backend == "cpu" else SIZES)[t]
+    size = args.train_size or (CPU_SIZES if args.backend == "cpu" else SIZES)[t]
     module = tasks.load_module(task, size, dtype)
     loss_lib = library.load(t, db=db_path, backend=args.backend, generated_dir=generated, builds_dir=builds,
                             grad=True, dtype=dtype)
@@ -150,7 +155,7 @@ def train(t: str, dtype: str, args, db_path: Path, generated: Path, builds: Path
         ref_ms.append(ms)
     diff = ((p_lib.double() - p_ref.double()).abs().max() / p_ref.double().abs().max()).item()
     ratios = sorted(r / l for l, r in zip(lib_ms, ref_ms))
-    print(f"TRAIN {t} {dtype} kernel={loss_lib.entry.code_hash if loss_lib.entry else None} "
+    print(f"TRAIN {t} {dtype} size={size} kernel={loss_lib.entry.code_hash if loss_lib.entry else None} "
           f"backward_verified={bool(loss_lib.entry and loss_lib.entry.envelope.backward)} steps={args.steps} "
           f"library {statistics.median(lib_ms):.4g} ms/step ({min(lib_ms):.4g}-{max(lib_ms):.4g}) "
           f"plain {statistics.median(ref_ms):.4g} ms/step ({min(ref_ms):.4g}-{max(ref_ms):.4g}) "
