@@ -6,9 +6,14 @@
 Layout of an export:
     kernels/<task>/<code_hash>.py    the kernel sources, as evaluated
     tasks/<task>/<sha16>.py          the reference files they were validated against
-    manifest.json                    per task, best first: provenance, numbers, validated envelope
+    manifest.json                    per task, best first: provenance, numbers, validated envelope,
+                                     whether it beats torch.compile too; what was left out, and why
     kgen.lock                        every file above -> sha256
     builds/<code_hash>/              created on first load: the per-hash extension build cache
+
+Only kernels verified faster than eager are exported (leaderboard.faster, the rule the library
+uses); each records whether it is also faster than torch.compile (beats_compile), which decides
+whether the library runs it in compiled callers.
 
 The lock guards against files changed or swapped after export (an edit, a bad merge, a partial
 copy). It is not a signature: whoever can rewrite the files can rewrite the lock.
@@ -27,7 +32,7 @@ from pydantic import Field
 
 from .kernels import (EVALUATOR_VERSION, KernelEntry, LibraryError, _Record, device_kind, entry_from_attempt,
                       sha256_text)
-from .leaderboard import is_verified, rank_key
+from .leaderboard import is_verified, not_faster_reason, rank_key
 from .child.tasks import TaskError
 
 LOCK = "kgen.lock"
@@ -46,16 +51,17 @@ class ExportedKernel(KernelEntry):
 class Manifest(_Record):
     """manifest.json of an export."""
 
-    kgen_export: int = 1
-    """Format version of this file."""
+    kgen_export: int = 2
+    """Format version of this file (1: kernels carry no beats_eager/beats_compile verdicts)."""
     evaluator_version: str = EVALUATOR_VERSION
     """Version of the checks every kernel here passed."""
     created_utc: str = ""
     """When the export was written."""
     tasks: dict[str, list[ExportedKernel]] = Field(default_factory=dict)
-    """Per task, one kernel per device kind and torch version, best first."""
+    """Per task, one kernel per device kind and torch version, best first; each verified faster than eager."""
     skipped: list[str] = Field(default_factory=list)
-    """Verified attempts that were left out, and why (a source file missing or changed)."""
+    """Verified attempts that were left out, and why (a source file missing or changed, or not
+    verified faster than eager: one line per task and device kind, naming the best of those)."""
 
 
 def _sha256_bytes(data: bytes) -> str:
@@ -74,7 +80,7 @@ def _prepare(out_dir: Path) -> None:
 
 
 def export_best(db: str | Path, out_dir: str | Path, *, generated_dir: str | Path = "generated") -> Manifest:
-    """Write the best verified kernel per task, device kind and torch version into `out_dir`."""
+    """Write the best verified kernel faster than eager per task, device kind and torch version into `out_dir`."""
     from .store import Store
 
     db, out_dir, generated_dir = Path(db), Path(out_dir), Path(generated_dir)
@@ -92,11 +98,15 @@ def export_best(db: str | Path, out_dir: str | Path, *, generated_dir: str | Pat
         files: dict[str, str] = {}
         _prepare(out_dir)
         for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
-            for row in sorted(groups[key], key=rank_key):  # the best one whose source is intact
-                kernel = _export_one(store, row, generated_dir, out_dir, files, manifest.skipped)
+            slow: list[str] = []  # "attempt: reason" of each verified kernel here not faster than eager
+            for row in sorted(groups[key], key=rank_key):  # the best one faster than eager, source intact
+                kernel = _export_one(store, row, generated_dir, out_dir, files, manifest.skipped, slow)
                 if kernel:
                     manifest.tasks.setdefault(row["task"], []).append(kernel)
                     break
+            if slow:  # one line per group: a long run can hold dozens of slow kernels for one task
+                more = f" (and {len(slow) - 1} more left out for the same reason)" if len(slow) > 1 else ""
+                manifest.skipped.append(f"{key[0]} {slow[0]}{more}")
         for kernels in manifest.tasks.values():
             kernels.sort(key=lambda k: rank_key({"speedup_eager": k.speedup_eager, "time_ms": k.time_ms,
                                                  "id": k.attempt_id}))
@@ -110,7 +120,7 @@ def export_best(db: str | Path, out_dir: str | Path, *, generated_dir: str | Pat
 
 
 def _export_one(store, row: dict, generated_dir: Path, out_dir: Path, files: dict[str, str],
-                skipped: list[str]) -> ExportedKernel | None:
+                skipped: list[str], slow: list[str]) -> ExportedKernel | None:
     path = generated_dir / f"{row['code_hash']}.py"
     if not path.is_file():
         skipped.append(f"{row['task']} attempt {row['id']}: {path} is missing")
@@ -128,6 +138,10 @@ def _export_one(store, row: dict, generated_dir: Path, out_dir: Path, files: dic
         entry = entry_from_attempt(store.attempt(row["id"]), task_row["source"], sha)
     except (LibraryError, TaskError) as exc:  # a reference that cannot be described at that size
         skipped.append(f"{row['task']} attempt {row['id']}: {exc}")
+        return None
+    if not entry.beats_eager:
+        slow.append(f"attempt {row['id']}: " + not_faster_reason(entry.code_hash, entry.device, "eager", entry.time_ms,
+                                                                 entry.time_p75_ms, entry.eager_ms))
         return None
     rel_source = f"kernels/{row['task']}/{row['code_hash']}.py"
     rel_task = f"tasks/{row['task']}/{entry.task_sha256[:16]}.py"

@@ -19,6 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from .child import tasks
+from .leaderboard import faster
 from .records import Flag
 
 # The evaluate.EVALUATOR_VERSION the kernels in this tree were judged by; kept here so that the
@@ -125,6 +126,15 @@ class KernelEntry(_Record):
     """compile_ms / time_ms."""
     floor_fraction: float | None = None
     """floor_ms / time_ms: 1.0 is the bandwidth floor."""
+    time_p75_ms: float | None = None
+    """75th percentile of the kernel's timed blocks: what leaderboard.faster compares (None in
+    manifests written before it was recorded)."""
+    beats_eager: bool | None = None
+    """Verified faster than eager by leaderboard.faster; the library and the export use no kernel
+    that is not (None: recorded before the rule, so the library applies it to the numbers above)."""
+    beats_compile: bool | None = None
+    """Verified faster than torch.compile of the reference by the same rule: only then does the
+    library run it when the caller is compiled (None: no compile time, or recorded before the rule)."""
     envelope: Envelope
     """Where the kernel may be used."""
 
@@ -207,6 +217,7 @@ def entry_from_attempt(attempt: dict[str, Any], task_source: str, source_sha256:
                                parse_size(attempt["size"]), result.dtype)
     envelope = envelope_for(module, attempt["size"], attempt["backend"], attempt["device"] or "",
                             passed_shape_trials(result), backward=result.grad, sizes=result.sizes)
+    p75 = result.timing.p75_ms if result.timing else None
     return KernelEntry(
         task=attempt["task"], task_sha256=sha256_text(task_source), code_hash=attempt["code_hash"],
         sha256=source_sha256, attempt_id=attempt["id"], run_id=attempt["run_id"], model=attempt["model"],
@@ -214,7 +225,8 @@ def entry_from_attempt(attempt: dict[str, Any], task_source: str, source_sha256:
         torch_version=attempt["torch_version"] or "", cuda_version=attempt["cuda_version"],
         grad=result.grad, dtype=result.dtype, **{k: attempt[k] for k in ("time_ms", "eager_ms", "compile_ms", "floor_ms", "speedup_eager",
                                    "speedup_compile", "floor_fraction")},
-        envelope=envelope)
+        time_p75_ms=p75, beats_eager=faster(attempt["time_ms"], p75, attempt["eager_ms"]),
+        beats_compile=faster(attempt["time_ms"], p75, attempt["compile_ms"]), envelope=envelope)
 
 
 def outside(envelope: Envelope, args: tuple) -> tuple[str, str] | None:

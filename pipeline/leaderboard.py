@@ -3,8 +3,10 @@
     rows = store.attempts(verdict="correct")
     board = best_rows(rows)            # fastest verified attempt per task, backend, device and size
     ranked = sorted(filter(is_verified, rows), key=rank_key)   # what the library replays first
+    faster(row["time_ms"], p75_ms, row["eager_ms"])            # verified faster than eager?
 
-Shared by `kgen best`, the report and the kernel library, so that "best" means one thing.
+Shared by `kgen best`, `kgen export --best`, the report and the kernel library, so that "best",
+"verified" and "faster" each mean one thing.
 """
 
 from __future__ import annotations
@@ -50,3 +52,57 @@ def rank_key(row: dict[str, Any]) -> tuple:
     """
     speedup = row.get("speedup_eager")
     return (-(speedup if speedup is not None else 0.0), row["time_ms"], row["id"])
+
+
+# "Faster", the library's and the export's one rule. The evaluator times a kernel and its baselines
+# in interleaved blocks of calls and keeps, for each, the median and quartiles of the block means
+# (records.Timing). A median ratio a little above 1 can be the machine's noise, so:
+#
+#   A kernel is FASTER than a baseline when its 75th-percentile block time is below the baseline's
+#   median (p75_ms < base_ms): three quarters of its timed blocks beat the baseline's typical block.
+#
+# Where a record has no quartile (a manifest written before this rule), its median speedup must be
+# at least MEDIAN_ONLY_SPEEDUP instead. The baseline is eager for every caller; torch.compile's is the
+# second bar when the caller itself is compiled (torch.compile tracing the library's module). A
+# kernel not faster than eager is never loaded nor exported; one faster than eager but not than
+# torch.compile runs in eager calls only. A task whose reference did not compile has no compile
+# time: the eager verdict then stands for compiled callers too (library.selection).
+MEDIAN_ONLY_SPEEDUP = 1.1
+
+
+def faster(time_ms: float | None, p75_ms: float | None, base_ms: float | None) -> bool | None:
+    """The rule above; None when there is no baseline time to compare with."""
+    if time_ms is None or base_ms is None or time_ms <= 0:
+        return None
+    if p75_ms is None:
+        return base_ms / time_ms >= MEDIAN_ONLY_SPEEDUP
+    return p75_ms < base_ms
+
+
+def not_faster_reason(code_hash: str, device: str, baseline: str, time_ms: float, p75_ms: float | None,
+                      base_ms: float | None) -> str:
+    """One line saying why `faster` said no (or could not say), for warnings, describe() and export."""
+    if base_ms is None:
+        return f"kernel {code_hash} has no {baseline} time on {device} to compare with"
+    head = f"kernel {code_hash} verified {base_ms / time_ms:.2f}x {baseline} on {device}"
+    if base_ms <= time_ms:
+        return f"{head}: slower than {baseline}"
+    if p75_ms is None:
+        return f"{head}: under the {MEDIAN_ONLY_SPEEDUP}x a median-only record needs to count as faster"
+    return (f"{head}, within its timing spread (p75 {p75_ms:.3g} ms, {baseline} median {base_ms:.3g} ms): "
+            f"not reliably faster than {baseline}")
+
+
+def p75_of(store, ids: Iterable[str]) -> dict[str, float | None]:
+    """The kernel's 75th-percentile time per attempt id, from result_json (Store.attempts() hides it)."""
+    from .records import EvalResult
+
+    ids = list(ids)
+    out: dict[str, float | None] = {}
+    for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+        chunk = ids[start:start + 500]
+        sql = f"SELECT id, result_json FROM attempts WHERE id IN ({', '.join('?' * len(chunk))})"
+        for row in store.db.query(sql, chunk):
+            timing = EvalResult.model_validate_json(row["result_json"]).timing
+            out[row["id"]] = timing.p75_ms if timing else None
+    return out

@@ -17,6 +17,12 @@ one eager forward more than plain PyTorch; the first call that wants a gradient 
 imported into this process, deliberately: the user chose to run a kernel the evaluator verified.
 Its extension builds once into builds/<code_hash> (an export's builds/<code_hash>) and is reused.
 Set KGEN_DISABLE=1 to run every reference instead.
+
+The library only accelerates: a kernel is used only where it was verified faster than eager on this
+device kind, torch, dtype and mode, and in calls that torch.compile traces only where it was also
+verified faster than torch.compile (leaderboard.faster is the rule; pipeline/selection.py applies
+it). Otherwise the reference runs; load() warns once when a kernel is left out as slower, and
+describe(task) (or module.describe()) says which kernel runs where, and why not.
 """
 
 from __future__ import annotations
@@ -24,13 +30,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import os
 import re
 import sys
 import threading
 import types
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,124 +44,22 @@ import torch
 
 from .backends import GPU_BACKENDS
 from .child import tasks
-from .export import export_best, open_export, task_row_of
-from .kernels import (KernelEntry, LibraryError, device_kind, entry_from_attempt, outside, parse_size,
-                      sha256_text, task_file)
-from .leaderboard import is_verified, rank_key
+from .export import export_best
+from .kernels import KernelEntry, LibraryError, outside, parse_size, sha256_text, task_file
+from .selection import Choice, Description, description, from_db, from_export, here
 
-__all__ = ["load", "functional", "export_best", "LibraryError", "KgenFallbackWarning", "KgenModule"]
+__all__ = ["load", "functional", "describe", "export_best", "LibraryError", "KgenFallbackWarning", "KgenModule",
+           "Description"]
 
 DEFAULT_DB = Path("db/kgen.db")
 _lock = threading.RLock()
 _KERNELS: dict[str, types.ModuleType] = {}  # kernel source sha256 -> imported module
 _OPS: dict[str, Any] = {}                    # op name -> torch.ops packet
+_LOADS = itertools.count()                   # numbers each load's task module
 
 
 class KgenFallbackWarning(UserWarning):
     """A call ran the reference instead of a kernel; the message says why."""
-
-
-@dataclass
-class _Choice:
-    """What load() found: the reference to fall back on and, maybe, a kernel to run."""
-
-    task: str
-    task_source: str
-    size: str
-    entry: KernelEntry | None = None
-    kernel_source: str | None = None
-    kernel_path: Path | None = None
-    build_dir: Path | None = None
-    reasons: list[tuple[str, str]] = field(default_factory=list)
-
-
-def _here(backend: str | None) -> tuple[str, str]:
-    backend = backend or ("cuda" if torch.cuda.is_available() else "cpu")
-    if backend in GPU_BACKENDS and not torch.cuda.is_available():  # an interpreted Triton kernel never pays
-        raise LibraryError(f"backend {backend}: no CUDA device is visible")
-    return backend, device_kind(backend, torch.cuda.get_device_name() if backend in GPU_BACKENDS else "cpu")
-
-
-def _fits(backend: str, kind: str, row_backend: str, row_device: str, torch_version: str | None,
-          cuda_version: str | None) -> bool:
-    if row_backend != backend or device_kind(row_backend, row_device or "") != kind:
-        return False
-    if torch_version != torch.__version__:
-        return False
-    return backend != "cuda" or cuda_version == torch.version.cuda
-
-
-def _none_here(backend: str, kind: str, elsewhere: int) -> tuple[str, str]:
-    note = f" ({elsewhere} verified for other devices or torch versions)" if elsewhere else ""
-    return "no_kernel", f"no verified kernel for {kind} ({backend}) with torch {torch.__version__}{note}"
-
-
-def _mode_key(grad: bool | None, row_grad: bool) -> int | None:
-    """None: a row of the other mode, skipped; else its place (gradient-mode kernels first when
-    either will do: their forward passed the same checks, and they bring a backward)."""
-    if grad is not None and row_grad != grad:
-        return None
-    return 0 if row_grad else 1
-
-
-def _from_db(task: str, db: Path, backend: str, kind: str, generated: Path, builds: Path,
-             grad: bool | None = None, dtype: str = "float32") -> _Choice:
-    from .store import Store
-
-    if not db.is_file():
-        raise LibraryError(f"{db}: no database (run `kgen run`, or pass export_dir=)")
-    store = Store.open(db)
-    try:
-        newest = store.attempts(task=task, limit=1)
-        if not newest:
-            raise LibraryError(f"{db}: no attempts for task {task!r}")
-        verified = [r for r in store.attempts(task=task, verdict="correct") if is_verified(r)
-                    and (r.get("dtype") or "float32") == dtype and _mode_key(grad, bool(r.get("grad"))) is not None]
-        here = sorted((r for r in verified if _fits(backend, kind, r["backend"], r["device"], r["torch_version"],
-                                                     r["cuda_version"])),
-                      key=lambda r: (_mode_key(grad, bool(r.get("grad"))), rank_key(r)))
-        reasons = []
-        for row in here:
-            path = generated / f"{row['code_hash']}.py"
-            task_row = task_row_of(store, row["task_id"])
-            if not path.is_file() or task_row is None:
-                reasons.append(("missing", f"attempt {row['id']}: {path} or its task source is missing"))
-                continue
-            source = path.read_text()
-            if sha256_text(source)[:16] != row["code_hash"]:
-                raise LibraryError(f"{path}: its content does not hash to its name (changed after evaluation)")
-            entry = entry_from_attempt(store.attempt(row["id"]), task_row["source"], sha256_text(source))
-            return _Choice(task, task_row["source"], row["size"], entry, source, path,
-                           builds / row["code_hash"], reasons)
-        if not here:
-            reasons.append(_none_here(backend, kind, len(verified)))
-        task_row = task_row_of(store, newest[0]["task_id"])
-        if task_row is None:
-            raise LibraryError(f"{db}: the reference source of task {task!r} is not in the database")
-        return _Choice(task, task_row["source"], newest[0]["size"], reasons=reasons)
-    finally:
-        store.close()
-
-
-def _from_export(task: str, export_dir: Path, backend: str, kind: str, grad: bool | None = None,
-                 dtype: str = "float32") -> _Choice:
-    manifest, read = open_export(export_dir)
-    kernels = manifest.tasks.get(task)
-    if not kernels:
-        known = ", ".join(sorted(manifest.tasks)) or "none"
-        raise LibraryError(f"{export_dir}: no kernel for task {task!r} in this export (has: {known})")
-    ours = sorted((k for k in kernels if k.dtype == dtype and _mode_key(grad, k.grad) is not None),
-                  key=lambda k: _mode_key(grad, k.grad))  # stable: best first within a mode
-    for k in ours:
-        if _fits(backend, kind, k.backend, k.device, k.torch_version, k.cuda_version):
-            source = read(k.source)
-            if sha256_text(source) != k.sha256:
-                raise LibraryError(f"{export_dir / k.source}: sha256 differs from manifest.json; refusing to load it")
-            entry = KernelEntry(**k.model_dump(exclude={"source", "reference"}))
-            return _Choice(task, read(k.reference), k.size, entry, source, Path(export_dir) / k.source,
-                           Path(export_dir) / "builds" / k.code_hash)
-    return _Choice(task, read(kernels[0].reference), kernels[0].size,
-                   reasons=[_none_here(backend, kind, len(kernels))])
 
 
 @contextlib.contextmanager
@@ -163,20 +67,15 @@ def _prebuilt(build_dir: Path):
     """Where kgen's build stage already built this kernel, load that binary (the one the evaluator
     verified) and never build again: a fast build (pipeline/headers.py) compiled with an include
     path this process does not add, so torch would see other flags and rebuild it from nothing, a
-    minute on the H100. As the evaluation child does (harness.load_prebuilt_only), torch is told its
-    build lock is held elsewhere, so it imports what is there; for this import only."""
+    minute on the H100. As the evaluation child does (pipeline.child.prebuilt), torch imports what is
+    there; for this import only."""
     if not any(build_dir.glob("*/*.so")):
         yield
         return
-    from torch.utils import file_baton
+    from .child.prebuilt import load_only
 
-    saved = file_baton.FileBaton.try_acquire, file_baton.FileBaton.wait
-    file_baton.FileBaton.try_acquire = lambda self: False
-    file_baton.FileBaton.wait = lambda self: None
-    try:
+    with load_only():
         yield
-    finally:
-        file_baton.FileBaton.try_acquire, file_baton.FileBaton.wait = saved
 
 
 def import_kernel(source: str, code_hash: str, path: Path, build_dir: Path) -> types.ModuleType:
@@ -334,6 +233,8 @@ class KgenModule(torch.nn.Module):
         self._cuda_ok: dict[int, bool] = {}
         self._verdicts: dict[tuple, tuple[str, str] | None] = {}
         self.direct: Callable | None = None  # the kernel model itself, for eager calls without autograd
+        self.compiled = True  # run the kernel when torch.compile traces this module (else the reference)
+        self.description: Description | None = None
         self._op_name = f"kgen::{re.sub(r'[^0-9A-Za-z_]', '_', task)}_{entry.code_hash}" if entry else ""
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
@@ -341,8 +242,12 @@ class KgenModule(torch.nn.Module):
             args = self._signature.bind(*args, **kwargs).args
         why = self._why_not(args)
         if why is None:
-            wants_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
             compiling = torch.compiler.is_compiling()  # dynamo cannot trace warnings.warn
+            if compiling and not self.compiled:
+                # Not verified faster than torch.compile: let the caller's compile take the reference
+                # (decided while tracing, so compiled code has no branch; describe() says why).
+                return self.reference(*args)
+            wants_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
             if wants_grad and not self.entry.envelope.backward and "backward" not in self._warned and not compiling:
                 self._warned.add("backward")
                 warnings.warn(f"kgen {self.task}: kernel {self.entry.code_hash} was verified forward only; gradients "
@@ -395,10 +300,16 @@ class KgenModule(torch.nn.Module):
             self._warned.add(kind)
             warnings.warn(f"kgen {self.task}: {message}; running the reference", KgenFallbackWarning, stacklevel=4)
 
+    def describe(self) -> Description | None:
+        """Which kernel this module runs in eager and in compiled calls, and why the reference runs
+        where it does (as library.describe, plus what happened at import)."""
+        return self.description
+
     def extra_repr(self) -> str:
         if self.entry is None:
             return f"task={self.task}, kernel=None"
-        return f"task={self.task}, kernel={self.entry.code_hash}, x_eager={self.entry.speedup_eager}"
+        return (f"task={self.task}, kernel={self.entry.code_hash}, x_eager={self.entry.speedup_eager}, "
+                f"compiled={self.compiled}")
 
 
 def _module_class(task: str, reference: torch.nn.Module) -> type:
@@ -421,35 +332,51 @@ def _own_rng(backend: str):
     return torch.random.fork_rng(devices=devices)
 
 
-def load(task: str, *, db: str | Path | None = None, export_dir: str | Path | None = None,
-         backend: str | None = None, generated_dir: str | Path = "generated",
-         builds_dir: str | Path = "builds", grad: bool | None = None, dtype: str = "float32") -> KgenModule:
-    """A module for `task` backed by its best verified kernel for this device, torch and backend.
-
-    From an export when export_dir is given (no database needed), else from the database.
-    Outside the kernel's envelope, with no verified kernel, or with KGEN_DISABLE=1, calls run the
-    reference Model, with one KgenFallbackWarning per reason. `dtype`: kernels verified in that
-    dtype (float32, bfloat16, float16). `grad`: True, only kernels whose backward was verified;
-    False, only forward-mode ones; None, a backward-verified kernel where there is one.
-    """
-    backend, kind = _here(backend)
+def _plan(task: str, db, export_dir, backend: str | None, generated_dir, builds_dir, grad: bool | None,
+          dtype: str) -> tuple[Choice, Any, torch.nn.Module, list[tuple[str, str]], str, str]:
+    """load() up to importing the kernel: the choice, the task module, the reference and the reasons."""
+    backend, kind = here(backend)
     if export_dir is not None:
-        choice = _from_export(task, Path(export_dir), backend, kind, grad, dtype)
+        choice = from_export(task, Path(export_dir), backend, kind, grad, dtype)
     else:
-        choice = _from_db(task, Path(db) if db else DEFAULT_DB, backend, kind, Path(generated_dir),
-                          Path(builds_dir), grad, dtype)
-    size = parse_size(choice.size)
-    module = tasks.load_module(task_file(task, f"{task}.py", choice.task_source), size, dtype)
+        choice = from_db(task, Path(db) if db else DEFAULT_DB, backend, kind, Path(generated_dir),
+                         Path(builds_dir), grad, dtype)
+    module = tasks.load_module(task_file(task, f"{task}.py", choice.task_source), parse_size(choice.size), dtype)
     with _own_rng(backend):
         reference = tasks.make_model(module, module.Model, 0, "cpu")
-    op, direct, reasons = None, None, list(choice.reasons)
+    reasons = list(choice.reasons)
     if any(True for _ in reference.parameters()) or any(True for _ in reference.buffers()):
         # The op sees only forward's arguments: parameters would get no gradient and go stale.
         reasons.insert(0, ("parameters", "the reference Model has parameters or buffers, which kernels here "
                                          "do not take"))
     elif os.environ.get("KGEN_DISABLE") == "1":
         reasons.insert(0, ("disabled", "KGEN_DISABLE=1"))  # nothing imported, nothing built
-    elif choice.entry is not None:
+    return choice, module, reference, reasons, backend, kind
+
+
+def load(task: str, *, db: str | Path | None = None, export_dir: str | Path | None = None,
+         backend: str | None = None, generated_dir: str | Path = "generated",
+         builds_dir: str | Path = "builds", grad: bool | None = None, dtype: str = "float32") -> KgenModule:
+    """A module for `task` backed by its best verified kernel for this device, torch and backend.
+
+    From an export when export_dir is given (no database needed), else from the database. Only a
+    kernel verified faster than eager is used (leaderboard.faster), and in calls torch.compile traces
+    only one also faster than torch.compile. Outside the kernel's envelope, with no verified kernel,
+    none faster, or with KGEN_DISABLE=1, calls run the reference Model, with one KgenFallbackWarning
+    per reason (a kernel left out as slower is warned about here, at load). `dtype`: kernels verified
+    in that dtype (float32, bfloat16, float16). `grad`: True, only kernels whose backward was verified;
+    False, only forward-mode ones; None, a backward-verified kernel where there is one.
+    module.describe() says which kernel runs where, and why not.
+    """
+    choice, module, reference, reasons, backend, kind = _plan(task, db, export_dir, backend, generated_dir,
+                                                              builds_dir, grad, dtype)
+    # torch.compile, tracing the reference (the fallback inside a compiled caller), imports the
+    # module its forward's globals name: make that name importable, one per load (sizes differ).
+    module.__name__ = f"{module.__name__}_{next(_LOADS)}"
+    sys.modules[module.__name__] = module
+    op, direct = None, None
+    refused = any(k in ("parameters", "disabled") for k, _ in reasons)
+    if choice.entry is not None and not refused:
         try:
             kernel = import_kernel(choice.kernel_source, choice.entry.code_hash, choice.kernel_path,
                                    choice.build_dir)
@@ -465,7 +392,23 @@ def load(task: str, *, db: str | Path | None = None, export_dir: str | Path | No
                                          f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"))
     module_ = _module_class(task, reference)(task, reference, op, choice.entry if op else None, reasons)
     module_.direct = direct
+    module_.description = description(choice, backend, kind, dtype, reasons, loaded=op is not None)
+    module_.compiled = module_.description.compiled
+    slower = next((message for k, message in reasons if k == "slower"), None)
+    if slower and not refused:  # it decides for every call: say it now, once, not at the first call
+        module_._warned.add("slower")
+        warnings.warn(f"kgen {task}: {slower}; running the reference", KgenFallbackWarning, stacklevel=2)
     return module_
+
+
+def describe(task: str, *, db: str | Path | None = None, export_dir: str | Path | None = None,
+             backend: str | None = None, generated_dir: str | Path = "generated", builds_dir: str | Path = "builds",
+             grad: bool | None = None, dtype: str = "float32") -> Description:
+    """Which kernel load(task, ...) would run in eager and in compiled calls, and why the reference
+    runs where it does, without importing or building anything (a kernel that then fails to build
+    runs the reference: the loaded module's describe() says so). print() it for a few lines."""
+    choice, _, _, reasons, backend, kind = _plan(task, db, export_dir, backend, generated_dir, builds_dir, grad, dtype)
+    return description(choice, backend, kind, dtype, reasons, loaded=choice.entry is not None)
 
 
 def functional(task: str, **kwargs) -> Callable:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 
 from pipeline import library
 from pipeline.export import LOCK, MANIFEST
+from pipeline.kernels import KernelEntry
 from pipeline.library import KgenFallbackWarning, LibraryError
 from pipeline.records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
 from pipeline.store import Store
@@ -62,25 +64,26 @@ def _timing(ms: float) -> Timing:
     return Timing(median_ms=ms, p25_ms=ms, p75_ms=ms, n=20)
 
 
-def _result(shape_trials: bool, verdict: Verdict = Verdict.correct) -> EvalResult:
+def _result(shape_trials: bool, verdict: Verdict = Verdict.correct, kernel: Timing | None = None, eager: float = 1.0,
+            compiled: float = 0.8) -> EvalResult:
     trials = [TrialResult(index=i, variant=v, ok=True) for i, v in enumerate(("base", "scaled", "heavy"))]
     if shape_trials:
         trials.append(TrialResult(index=3, variant="scaled@odd", ok=True))
     if verdict != Verdict.correct:
         return EvalResult(verdict=verdict, error="mismatch", trials=trials[:1], device="cpu: Test CPU",
                           torch_version=torch.__version__)
-    return EvalResult(verdict=verdict, trials=trials, timing=_timing(0.5),
-                      baselines=Baselines(eager=_timing(1.0), compiled=_timing(0.8), floor_ms=0.1),
+    return EvalResult(verdict=verdict, trials=trials, timing=kernel or _timing(0.5),
+                      baselines=Baselines(eager=_timing(eager), compiled=_timing(compiled), floor_ms=0.1),
                       device="cpu: Test CPU", torch_version=torch.__version__)
 
 
-def _db(path: Path, shape_trials: bool = True, verdict: Verdict = Verdict.correct) -> Path:
+def _db(path: Path, shape_trials: bool = True, verdict: Verdict = Verdict.correct, **timings) -> Path:
     with Store.open(path) as store:
         run = store.start_run("{}", "[]", "cpu", "cpu: Test CPU", torch.__version__, None)
         task_id = store.upsert_task("mse", str(MSE_TASK), MSE_TASK.read_text())
         store.save_attempt(run_id=run, task_id=task_id, task="mse", model="m1", sample=0, backend="cpu",
                            template="t", completion_id=None, code_hash=CODE_HASH,
-                           result=_result(shape_trials, verdict), size="small")
+                           result=_result(shape_trials, verdict, **timings), size="small")
     return path
 
 
@@ -242,6 +245,7 @@ def test_export_round_trip_without_database(tmp_path, dirs):
     (kernel,) = manifest.tasks["mse"]
     assert (kernel.code_hash, kernel.backend, kernel.size) == (CODE_HASH, "cpu", "small")
     assert (kernel.speedup_eager, kernel.speedup_compile, kernel.time_ms) == (2.0, 1.6, 0.5)
+    assert (kernel.beats_eager, kernel.beats_compile, kernel.time_p75_ms) == (True, True, 0.5)
     assert kernel.floor_fraction == pytest.approx(0.2)
     assert kernel.sha256 == hashlib.sha256(KERNEL.encode()).hexdigest()
     assert kernel.envelope.inputs[0].shape == [256, 4096] and kernel.envelope.output.shape == []
@@ -250,7 +254,7 @@ def test_export_round_trip_without_database(tmp_path, dirs):
     for rel, sha in lock.items():
         assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == sha
     on_disk = json.loads((out / MANIFEST).read_text())
-    assert on_disk["evaluator_version"] == "1"
+    assert on_disk["evaluator_version"] == "1" and on_disk["kgen_export"] == 2
     assert on_disk["tasks"]["mse"][0]["torch_version"] == torch.__version__
 
     for f in tmp_path.glob("kgen.db*"):
@@ -301,3 +305,127 @@ def test_load_leaves_the_callers_rng_alone(tmp_path, dirs):
     mse = library.load("mse", db=_db(tmp_path / "kgen.db"), backend="cpu", **dirs)
     assert mse.op is not None
     assert torch.equal(torch.get_rng_state(), before)
+
+
+# The library only accelerates (leaderboard.faster): a verified kernel slower than eager is never
+# run or exported; one faster than eager but not than torch.compile runs in eager calls only. The
+# stored times are the test's own; the kernel is the session's one real build.
+
+def re_full(pattern: str, text: str | None) -> bool:
+    return text is not None and re.fullmatch(pattern, text) is not None
+
+
+SLOW = {"kernel": _timing(1.5)}                                            # 0.67x eager
+NOISY = {"kernel": Timing(median_ms=0.9, p25_ms=0.8, p75_ms=1.05, n=20)}   # 1.11x, p75 above eager's median
+EAGER_ONLY = {"kernel": _timing(0.5), "compiled": 0.4}                     # 2x eager, 0.8x torch.compile
+
+
+@pytest.mark.parametrize("timings, why", [
+    (SLOW, f"kernel {CODE_HASH} verified 0.67x eager on cpu: Test CPU: slower than eager"),
+    (NOISY, f"kernel {CODE_HASH} verified 1.11x eager on cpu: Test CPU, within its timing spread "
+            r"\(p75 1.05 ms, eager median 1 ms\): not reliably faster than eager")], ids=["slower", "within_spread"])
+def test_kernel_not_faster_than_eager_runs_the_reference_and_says_why(tmp_path, dirs, timings, why):
+    db = _db(tmp_path / "kgen.db", **timings)
+    with pytest.warns(KgenFallbackWarning, match=f"^kgen mse: {why}; running the reference$") as seen:
+        mse = library.load("mse", db=db, backend="cpu", **dirs)
+    assert len([w for w in seen if issubclass(w.category, KgenFallbackWarning)]) == 1
+    assert mse.op is None and mse.entry is None and mse.direct is None
+    p, t = _inputs(256, 4096)  # inside the envelope: only the speed keeps the kernel out
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KgenFallbackWarning)  # said once, at load
+        assert torch.equal(mse(p, t), _ref(p, t))
+        assert not _ran_kernel(mse, p, t)
+    described = library.describe("mse", db=db, backend="cpu", **dirs)
+    assert described == mse.describe()
+    assert (described.kernel, described.eager, described.compiled) == (CODE_HASH, False, False)
+    assert described.speedup_eager == pytest.approx(1.0 / timings["kernel"].median_ms)
+    assert re_full(why, described.eager_reason) and described.compiled_reason == described.eager_reason
+    text = str(described)
+    assert text.splitlines()[0] == f"kgen mse on cpu (cpu), float32, torch {torch.__version__}"
+    assert re_full(f"  eager calls: the reference; {why}", text.splitlines()[1])
+
+
+def test_kernel_slower_than_torch_compile_runs_in_eager_calls_only(tmp_path, dirs):
+    db = _db(tmp_path / "kgen.db", **EAGER_ONLY)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KgenFallbackWarning)
+        mse = library.load("mse", db=db, backend="cpu", **dirs)
+        p, t = _inputs(256, 4096)
+        assert _ran_kernel(mse, p, t)
+        torch._dynamo.reset()
+        compiled = torch.compile(mse, backend="aot_eager", fullgraph=True)
+        torch.testing.assert_close(compiled(p, t), _ref(p, t))
+        assert not _ran_kernel(compiled, p, t)  # the caller's compile took the reference
+    described = mse.describe()
+    assert (described.eager, described.compiled, described.eager_reason) == (True, False, None)
+    assert described.compiled_reason == (f"kernel {CODE_HASH} verified 0.80x torch.compile on cpu: Test CPU: "
+                                         "slower than torch.compile")
+    lines = str(described).splitlines()
+    assert lines[1] == f"  eager calls: kernel {CODE_HASH} (2.00x eager, attempt {described.attempt})"
+    assert lines[2] == f"  compiled calls: the reference; {described.compiled_reason}"
+    assert lines[3] == ("  inside: float32[256, 4096], float32[256, 4096] (any shape of the same rank, contiguous; "
+                        "sizes small); the reference's backward")
+
+
+def test_cli_best_and_export_keep_slow_kernels_out(tmp_path, dirs):
+    from click.testing import CliRunner
+
+    from pipeline.inspect_cli import best, export
+
+    slow, eager_only = _db(tmp_path / "slow.db", **SLOW), _db(tmp_path / "eager_only.db", **EAGER_ONLY)
+    for db, beats, word in ((slow, [False, False], "no"), (eager_only, [True, False], "eager"),
+                            (_db(tmp_path / "fast.db"), [True, True], "both")):
+        as_json = CliRunner().invoke(best, ["--db", str(db), "--json"])
+        assert as_json.exit_code == 0, as_json.output
+        row = json.loads(as_json.stdout)
+        assert [row["code_hash"], row["beats_eager"], row["beats_compile"]] == [CODE_HASH, *beats]
+        table = CliRunner().invoke(best, ["--db", str(db)])
+        assert re_full(rf"(?s).*\bmse\b.*{row['speedup_eager']:.3g} .*{row['speedup_compile']:.3g} .* {word} .*",
+                       table.stdout), table.stdout
+
+    out = tmp_path / "export"
+    result = CliRunner().invoke(export, ["--db", str(slow), "--best", str(out), "--generated",
+                                         str(dirs["generated_dir"])])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"wrote 0 kernels to {out}\n"
+    with Store.open(slow) as store:
+        (attempt,) = store.attempts()
+    reason = f"mse attempt {attempt['id']}: kernel {CODE_HASH} verified 0.67x eager on cpu: Test CPU: slower than eager"
+    assert result.stderr == f"skipped {reason}\n"
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert (manifest["tasks"], manifest["skipped"]) == ({}, [reason])
+    assert set(json.loads((out / LOCK).read_text())) == {MANIFEST}  # no kernel file written either
+
+    result = CliRunner().invoke(export, ["--db", str(eager_only), "--best", str(out), "--generated",
+                                         str(dirs["generated_dir"])])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == (f"mse: {CODE_HASH} x2 eager, x0.8 compile (eager calls only: not faster "
+                                             f"than torch.compile) on cpu: Test CPU (torch {torch.__version__})")
+    (kernel,) = json.loads((out / MANIFEST).read_text())["tasks"]["mse"]
+    assert (kernel["beats_eager"], kernel["beats_compile"]) == (True, False)
+    mse = library.load("mse", export_dir=out, backend="cpu")  # the export's verdicts drive the library too
+    assert (mse.describe().eager, mse.describe().compiled) == (True, False) and mse.compiled is False
+
+
+def test_records_without_verdicts_use_the_median_only_margin():
+    """An export written before the rule (kgen_export 1) has no quartile and no verdicts: its median
+    speedup must be at least MEDIAN_ONLY_SPEEDUP."""
+    from pipeline.leaderboard import MEDIAN_ONLY_SPEEDUP, faster
+    from pipeline.selection import speed_reasons
+
+    assert faster(1.0, None, MEDIAN_ONLY_SPEEDUP) is True and faster(1.0, None, 1.05) is False
+    assert faster(1.0, 0.99, 1.0) is True and faster(1.0, 1.0, 1.0) is False and faster(1.0, 0.5, None) is None
+    entry = KernelEntry.model_validate(json.loads(json.dumps(_OLD_ENTRY)))
+    assert speed_reasons(entry) == (None, None)
+    close = entry.model_copy(update={"eager_ms": 1.05, "compile_ms": None})
+    why, why_compiled = speed_reasons(close)
+    assert why == why_compiled == (f"kernel {CODE_HASH} verified 1.05x eager on cpu: under the 1.1x a median-only "
+                                   "record needs to count as faster")
+
+
+_OLD_ENTRY = {  # a manifest entry as kgen_export 1 wrote it
+    "task": "mse", "task_sha256": "0" * 64, "code_hash": CODE_HASH, "sha256": "1" * 64, "attempt_id": "A",
+    "run_id": "R", "model": "m1", "size": "small", "backend": "cpu", "device": "cpu", "torch_version": "2",
+    "time_ms": 1.0, "eager_ms": 2.0, "compile_ms": 1.5, "speedup_eager": 2.0, "speedup_compile": 1.5,
+    "envelope": {"backend": "cpu", "device": "cpu", "inputs": [], "output": {"dtype": "float32", "shape": []},
+                 "shape_general": True}}
