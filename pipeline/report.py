@@ -1,9 +1,11 @@
-"""`kgen report`: one self-contained HTML page (inline CSS and SVG, no script, no network).
+"""`kgen report`: one self-contained HTML page (inline CSS, plotly.js and figure JSON; no network).
 
     html = render(store.attempts(run=run_id), source="db/kgen.db", run=run_id)
 
-The numbers are computed here and drawn as plain SVG shapes by the template; every chart has a
-table beside it with the same numbers as text, so the page can be checked, searched and diffed.
+The numbers are computed here, the figures are built in report_charts.py, and the template lays them
+out; every chart has a table beside it with the same numbers as text, so the page can be checked,
+searched and diffed. Text from models, tasks and candidates is escaped (Jinja autoescape in the tables,
+report_charts._text in the charts).
 """
 
 from __future__ import annotations
@@ -15,22 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from plotly.offline import get_plotlyjs
 
 from .leaderboard import best_rows
 from .records import Verdict
+from .report_charts import (VERDICT_COLOURS, fast_p_figure, floor_speedup, search_figure, speedup_figure,
+                            verdict_figure)
 
-MAX_BARS = 40  # attempts drawn per task chart (the table lists all)
+MAX_BARS = 40  # correct attempts drawn per task chart, best first (the task's table lists every attempt)
+ERROR_CHARS = 300  # an error cell shows this much of the error; `kgen show ID` has all of it
 
-# One fixed colour per verdict, so a colour means the same thing in every report.
-VERDICT_COLOURS = {
-    "correct": "#228833", "mismatch": "#ee7733", "wrong_shape": "#cc6677", "wrong_dtype": "#aa4499",
-    "wrong_type": "#882255", "non_finite": "#ddcc77", "inputs_mutated": "#999933", "nondeterministic": "#44aa99",
-    "impossible_timing": "#000000", "extract_failed": "#bbbbbb", "build_failed": "#cc3311",
-    "build_timeout": "#ee3377", "load_failed": "#661100", "runtime_error": "#ee6677", "timeout": "#0077bb",
-    "crashed": "#33bbee", "model_error": "#777777", "waiting_gpu": "#dddddd",
-    "no_gradient": "#117733", "missing_gradient": "#88ccee", "wrong_gradient": "#882200",
-}
-EAGER, COMPILE = "#4477aa", "#ee6677"
+__all__ = ["render", "report_data", "fast_p", "search_data", "floor_speedup", "MAX_BARS"]
 
 
 def _nice_step(span: float, target: int = 5) -> float:
@@ -40,95 +37,50 @@ def _nice_step(span: float, target: int = 5) -> float:
     return next(m * base for m in (1, 2, 5, 10) if m * base >= raw)
 
 
-def _ticks(top: float) -> list[float]:
-    step = _nice_step(top)
-    return [round(i * step, 10) for i in range(int(top / step + 1e-9) + 1)]
-
-
-def floor_speedup(row: dict[str, Any]) -> float | None:
-    """The speedup over eager a kernel running at the bandwidth floor would have: eager_ms / floor_ms."""
-    if row.get("eager_ms") and row.get("floor_ms"):
-        return row["eager_ms"] / row["floor_ms"]
-    return None
-
-
-def _task_chart(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Two bars per correct attempt (x eager, x compile) and a floor mark over each pair."""
-    shown = rows[:MAX_BARS]
-    values = [v for r in shown for v in (r["speedup_eager"], r["speedup_compile"], floor_speedup(r)) if v]
-    ticks = _ticks(max(values + [1.0]) * 1.1)
-    top = ticks[-1] if ticks[-1] > 0 else 1.0
-    left, height, bar, group = 48, 200, 12, 34
-    width = left + group * len(shown) + 10
-
-    def y(v: float) -> float:
-        return round(10 + height * (1 - v / top), 2)
-
-    bars, floors, labels = [], [], []
-    for i, r in enumerate(shown):
-        x = left + 5 + group * i
-        for j, (key, colour) in enumerate((("speedup_eager", EAGER), ("speedup_compile", COMPILE))):
-            v = r[key]
-            if v is not None:
-                bars.append({"x": x + j * bar, "y": y(v), "w": bar, "h": round(10 + height - y(v), 2),
-                             "fill": colour, "title": f"#{i + 1} {r['model']} {key} {v:.2f}"})
-        f = floor_speedup(r)
-        if f is not None:
-            floors.append({"x1": x - 3, "x2": x + 2 * bar + 3, "y": y(f), "title": f"#{i + 1} floor x{f:.2f}"})
-        labels.append({"x": x + bar, "text": str(i + 1)})
-    return {"width": width, "height": height + 40, "base": 10 + height, "left": left, "right": width - 10,
-            "ticks": [{"y": y(t), "text": f"{t:g}"} for t in ticks], "one": y(1.0) if top >= 1 else None,
-            "bars": bars, "floors": floors, "labels": labels, "cut": len(rows) - len(shown)}
-
-
-def _verdict_chart(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per model, one bar of 100%: a segment per verdict, in the enum's order."""
+def _verdict_rank(verdict: str) -> int:
     order = [v.value for v in Verdict]
+    return order.index(verdict) if verdict in order else len(order)
+
+
+def _task(task: str, mine: list[dict[str, Any]]) -> dict[str, Any]:
+    """One task: its correct attempts best first (numbered as in its chart), then every other attempt by
+    verdict, and the chart of the best MAX_BARS correct ones."""
+    correct = sorted((r for r in mine if r["verdict"] == "correct"),
+                     key=lambda r: (-(r["speedup_eager"] or 0.0), r["id"]))
+    rest = sorted((r for r in mine if r["verdict"] != "correct"), key=lambda r: (_verdict_rank(r["verdict"]), r["id"]))
+    listed = [{"rank": i, "row": r} for i, r in enumerate(correct, 1)] + [{"rank": None, "row": r} for r in rest]
+    return {"name": task, "attempts": len(mine), "correct": correct, "listed": listed,
+            "figure": speedup_figure(correct[:MAX_BARS]) if correct else None,
+            "cut": max(0, len(correct) - MAX_BARS)}
+
+
+def _verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per model, how many attempts ended in each verdict."""
     by_model: dict[str, Counter] = {}
     for r in rows:
         by_model.setdefault(r["model"], Counter())[r["verdict"]] += 1
-    left, width, bar = 170, 460, 22
-    models = []
-    for k, (model, counts) in enumerate(sorted(by_model.items())):
-        total, x = sum(counts.values()), float(left)
-        segments = []
-        for verdict in order + sorted(set(counts) - set(order)):
-            if counts.get(verdict):
-                w = width * counts[verdict] / total
-                segments.append({"x": round(x, 2), "w": round(w, 2), "fill": VERDICT_COLOURS.get(verdict, "#aaaaaa"),
-                                 "title": f"{model}: {verdict} {counts[verdict]} of {total}"})
-                x += w
-        models.append({"model": model, "y": 8 + k * (bar + 8), "h": bar, "total": total, "segments": segments,
-                       "counts": counts})
-    seen = [v for v in order if any(m["counts"].get(v) for m in models)]
-    return {"models": models, "verdicts": seen, "colours": VERDICT_COLOURS, "left": left, "width": left + width + 10,
-            "height": 16 + len(models) * (bar + 8)}
+    models = [{"model": m, "counts": c, "total": sum(c.values())} for m, c in sorted(by_model.items())]
+    seen = sorted({v for m in models for v in m["counts"]}, key=lambda v: (_verdict_rank(v), v))
+    return {"models": models, "verdicts": seen, "colours": VERDICT_COLOURS,
+            "figure": verdict_figure(models) if models else None}
 
 
 def fast_p(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """fast_p: the share of all attempts that are correct with a speedup above p, for a grid of p."""
+    """fast_p: the share of all attempts that are correct with a speedup above p, over eager and over
+    torch.compile; a table at a 1-2-5 grid of p, and the exact step curves for the chart."""
     n = len(rows)
     correct = [r for r in rows if r["verdict"] == "correct"]
-    top = max([v for r in correct for v in (r["speedup_eager"], r["speedup_compile"]) if v] + [1.0])
+    eager = [r["speedup_eager"] for r in correct if r["speedup_eager"] is not None]
+    compiled = [r["speedup_compile"] for r in correct if r["speedup_compile"] is not None]
+    top = max(eager + compiled + [1.0])
     step = _nice_step(top, 20)
     grid = [round(i * step, 10) for i in range(int(math.ceil(top / step - 1e-9)) + 1)]
     points = []
     for p in grid:
-        e = sum(1 for r in correct if r["speedup_eager"] is not None and r["speedup_eager"] > p)
-        c = sum(1 for r in correct if r["speedup_compile"] is not None and r["speedup_compile"] > p)
+        e, c = sum(v > p for v in eager), sum(v > p for v in compiled)
         points.append({"p": p, "eager_n": e, "compile_n": c, "eager": e / n if n else 0.0,
                        "compile": c / n if n else 0.0})
-    left, width, height, pmax = 48, 480, 200, grid[-1] or 1.0
-
-    def xy(p: float, f: float) -> str:
-        return f"{left + width * p / pmax:.2f},{10 + height * (1 - f):.2f}"
-
-    return {"n": n, "points": points, "left": left, "width": left + width + 10, "height": height + 40,
-            "base": 10 + height, "right": left + width,
-            "eager_line": " ".join(xy(q["p"], q["eager"]) for q in points),
-            "compile_line": " ".join(xy(q["p"], q["compile"]) for q in points),
-            "xticks": [{"x": round(left + width * t / pmax, 2), "text": f"{t:g}"} for t in _ticks(pmax) if t <= pmax],
-            "yticks": [{"y": round(10 + height * (1 - f), 2), "text": f"{f:g}"} for f in (0, 0.25, 0.5, 0.75, 1)]}
+    return {"n": n, "points": points, "figure": fast_p_figure(eager, compiled, n, grid[-1]) if n else None}
 
 
 def _step(row: dict[str, Any], evolve: bool) -> int:
@@ -172,21 +124,24 @@ def search_data(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def report_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    tasks = []
-    for task in sorted({r["task"] for r in rows}):
-        mine = [r for r in rows if r["task"] == task]
-        correct = sorted((r for r in mine if r["verdict"] == "correct"),
-                         key=lambda r: (-(r["speedup_eager"] or 0.0), r["id"]))
-        tasks.append({"name": task, "attempts": len(mine), "correct": correct,
-                      "chart": _task_chart(correct) if correct else None})
+    search = search_data(rows)
     return {"n": len(rows), "n_correct": sum(r["verdict"] == "correct" for r in rows),
             "models": sorted({r["model"] for r in rows}), "runs": sorted({r["run_id"] for r in rows}),
-            "tasks": tasks, "best": best_rows(rows), "verdicts": _verdict_chart(rows), "fast_p": fast_p(rows),
-            "search": search_data(rows)}
+            "tasks": [_task(t, [r for r in rows if r["task"] == t]) for t in sorted({r["task"] for r in rows})],
+            "best": best_rows(rows), "verdicts": _verdicts(rows), "fast_p": fast_p(rows), "search": search,
+            "search_figure": search_figure(search) if search else None}
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _error(value: str | None) -> str:
+    """An error as one short cell: its first line, cut at ERROR_CHARS (escaped later, by the template)."""
+    if not value:
+        return ""
+    line = value.strip().splitlines()[0] if value.strip() else ""
+    return line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS] + "…"
 
 
 def render(rows: list[dict[str, Any]], *, source: str = "", run: str | None = None) -> str:
@@ -194,7 +149,12 @@ def render(rows: list[dict[str, Any]], *, source: str = "", run: str | None = No
                              autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
     env.filters["f"] = _fmt
+    env.filters["error"] = _error
+    # Each figure is written as JSON in a <script type="application/json"> block beside its <div>; the
+    # page's one loop hands them to Plotly.newPlot. plotly's to_json writes < > & as \u escapes, so no
+    # text inside can close the block.
+    env.filters["figure_json"] = lambda fig: fig.to_json(remove_uids=True)
     env.globals["floor_speedup"] = floor_speedup
     return env.get_template("report.html.j2").render(
-        d=report_data(rows), source=source, run=run,
+        d=report_data(rows), source=source, run=run, plotly_js=get_plotlyjs(),
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"), max_bars=MAX_BARS)

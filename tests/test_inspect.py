@@ -1,4 +1,5 @@
-"""`kgen best`, `kgen export` and `kgen report` against a real database filled through the Store."""
+"""`kgen best` and `kgen export` against a real database filled through the Store (`kgen report`:
+tests/test_report.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,6 @@ import csv
 import io
 import json
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -16,11 +14,7 @@ from click.testing import CliRunner
 from pipeline.inspect_cli import best, export, report
 from pipeline.leaderboard import best_rows, is_verified, rank_key
 from pipeline.records import Baselines, EvalResult, Flag, Timing, Verdict
-from pipeline.report import report_data
 from pipeline.store import Store
-
-CHROMIUM = Path("/usr/bin/chromium")
-
 
 def _timing(ms: float) -> Timing:
     return Timing(median_ms=ms, p25_ms=ms, p75_ms=ms, n=20)
@@ -60,11 +54,6 @@ def db(tmp_path):
                                           backend=backend, template="t", completion_id=None,
                                           code_hash=f"{key:0<16}"[:16], result=result, size="small")
     return {"path": str(path), "ids": ids, "run_a": run_a, "run_b": run_b}
-
-
-def _tight(html: str) -> str:
-    """The page without whitespace between tags, so table rows read as one string."""
-    return re.sub(r">\s+<", "><", html)
 
 
 def _invoke(command, *args):
@@ -149,56 +138,3 @@ def test_export_csv_to_file(db, tmp_path):
     empty = _invoke(export, "--db", db["path"], "--format", "csv", "--verdict", "timeout")
     assert empty.output.splitlines() == [",".join(header)]
 
-
-def test_report_numbers(db):
-    with Store.open(db["path"]) as store:
-        data = report_data(store.attempts())
-    assert (data["n"], data["n_correct"]) == (7, 5)
-    mse = next(t for t in data["tasks"] if t["name"] == "mse")
-    assert [r["speedup_eager"] for r in mse["correct"]] == [4.0, pytest.approx(3.0), 2.5, 2.0]
-    assert len(mse["chart"]["bars"]) == 8 and len(mse["chart"]["floors"]) == 4
-    points = {p["p"]: p for p in data["fast_p"]["points"]}
-    assert data["fast_p"]["points"][0]["p"] == 0 and data["fast_p"]["points"][-1]["p"] == 4.0
-    assert (points[1.0]["eager_n"], points[1.0]["compile_n"]) == (4, 4)
-    assert (points[2.0]["eager_n"], points[2.0]["compile_n"]) == (3, 1)
-    assert points[2.0]["eager"] == pytest.approx(3 / 7) and points[0]["eager"] == pytest.approx(5 / 7)
-    models = {m["model"]: dict(m["counts"]) for m in data["verdicts"]["models"]}
-    assert models == {"m1": {"correct": 3, "build_failed": 1}, "m2": {"correct": 2, "mismatch": 1}}
-
-
-def test_report_html(db, tmp_path):
-    out = tmp_path / "report.html"
-    result = _invoke(report, "--db", db["path"], "-o", out, "--run", db["run_a"])
-    assert result.exit_code == 0 and result.output == f"wrote {out}: 6 attempts, 2 tasks\n"
-    html = _tight(out.read_text())
-    assert "<script" not in html and "http://" not in html and "https://" not in html
-    assert '<h3 id="task-mse">mse</h3>' in html and '<h3 id="task-hinge">hinge</h3>' in html
-    # mse's best attempt, row 1 of its table: x eager, x compile, floor x eager (1.0 / 0.1), floor fraction.
-    assert re.search(r"<td>2.50</td><td>2.00</td><td>10.00</td><td>0.250</td>", html)
-    assert re.search(r"<td>1</td><td>0.500</td><td>3</td><td>0.500</td><td>3</td>", html)  # fast_p at p = 1
-    assert html.count('class="floor"') == 4 and "<polyline" in html
-    assert db["ids"]["mse_gpu"] not in html  # another run
-    latest = _invoke(report, "--db", db["path"], "-o", out, "--run", "latest")
-    assert latest.output == f"wrote {out}: 1 attempts, 1 tasks\n"
-    bad = _invoke(report, "--db", db["path"], "-o", out, "--run", "NOPE")
-    assert bad.exit_code == 1 and bad.output == "Error: no run with id NOPE\n"
-
-
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium")
-def test_report_renders_in_chromium(db, tmp_path):
-    out = tmp_path / "report.html"
-    assert _invoke(report, "--db", db["path"], "-o", out).exit_code == 0
-    profile = tmp_path / "chromium-profile"
-    dom = subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-         "--dump-dom", out.as_uri()],
-        capture_output=True, text=True, timeout=120).stdout
-    dom = _tight(dom)
-    shutil.rmtree(profile, ignore_errors=True)
-    assert '<span id="n-attempts">7</span>' in dom and '<span id="n-correct">5</span>' in dom
-    for task in ("mse", "hinge"):
-        assert f'<h3 id="task-{task}">{task}</h3>' in dom
-    assert re.search(r"<td>2.50</td><td>2.00</td><td>10.00</td><td>0.250</td>", dom)
-    assert re.search(r"<td>0.50</td><td>0.40</td><td>2.00</td><td>0.250</td>", dom)  # hinge: floor 1.0/0.5
-    assert dom.count("<rect") == 2 * 5 + 4  # 2 bars x 5 correct attempts, 4 verdict segments
