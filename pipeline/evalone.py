@@ -26,14 +26,16 @@ def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
 def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cfg: Config | None,
                   store: bool = True, on_size: Callable[[str, dict[str, int]], None] | None = None,
                   notice: Callable[[str], None] | None = None, grad: bool | None = None,
-                  dtype: str | None = None) -> tuple[EvalResult, str | None]:
+                  dtype: str | None = None, db_path: Path | None = None) -> tuple[EvalResult, str | None]:
     """Build, check and time the file; returns the result and, when stored, the attempt id.
 
     The size is checked first: a size the task does not have, or one that does not fit in memory,
     is a tasks.SizeError (a ValueError, one line) before anything is written, built or started.
     `on_size` gets the size's effective name (what is stored) and its dimensions (tasks.size_dims);
     `notice` a line for anything slow that happens once (precompiling headers for fast builds).
-    `grad` and `dtype`, where given, override the config's evaluation.grad and evaluation.dtype."""
+    `grad` and `dtype`, where given, override the config's evaluation.grad and evaluation.dtype;
+    `db_path` the config's database. The result is stored as a run of its own, of kind "eval", which
+    the leaderboard, report and library leave out unless asked for it."""
     import torch
 
     from .store import Store
@@ -57,7 +59,8 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     code_path = generated / f"{code_hash}.py"
     if not code_path.exists():
         code_path.write_text(code)
-    db = Store.open(cfg.path(cfg.database) if cfg else Path("db/kgen.db")) if store else None
+    db_path = db_path or (cfg.path(cfg.database) if cfg else Path("db/kgen.db"))
+    db = Store.open(db_path) if store else None
     gpus = ["0"] if backends.on_gpu(backend) else []
     built = build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
                               settings.build_timeout_s, extra_env=build_stage.build_env(gpus),
@@ -79,7 +82,7 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     if not db:
         return result, None
     run_id = db.start_run(json.dumps({"eval": str(path)}), "[]", backend, result.device or backend,
-                          torch.__version__, torch.version.cuda, note=f"kgen eval {path}")
+                          torch.__version__, torch.version.cuda, note=f"kgen eval {path}", kind="eval")
     task_id = db.upsert_task(task.name, str(task.path), task.source)
     attempt_id = db.save_attempt(run_id=run_id, task_id=task_id, task=task.name, model="(file)", sample=0,
                                  backend=backend, template="-", completion_id=None, code_hash=code_hash,

@@ -5,7 +5,9 @@
     kgen export --best dist/kgen-kernels
     kgen report --output report.html --run latest
 
-Registered on the `main` group in cli.py; everything here only reads the database.
+Registered on the `main` group in cli.py; everything here only reads the database, which each
+command finds the same way (-c/--config, --db: pipeline.cliopts). `kgen eval` results are left out
+unless --evals (or --run naming their run) asks for them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-db_option = click.option("--db", default="db/kgen.db", show_default=True, type=click.Path(dir_okay=False),
-                         help="The SQLite database.")
+from .cliopts import database_options, nothing_matched, open_store, resolve_run
+
+evals_option = click.option("--evals", is_flag=True, help="Also `kgen eval` results (kept apart from batch runs).")
 
 BEST_KEYS = ("task", "backend", "device", "size", "time_ms", "eager_ms", "compile_ms", "floor_ms",
              "speedup_eager", "speedup_compile", "floor_fraction", "model", "run", "attempt", "code_hash",
@@ -28,26 +31,12 @@ BEST_KEYS = ("task", "backend", "device", "size", "time_ms", "eager_ms", "compil
 
 
 def _store(db: str):
-    from .store import Store, StoreError
-
-    # Store.open would create a new, empty database: a typo in --db must not look like "no results".
-    if not Path(db).is_file():
-        raise click.ClickException(f"{db}: no database (run `kgen run` first, or pass --db)")
-    try:
-        return Store.open(db)
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from None
+    # Never creates a database: a typo in --db must not look like "no results".
+    return open_store(db)
 
 
-def _run_id(store, run_id: str | None) -> str | None:
-    if run_id == "latest":
-        latest = store.latest_run_id()
-        if latest is None:
-            raise click.ClickException("the database has no runs yet")
-        return latest
-    if run_id is not None and store.get_run(run_id) is None:
-        raise click.ClickException(f"no run with id {run_id}")
-    return run_id
+def _run_id(store, run_id: str | None, evals: bool = False) -> str | None:
+    return resolve_run(store, run_id, evals)
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:
@@ -55,7 +44,7 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
 
 
 @click.command()
-@db_option
+@database_options
 @click.option("--task", default=None, help="Only this task.")
 @click.option("--backend", type=click.Choice(["cuda", "triton", "cpu"]), default=None, help="Only this backend.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -111,24 +100,31 @@ def _columns(store) -> list[str]:
 
 
 @click.command()
-@db_option
+@database_options
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
 @click.option("-o", "--output", default="-", show_default=True, help="A file, or - for stdout.")
-@click.option("--run", "run_id", default=None, help="Only this run (an id; 'latest' for the newest).")
+@click.option("--run", "run_id", default=None, help="Only this run (an id; 'latest' for the newest batch run).")
 @click.option("--verdict", default=None, help="Only this verdict (correct, mismatch, build_failed, ...).")
+@evals_option
 @click.option("--best", "best_dir", default=None, type=click.Path(file_okay=False),
               help="Instead: write the best verified kernels as a self-contained, hash-locked package here.")
-@click.option("--generated", default="generated", show_default=True,
-              help="Where generated code lives (read by --best).")
-def export(db: str, fmt: str, output: str, run_id: str | None, verdict: str | None, best_dir: str | None,
-           generated: str) -> None:
+@click.option("--generated", default=None,
+              help="Where generated code lives (read by --best) [default: the config's generated_dir].")
+def export(db: str, config: str | None, fmt: str, output: str, run_id: str | None, verdict: str | None,
+           evals: bool, best_dir: str | None, generated: str | None) -> None:
     """Write stored attempts as JSONL or CSV, or (--best DIR) the best kernels as a package."""
+    from .cliopts import load
+
     if best_dir is not None:
-        _export_best(db, best_dir, generated)
+        cfg = load(config)
+        _export_best(db, best_dir, generated or str(cfg.path(cfg.generated_dir) if cfg else "generated"))
         return
     with _store(db) as store:
-        rows = store.attempts(run=_run_id(store, run_id), verdict=verdict)
+        run_id = _run_id(store, run_id, evals)
+        rows = store.attempts(run=run_id, verdict=verdict, evals=evals)
         columns = _columns(store)
+    if not rows:  # the file (or stdout) still gets what an empty export is: nothing, or a CSV header
+        click.echo(nothing_matched("attempts", {"run": run_id, "verdict": verdict, "database": db}), err=True)
     with click.open_file(output, "w") as f:
         if fmt == "jsonl":
             for r in rows:
@@ -163,15 +159,20 @@ def _export_best(db: str, out_dir: str, generated: str) -> None:
 
 
 @click.command()
-@db_option
+@database_options
 @click.option("-o", "--output", default="report.html", show_default=True, help="The HTML file to write.")
-@click.option("--run", "run_id", default=None, help="Only this run (an id; 'latest' for the newest).")
-def report(db: str, output: str, run_id: str | None) -> None:
+@click.option("--run", "run_id", default=None, help="Only this run (an id; 'latest' for the newest batch run).")
+@evals_option
+def report(db: str, output: str, run_id: str | None, evals: bool) -> None:
     """Write a self-contained HTML report: speedups per task, outcomes per model, fast_p curves."""
     from .report import render
 
     with _store(db) as store:
-        run_id = _run_id(store, run_id)
-        rows = store.attempts(run=run_id)
+        run_id = _run_id(store, run_id, evals)
+        rows = store.attempts(run=run_id, evals=evals)
+    if not rows:
+        click.echo(nothing_matched("attempts", {"run": run_id, "database": db}).rstrip(".")
+                   + "; no report written.")
+        return
     Path(output).write_text(render(rows, source=db, run=run_id))
     click.echo(f"wrote {output}: {len(rows)} attempts, {len({r['task'] for r in rows})} tasks")

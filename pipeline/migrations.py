@@ -249,3 +249,13 @@ def m007_grad_dtype(db: sqlite_utils.Database) -> None:
         attempts.add_column("grad", int, not_null_default=0)
     if "dtype" not in attempts.columns_dict:
         attempts.add_column("dtype", str, not_null_default="float32")
+
+
+@migration
+def m008_run_kind(db: sqlite_utils.Database) -> None:
+    # A run is a batch (`kgen run`) or one `kgen eval` (issue 16): eval results are kept out of the
+    # leaderboard, report and library unless asked for. Eval runs from before were noted as such.
+    runs = db["runs"]
+    if "kind" not in runs.columns_dict:
+        runs.add_column("kind", str, not_null_default="batch")
+        db.execute("UPDATE runs SET kind = 'eval' WHERE note LIKE 'kgen eval %'")

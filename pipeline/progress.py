@@ -1,15 +1,62 @@
-"""Live progress of a batch, one bar per stage, fed by the runner's events."""
+"""Progress of a batch, fed by the runner's events: live bars in a terminal, plain lines in a pipe.
+
+    with Progress(console) as progress:
+        Runner(cfg, store, on_event=progress.event).run()
+
+Both say first what the run is (new or resumed, how many attempts, what is already stored) and
+roughly how long its builds take. In a terminal, one bar per stage whose total is what is really
+queued, the attempts stored before a resume included (a resumed run never shows 0/0). Piped (CI,
+a log file), one line per event that matters (an answer came, a build ended, a verdict, an attempt
+stored) and, every `interval` seconds, one line of counts per stage, so a log never goes quiet
+while builds run. Names and errors came from a config, a model or a compiler: plain.visible.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, ProgressColumn, \
     TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
+from .plain import visible
 from .records import EvalResult, Verdict
+from .tables import short_error
+
+# What a first build costs, from docs/benchmarks.md: the bundled demo's 13 C++ builds took 11.5 min
+# on a fresh 2-core clone; nvcc builds averaged 88 s (20-96 s). Triton compiles in the child.
+BUILD_COST = {
+    "cpu": "a C++ extension (g++ through load_inline) takes about 30-90 s to build on 2 cores, and the "
+           "very first build also precompiles torch's headers (about a minute)",
+    "cuda": "a CUDA extension (nvcc through load_inline) takes about 20-100 s to build",
+}
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What a run is about to do: the first thing Progress reports."""
+
+    run_id: str
+    resumed: bool
+    tasks: int
+    models: int
+    samples: int
+    backend: str
+    strategy: str
+    stored: int
+    """Attempts of this run already in the database (a resume does not redo them)."""
+    todo: int
+    """Slots still to do (a search's later turns come on top)."""
+    build_workers: int | None = None
+    """Builds at once, where the executor says."""
+
+
+STAGES = (("model", "model answers"), ("build", "builds"), ("eval", "evaluations"), ("attempt", "attempts stored"))
+
 
 class RateColumn(ProgressColumn):
     """Items finished per minute at this stage."""
@@ -18,63 +65,168 @@ class RateColumn(ProgressColumn):
         return Text(f"{task.speed * 60:.1f}/min" if task.speed else "-/min")
 
 
-class QueuedColumn(ProgressColumn):
-    """Items entered into this stage and not finished yet."""
-
-    def render(self, task) -> Text:
-        return Text(f"{int((task.total or 0) - task.completed)} queued")
-
-
-STAGES = (("model", "model calls"), ("build", "builds"), ("eval", "evaluations"), ("attempt", "attempts stored"))
-
-
 class Progress:
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, interval: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.console = console
+        self.live = console.is_terminal
+        self.interval = interval
+        self.clock = clock
+        self.started = clock()
         self.bars = RichProgress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(),
-                                 QueuedColumn(), TextColumn("{task.fields[note]}"), RateColumn(),
-                                 TimeElapsedColumn(), TimeRemainingColumn(),
-                                 console=console, transient=False, disable=not console.is_terminal)
+                                 TextColumn("{task.fields[note]}"), RateColumn(), TimeElapsedColumn(),
+                                 TimeRemainingColumn(), console=console, transient=False, disable=not self.live)
         self.ids = {key: self.bars.add_task(label, total=0, note="") for key, label in STAGES}
+        self.total = {key: 0 for key, _ in STAGES}
+        self.done = {key: 0 for key, _ in STAGES}
         self.failed = {key: 0 for key, _ in STAGES}
+        self.before = 0  # attempts stored before this process started (a resume)
+        self.cached = 0  # answers taken from the completion cache
         self.unfit: set[str] = set()
+        self.lock = threading.RLock()  # events come from the runner's loop, lane notices from threads
+        self.stop = threading.Event()
+        self.ticker: threading.Thread | None = None
 
     def __enter__(self) -> "Progress":
+        self.started = self.clock()
         self.bars.__enter__()
+        if not self.live and self.interval > 0:
+            self.ticker = threading.Thread(target=self._tick, name="kgen-progress", daemon=True)
+            self.ticker.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        if self.ticker:
+            self.ticker.join()
         self.bars.__exit__(*exc)
+        if not self.live:
+            self._line("done", self.summary())
 
-    def _grow(self, key: str) -> None:
-        task = self.bars.tasks[self.ids[key]]
-        self.bars.update(self.ids[key], total=(task.total or 0) + 1)
+    def _tick(self) -> None:
+        while not self.stop.wait(self.interval):
+            self._line("progress", self.summary())
 
-    def _done(self, key: str, failed: bool = False) -> None:
-        self.failed[key] += failed
-        note = f"[red]{self.failed[key]} failed[/]" if self.failed[key] else ""
-        self.bars.update(self.ids[key], advance=1, note=note)
+    def summary(self) -> str:
+        """One line of counts per stage."""
+        with self.lock:
+            parts = []
+            for key, label in STAGES:
+                part = f"{label} {self.done[key]}/{self.total[key]}"
+                extra = [f"{self.failed[key]} failed"] if self.failed[key] else []
+                if key == "model" and self.cached:
+                    extra.append(f"{self.cached} from the cache")
+                if key == "attempt" and self.before:
+                    extra.append(f"{self.before} from before")
+                parts.append(part + (f" ({', '.join(extra)})" if extra else ""))
+            return "; ".join(parts)
+
+    def _line(self, what: str, text: str) -> None:
+        """One plain line (piped output), prefixed with the seconds since the run began."""
+        with self.lock:
+            print(f"{self.clock() - self.started:6.0f}s  {what:<9} {visible(text)}", flush=True)
+
+    def _say(self, text: str, style: str = "") -> None:
+        """A line that matters in both modes (the plan, a device taken out of service)."""
+        if self.live:
+            self.bars.console.print(Text(visible(text), style=style))
+        else:
+            self._line("note", text)
+
+    def _count(self, key: str, grow: int = 0, done: int = 0, failed: bool = False) -> None:
+        with self.lock:
+            self.total[key] += grow
+            self.done[key] += done
+            self.failed[key] += bool(done and failed)
+            note = f"{self.failed[key]} failed" if self.failed[key] else ""
+            if key == "attempt" and self.before:
+                note = ", ".join(filter(None, [f"{self.before} from before", note]))
+            if key == "model" and self.cached:
+                note = ", ".join(filter(None, [f"{self.cached} from the cache", note]))
+            self.bars.update(self.ids[key], total=self.total[key], completed=self.done[key],
+                             note=Text(note, style="red" if self.failed[key] else ""))
 
     def event(self, stage: str, slot: Any, info: Any) -> None:
-        grows = {"planned": "attempt", "calling": "model", "building": "build", "evaluating": "eval"}
-        if stage in grows:
-            self._grow(grows[stage])
+        if stage == "started":
+            self._started(info)
+        elif stage == "planned":  # an attempt to make: it needs an answer, then is stored
+            self._count("model", grow=1)
+            self._count("attempt", grow=1)
+        elif stage == "cached":
+            with self.lock:
+                self.cached += 1
+            self._count("model", done=1)
         elif stage == "completed":
-            self._done("model", failed=bool(info.error))
+            self._count("model", done=1, failed=bool(info.error))
+            self._event("answered", slot, f"model call failed: {short_error(info.error)}" if info.error else
+                        f"answer in {info.seconds:.1f} s, {info.usage.completion_tokens} tokens")
+        elif stage == "budget":
+            self._count("model", done=1)
+            self._count("attempt", grow=-1)  # not stored: a run with a larger budget picks it up
+            self._event("skipped", slot, "not asked: the budget is spent")
+        elif stage == "building":
+            self._count("build", grow=1)
         elif stage == "built":
-            self._done("build", failed=not info.ok)
+            self._count("build", done=1, failed=not info.ok)
+            from .build import summary_line
+
+            self._event("built", slot, f"built in {info.seconds:.0f} s" if info.ok else
+                        f"build {'timed out' if info.timed_out else 'failed'} after {info.seconds:.0f} s: "
+                        f"{short_error(summary_line(info))}")
+        elif stage == "evaluating":
+            self._count("eval", grow=1)
         elif stage == "evaluated":
-            self._done("eval", failed=info.verdict is not Verdict.correct)
+            self._count("eval", done=1, failed=info.verdict is not Verdict.correct)
+            self._event("judged", slot, _verdict(info))
+        elif stage == "stored":
+            self._count("attempt", done=1, failed=info.verdict is not Verdict.correct)
+            self._event("stored", slot, info.verdict.value)
         elif stage == "unfit" and info not in self.unfit:  # once per reason, not once per attempt
             self.unfit.add(info)
-            self.bars.console.print(Text(f"device not fit to time: {info}; timings are not trusted until it "
-                                         f"recovers, and a resume re-times these attempts", style="yellow"))
+            self._say(f"device not fit to time: {info}; timings are not trusted until it recovers, and a "
+                      "resume re-times these attempts", style="yellow")
         elif stage == "lane":  # a lane taken out of service (pipeline.lanes)
-            self.bars.console.print(Text(info, style="yellow"))
-        elif stage == "stored":
-            result: EvalResult = info
-            self._done("attempt", failed=result.verdict is not Verdict.correct)
-            if self.bars.disable:  # no terminal (CI, a pipe): one plain line per attempt instead
-                step = (f" / gen {slot.generation}" if getattr(slot, "generation", 0) else "") + (
-                    f" / turn {slot.turn + 1}" if getattr(slot, "turn", 0) else "")
-                print(f"{slot.task.name} / {slot.model.name} / sample {slot.sample}{step}: {result.verdict.value}"
-                      + (f" ({result.error[:120]})" if result.error else ""), flush=True)
+            self._say(str(info), style="yellow")
+
+    def _event(self, what: str, slot: Any, text: str) -> None:
+        if self.live:
+            return  # the bars show it
+        step = (f" / gen {slot.generation}" if getattr(slot, "generation", 0) else "") + (
+            f" / turn {slot.turn + 1}" if getattr(slot, "turn", 0) else "")
+        self._line(what, f"{slot.task.name} / {slot.model.name} / sample {slot.sample}{step}: {text}")
+
+    def _started(self, start: RunStart) -> None:
+        with self.lock:
+            self.before = start.stored
+            self._count("attempt", grow=start.stored, done=start.stored)
+        plan = f"{_n(start.tasks, 'task')} x {_n(start.models, 'model')} x {_n(start.samples, 'sample')} on {start.backend}"
+        if start.strategy != "single":
+            plan += f", {start.strategy} search (later turns are added as they come)"
+        if start.resumed:
+            self._say(f"resuming run {start.run_id}: {plan}; {start.stored} attempts stored before, "
+                      f"{start.todo} slots to do")
+        else:
+            self._say(f"run {start.run_id}: {plan}; {start.todo} slots to do")
+        cost = BUILD_COST.get(start.backend)
+        if cost and start.todo:
+            at_once = f", {start.build_workers} at a time" if start.build_workers else ""
+            self._say(f"each answer's code is built before it is judged{at_once}: {cost}; builds/ keeps "
+                      "them, so a resumed or repeated run reuses them")
+        if not self.live and start.todo:
+            self._say(f"one line per answer, build, verdict and stored attempt; counts every {self.interval:.0f} s")
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _verdict(result: EvalResult) -> str:
+    text = result.verdict.value
+    if result.speedup_eager is not None:
+        text += f", {result.speedup_eager:.3g}x eager"
+    if result.speedup_compile is not None:
+        text += f", {result.speedup_compile:.3g}x torch.compile"
+    if result.flags:
+        text += f" (flags: {', '.join(f.value for f in result.flags)})"
+    if result.error:
+        text += f": {short_error(result.error, 160)}"
+    return text

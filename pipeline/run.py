@@ -25,6 +25,7 @@ from .child import tasks
 from .config import Config, ModelConfig
 from .executor import Executor, make_executor
 from .llm import ChatRequest, Provider, make_provider
+from .progress import RunStart
 from .records import BuildResult, Completion, EvalResult, Verdict
 from .store import Store
 
@@ -123,6 +124,7 @@ class Runner:
         import torch
 
         run_id = None if fresh else self.store.find_run(self.key)
+        resumed = run_id is not None
         if run_id is None:
             config_json = self.cfg.model_dump_json(exclude={"base_dir"})
             plan_json = json.dumps([list(s.key) for s in self.slots])
@@ -135,8 +137,17 @@ class Runner:
         done = self.store.attempt_slots(run_id)
         redo = self._redo(run_id, retry_errors)
         todo = [s for s in self.slots if s.key not in done or s.key in redo]
-        for slot in self.slots:
-            self.on_event("planned" if slot in todo else "skipped", slot, None)
+        single = self.cfg.search.strategy == "single"
+        # A search stores several attempts per slot and plans each turn as it comes (pipeline.search).
+        stored = len(self.slots) - len(todo) if single else len(self.store.attempts(run=run_id))
+        self.on_event("started", None, RunStart(
+            run_id=run_id, resumed=resumed, tasks=len({s.task.name for s in self.slots}),
+            models=len(self.cfg.models), samples=self.cfg.samples, backend=self.backend,
+            strategy=self.cfg.search.strategy, stored=stored, todo=len(todo),
+            build_workers=getattr(self.executor, "workers", None)))
+        if single:
+            for slot in todo:
+                self.on_event("planned", slot, None)
         for t in {s.task.name: s.task for s in self.slots}.values():
             self.task_ids[t.name] = self.store.upsert_task(t.name, str(t.path), t.source)
         self.spent_tokens, self.spent_usd = self.store.run_spending(run_id)
@@ -196,6 +207,7 @@ class Runner:
         key = cache_key(slot.model, messages, slot.sample, slot.backend, slot.task.name, slot.turn)
         cached = self.store.cached_completion(key)
         if cached:
+            self.on_event("cached", slot, cached[1])
             return Answer(cached[0], cached[1], messages)
         # The budget is checked once a call slot is ours, so calls queued behind it see its cost.
         async with self.model_slots[slot.model.name]:

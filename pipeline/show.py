@@ -1,4 +1,8 @@
-"""Rendering one stored attempt for `kgen show`."""
+"""Rendering one stored attempt for `kgen show`.
+
+Everything a model, a candidate or a compiler wrote is shown literally (plain.literal: never rich
+markup, control characters written out as escapes). A failed build's compiler errors come first,
+located in the candidate's file (pipeline.diagnostics), before the log with its Python traceback."""
 
 from __future__ import annotations
 
@@ -6,10 +10,12 @@ import json
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.panel import Panel
 from rich.syntax import Syntax
-from rich.text import Text
+
+from .diagnostics import compiler_errors
+from .plain import literal, visible
+from .tables import short_error
 
 FOLD = 1500  # characters of reasoning and logs shown unless --full
 
@@ -32,7 +38,27 @@ def render_chain(console: Console, a: dict[str, Any], chain: list[dict[str, Any]
         speed = f", {row['speedup_eager']:.3g}x eager" if row.get("speedup_eager") else ""
         lines.append(f"{mark} {row['id']}  gen {row['generation']} child {row['sample']} turn {row['turn'] + 1}: "
                      f"{row['verdict']}{speed}")
-    console.print(Panel(Text("\n".join(lines)), title="search chain (oldest first)"))
+    console.print(Panel(literal("\n".join(lines)), title="search chain (oldest first)"))
+
+
+def render_compiler_errors(console: Console, a: dict[str, Any], code: str | None) -> None:
+    """A failed build's first compiler errors, each with the line of the candidate's file it is on."""
+    build = a.get("build")
+    if build is None or build.ok or not a.get("build_log"):
+        return
+    found = compiler_errors(a["build_log"], code or "", candidate_name=f"{a.get('code_hash')}.py")
+    if not found:
+        return
+    lines = []
+    for d in found:
+        # The file's folders (the build's temp path) push the message off the line; its name is enough.
+        where = ":".join(str(p) for p in (d.file.rsplit("/", 1)[-1], d.line, d.column) if p not in (None, ""))
+        lines.append(f"{where}: error: {d.message}" if where else f"error: {d.message}")
+        if d.candidate_line:
+            lines.append(f"    line {d.candidate_line} of the candidate: {d.source_line or ''}".rstrip())
+        elif d.source_line:
+            lines.append(f"    {d.source_line}")
+    console.print(Panel(literal("\n".join(lines), style="red"), title="compiler errors (first; full log below)"))
 
 
 def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: bool,
@@ -40,27 +66,31 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
     """Everything a model, a candidate or a compiler wrote goes in as Text: shown literally, so a
     completion's "[link=...]" or "[/]" is text, never rich markup."""
     result = a["result"]
-    head = escape(f"attempt {a['id']}  run {a['run_id']}\n"
-                  f"task {a['task']}  model {a['model']}  sample {a['sample']}  backend {a['backend']}  size {a['size']}\n"
-                  "verdict ") + f"[bold]{escape(a['verdict'])}[/]" + escape(
-                      f"  flags {','.join(a['flags'])}" if a.get('flags') else "")
+    head = literal(f"attempt {a['id']}  run {a['run_id']}\n"
+                   f"task {a['task']}  model {a['model']}  sample {a['sample']}  backend {a['backend']}  size {a['size']}\n"
+                   "verdict ")
+    head.append(visible(a["verdict"]), style="bold")
+    head.append(visible(f"  flags {','.join(a['flags'])}" if a.get("flags") else ""))
+    if result.error:
+        head.append("\nerror " + short_error(result.error))
     console.print(Panel(head, title="attempt"))
+    render_compiler_errors(console, a, code)
     render_chain(console, a, chain or [])
-    console.print(Panel(Text(_fold(a.get("prompt"), full)), title="prompt"))
+    console.print(Panel(literal(_fold(a.get("prompt"), full)), title="prompt"))
     if a.get("messages_json"):
         later = json.loads(a["messages_json"])[1:]  # the first is the prompt above
         if later:
             text = "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in later)
-            console.print(Panel(Text(_fold(text, full)), title=f"conversation sent at turn {a['turn'] + 1}"))
+            console.print(Panel(literal(_fold(text, full)), title=f"conversation sent at turn {a['turn'] + 1}"))
     usage = a.get("usage")
     title = "completion" + (f" ({usage.prompt_tokens} in / {usage.completion_tokens} out tokens)" if usage else "")
     if a.get("reasoning"):
-        console.print(Panel(Text(_fold(a["reasoning"], full)), title="reasoning (folded)" if not full else "reasoning"))
-    console.print(Panel(Text(_fold(a.get("completion_text"), full)), title=title))
-    if code:
-        console.print(Panel(Syntax(code, "python", line_numbers=True), title=f"code {a['code_hash']}"))
+        console.print(Panel(literal(_fold(a["reasoning"], full)), title="reasoning (folded)" if not full else "reasoning"))
+    console.print(Panel(literal(_fold(a.get("completion_text"), full)), title=title))
+    if code:  # highlighted, but its text is the candidate's: control characters written out first
+        console.print(Panel(Syntax(visible(code), "python", line_numbers=True, word_wrap=True), title=f"code {a['code_hash']}"))
     if a.get("build_log") is not None:
-        console.print(Panel(Text(_fold(a["build_log"], full)), title="build log"))
+        console.print(Panel(literal(_fold(a["build_log"], full)), title="build log"))
     lines = [f"error: {result.error}"] if result.error else []
     if result.device_unfit:
         lines.append(f"device not fit to time: {result.device_unfit} (timing not trusted)")
@@ -90,6 +120,6 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
             lines.append(f"{name}: {value:.3g}")
     if result.detail:
         lines.append(_fold(result.detail, full))
-    console.print(Panel(Text("\n".join(lines) or "(no detail)"), title="verdict detail"))
+    console.print(Panel(literal("\n".join(lines) or "(no detail)"), title="verdict detail"))
     if a.get("feedback"):
-        console.print(Panel(Text(_fold(a["feedback"], full)), title="feedback (the next user turn)"))
+        console.print(Panel(literal(_fold(a["feedback"], full)), title="feedback (the next user turn)"))

@@ -201,12 +201,14 @@ class Store:
         cuda_version: str | None,
         note: str | None = None,
         key: str | None = None,
+        kind: str = "batch",
     ) -> str:
+        """A new run; `kind` is "batch" (`kgen run`) or "eval" (one `kgen eval`, kept apart)."""
         run_id = new_id()
         self.db["runs"].insert(dict(
             id=run_id, started_utc=_now(), finished_utc=None, status="running",
             config_json=config_json, plan_json=plan_json, backend=backend, device=device,
-            torch_version=torch_version, cuda_version=cuda_version, note=note, key=key,
+            torch_version=torch_version, cuda_version=cuda_version, note=note, key=key, kind=kind,
         ))
         return run_id
 
@@ -229,8 +231,10 @@ class Store:
         return self._one("SELECT * FROM runs WHERE id = ?", [run_id])
 
     @_locked
-    def latest_run_id(self) -> str | None:
-        row = self._one("SELECT id FROM runs ORDER BY started_utc DESC, id DESC LIMIT 1")
+    def latest_run_id(self, evals: bool = False) -> str | None:
+        """The newest batch run (or the newest run of either kind, with `evals`)."""
+        where = "" if evals else "WHERE kind != 'eval' "
+        row = self._one(f"SELECT id FROM runs {where}ORDER BY started_utc DESC, id DESC LIMIT 1")
         return row["id"] if row else None
 
     # tasks and prompts
@@ -414,7 +418,10 @@ class Store:
         flag: str | Flag | None = None,
         limit: int | None = None,
         turn: int | None = None,
+        evals: bool = False,
     ) -> list[dict[str, Any]]:
+        """Attempts, newest first. `kgen eval` results are left out unless `evals` or `run` names
+        their run: one file judged by hand is not a batch result (leaderboard, report, library)."""
         where, params = [], []
         for column, value in (("run_id", run), ("task", task), ("model", model),
                               ("verdict", verdict), ("turn", turn)):
@@ -425,6 +432,8 @@ class Store:
             # flags is stored comma-joined; the padding stops one flag matching inside another.
             where.append("instr(',' || coalesce(flags, '') || ',', ?) > 0")
             params.append(f",{_value(flag)},")
+        if run is None and not evals:
+            where.append("run_id NOT IN (SELECT id FROM runs WHERE kind = 'eval')")
         sql = "SELECT * FROM attempts"
         if where:
             sql += " WHERE " + " AND ".join(where)

@@ -136,5 +136,6 @@ def test_export_csv_to_file(db, tmp_path):
     header = out.read_text().splitlines()[0].split(",")
     assert header[:4] == ["id", "run_id", "task_id", "task"] and header[-1] == "run"
     empty = _invoke(export, "--db", db["path"], "--format", "csv", "--verdict", "timeout")
-    assert empty.output.splitlines() == [",".join(header)]
+    assert empty.stdout.splitlines() == [",".join(header)]  # an empty CSV still has its header
+    assert empty.stderr == "No attempts match verdict timeout.\n"
 
