@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import build as build_stage
-from . import backends, evaluate, health
+from . import backends, evaluate, health, sandbox
 from .child import tasks
 from .config import Config, EvalConfig
 from .records import EvalResult, Verdict
@@ -36,10 +36,6 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     `grad` and `dtype`, where given, override the config's evaluation.grad and evaluation.dtype;
     `db_path` the config's database. The result is stored as a run of its own, of kind "eval", which
     the leaderboard, report and library leave out unless asked for it."""
-    import torch
-
-    from .store import Store
-
     task = _task(task_name, cfg)
     chosen_size = size or (cfg.tasks.size if cfg else tasks.DEFAULT_SIZE)
     module = tasks.load_module(task, chosen_size, dtype)
@@ -60,8 +56,30 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     if not code_path.exists():
         code_path.write_text(code)
     db_path = db_path or (cfg.path(cfg.database) if cfg else Path("db/kgen.db"))
-    db = Store.open(db_path) if store else None
+    # On a GPU the candidate's child starts now, beside the build and the reference process: loading
+    # Python and torch, then CUDA and the profiler, took 10-12 s of an H100 evaluation's wall
+    # (docs/benchmarks.md, tenth session). It touches no device until the baselines are timed.
+    spares = sandbox.Spares("pipeline.child.harness", ["eval"], refill=False) if backends.on_gpu(backend) else None
+    if spares:
+        spares.spawn(evaluate.child_environment(backend), evaluate.spare_init(backend, settings))
+    try:
+        return _judge_file(path, task, backend, chosen_size, size_name, settings, code_hash, code_path,
+                           db_path if store else None, cfg, spares, notice)
+    finally:
+        if spares:
+            spares.close()
+
+
+def _judge_file(path: Path, task: tasks.TaskFile, backend: str, chosen_size: str, size_name: str,
+                settings: EvalConfig, code_hash: str, code_path: Path, db_path: Path | None, cfg: Config | None,
+                spares: sandbox.Spares | None, notice: Callable[[str], None] | None) -> tuple[EvalResult, str | None]:
+    """evaluate_file once its inputs are checked: build, judge, store (db_path None: not stored)."""
+    import torch
+
+    from .store import Store
+
     gpus = ["0"] if backends.on_gpu(backend) else []
+    db = Store.open(db_path) if db_path else None
     built = build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
                               settings.build_timeout_s, extra_env=build_stage.build_env(gpus),
                               fast=cfg.fast_builds if cfg else True, cuda=backend == "cuda", notice=notice)
@@ -75,8 +93,10 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
         bench = evaluate.prepare(task, chosen_size, backend, settings, db.get_baseline if db else None, watch=watch)
         if db:
             remember_baselines(db, bench)
+        if spares:
+            spares.release(evaluate.child_environment(backend))  # CUDA starts while the expected values are made
         try:
-            result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings, watch=watch)
+            result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings, spares=spares, watch=watch)
         finally:
             bench.close()
     if not db:

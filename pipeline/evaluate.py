@@ -286,6 +286,17 @@ class Ended(Exception):
         self.result = result
 
 
+def child_environment(backend: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """What a candidate's child gets in its environment besides the allow-list (sandbox), and the
+    key its spare is kept under: `env` adds to it (a lane's CUDA_VISIBLE_DEVICES)."""
+    return {"MAX_JOBS": str(os.cpu_count() or 1), **backends.child_env(backend), **(env or {})}
+
+
+def spare_init(backend: str, settings: EvalConfig) -> dict[str, Any]:
+    """The Init a spare for `backend` gets when released (the same as evaluate sends a fresh child)."""
+    return P.Init(device=device_for(backend), profiler=settings.profile).model_dump()
+
+
 def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig,
              env: dict[str, str] | None = None, spares: sandbox.Spares | None = None,
              watch: health.Watch | None = None) -> EvalResult:
@@ -296,7 +307,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     from .session import Session
 
     started = time.monotonic()
-    env = {"MAX_JOBS": str(os.cpu_count() or 1), **backends.child_env(bench.backend), **(env or {})}
+    env = child_environment(bench.backend, env)
     plan = AttemptPlan.draw(bench)
     lane_env = lane_of(env)
     unfit = watch.check(bench, lane_env) if watch is not None else None
@@ -319,7 +330,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
         if child is None:
             child = sandbox.start(HARNESS, ["eval"], settings.timeout_s, env, outbox=max(need, 8))
             child.send(init)
-        if spares:
+        if spares and spares.refill:
             spares.spawn(env, init.model_dump())
         job = P.Job(task_path=str(bench.task.path.resolve()), size=bench.size, code_path=str(Path(code_path).resolve()),
                     build_dir=str(Path(build_dir).resolve()), device=bench.device, memory_gb=settings.memory_limit_gb,

@@ -292,10 +292,11 @@ class Spares:
     attempt does not wait for Python and torch to load (4-5 s on the H100 host). A spare runs no
     candidate code and touches no device until `release` sends it its first line (the harness then
     initialises CUDA and the profiler), which the caller does once the current attempt's timing is
-    over; the attempt's job follows in `take`. Each spare still serves exactly one attempt."""
+    over; the attempt's job follows in `take`. Each spare still serves exactly one attempt. With
+    `refill` false, taking a spare starts no next one (`kgen eval` judges one candidate)."""
 
-    def __init__(self, module: str, args: list[str], outbox: int | None = OUTBOX_BYTES):
-        self.module, self.args, self.outbox = module, args, outbox
+    def __init__(self, module: str, args: list[str], outbox: int | None = OUTBOX_BYTES, refill: bool = True):
+        self.module, self.args, self.outbox, self.refill = module, args, outbox, refill
         self._waiting: dict[frozenset, tuple[Child, dict[str, Any] | None]] = {}
         self._lock = threading.Lock()
 

@@ -297,18 +297,25 @@ def test_honest_cpp_kernel_is_correct_and_unflagged(bench, honest_build):
 
 def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
     """A spare child (started during the previous attempt, torch already loaded) serves the next
-    attempt: same verdict, far less start-up; one that is never used is killed on close."""
+    attempt: same verdict, far less start-up. Without refill (kgen eval) taking it starts no other;
+    one that is never used is killed on close."""
     from pipeline import sandbox
 
     spares = sandbox.Spares("pipeline.child.harness", ["eval"])
     try:
         first = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
+        spares.refill = False
         second = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
-        waiting = [child for child, _ in spares._waiting.values()]
+        left = list(spares._waiting.values())
     finally:
         spares.close()
     assert first.verdict is V.correct and second.verdict is V.correct, describe(second)
     assert second.phases["startup"] < 0.5 * first.phases["startup"], (first.phases, second.phases)
+    assert left == [], "a spare was started after the last one was taken without refill"
+    unused = sandbox.Spares("pipeline.child.harness", ["eval"], refill=False)
+    unused.spawn(evaluate.child_environment("cpu"), evaluate.spare_init("cpu", SETTINGS))
+    waiting = [child for child, _ in unused._waiting.values()]
+    unused.close()
     assert len(waiting) == 1 and waiting[0].proc.poll() is not None, "the unused spare outlived close()"
 
 

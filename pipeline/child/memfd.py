@@ -1,0 +1,168 @@
+"""The memfd between the parent and a candidate's child: the outbox (output values, child to parent)
+and the inbox (a Bound request's input values on the cpu, parent to child).
+
+The parent creates the memfd and seals its size; both sides map it. pipeline.child.protocol
+re-exports these names (P.Outbox, P.Inbox, ...), so callers keep one import for the protocol.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+from typing import Any
+
+
+# ---- the outbox --------------------------------------------------------------------------------
+
+
+class Outbox:
+    """Slots of float64 values in a memfd. The parent creates it with `create`, fixes its size with
+    seals (the child can neither grow nor shrink it; pages cost memory only once written) and passes
+    the fd to the child at start. Both map the slots a job needs; the child writes, the parent copies a
+    slot out once the reply that filled it has arrived and before its next request."""
+
+    def __init__(self, fd: int, slot_values: int, slots: int):
+        self.fd = fd
+        self.slot_values, self.slots = max(1, slot_values), max(1, slots)
+        self.size = self.slot_values * self.slots * 8
+        if self.size > os.fstat(fd).st_size:
+            raise ValueError(f"an outbox of {self.size} bytes does not fit its memfd of {os.fstat(fd).st_size}")
+        self.map = mmap.mmap(fd, self.size)
+
+    @staticmethod
+    def create(capacity: int) -> int:
+        """Parent side: a sealed memfd of `capacity` bytes, for one child."""
+        fd = os.memfd_create("kgen-outbox", os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, max(8, capacity))
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        return fd
+
+    def write(self, slot: int, values) -> bool:
+        """Child side: a 1-D numpy array's bytes into `slot`; False when they do not fit."""
+        import numpy as np
+
+        raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+        if slot >= self.slots or raw.size > self.slot_values * 8:
+            return False
+        view = np.frombuffer(self.map, dtype=np.uint8, count=raw.size, offset=slot * self.slot_values * 8)
+        view[:] = raw
+        del view
+        return True
+
+    def write_tensors(self, slot: int, parts: list[Any]) -> bool:
+        """Child side: the tensors' bytes one after another into `slot`, each copied once from where
+        it is (a GPU's memory included) into the mapped memfd; False when they do not fit."""
+        import torch
+
+        sizes = [p.numel() * p.element_size() for p in parts]
+        if slot >= self.slots or sum(sizes) > self.slot_values * 8:
+            return False
+        if not sum(sizes):
+            return True
+        view = torch.frombuffer(self.map, dtype=torch.uint8, count=sum(sizes), offset=slot * self.slot_values * 8)
+        at = 0
+        for part, n in zip(parts, sizes):
+            if n:
+                view[at:at + n].copy_(part.detach().reshape(-1).contiguous().view(torch.uint8))
+            at += n
+        del view
+        return True
+
+    def read(self, slot: int, count: int):
+        """Parent side: a private copy of `count` float64 values of `slot`."""
+        import numpy as np
+
+        return self.read_bytes(slot, count * 8).view(np.float64)
+
+    def read_bytes(self, slot: int, count: int):
+        """Parent side: a private copy of the first `count` bytes of `slot` (uint8)."""
+        import numpy as np
+
+        count = max(0, min(count, self.slot_values * 8))
+        view = np.frombuffer(self.map, dtype=np.uint8, count=count, offset=slot * self.slot_values * 8)
+        copy = view.copy()
+        del view
+        return copy
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
+
+# ---- the inbox ---------------------------------------------------------------------------------
+
+INBOX_ALIGN = 64
+
+
+def packed(nbytes: list[int]) -> tuple[list[int], int]:
+    """Offsets of a set's tensors packed in order (each aligned to INBOX_ALIGN), and the set's bytes."""
+    offsets, at = [], 0
+    for n in nbytes:
+        offsets.append(at)
+        at += -(-n // INBOX_ALIGN) * INBOX_ALIGN
+    return offsets, max(at, INBOX_ALIGN)
+
+
+def inbox_offset(outbox_bytes: int) -> int:
+    """Where the inbox starts in the child's memfd: after the outbox's slots, on a page boundary."""
+    page = mmap.ALLOCATIONGRANULARITY
+    return -(-outbox_bytes // page) * page
+
+
+class Inbox:
+    """Input sets in the same memfd as the outbox, after its slots: the parent writes a Bound
+    request's values there once its clock is running, and the child's calls take them in place (cpu).
+    Nothing the child writes here is read back; it would only change the inputs of its own calls."""
+
+    def __init__(self, fd: int, offset: int, set_bytes: int, sets: int):
+        self.set_bytes, self.sets = set_bytes, sets
+        size = set_bytes * sets
+        if offset + size > os.fstat(fd).st_size:
+            raise ValueError(f"an inbox of {size} bytes at {offset} does not fit its memfd of {os.fstat(fd).st_size}")
+        # Every page mapped now: a page first touched inside the parent's clock would cost a fault
+        # (about 1 us per 4 KiB) that the null model's calibration, which reads no inputs, never paid.
+        self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), offset=offset)
+
+    def write(self, index: int, data) -> None:
+        """Parent side: one packed set (bytes-like of exactly `set_bytes`) into place `index`."""
+        if len(data) != self.set_bytes or not 0 <= index < self.sets:
+            raise ValueError(f"inbox set {index} of {len(data)} bytes; the inbox holds {self.sets} of {self.set_bytes}")
+        self.map[index * self.set_bytes:(index + 1) * self.set_bytes] = data
+
+    def inputs(self, index: int, like: list[Any]) -> list[Any]:
+        """Child side: set `index` as the call's inputs, each tensor a view of the inbox with the dtype
+        and shape of its place in `like` (the child's own set; other arguments come from there). No
+        copy: a copy in the parent's clock is work a candidate could skip by reading the inbox itself."""
+        import torch
+
+        tensors = [x for x in like if isinstance(x, torch.Tensor)]
+        offsets, total = packed([t.numel() * t.element_size() for t in tensors])
+        if total != self.set_bytes:
+            raise ValueError(f"an input set packs to {total} bytes, the inbox's sets hold {self.set_bytes}: "
+                             f"the task's inputs change size with the seed")
+        views = iter(torch.frombuffer(self.map, dtype=torch.uint8, count=t.numel() * t.element_size(),
+                                      offset=index * self.set_bytes + at).view(t.dtype).view(t.shape)
+                     if t.numel() else torch.empty_like(t) for t, at in zip(tensors, offsets))
+        return [next(views) if isinstance(x, torch.Tensor) else x for x in like]
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
+
+def pack_set(inputs: list[Any]) -> bytes:
+    """Reference side: an input set's tensors as the inbox holds them (`packed`, C order)."""
+    import torch
+
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    offsets, total = packed([t.numel() * t.element_size() for t in tensors])
+    out = bytearray(total)
+    for t, at in zip(tensors, offsets):
+        raw = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+        out[at:at + raw.size] = raw.tobytes()
+    return bytes(out)
