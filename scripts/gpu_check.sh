@@ -8,7 +8,7 @@
 #   STEP=run    `kgen run -c config-h100.yaml` (KernelBench sizes, cuda backend; resumes if cut off)
 #   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
 #   STEP=library  replayed kernels (pipeline.library) against the times the evaluator recorded
-#   STEP=batch  7 tasks x 8 samples (config-h100-batch.yaml) with GPU utilisation sampled
+#   STEP=batch  7 tasks x 8 samples (BATCH_CONFIG, default config-h100-batch.yaml) with GPU utilisation sampled
 #   STEP=builds build seconds per candidate, plain against fast headers, alone and 8 at once (gpu_builds.py;
 #               carry .seeds with the seed completions' .txt files; BUILD_ARGS passes options)
 #   STEP=evalwall  `kgen eval` wall time of one demo kernel: building, cached, cached with torch.compile's cache
@@ -117,9 +117,11 @@ open('/tmp/cand_mse.py', 'w').write(extract.extract(e['text']).code)"
     batch) nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util.csv" &
            smi=$!
            start=$(date +%s)
-           timeout ${BATCH_LIMIT:-540} python3 -m pipeline.cli run -c config-h100-batch.yaml 2>&1 | tee "$OUT/batch.log" | tail -25
+           cfg=${BATCH_CONFIG:-config-h100-batch.yaml}
+           timeout ${BATCH_LIMIT:-540} python3 -m pipeline.cli run -c "$cfg" 2>&1 | tee "$OUT/batch.log" | tail -25
            echo "batch wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/batch.log"
            kill $smi
-           cp db/h100.db "$OUT/h100-after-batch.db" ;;
+           db=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['database'])" "$cfg")
+           cp "$db" "$OUT/batch-$(basename "$db")" ;;
   esac
 done

@@ -106,7 +106,8 @@ def main() -> int:
             print(f"GRAD {t} {dtype} size={bench.size_name} verdict={r.verdict.value} flags={[f.value for f in r.flags]} "
                   f"ms={r.time_ms} eager={e.median_ms if e else None} compile={c.median_ms if c else None} "
                   f"x_eager={r.speedup_eager} x_compile={r.speedup_compile} floor_frac={r.floor_fraction} "
-                  f"sizes={r.sizes} ({spread}) error={r.error} wall={time.monotonic() - s:.1f}s "
+                  f"sizes={r.sizes} ({spread}) parent_ms_per_call={r.wall_ms_per_call} error={r.error} "
+                  f"wall={time.monotonic() - s:.1f}s "
                   f"prepare={bench.phases} eval={r.phases}", flush=True)
     rows = {(r["task"], r["dtype"]) for r in store.attempts(verdict="correct") if r.get("grad")}
     store.close()
