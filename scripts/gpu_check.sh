@@ -122,6 +122,9 @@ open('/tmp/cand_mse.py', 'w').write(extract.extract(e['text']).code)"
            echo "batch wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/batch.log"
            kill $smi
            db=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['database'])" "$cfg")
-           cp "$db" "$OUT/batch-$(basename "$db")" ;;
+           python3 scripts/batch_phases.py "$db" | tee -a "$OUT/batch.log"
+           # sqlite's backup, not cp: a copy of the main file alone leaves out what is still in the WAL
+           python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
+             "$db" "$OUT/batch-$(basename "$db")" ;;
   esac
 done

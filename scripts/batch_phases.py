@@ -1,0 +1,37 @@
+"""Where a batch's evaluation seconds went: per attempt, the phases the evaluator recorded
+(reference start-up and baselines per task; the child's start-up, trials, timing, profile, other
+sizes), as medians over the batch's attempts. Used by `STEP=batch` in gpu_check.sh (issue 14).
+
+    python3 scripts/batch_phases.py db/batch.db
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+import sys
+
+
+def main(path: str) -> None:
+    db = sqlite3.connect(path)
+    rows = db.execute("select task, verdict, result_json, created_utc from attempts order by created_utc").fetchall()
+    phases: dict[str, list[float]] = {}
+    evals = []
+    for task, verdict, result, created in rows:
+        d = json.loads(result or "{}")
+        evals.append(d.get("eval_seconds") or 0.0)
+        for k, v in (d.get("phases") or {}).items():
+            phases.setdefault(k, []).append(v)
+    verdicts: dict[str, int] = {}
+    for _, verdict, _, _ in rows:
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
+    print(f"PHASES attempts={len(rows)} verdicts={verdicts}")
+    if evals:
+        print(f"PHASES eval_seconds median {statistics.median(evals):.2f} (min {min(evals):.2f}, max {max(evals):.2f})")
+    for k, v in phases.items():
+        print(f"PHASES {k}: median {statistics.median(v):.3f} s (min {min(v):.3f}, max {max(v):.3f}, n {len(v)})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
