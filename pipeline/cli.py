@@ -194,6 +194,7 @@ def eval_json(result: EvalResult, attempt_id: str | None, sized: dict[str, Any] 
     out["id"] = attempt_id
     out["device"] = result.device
     out["trials"] = [t.model_dump(mode="json") for t in result.trials]
+    out["phases"] = result.phases  # seconds per stage: where an evaluation's wall went
     out.update(sized or {})
     return out
 

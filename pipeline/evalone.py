@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -80,6 +81,7 @@ def _judge_file(path: Path, task: tasks.TaskFile, backend: str, chosen_size: str
 
     gpus = ["0"] if backends.on_gpu(backend) else []
     db = Store.open(db_path) if db_path else None
+    started = time.monotonic()
     built = build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
                               settings.build_timeout_s, extra_env=build_stage.build_env(gpus),
                               fast=cfg.fast_builds if cfg else True, cuda=backend == "cuda", notice=notice)
@@ -90,6 +92,7 @@ def _judge_file(path: Path, task: tasks.TaskFile, backend: str, chosen_size: str
         result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
     else:
         watch = health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(backend) else None
+        prepared = time.monotonic()
         bench = evaluate.prepare(task, chosen_size, backend, settings, db.get_baseline if db else None, watch=watch)
         if db:
             remember_baselines(db, bench)
@@ -99,6 +102,11 @@ def _judge_file(path: Path, task: tasks.TaskFile, backend: str, chosen_size: str
             result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings, spares=spares, watch=watch)
         finally:
             bench.close()
+        # The whole command's stages, not only the child's: a build found in the cache, the
+        # reference process's start-up and baselines, then the evaluation's own phases.
+        result = result.model_copy(update={"phases": {"build": round(prepared - started, 2),
+                                                      **{f"reference_{k}": v for k, v in bench.phases.items()},
+                                                      **result.phases}})
     if not db:
         return result, None
     run_id = db.start_run(json.dumps({"eval": str(path)}), "[]", backend, result.device or backend,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -239,7 +240,7 @@ def test_replay_provider_serves_the_fixture_in_order():
     assert first.reasoning == recorded[0]["reasoning"]
 
 
-@pytest.mark.parametrize("backend", ["cuda", "cpu"])
+@pytest.mark.parametrize("backend", ["cuda", "cpu", "triton"])
 def test_gradient_mode_prompt_shows_the_backward_example_and_asks_for_both_directions(backend):
     text = render("one_shot.j2", _task("huber"), backend, PROMPTS, grad=True)
     grad_example = example_paths(backend, PROMPTS, grad=True)[1].read_text()
@@ -257,9 +258,11 @@ def test_bf16_prompt_asks_for_float32_accumulation_and_a_bf16_result():
     assert "accumulate in float32" not in render("one_shot.j2", _task("mse"), "cuda", PROMPTS)
 
 
-def test_gradient_mode_without_an_example_for_the_backend_is_one_clear_error():
+def test_gradient_mode_without_an_example_for_the_backend_is_one_clear_error(tmp_path):
+    shutil.copytree(PROMPTS, tmp_path / "p")
+    (tmp_path / "p" / "examples" / "triton_model_new_grad.py").unlink()
     with pytest.raises(PromptError, match="triton_model_new_grad.py"):
-        render("one_shot.j2", _task("huber"), "triton", PROMPTS, grad=True)
+        render("one_shot.j2", _task("huber"), "triton", tmp_path / "p", grad=True)
 
 
 # --------------------------------------------------------------------------------------------
