@@ -88,11 +88,12 @@ while time.monotonic() < end: x = torch.tanh(x @ x); torch.cuda.synchronize()' &
     evalwall) python3 -c "import json; from pipeline import extract
 e = [json.loads(l) for l in open('fixtures/replay/demo.jsonl') if json.loads(l)['backend'] == 'cuda'][0]
 open('/tmp/cand_mse.py', 'w').write(extract.extract(e['text']).code)"
-         for pass in build cached cached-cold-compile-cache cached2; do
+         for pass in ${EVALWALL_PASSES:-build cached cached-cold-compile-cache cached2}; do
            [ $pass = cached-cold-compile-cache ] && rm -rf ~/.cache/kgen/inductor ~/.cache/kgen/triton
            s=$(date +%s%N)
            kgen eval /tmp/cand_mse.py --task mse --backend cuda --size default -c config-h100.yaml --json > "$OUT/evalwall-$pass.json" 2>&1
-           echo "EVALWALL $pass $(( ($(date +%s%N) - s) / 1000000 )) ms" | tee -a "$OUT/evalwall.log"
+           echo "EVALWALL $pass $(( ($(date +%s%N) - s) / 1000000 )) ms $(python3 -c "import json, sys
+t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]); print(d['verdict'], d.get('phases'))" "$OUT/evalwall-$pass.json" 2>&1 | tail -1)" | tee -a "$OUT/evalwall.log"
          done ;;
     nvcc) timeout ${PROBE_LIMIT:-300} python3 scripts/gpu_probe_nvcc.py 2>&1 | tee "$OUT/probe_nvcc.log" | grep -v "^$" ;;
     triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/triton.log" \
