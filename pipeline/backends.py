@@ -50,6 +50,13 @@ def interpreted(backend: str) -> bool:
     return backend == "triton" and not gpu_present()
 
 
+def fast_builds(backend: str, wanted: bool) -> bool:
+    """Whether builds for `backend` use kgen's precompiled torch headers (pipeline.headers): a
+    Triton candidate compiles no C++, so its builds need none, and a Triton batch on the H100
+    spent its first 34 s precompiling them (docs/benchmarks.md, tenth session)."""
+    return wanted and backend != "triton"
+
+
 def child_env(backend: str) -> dict[str, str]:
     """What a candidate's child needs in its environment for `backend`."""
     return {"TRITON_INTERPRET": "1"} if interpreted(backend) else {}

@@ -84,7 +84,8 @@ def _judge_file(path: Path, task: tasks.TaskFile, backend: str, chosen_size: str
     started = time.monotonic()
     built = build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
                               settings.build_timeout_s, extra_env=build_stage.build_env(gpus),
-                              fast=cfg.fast_builds if cfg else True, cuda=backend == "cuda", notice=notice)
+                              fast=backends.fast_builds(backend, cfg.fast_builds if cfg else True), cuda=backend == "cuda",
+                              notice=notice)
     if db:
         db.save_build(built, backend, torch.__version__)
     if not built.ok:

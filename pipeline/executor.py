@@ -111,7 +111,7 @@ class LocalExecutor:
         build_cores = plan[1] if plan else None
         self.lane_cores = {gpu: _cores(cores) for gpu, cores in zip(gpus, plan[0])} if plan else {}
         self.workers = build_workers or default_build_workers(len(build_cores) if build_cores else None)
-        self.fast = dict(fast=fast_builds, cuda=backend == "cuda", notice=notice)
+        self.fast = dict(fast=backends.fast_builds(backend, fast_builds), cuda=backend == "cuda", notice=notice)
         self.jobs = max(1, (len(build_cores) if build_cores else os.cpu_count() or 1) // self.workers)
         self.build_pool = asyncio.Semaphore(self.workers)
         # A build never sees a GPU: it only compiles, for the lanes' architecture (build.arch_list),
@@ -239,7 +239,7 @@ class RayExecutor:
         self._build = ray.remote(num_cpus=1, num_gpus=0, max_retries=0)(build_stage.build)
         self.build_env = build_stage.build_env(["0"] * gpus)
         # Each node precompiles its own headers (pipeline/headers.py) in its first build.
-        self.fast = dict(fast=fast_builds, cuda=backend == "cuda")
+        self.fast = dict(fast=backends.fast_builds(backend, fast_builds), cuda=backend == "cuda")
 
     @property
     def lanes(self) -> int:

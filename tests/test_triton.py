@@ -205,3 +205,13 @@ def test_kgen_run_on_the_triton_backend(tmp_path):
     assert [(a["backend"], a["verdict"]) for a in rows] == [("triton", "correct"), ("triton", "mismatch")]
     sent = json.loads(store.attempt(rows[0]["id"])["messages_json"])
     assert "custom Triton kernels" in sent[-1]["content"]
+
+
+def test_triton_builds_precompile_no_torch_headers():
+    """A Triton candidate compiles no C++: its builds never wait for kgen's precompiled headers (on
+    the H100 a Triton batch spent its first 34 s making them), while cuda and cpu builds still use them."""
+    from pipeline.executor import LocalExecutor
+
+    assert LocalExecutor("triton").fast["fast"] is False
+    assert LocalExecutor("cpu").fast["fast"] is True
+    assert LocalExecutor("cpu", fast_builds=False).fast["fast"] is False
