@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from .cliopts import database_options, nothing_matched, open_store, resolve_run
+from .cliopts import console, database_options, nothing_matched, open_store, resolve_run
+from .tables import best_table
 
 evals_option = click.option("--evals", is_flag=True, help="Also `kgen eval` results (kept apart from batch runs).")
 
@@ -48,7 +47,8 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
 @click.option("--task", default=None, help="Only this task.")
 @click.option("--backend", type=click.Choice(["cuda", "triton", "cpu"]), default=None, help="Only this backend.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def best(db: str, task: str | None, backend: str | None, as_json: bool) -> None:
+@click.option("--wide", is_flag=True, help="Every column (time, floor fraction, model, found at, run).")
+def best(db: str, task: str | None, backend: str | None, as_json: bool, wide: bool) -> None:
     """The fastest verified attempt (correct, no flags) per task, backend, device and size."""
     from .leaderboard import best_rows, faster, p75_of
 
@@ -68,28 +68,7 @@ def best(db: str, task: str | None, backend: str | None, as_json: bool) -> None:
     if not board:
         click.echo("No verified attempt" + (f" for task {task}" if task else "") + ".")
         return
-    table = Table(title="best verified kernels")
-    for col in ("task", "backend", "device", "size", "time ms", "x eager", "x compile", "beats", "floor frac",
-                "model", "found at", "run", "attempt"):
-        table.add_column(col, overflow="fold", justify="left" if col in ("task", "backend", "device", "size",
-                                                                          "model", "run", "attempt") else "right")
-    for r in board:
-        table.add_row(r["task"], r["backend"], r["device"] or "-", r["size"] or "-", _fmt(r["time_ms"], ".4g"),
-                      _fmt(r["speedup_eager"]), _fmt(r["speedup_compile"]),
-                      {(True, True): "both", (True, False): "eager", (False, True): "compile"}.get(
-                          (bool(beats[r["id"]][0]), bool(beats[r["id"]][1])), "no"),
-                      _fmt(r["floor_fraction"]), r["model"],
-                      _found_at(r), r["run_id"], r["id"])
-    console = Console()  # made here, so it writes to the stdout click (or a test runner) set up
-    if not console.is_terminal:
-        console.width = 200  # piped: rich's 80-column default would fold ids and device names
-    console.print(table)
-
-
-def _found_at(row: dict[str, Any]) -> str:
-    """Which step of a search found the kernel: its turn, and its generation in an evolving search."""
-    turn = f"turn {row.get('turn', 0) + 1}"
-    return f"gen {row['generation']} {turn}" if row.get("generation") else turn
+    console(wide).print(best_table(board, beats, wide))
 
 
 def _columns(store) -> list[str]:
