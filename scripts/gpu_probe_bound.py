@@ -44,6 +44,7 @@ def main() -> int:
     ap.add_argument("--size", default=None)
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--calls", type=int, default=4)
+    ap.add_argument("--pin", action="store_true", help="page-lock the outbox first, as the child does on a GPU")
     args = ap.parse_args()
     device = "cuda" if args.backend == "cuda" else "cpu"
     src = ROOT / ("fixtures/grad" if device == "cuda" else "tests/redteam") / (
@@ -71,6 +72,7 @@ def main() -> int:
 
     numel = 1 + sum(x.numel() for x in tasks.make_inputs(module, 3, "base", device) if x.is_floating_point())
     outbox = P.Outbox(P.Outbox.create(numel * 8 * args.calls), numel, args.calls)
+    pinned = outbox.pin() if args.pin else False
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     phases: dict[str, dict[str, list[float]]] = {"null": {}, "real": {}}
     seed = 100
@@ -94,7 +96,8 @@ def main() -> int:
             phases[name].setdefault(key, []).append((t[b] - t[a]) * 1e3)
     for name in ("null", "real"):
         line = " ".join(f"{k}={statistics.median(v):.3f}({min(v):.3f}-{max(v):.3f})" for k, v in phases[name].items())
-        print(f"BOUNDPROBE {args.task} {args.dtype} {name} ms per request of {args.calls} calls: {line}", flush=True)
+        print(f"BOUNDPROBE {args.task} {args.dtype} pinned={pinned} {name} ms per request of {args.calls} calls: {line}", flush=True)
+    outbox.close()
     return 0
 
 

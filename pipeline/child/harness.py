@@ -495,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     confinement = apply_limits(job.memory_gb, job.device.startswith("cuda"),
                                [job.task_path, job.code_path, job.build_dir], [])
     outbox = P.Outbox(args.outbox_fd, job.slot_values, job.slots)
+    if job.device.startswith("cuda") and not outbox.pin():
+        print("[kgen] the outbox could not be page-locked: output copies are pageable", flush=True)
     inbox = (P.Inbox(args.outbox_fd, P.inbox_offset(outbox.size), job.inbox_set_bytes, job.inbox_sets)
              if job.inbox_sets else None)
     evaluator = Evaluator(job, outbox, Clock(job.device), inbox)  # the Clock binds its timers before any candidate code
