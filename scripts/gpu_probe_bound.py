@@ -44,7 +44,8 @@ def main() -> int:
     ap.add_argument("--size", default=None)
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--calls", type=int, default=4)
-    ap.add_argument("--pin", action="store_true", help="page-lock the outbox first, as the child does on a GPU")
+    ap.add_argument("--pin", default="no", help="page-lock the outbox first, as the child does on a GPU: "
+                    "no, yes, or both (one run each, after one build)")
     args = ap.parse_args()
     device = "cuda" if args.backend == "cuda" else "cpu"
     src = ROOT / ("fixtures/grad" if device == "cuda" else "tests/redteam") / (
@@ -71,8 +72,15 @@ def main() -> int:
         return Grads(torch.zeros(out_shape, device=device, dtype=dtype), [torch.zeros_like(x) for x in wanted], [])
 
     numel = 1 + sum(x.numel() for x in tasks.make_inputs(module, 3, "base", device) if x.is_floating_point())
+    for pin in {"no": [False], "yes": [True], "both": [False, True]}[args.pin]:
+        probe(module, real, null, numel, device, pin, args)
+    return 0
+
+
+def probe(module, real, null, numel: int, device: str, pin: bool, args) -> None:
+    """Requests alternating null and real, each phase timed; one BOUNDPROBE line per model."""
     outbox = P.Outbox(P.Outbox.create(numel * 8 * args.calls), numel, args.calls)
-    pinned = outbox.pin() if args.pin else False
+    pinned = outbox.pin() if pin else False
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     phases: dict[str, dict[str, list[float]]] = {"null": {}, "real": {}}
     seed = 100
@@ -98,7 +106,6 @@ def main() -> int:
         line = " ".join(f"{k}={statistics.median(v):.3f}({min(v):.3f}-{max(v):.3f})" for k, v in phases[name].items())
         print(f"BOUNDPROBE {args.task} {args.dtype} pinned={pinned} {name} ms per request of {args.calls} calls: {line}", flush=True)
     outbox.close()
-    return 0
 
 
 if __name__ == "__main__":
