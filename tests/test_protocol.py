@@ -66,6 +66,22 @@ def test_an_inbox_refuses_a_set_of_another_size():
         os.close(fd)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback where page-locking is refused")
+def test_an_outbox_that_cannot_be_page_locked_still_carries_outputs():
+    """Outbox.pin on a machine without CUDA: refused, nothing pinned, and put/unpack work as before."""
+    fd = P.Outbox.create(1 << 16)
+    try:
+        child, parent = P.Outbox(fd, 1000, 2), P.Outbox(fd, 1000, 2)
+        assert child.pin() is False and child._pinned is None
+        x = torch.randn(5, 3)
+        header = P.put(child, 0, x)
+        assert (P.unpack(parent, 0, header.packed, [x.numel()]) == x.reshape(-1).double().numpy()).all()
+        child.close()
+        parent.close()
+    finally:
+        os.close(fd)
+
+
 def test_the_estimate_is_the_fastest_request_over_a_robust_calibration():
     """Stalls only add time: neither a slow Bound request nor a stalled calibration request moves
     the estimate; a claim below half of it (less 50 us) is refused, one near it is not."""

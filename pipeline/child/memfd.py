@@ -88,10 +88,11 @@ class Outbox:
 
     def pin(self) -> bool:
         """Child side, on a GPU: page-lock the slots (cudaHostRegister), so outputs go off the device
-        by DMA straight into them. A pageable copy went through the driver's staging buffers at
-        36-70 ms a call for 32-64 MB of gradients on the H100, inside the parent's Bound window,
-        whose noise then exceeded a 0.1 ms kernel (docs/benchmarks.md, tenth session). Every page
-        is committed now, before any candidate code runs. False (and nothing pinned) if refused."""
+        by DMA straight into them. A pageable copy goes through the driver's staging buffers; in
+        gradient mode each call copies 32-64 MB inside the parent's Bound window, whose noise still
+        exceeded a 0.1 ms kernel in one H100 attempt of six (docs/benchmarks.md, tenth session). Every page
+        is committed now, before any candidate code runs. False (and nothing pinned) if refused.
+        Not yet measured on a GPU: the device time ran out the session it was written."""
         import ctypes
 
         import torch
@@ -99,7 +100,11 @@ class Outbox:
         if self._pinned is not None:
             return True
         anchor = ctypes.c_char.from_buffer(self.map)
-        if torch.cuda.cudart().cudaHostRegister(ctypes.addressof(anchor), self.size, 0) != 0:
+        try:  # cudart's calls answer a cudaError enum; anything unexpected leaves the copies pageable
+            ok = int(torch.cuda.cudart().cudaHostRegister(ctypes.addressof(anchor), self.size, 0)) == 0
+        except Exception:  # noqa: BLE001
+            ok = False
+        if not ok:
             del anchor
             return False
         self._pinned = anchor
@@ -111,7 +116,10 @@ class Outbox:
 
             import torch
 
-            torch.cuda.cudart().cudaHostUnregister(ctypes.addressof(self._pinned))
+            try:
+                torch.cuda.cudart().cudaHostUnregister(ctypes.addressof(self._pinned))
+            except Exception:  # noqa: BLE001 (closing: the process's end unpins it anyway)
+                pass
             self._pinned = None
         try:
             self.map.close()
