@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from pipeline import backends, build, evaluate, prompts
 from pipeline.child import tasks
-from pipeline.child.harness import torch_kernel
+from pipeline.child.profiling import torch_kernel
 from pipeline.cli import main
 from pipeline.config import EvalConfig
 from pipeline.records import Flag, Verdict

@@ -26,6 +26,7 @@ from typing import Any
 from . import landlock, tasks, timing
 from . import protocol as P
 from .grad import ForwardBackward, GradError, Grads
+from .profiling import profile, warm_profiler
 from .timing import Clock
 
 
@@ -366,81 +367,6 @@ class Evaluator:
             self.clock.sync()
             headers = [P.put(self.outbox, i, out) for i, out in enumerate(outs)]
         return P.BoundDone(index=req.index, outputs=headers)
-
-
-def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> dict[str, Any]:
-    """Where one call's time went: the candidate's own code, or PyTorch's kernels and ops."""
-    import torch
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    inputs = tasks.make_inputs(module, warm_seed, "base", device)
-    cuda = device.startswith("cuda")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch.no_grad(), torch_profile(activities=activities) as prof:
-        model(*inputs)
-        if cuda:
-            torch.cuda.synchronize()
-    return summarize_profile(prof.events(), cuda, own)
-
-
-# Ops that only allocate or reshape: a custom kernel legitimately calls them.
-_CHEAP_OPS = ("aten::empty", "aten::zeros", "aten::ones", "aten::view", "aten::reshape", "aten::contiguous",
-              "aten::as_strided", "aten::resize", "aten::to", "aten::_to_copy", "aten::detach", "aten::lift",
-              "aten::item", "aten::_local_scalar_dense", "aten::select", "aten::slice", "aten::expand",
-              "aten::alias", "aten::unsqueeze", "aten::squeeze", "aten::fill_", "aten::zero_", "aten::copy_",
-              "aten::empty_strided", "aten::empty_like", "aten::zeros_like", "aten::t", "aten::transpose",
-              "aten::div", "aten::div_", "aten::mul", "aten::mul_", "aten::resolve",
-              "aten::set_", "aten::new_empty")  # the last two: Triton's interpreter moving its buffers
-_TORCH_KERNEL_MARKS = ("at::native", "at::cuda", "void at::", "cutlass", "cublas", "cudnn", "gemm", "triton_",
-                       "cub::", "reduce_kernel", "elementwise_kernel", "vectorized_elementwise")
-
-
-def torch_kernel(name: str, own: list[str] | tuple[str, ...] = ()) -> bool:
-    """Whether a GPU kernel is PyTorch's (ATen, cuBLAS, inductor's triton_*), not the candidate's:
-    a kernel named after one of the candidate's own Triton functions is always its own."""
-    if any(name == k or name.startswith(k + "_") for k in own):
-        return False
-    return any(m in name for m in _TORCH_KERNEL_MARKS)
-
-
-def summarize_profile(events, cuda: bool, own: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    if cuda:
-        kernels: dict[str, float] = {}
-        for e in events:
-            if str(e.device_type).endswith("CUDA") and not e.name.startswith(("Memcpy", "Memset")):
-                kernels[e.name] = kernels.get(e.name, 0.0) + e.device_time_total
-        total = sum(kernels.values())
-        torch_time = sum(t for n, t in kernels.items() if torch_kernel(n, own))
-        top = sorted(kernels.items(), key=lambda kv: -kv[1])[:8]
-        return {"total_us": total, "torch_us": torch_time, "top": top,
-                "torch_fraction": torch_time / total if total else None}
-    # On the CPU, time inside aten ops that compute (not allocate) is PyTorch doing the work; the
-    # candidate's extension function is invisible to the profiler, so the rest of the call is its.
-    ops = [e for e in events if e.name.startswith("aten::")]
-    compute = sum(e.self_cpu_time_total for e in ops if not e.name.startswith(_CHEAP_OPS))
-    # Outermost ops only, so nested children are not counted twice.
-    ends = [(e.time_range.start, e.time_range.end) for e in events]
-    span = (max(e for _, e in ends) - min(s for s, _ in ends)) if ends else 0.0
-    top: dict[str, float] = {}
-    for e in ops:
-        top[e.name] = top.get(e.name, 0.0) + e.self_cpu_time_total
-    return {"total_us": span, "torch_us": compute,
-            "top": sorted(top.items(), key=lambda kv: -kv[1])[:8],
-            "torch_fraction": compute / span if span else None}
-
-
-def warm_profiler(device: str) -> None:
-    """The first profiler session of a process costs 4-5 s (CUPTI starts); pay it before the job
-    arrives, while this child is a spare, rather than inside the attempt."""
-    import torch
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    x = torch.ones(1024, device=device)
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
-        x.sum()
-        torch.cuda.synchronize()
 
 
 def serve(fd: int, evaluator: Evaluator, read_request) -> None:
