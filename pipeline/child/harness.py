@@ -217,12 +217,8 @@ class Evaluator:
         self.sets: list[list[Any]] = []
 
     def null_model(self):
-        """Zeros of the reference's shape. In gradient mode it is called through the same
-        ForwardBackward as a candidate: every floating input and parameter joined to the output (a
-        zero times one element of each), so autograd's own work per call (leaves, the engine, a
-        full-size gradient for each) is in the calibration, and the parent's bound counts only what
-        the candidate adds. Without it, autograd's 0.3-0.6 ms a call on the H100 host put honest
-        0.1 ms kernels near the bound (docs/benchmarks.md, tenth session)."""
+        """Zeros of the reference's shape; in gradient mode with zero gradients of every floating
+        input's and parameter's shape too, so calibration copies as many values as a real call."""
         import torch
 
         shape, device = tuple(self.job.out_shape), self.device
@@ -232,23 +228,10 @@ class Evaluator:
         meta = tasks.make_model(self.main, self.main.Model, 0, "meta")
         params = [p.shape for p in meta.parameters()] if isinstance(meta, torch.nn.Module) else []
 
-        class Null(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.weights = torch.nn.ParameterList(torch.zeros(s, device=device, dtype=dtype) for s in params)
-
-            def forward(self, *inputs):
-                joined = [x for x in (*inputs, *self.weights) if isinstance(x, torch.Tensor) and x.is_floating_point()]
-                out = torch.zeros(shape, device=device, dtype=dtype)
-                return out + sum(x.reshape(-1)[:1].sum() for x in joined) * 0 if joined else out
-
-        called = ForwardBackward(Null(), 0)
-
         def null(*inputs):
-            try:
-                return called(*inputs)
-            except GradError:  # nothing floating to differentiate: the candidate's calls will say so
-                return Grads(torch.zeros(shape, device=device, dtype=dtype), [], [])
+            wanted = [x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()]
+            grads = [torch.zeros_like(x) for x in wanted] + [torch.zeros(s, device=device, dtype=dtype) for s in params]
+            return Grads(torch.zeros(shape, device=device, dtype=dtype), grads, [])
         return null
 
     def candidate_model(self, module, init_seed: int):
