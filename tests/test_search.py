@@ -165,10 +165,20 @@ def test_evolve_prompts_a_child_with_a_parent_from_the_archive(tmp_path):
         config = search_config(tmp_path, server.base_url, names=("hinge",), search=search)
         run_id, store = run(config)
         rows = store.attempts(run=run_id)
-        first = [a for a in rows if a["generation"] == 0]
-        second = [a for a in rows if a["generation"] == 1]
-        assert len(first) == 2 and len(second) == 2 and all(a["verdict"] == "correct" for a in rows)
-        archive_ids = {a["id"] for a in first}
+        # A fix turn (turn 1) follows an attempt the judge refused; the scripted model's hinge is
+        # honest, so one is rare (a fresh-clone CI run saw three attempts in a generation once), and
+        # the conversation it ends must end correct.
+        seen = [(a["generation"], a["turn"], a["verdict"], (a["error"] or "")[:200]) for a in rows]
+        first = [a for a in rows if a["generation"] == 0 and a["turn"] == 0]
+        second = [a for a in rows if a["generation"] == 1 and a["turn"] == 0]
+        assert len(first) == 2 and len(second) == 2, seen
+        last = {}
+        for a in rows:
+            key = (a["generation"], a["sample"])
+            if key not in last or a["turn"] > last[key]["turn"]:
+                last[key] = a
+        assert all(a["verdict"] == "correct" for a in last.values()), seen
+        archive_ids = {a["id"] for a in rows if a["generation"] == 0 and a["verdict"] == "correct"}
         for child in second:
             parents = json.loads(store.attempt(child["id"])["parents"])
             assert len(parents) == 1 and parents[0] in archive_ids  # one unique kernel in the archive

@@ -127,17 +127,27 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     eager block (sandbox.Child.pause), so eager runs on an idle machine and the speedup of what are
     eager's own ops stays near 1.0: 0.93-0.94 over two runs on the 2-core box, against 1.40-1.48
     without the pause (the helpers share the child's session, so their autogroup's share of the
-    cpu, which is why not 3x). The helpers still spin in the gaps of the candidate's own blocks,
-    which only slows the candidate."""
+    cpu, which is why not 3x). Where the kernel's autogroups already keep the sessions apart (the
+    2-core box of the eleventh session: eager beside the helpers 1.03x eager alone with the pause
+    patched out) the pause is a second wall, not the only one. The helpers still spin in the gaps of the candidate's own blocks,
+    which only slows the candidate: so much, at times, that the parent's clock on its Bound requests
+    is three times its own (seen once in CI: 5.07 ms against 1.58) and it is refused as
+    impossible_timing. Either way it gains nothing, and eager beside it runs as fast as eager alone."""
     task, code, settings = _mse_setup(tmp_path, (Path(__file__).parent / "redteam" / "slow_the_eager_side.py").read_text())
     bench = evaluate.prepare(task, "small", "cpu", settings)
     try:
         result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
     finally:
         bench.close()
-    print(f"speedup of a candidate spinning beside eager: {result.speedup_eager}")
-    assert result.verdict is Verdict.correct, result.error
-    assert result.speedup_eager is not None and result.speedup_eager <= 1.2
+    alone = bench.baselines.eager.median_ms
+    beside = result.eager_beside
+    print(f"{result.verdict.value}: speedup {result.speedup_eager}; eager beside the spinning candidate "
+          f"{beside.median_ms if beside else None} ms, alone {alone:.4g} ms")
+    assert result.verdict in (Verdict.correct, Verdict.impossible_timing), result.error
+    assert beside is not None and beside.n == settings.timed_calls
+    assert beside.median_ms <= 1.3 * alone, "the candidate's helpers slowed the eager side"
+    if result.verdict is Verdict.correct:
+        assert result.speedup_eager is not None and result.speedup_eager <= 1.2
 
 
 def test_torch_compile_is_timed_side_by_side_too(tmp_path, monkeypatch):
