@@ -176,7 +176,7 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
                                            on_size=lambda name, dims: sized.update(size=name, size_dims=dims),
                                            notice=lambda line: click.echo(line, err=True), grad=grad, dtype=dtype,
                                            db_path=Path(db))
-    except ValueError as exc:  # tasks.SizeError among them: a size the task lacks, or too big to fit
+    except ValueError as exc:  # sizes.SizeError among them: a size the task lacks, or too big to fit
         raise KgenError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(eval_json(result, attempt_id, sized)))

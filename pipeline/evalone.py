@@ -11,7 +11,7 @@ from typing import Callable
 
 from . import build as build_stage
 from . import backends, evaluate, health, sandbox
-from .child import tasks
+from .child import memory, sizes, tasks
 from .config import Config, EvalConfig
 from .records import EvalResult, Verdict
 from .run import remember_baselines, resolve_backend
@@ -31,22 +31,22 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     """Build, check and time the file; returns the result and, when stored, the attempt id.
 
     The size is checked first: a size the task does not have, or one that does not fit in memory,
-    is a tasks.SizeError (a ValueError, one line) before anything is written, built or started.
-    `on_size` gets the size's effective name (what is stored) and its dimensions (tasks.size_dims);
+    is a sizes.SizeError (a ValueError, one line) before anything is written, built or started.
+    `on_size` gets the size's effective name (what is stored) and its dimensions (sizes.size_dims);
     `notice` a line for anything slow that happens once (precompiling headers for fast builds).
     `grad` and `dtype`, where given, override the config's evaluation.grad and evaluation.dtype;
     `db_path` the config's database. The result is stored as a run of its own, of kind "eval", which
     the leaderboard, report and library leave out unless asked for it."""
     task = _task(task_name, cfg)
-    chosen_size = size or (cfg.tasks.size if cfg else tasks.DEFAULT_SIZE)
+    chosen_size = size or (cfg.tasks.size if cfg else sizes.DEFAULT_SIZE)
     module = tasks.load_module(task, chosen_size, dtype)
-    size_name = tasks.effective_size(module, chosen_size)
+    size_name = sizes.effective_size(module, chosen_size)
     backend, gpu = resolve_backend(backend, cfg.auto_backends if cfg else ("cuda", "cpu"))
     if backend == "cuda" and not gpu:
         raise ValueError("--backend cuda: no CUDA device is visible on this machine")
-    tasks.check_memory(module, evaluate.device_for(backend))
+    memory.check_memory(module, evaluate.device_for(backend))
     if on_size:
-        on_size(size_name, tasks.size_dims(module))
+        on_size(size_name, sizes.size_dims(module))
     settings = cfg.evaluation if cfg else EvalConfig()
     settings = settings.model_copy(update={k: v for k, v in (("grad", grad), ("dtype", dtype)) if v is not None})
     code = path.read_text()

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from . import backends, health, sandbox
 from .child import protocol as P
-from .child import tasks
+from .child import memory, sizes, tasks
 from .child.timing import BLOCK, TIMING_VERSION, calls_for, summarize_blocks
 from .config import EvalConfig, cache_root
 from .judge import Expected
@@ -160,8 +160,8 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     device is checked before and after they are measured (pipeline.health)."""
     module = tasks.load_module(task, size, settings.dtype)
     if device_for(backend) != "cuda":  # on cuda, asking for free memory would open a CUDA context in this process
-        tasks.check_memory(module, device_for(backend), env=env)
-    bench = TaskBench(task, size, tasks.effective_size(module, size), backend, device_for(backend),
+        memory.check_memory(module, device_for(backend), env=env)
+    bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device_for(backend),
                       tasks.tolerance(module, settings.tolerance), settings,
                       other_sizes=_held_out(module, size) if settings.check_shapes else [])
     started = time.monotonic()
@@ -193,10 +193,10 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
 
 def _held_out(module, size) -> list[str]:
     """The sizes every correct candidate is also run at: the task's other declared presets (not its
-    huge default), then one smaller and one larger shape drawn for this run (tasks.held_out_sizes),
+    huge default), then one smaller and one larger shape drawn for this run (sizes.held_out_sizes),
     which no prompt showed; a failure at any is flagged shape_specialized."""
-    declared = tasks.other_sizes(module, size)
-    return declared + [s for s in tasks.held_out_sizes(module, random.SystemRandom()) if s not in declared]
+    declared = sizes.other_sizes(module, size)
+    return declared + [s for s in sizes.held_out_sizes(module, random.SystemRandom()) if s not in declared]
 
 
 def timed_count(settings: EvalConfig, *baseline_ms: float | None) -> int:

@@ -19,6 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from .child import tasks
+from .child.sizes import DEFAULT_SIZE
 from .leaderboard import faster
 from .records import Flag
 
@@ -152,7 +153,7 @@ def parse_size(size: str | None) -> str | dict[str, Any]:
     """The stored size back as the value tasks.load_module takes (run.py stores dicts as JSON)."""
     if size and size.lstrip().startswith("{"):
         return json.loads(size)
-    return size or tasks.DEFAULT_SIZE
+    return size or DEFAULT_SIZE
 
 
 def _dtype(dtype: torch.dtype) -> str:

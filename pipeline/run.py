@@ -21,7 +21,7 @@ from typing import Any, Callable
 from . import build as build_stage
 from . import backends, diagnostics, evaluate, extract, prompts
 from .diagnostics import Diagnostic
-from .child import tasks
+from .child import sizes, tasks
 from .config import Config, ModelConfig
 from .executor import Executor, make_executor
 from .llm import ChatRequest, Provider, make_provider
@@ -270,7 +270,7 @@ class Runner:
         """The size that actually runs for this task (a derived `small` names the globals it set)."""
         if slot.task.name not in self.size_names:
             module = tasks.load_module(slot.task, self.cfg.tasks.size)
-            self.size_names[slot.task.name] = tasks.effective_size(module, self.cfg.tasks.size)
+            self.size_names[slot.task.name] = sizes.effective_size(module, self.cfg.tasks.size)
         return self.size_names[slot.task.name]
 
     async def _build(self, code_path: Path, code_hash: str, slot: Slot) -> BuildResult:

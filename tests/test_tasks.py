@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline import evaluate
-from pipeline.child import tasks
+from pipeline.child import memory, sizes, tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict
 
@@ -64,7 +64,7 @@ def test_sizes_come_from_the_config_not_the_file():
     assert _module("mse", "small").batch_size == 256
     assert _module("mse", "default").batch_size == 32768
     assert _module("mse", {"batch_size": 3, "input_shape": (5,)}).batch_size == 3
-    assert tasks.other_sizes(_module("mse"), "small") == ["odd"]
+    assert sizes.other_sizes(_module("mse"), "small") == ["odd"]
 
 
 KERNELBENCH_LEVEL2 = '''
@@ -199,22 +199,22 @@ def _config_file(tmp_path: Path, size: str = "small") -> Path:
 
 def test_an_unknown_size_is_one_line_listing_the_sizes_the_task_has():
     mse = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    with pytest.raises(tasks.SizeError) as err:
+    with pytest.raises(sizes.SizeError) as err:
         tasks.load_module(mse, "smal")
     assert str(err.value) == "task mse: no size 'smal' (has: default, small, odd)"
     assert isinstance(err.value, tasks.TaskError) and isinstance(err.value, ValueError)
     module = _module("mse", "default")
     for bad in ("smal", "", "small(", "two words"):
-        with pytest.raises(tasks.SizeError, match=r"^task mse: .*\(has: default, small, odd\)$"):
-            tasks.resolve_size(module, bad)
-    with pytest.raises(tasks.SizeError, match="sets batchsize, which the task file does not define"):
+        with pytest.raises(sizes.SizeError, match=r"^task mse: .*\(has: default, small, odd\)$"):
+            sizes.resolve_size(module, bad)
+    with pytest.raises(sizes.SizeError, match="sets batchsize, which the task file does not define"):
         tasks.load_module(mse, {"batchsize": 3})
     # What a name says is what runs, and the name loads back.
-    assert tasks.effective_size(_module("mse", "small"), "small") == "small"
-    assert tasks.effective_size(module, {"batch_size": 3}) == "batch_size=3"
+    assert sizes.effective_size(_module("mse", "small"), "small") == "small"
+    assert sizes.effective_size(module, {"batch_size": 3}) == "batch_size=3"
     again = tasks.load_module(mse, "small(batch_size=3)")
     assert (again.batch_size, again.input_shape) == (3, (4096,))
-    assert tasks.effective_size(again, "small(batch_size=3)") == "small(batch_size=3)"
+    assert sizes.effective_size(again, "small(batch_size=3)") == "small(batch_size=3)"
 
 
 def test_kgen_eval_with_a_typo_in_the_size_fails_in_one_line_and_stores_nothing(tmp_path):
@@ -249,45 +249,45 @@ def test_small_is_derived_for_a_task_without_presets_and_named_by_what_it_sets(t
     assert time.monotonic() - started < 1
     # Halved to at most 2**20 elements per input, multiples of 8 kept (4096 and 32768 both are).
     assert (module.batch_size, module.dim) == (1024, 1024)
-    name = tasks.effective_size(module, "small")
+    name = sizes.effective_size(module, "small")
     assert name == "small(batch_size=1024,dim=1024)"
     (x,) = tasks.make_inputs(module, 0, "base", "cpu")
     assert x.shape == (1024, 1024)
     again = tasks.load_module(task, name)  # the stored name loads back to what ran
-    assert (again.batch_size, again.dim) == (1024, 1024) and tasks.effective_size(again, name) == name
-    assert tasks.effective_size(tasks.load_module(task, "default"), "default") == "default"
-    assert tasks.other_sizes(module, "small") == []
-    with pytest.raises(tasks.SizeError, match=r"^task 23_Softmax: no size 'odd' \(has: default, small\)$"):
+    assert (again.batch_size, again.dim) == (1024, 1024) and sizes.effective_size(again, name) == name
+    assert sizes.effective_size(tasks.load_module(task, "default"), "default") == "default"
+    assert sizes.other_sizes(module, "small") == []
+    with pytest.raises(sizes.SizeError, match=r"^task 23_Softmax: no size 'odd' \(has: default, small\)$"):
         tasks.load_module(task, "odd")
     # An odd dimension stays odd; others stay multiples of their power of two (at most 8).
     odd = tasks.load_module(_task_file(tmp_path, "odd", KERNELBENCH_NO_SIZES.replace("4096", "99999")
                                        .replace("32768", "1000")), "small")
-    assert odd.batch_size % 2 == 1 and odd.dim % 8 == 0 and odd.batch_size * odd.dim <= tasks.SMALL_ELEMENTS
+    assert odd.batch_size % 2 == 1 and odd.dim % 8 == 0 and odd.batch_size * odd.dim <= sizes.SMALL_ELEMENTS
     # Shapes no global defines cannot be made small: refused, not run at full size.
     literal = KERNELBENCH_NO_SIZES.replace("torch.randn(batch_size, dim)", "torch.randn(4096, 4096)")
-    with pytest.raises(tasks.SizeError, match="cannot derive size 'small'.*declare KGEN_SIZES"):
+    with pytest.raises(sizes.SizeError, match="cannot derive size 'small'.*declare KGEN_SIZES"):
         tasks.load_module(_task_file(tmp_path, "literal", literal), "small")
     # A global that another one was built from shrinks with it: targets stay below the class count.
     classes = KERNELBENCH_NO_SIZES.replace("dim = 32768", "num_classes = 32768\ninput_shape = (num_classes,)").replace(
         "[torch.randn(batch_size, dim)]", "[torch.randn(batch_size, *input_shape), torch.randint(0, num_classes, "
         "(batch_size,))]")
     ce = tasks.load_module(_task_file(tmp_path, "ce", classes), "small")
-    assert ce.num_classes == ce.input_shape[0] and ce.batch_size * ce.num_classes <= tasks.SMALL_ELEMENTS
-    assert tasks.effective_size(ce, "small") == (f"small(batch_size={ce.batch_size},num_classes={ce.num_classes},"
+    assert ce.num_classes == ce.input_shape[0] and ce.batch_size * ce.num_classes <= sizes.SMALL_ELEMENTS
+    assert sizes.effective_size(ce, "small") == (f"small(batch_size={ce.batch_size},num_classes={ce.num_classes},"
                                                  f"input_shape=({ce.num_classes},))")
     # A declared "small" is used as declared, never derived.
     assert _module("mse", "small").batch_size == 256
 
 
 def test_size_dims_are_the_integer_globals_that_define_the_shapes(tmp_path):
-    assert tasks.size_dims(_module("mse", "small")) == {"batch_size": 256, "input_shape[0]": 4096}
-    assert tasks.size_dims(_module("mse", "odd")) == {"batch_size": 97, "input_shape[0]": 1023}
-    assert tasks.size_dims(_module("cross_entropy", "small")) == {"batch_size": 512, "num_classes": 1024,
+    assert sizes.size_dims(_module("mse", "small")) == {"batch_size": 256, "input_shape[0]": 4096}
+    assert sizes.size_dims(_module("mse", "odd")) == {"batch_size": 97, "input_shape[0]": 1023}
+    assert sizes.size_dims(_module("cross_entropy", "small")) == {"batch_size": 512, "num_classes": 1024,
                                                                   "input_shape[0]": 1024}
     level2 = tasks.load_module(_task_file(tmp_path, "41_Linear", KERNELBENCH_LEVEL2))
-    assert tasks.size_dims(level2) == {"batch_size": 16, "in_features": 64, "out_features": 32}
+    assert sizes.size_dims(level2) == {"batch_size": 16, "in_features": 64, "out_features": 32}
     derived = tasks.load_module(_task_file(tmp_path, "23_Softmax", KERNELBENCH_NO_SIZES), "small")
-    assert tasks.size_dims(derived) == {"batch_size": 1024, "dim": 1024}
+    assert sizes.size_dims(derived) == {"batch_size": 1024, "dim": 1024}
 
 
 HUGE = KERNELBENCH_NO_SIZES.replace("batch_size = 4096\ndim = 32768", "a = 32768\nb = 32768\nc = 64").replace(
@@ -299,18 +299,18 @@ def test_check_memory_refuses_a_size_that_cannot_fit_without_allocating_it(tmp_p
     _warm_meta()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.monotonic()
-    with pytest.raises(tasks.SizeError) as err:
-        tasks.check_memory(module, "cpu", budget_bytes=1 << 30)
+    with pytest.raises(sizes.SizeError) as err:
+        memory.check_memory(module, "cpu", budget_bytes=1 << 30)
     assert time.monotonic() - started < 1
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 256 * 1024  # KiB: nothing allocated
-    assert tasks.footprint(module) == {"inputs": 4 * 2**36, "weights": 0, "output": 4 * 2**36}  # softmax
-    needed = tasks.MEMORY_FACTOR * 2 * 4 * 2**36
+    assert memory.footprint(module) == {"inputs": 4 * 2**36, "weights": 0, "output": 4 * 2**36}  # softmax
+    needed = memory.MEMORY_FACTOR * 2 * 4 * 2**36
     message = str(err.value)
     assert message.startswith("task huge: size 'default' needs about") and "\n" not in message
     assert f"{needed} bytes" in message and f"{1 << 30} bytes" in message
-    assert tasks.check_memory(module, "cpu", budget_bytes=needed) == needed
+    assert memory.check_memory(module, "cpu", budget_bytes=needed) == needed
     # A small size fits this machine as it is.
-    assert 0 < tasks.check_memory(_module("mse", "small"), "cpu") < 1 << 30
+    assert 0 < memory.check_memory(_module("mse", "small"), "cpu") < 1 << 30
 
 
 def test_kgen_eval_json_reports_and_stores_the_size_that_ran(tmp_path):

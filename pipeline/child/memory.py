@@ -1,0 +1,113 @@
+"""Whether a task's size fits: the bytes its inputs, weights and output take (on the meta device,
+nothing allocated) and the memory a device has free.
+
+`check_memory(module, device)` refuses, before anything is allocated, a size whose inputs (with
+weights and output where the meta device can tell) times MEMORY_FACTOR exceed the memory available.
+
+Like every module in pipeline/child, it must not import store, config or llm (the candidate's process
+could reach them). It raises sizes.SizeError.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from pathlib import Path
+
+import torch
+
+from .sizes import DEFAULT_SIZE, SizeError, _meta, _task_name
+
+# Bytes a size needs per byte of its inputs (plus weights and output, where the meta device can
+# tell): the float32 inputs (1), the reference's float64 copies (2), about two float64 temporaries
+# of input size in the float64 forward (4), and 1 to spare. The candidate's timing keeps BLOCK (4)
+# input sets plus a refill (about 2) and its own working set: within the same 8.
+MEMORY_FACTOR = 8
+
+
+def footprint(module: types.ModuleType) -> dict[str, int] | None:
+    """Bytes of the inputs from get_inputs(), of Model's weights and of its output, computed on the
+    meta device (nothing is allocated); None where get_inputs() cannot run there. Weights and
+    output count 0 where the meta device cannot build or run the Model."""
+    try:
+        with _meta():
+            inputs = list(module.get_inputs())
+    except Exception:  # noqa: BLE001
+        return None
+    out = {"inputs": _tensor_bytes(inputs), "weights": 0, "output": 0}
+    try:
+        with _meta():
+            model = module.Model(*module.get_init_inputs())
+            if isinstance(model, torch.nn.Module):
+                out["weights"] = _tensor_bytes([*model.parameters(), *model.buffers()])
+            result = model(*inputs)
+            out["output"] = _tensor_bytes(result if isinstance(result, (list, tuple)) else [result])
+    except Exception:  # noqa: BLE001 - best effort: the inputs alone still bound the size
+        pass
+    return out
+
+
+def check_memory(module: types.ModuleType, device: str, budget_bytes: int | None = None,
+                 env: dict[str, str] | None = None) -> int | None:
+    """Refuse a size that cannot fit, before anything is allocated: MEMORY_FACTOR x the footprint's
+    bytes against `budget_bytes`, or else the memory available on `device` (cpu: MemAvailable, and
+    the cgroup's limit where lower; cuda, cuda:N: torch.cuda.mem_get_info; `env` is a lane's
+    environment, whose CUDA_VISIBLE_DEVICES picks the GPU). Returns the bytes needed, or None where
+    the meta device cannot tell (get_inputs needs real data); a SizeError where it does not fit."""
+    sizes = footprint(module)
+    if sizes is None:
+        return None
+    needed = MEMORY_FACTOR * sum(sizes.values())
+    available = budget_bytes if budget_bytes is not None else available_memory(device, env)
+    if available is not None and needed > available:
+        size = getattr(module, "__kgen_size__", (None, DEFAULT_SIZE))[1]
+        raise SizeError(f"task {_task_name(module)}: size {size!r} needs about {needed} bytes ({_gib(needed)}: "
+                        f"{MEMORY_FACTOR} x {sum(sizes.values())} bytes of inputs, weights and output) but {device} "
+                        f"has {available} bytes ({_gib(available)}) available; choose a smaller size")
+    return needed
+
+
+def available_memory(device: str, env: dict[str, str] | None = None) -> int | None:
+    """Bytes free for a new process on `device` (None where unknown)."""
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(_cuda_index(device, env))
+        return int(free)
+    limits = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            if limit.isdigit() and int(limit) < 1 << 60:
+                limits.append(int(limit) - int(Path(usage_file).read_text().strip()))
+                break
+        except (OSError, ValueError):
+            continue
+    return min(limits) if limits else None
+
+
+def _tensor_bytes(xs) -> int:
+    return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _cuda_index(device: str, env: dict[str, str] | None) -> int:
+    """The parent's index of the GPU a child with `env` would see as `device`."""
+    if ":" in device:
+        return int(device.split(":", 1)[1])
+    lane = (env or {}).get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if not lane:
+        return torch.cuda.current_device()
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if visible:
+        return visible.index(lane) if lane in visible else 0
+    return int(lane) if lane.isdigit() else 0

@@ -1,0 +1,396 @@
+"""Task sizes: which module globals a size sets, the name it is stored under, the derived "small",
+the held-out shapes, and the dimensions a loaded task uses.
+
+Sizes are explicit. A size is one of:
+
+- a name the task has: "default" (the file as written), a key of its KGEN_SIZES, or "small" (below);
+- a mapping of module globals to override, e.g. {"batch_size": 3}, named "batch_size=3";
+- a name with overrides on top, e.g. "small(batch_size=3)"; every name `effective_size` returns is
+  of one of these forms, so a stored size name loads back to the very globals that ran.
+
+Any other name is a SizeError (one line: `task mse: no size 'smal' (has: default, small, odd)`),
+and so is an override of a global the file does not define: nothing silently runs the full size.
+
+"small" on a task that does not declare it is derived by one rule (`derive_small`). A dimension is
+an integer module global, or an integer inside a tuple global, whose value changes the shapes of
+get_inputs() (probed on the meta device, nothing allocated). While the largest input has more than
+SMALL_ELEMENTS (2**20, about 1e6) elements, one dimension is halved: the one whose halving shrinks
+the largest input most (then the larger value, then the total, then file order). A halved value is
+rounded down to a multiple of p, the largest power of two dividing the file's value but at most 8
+(an odd value stays odd), and never goes below min(the file's value, 8). Every other integer global
+(or tuple element) that holds the same value in the file and now is halved with it, since a file
+often derives one global from another (`input_shape = (num_classes,)`). A task whose inputs cannot
+get that small this way, or whose get_inputs() cannot run on the meta device, is refused with a
+SizeError saying to declare KGEN_SIZES["small"]. The derived size is named with every dimension it
+sets, e.g. `small(batch_size=32,dim=32768)`, so what is stored says what ran.
+
+`size_dims(module)` gives the integer globals that define the shapes a loaded module uses.
+
+This module is imported by the sandboxed harness (through tasks), so it must not import store,
+config or llm; it imports nothing of tasks.py, which imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import re
+import types
+from typing import Any
+
+import torch
+
+DEFAULT_SIZE = "default"
+SMALL_SIZE = "small"
+SMALL_ELEMENTS = 1 << 20  # a derived "small" keeps each input at most this many elements
+
+
+# TaskError is a task-file error (tasks.py raises it, and callers take it from there) but is defined
+# here: SizeError subclasses it, and this module cannot import tasks.py, which imports this one.
+class TaskError(ValueError):
+    """A task file that cannot be used; the message names the file."""
+
+
+class SizeError(TaskError):
+    """A size the task does not have, or that does not fit in memory: one line naming the task."""
+
+
+def apply_size(module: types.ModuleType, size: str | dict[str, Any]) -> None:
+    """Set a size's globals on a task module just executed (tasks.load_module), first keeping the
+    file's own values; an unknown size is a SizeError naming the sizes the task has."""
+    module.__kgen_base__ = _dim_globals(module)  # the file's own values, before any size
+    overrides, name = _resolve(module, size)
+    module.__dict__.update(overrides)
+    module.__kgen_size__ = (_size_key(size), name)
+
+
+def size_presets(module: types.ModuleType) -> dict[str, dict[str, Any]]:
+    """The presets the file declares, and "default" (the file as written)."""
+    presets = getattr(module, "KGEN_SIZES", None) or {}
+    return {DEFAULT_SIZE: {}, **presets}
+
+
+def size_names(module: types.ModuleType) -> list[str]:
+    """The size names the task has: its presets, and "small" (derived) where it declares none."""
+    names = list(size_presets(module))
+    return names if SMALL_SIZE in names else names + [SMALL_SIZE]
+
+
+def resolve_size(module: types.ModuleType, size: str | dict[str, Any]) -> dict[str, Any]:
+    """The globals to override for a size; an unknown size name is a SizeError."""
+    return _resolve(module, size)[0]
+
+
+def effective_size(module: types.ModuleType, size: str | dict[str, Any]) -> str:
+    """The name under which a size is recorded: it says what ran, and load_module takes it back.
+    A declared preset keeps its name; a derived "small" lists the globals it set; a mapping is
+    `k=v,...`."""
+    cached = getattr(module, "__kgen_size__", None)
+    if cached and cached[0] == _size_key(size):
+        return cached[1]
+    return _resolve(module, size)[1]
+
+
+def other_sizes(module: types.ModuleType, size: str | dict[str, Any]) -> list[str]:
+    """Declared presets to check shape-generality against: all but the chosen one and the (huge) default."""
+    chosen = _parse_size(module, size)[0] if isinstance(size, str) else None
+    return [s for s in size_presets(module) if s not in (chosen, DEFAULT_SIZE)]
+
+
+def held_out_sizes(module: types.ModuleType, rng) -> list[str]:
+    """Two shapes the prompt never showed, drawn with `rng` (a run's own): one smaller (each input
+    dimension 50-80% of the loaded size's) and one larger (each 1-12% more, so the inputs grow at
+    most about 1.27x in two dimensions), every drawn dimension odd, so that none is a multiple of 2,
+    4, 8 or a block. Globals holding the same value move together (a file often derives one from
+    another, as `dim = batch_size`). Named by their globals, as a size mapping is; [] where the
+    task's shapes cannot be probed on the meta device."""
+    current = _dim_globals(module)
+    try:
+        with _meta():
+            dims = _input_dims(module, current)
+    except Exception:  # noqa: BLE001 - get_inputs needs real data: nothing to draw from
+        return []
+    values = sorted({_element(current, key) for key in dims if _element(current, key) > 1})
+    out = []
+    for smaller in (True, False):
+        new = {}
+        for v in values:
+            lo, hi = (max(1, v // 2), max(1, v * 4 // 5)) if smaller else (v + 1, v + max(1, v // 8))
+            new[v] = rng.randint(lo, max(lo, hi)) | 1
+        overrides = dict(current)
+        for key in _elements(current):
+            if _element(current, key) in new:
+                overrides = _with_element(overrides, key, new[_element(current, key)])
+        changed = {k: v for k, v in overrides.items() if v != current[k]}
+        if changed:
+            out.append(_overrides_name({**{k: v for k, v in current.items() if k in changed}, **changed}))
+    return out
+
+
+def parse_size_name(text: str) -> tuple[str | None, dict[str, Any]]:
+    """("small", {}) for "small"; ("small", {"b": 3}) for "small(b=3)"; (None, {"b": 3}) for "b=3".
+    ValueError for anything else."""
+    text = text.strip()
+    match = re.fullmatch(r"([A-Za-z_][\w.-]*)(?:\((.*)\))?", text, re.S)
+    if match:
+        return match.group(1), _parse_overrides(match.group(2) or "")
+    if "=" in text:
+        return None, _parse_overrides(text)
+    raise ValueError(f"{text!r} is not a size name")
+
+
+def derive_small(module: types.ModuleType) -> dict[str, Any]:
+    """The generic "small" for a task that declares none (the rule is in this module's docstring):
+    the value of every input dimension, some halved. SizeError where the rule cannot apply."""
+    task = _task_name(module)
+    base = _base(module)
+    try:
+        with _meta():
+            numels = _input_numels(module, base)
+            if max(numels, default=0) <= SMALL_ELEMENTS:
+                return {name: base[name] for name in _input_dim_names(module, base)}
+            dims = _input_dims(module, base)
+            values = dict(base)
+            current = (max(numels), sum(numels))
+            order = {key: i for i, key in enumerate(dims)}
+            while current[0] > SMALL_ELEMENTS:
+                best = None
+                for key in dims:
+                    value = _element(values, key)
+                    smaller = _halve(value, _element(base, key))
+                    if smaller == value:
+                        continue
+                    trial = values
+                    for twin in _elements(base):  # e.g. num_classes with input_shape = (num_classes,)
+                        if _element(base, twin) == _element(base, key) and _element(values, twin) == value:
+                            trial = _with_element(trial, twin, smaller)
+                    try:
+                        n = _input_numels(module, trial)
+                    except Exception:  # noqa: BLE001 - a value get_inputs rejects is not taken
+                        continue
+                    score = (max(n, default=0), -value, sum(n), order[key])
+                    if best is None or score < best[0]:
+                        best = (score, trial)
+                if best is None or (best[0][0], best[0][2]) >= current:
+                    raise SizeError(f"task {task}: cannot derive size 'small': its largest input keeps "
+                                    f"{current[0]} elements (over {SMALL_ELEMENTS}); declare KGEN_SIZES['small']")
+                values, current = best[1], (best[0][0], best[0][2])
+    except SizeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - get_inputs needs real data: no shapes without memory
+        raise SizeError(f"task {task}: cannot derive size 'small': get_inputs() fails on the meta device "
+                        f"({type(exc).__name__}: {_first_line(exc)}); declare KGEN_SIZES['small']") from exc
+    names = {key[0] for key in dims} | {name for name in base if values[name] != base[name]}
+    return {name: values[name] for name in base if name in names}
+
+
+def size_dims(module: types.ModuleType) -> dict[str, int]:
+    """The integer globals that define the shapes this module uses, at their current values: those
+    whose change changes the shapes of get_inputs() or the arguments of get_init_inputs() (probed on
+    the meta device), and those an input's domain names (`index:num_classes`). An integer inside a
+    tuple global is named like `input_shape[0]`. Where the meta device cannot run get_inputs(),
+    every integer global."""
+    current = _dim_globals(module)
+    keys = _elements(current)
+    named = {d.partition(":")[2] for d in getattr(module, "KGEN_DOMAINS", None) or []}
+    try:
+        with _meta():
+            start = _signature(module, current)
+            found = []
+            for key in keys:
+                if key[1] is None and key[0] in named:
+                    found.append(key)
+                    continue
+                value = _element(current, key)
+                try:
+                    if _signature(module, _with_element(current, key, _probe(value))) != start:
+                        found.append(key)
+                except Exception:  # noqa: BLE001 - a value get_inputs rejects says nothing
+                    continue
+    except Exception:  # noqa: BLE001 - no shapes without memory: report them all
+        found = keys
+    return {_key_name(key): _element(current, key) for key in found}
+
+
+# --- size helpers -----------------------------------------------------------------------------
+
+def _task_name(module: types.ModuleType) -> str:
+    return getattr(module, "__kgen_task__", None) or module.__name__.removeprefix("kgen_task_")
+
+
+def _size_key(size: Any) -> str:
+    return json.dumps(size, sort_keys=True, default=repr)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _dim_globals(module: types.ModuleType) -> dict[str, Any]:
+    """Module globals that can hold a dimension: ints, and tuples of ints, in file order."""
+    return {k: v for k, v in vars(module).items()
+            if not k.startswith("_") and not k.startswith("KGEN_")
+            and (_is_int(v) or (isinstance(v, (tuple, list)) and v and all(_is_int(x) for x in v)))}
+
+
+def _base(module: types.ModuleType) -> dict[str, Any]:
+    return dict(getattr(module, "__kgen_base__", None) or _dim_globals(module))
+
+
+def _overrides_name(overrides: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v!r}" for k, v in sorted(overrides.items()))
+
+
+def _parse_overrides(text: str) -> dict[str, Any]:
+    if not text.strip():
+        return {}
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+        if not isinstance(call, ast.Call) or call.args or any(kw.arg is None for kw in call.keywords):
+            raise ValueError
+        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    except (SyntaxError, ValueError, TypeError):
+        raise ValueError(f"{text!r} is not a list of name=value overrides") from None
+
+
+def _parse_size(module: types.ModuleType, size: str) -> tuple[str | None, dict[str, Any]]:
+    try:
+        return parse_size_name(size)
+    except ValueError as exc:
+        raise SizeError(f"task {_task_name(module)}: {exc} (has: {', '.join(size_names(module))})") from None
+
+
+def _resolve(module: types.ModuleType, size: str | dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """(globals to override, effective name) for a size."""
+    task = _task_name(module)
+    if isinstance(size, dict):
+        label, overrides = None, dict(size)
+    elif isinstance(size, str):
+        label, overrides = _parse_size(module, size)
+    else:
+        raise SizeError(f"task {task}: a size is a name or a mapping of globals, not {type(size).__name__}")
+    preset: dict[str, Any] = {}
+    derived = False
+    if label is not None:
+        presets = size_presets(module)
+        if label in presets:
+            preset = dict(presets[label])
+        elif label == SMALL_SIZE:
+            preset, derived = derive_small(module), True
+        else:
+            raise SizeError(f"task {task}: no size {label!r} (has: {', '.join(size_names(module))})")
+    merged = {**preset, **overrides}
+    unknown = [k for k in merged if k not in vars(module)]
+    if unknown:
+        known = ", ".join(_dim_globals(module)) or "none"
+        raise SizeError(f"task {task}: size {size if isinstance(size, str) else _overrides_name(size)!r} sets "
+                        f"{', '.join(unknown)}, which the task file does not define (its integer globals: {known})")
+    if label is None:
+        name = _overrides_name(merged)
+    elif derived:
+        name = f"{label}({','.join(f'{k}={v!r}' for k, v in merged.items())})"
+    elif overrides:
+        name = f"{label}({','.join(f'{k}={v!r}' for k, v in overrides.items())})"
+    else:
+        name = label
+    return merged, name
+
+
+@contextlib.contextmanager
+def _meta():
+    """Shapes without memory: the meta device, no autograd, the caller's RNG left as it was."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"), torch.no_grad():
+        yield
+
+
+@contextlib.contextmanager
+def _globals(module: types.ModuleType, values: dict[str, Any]):
+    saved = {k: module.__dict__[k] for k in values if k in module.__dict__}
+    module.__dict__.update(values)
+    try:
+        yield
+    finally:
+        module.__dict__.update(saved)
+
+
+def _input_numels(module: types.ModuleType, values: dict[str, Any]) -> list[int]:
+    with _globals(module, values):
+        return [x.numel() for x in module.get_inputs() if isinstance(x, torch.Tensor)]
+
+
+def _signature(module: types.ModuleType, values: dict[str, Any]) -> tuple:
+    def plain(xs):
+        return tuple(("tensor", tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else repr(x) for x in xs)
+
+    with _globals(module, values):
+        return plain(module.get_inputs()), plain(module.get_init_inputs())
+
+
+def _input_shapes(module: types.ModuleType, values: dict[str, Any]) -> tuple:
+    with _globals(module, values):
+        return tuple(tuple(x.shape) for x in module.get_inputs() if isinstance(x, torch.Tensor))
+
+
+Key = tuple  # (global name, index in the tuple or None)
+
+
+def _elements(values: dict[str, Any]) -> list[Key]:
+    return [(k, None) if _is_int(v) else (k, i) for k, v in values.items()
+            for i in ([None] if _is_int(v) else range(len(v)))]
+
+
+def _element(values: dict[str, Any], key: Key) -> int:
+    name, i = key
+    return values[name] if i is None else values[name][i]
+
+
+def _with_element(values: dict[str, Any], key: Key, value: int) -> dict[str, Any]:
+    name, i = key
+    out = dict(values)
+    out[name] = value if i is None else tuple(value if j == i else x for j, x in enumerate(values[name]))
+    return out
+
+
+def _key_name(key: Key) -> str:
+    return key[0] if key[1] is None else f"{key[0]}[{key[1]}]"
+
+
+def _probe(value: int) -> int:
+    return 2 * value if value > 0 else 1
+
+
+def _input_dims(module: types.ModuleType, values: dict[str, Any]) -> list[Key]:
+    """The elements whose change changes the shapes of get_inputs()."""
+    start = _input_shapes(module, values)
+    found = []
+    for key in _elements(values):
+        try:
+            if _input_shapes(module, _with_element(values, key, _probe(_element(values, key)))) != start:
+                found.append(key)
+        except Exception:  # noqa: BLE001 - a value get_inputs rejects says nothing
+            continue
+    return found
+
+
+def _input_dim_names(module: types.ModuleType, values: dict[str, Any]) -> list[str]:
+    names = []
+    for name, _ in _input_dims(module, values):
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def _halve(value: int, original: int) -> int:
+    """Half of `value`, a multiple of the original's power-of-two factor (at most 8), an odd
+    original staying odd, never below min(original, 8); `value` itself where it cannot shrink."""
+    if original <= 0:
+        return value
+    p = min(8, original & -original)
+    half = value // 2
+    smaller = (half | 1) if p == 1 else half // p * p
+    return smaller if min(original, 8) <= smaller < value else value
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
