@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -13,7 +14,7 @@ from . import build as build_stage
 from . import backends, evaluate, health, sandbox
 from .child import memory, sizes, tasks
 from .config import Config, EvalConfig
-from .records import EvalResult, Verdict
+from .records import BuildResult, EvalResult, Verdict
 from .run import remember_baselines, resolve_backend
 
 
@@ -71,6 +72,22 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
             spares.close()
 
 
+def _build(code_path: Path, code_hash: str, backend: str, settings: EvalConfig, gpus: list[str],
+           cfg: Config | None, notice: Callable[[str], None] | None) -> BuildResult:
+    return build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
+                             settings.build_timeout_s, extra_env=build_stage.build_env(gpus),
+                             fast=backends.fast_builds(backend, cfg.fast_builds if cfg else True),
+                             cuda=backend == "cuda", notice=notice)
+
+
+def _close(opening: Future) -> None:
+    """The bench opened beside a build that failed: its reference process ends unused."""
+    try:
+        opening.result().close()
+    except Exception:  # noqa: BLE001 - a reference that could not start matters to nobody now
+        pass
+
+
 def _judge_file(path: Path, task: tasks.TaskFile, backend: str, chosen_size: str, size_name: str,
                 settings: EvalConfig, code_hash: str, code_path: Path, db_path: Path | None, cfg: Config | None,
                 spares: sandbox.Spares | None, notice: Callable[[str], None] | None) -> tuple[EvalResult, str | None]:
@@ -82,29 +99,38 @@ def _judge_file(path: Path, task: tasks.TaskFile, backend: str, chosen_size: str
     gpus = ["0"] if backends.on_gpu(backend) else []
     db = Store.open(db_path) if db_path else None
     started = time.monotonic()
-    built = build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
-                              settings.build_timeout_s, extra_env=build_stage.build_env(gpus),
-                              fast=backends.fast_builds(backend, cfg.fast_builds if cfg else True), cuda=backend == "cuda",
-                              notice=notice)
+    # The reference process starts (and warms its compiler up) beside the build: it never imports
+    # the candidate, and nothing is timed until the build has ended (measure_baselines, below).
+    pool = ThreadPoolExecutor(1)
+    opening = pool.submit(evaluate.open_bench, task, chosen_size, backend, settings)
+    pool.shutdown(wait=False)
+    try:
+        built = _build(code_path, code_hash, backend, settings, gpus, cfg, notice)
+    except BaseException:
+        _close(opening)
+        raise
     if db:
         db.save_build(built, backend, torch.__version__)
     if not built.ok:
+        _close(opening)
         verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
         result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
     else:
         watch = health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(backend) else None
         prepared = time.monotonic()
-        bench = evaluate.prepare(task, chosen_size, backend, settings, db.get_baseline if db else None, watch=watch)
-        if db:
-            remember_baselines(db, bench)
-        if spares:
-            spares.release(evaluate.child_environment(backend))  # CUDA starts while the expected values are made
+        bench = opening.result()
         try:
+            evaluate.measure_baselines(bench, db.get_baseline if db else None, watch=watch, settle=False)
+            if db:
+                remember_baselines(db, bench)
+            if spares:
+                spares.release(evaluate.child_environment(backend))  # CUDA starts while the expected values are made
             result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings, spares=spares, watch=watch)
         finally:
             bench.close()
         # The whole command's stages, not only the child's: a build found in the cache, the
-        # reference process's start-up and baselines, then the evaluation's own phases.
+        # reference process's start-up (beside the build, so not part of the sum) and baselines,
+        # then the evaluation's own phases.
         result = result.model_copy(update={"phases": {"build": round(prepared - started, 2),
                                                       **{f"reference_{k}": v for k, v in bench.phases.items()},
                                                       **result.phases}})

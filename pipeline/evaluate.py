@@ -89,7 +89,8 @@ class TaskBench:
             return ref
         ref = sandbox.start("pipeline.reference", [], 24 * 3600, {**compile_cache_env(), **(env or {})})
         ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
-                  "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad})
+                  "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad,
+                  "warm_compiler": self.settings.compile_baseline})
         ready = ref.receive()
         if not ready or ready.get("event") != "ready":
             _, log = ref.finish()
@@ -139,7 +140,13 @@ def compile_cache_env() -> dict[str, str]:
     first attempt on each GPU lane. Only reference processes write here; a candidate's child can
     write nowhere but its own temp dir (Landlock), so it cannot plant code the reference would load."""
     root = cache_root()
-    return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton")}
+    # Inductor keeps its precompiled header for cpu kernels (149 MB, about 5 s of g++) under the
+    # temp folder whatever TORCHINDUCTOR_CACHE_DIR says (torch._inductor.codecache._HEADER_DIR), so
+    # the reference's temp folder is one that outlives it too.
+    tmp = root / "reference-tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
+            "TMPDIR": str(tmp)}
 
 
 def lane_of(env: dict[str, str]) -> dict[str, str] | None:
@@ -158,6 +165,13 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     """Start the task's reference process and get its baselines (from `cached_baselines(key)` when
     it has them); the bench then serves every attempt of the task in this run. With `watch`, the
     device is checked before and after they are measured (pipeline.health)."""
+    return measure_baselines(open_bench(task, size, backend, settings, env), cached_baselines, env, watch)
+
+
+def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
+               env: dict[str, str] | None = None) -> TaskBench:
+    """The task's bench with its reference process started (and, where torch.compile is timed,
+    warming its compiler up), but no baselines yet: `kgen eval` opens it beside the build."""
     module = tasks.load_module(task, size, settings.dtype)
     if device_for(backend) != "cuda":  # on cuda, asking for free memory would open a CUDA context in this process
         memory.check_memory(module, device_for(backend), env=env)
@@ -166,12 +180,28 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
                       other_sizes=_held_out(module, size) if settings.check_shapes else [])
     started = time.monotonic()
     bench._reference(env)
+    bench.phases = {"startup": round(time.monotonic() - started, 2)}
+    return bench
+
+
+def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | None] | None = None,
+                      env: dict[str, str] | None = None, watch: health.Watch | None = None,
+                      settle: bool = True) -> TaskBench:
+    """The bench's baselines: from `cached_baselines(key)` when it has them, else timed now by its
+    reference process (see `prepare`). With `settle`, cached ones also wait for the reference's
+    compiler warm-up (pipeline.reference.CompilerWarmup): in a batch, another task's candidate may
+    be timed on this lane as soon as this returns, and must not share the cpu with it. `kgen eval`,
+    alone on its machine, leaves it running beside its `expect` (its session settles before the
+    child's calibration)."""
+    task, size, settings = bench.task, bench.size, bench.settings
     ready_at = time.monotonic()
     cached = cached_baselines(baseline_key(bench)) if cached_baselines else None
     if cached is None and watch is not None:
         bench.suspect = watch.check(bench, env)
     if cached is not None:
         bench.baselines = Baselines.model_validate_json(cached)
+        if settle:
+            bench.request({"op": "settle"}, settings.timeout_s, env)
     else:
         seeds = [_seed() for _ in range(max(settings.timed_calls, settings.max_timed_calls))]
         msgs = bench.request({"op": "baselines", "size": size, "init_seed": _seed(), "baseline_seeds": seeds,
@@ -187,7 +217,7 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
             bench.suspect = watch.check(bench, env)
     b = bench.baselines
     bench.timed_calls = timed_count(settings, *([t.median_ms for t in (b.eager, b.compiled) if t] if b else []))
-    bench.phases = {"startup": round(ready_at - started, 2), "baselines": round(time.monotonic() - ready_at, 2)}
+    bench.phases["baselines"] = round(time.monotonic() - ready_at, 2)
     return bench
 
 

@@ -4,7 +4,9 @@ imported candidate code, so a candidate that patches torch cannot move them.
     python -m pipeline.reference --result-fd N      (requests arrive as JSON lines on stdin)
 
 It lives for a task's whole run on the parent's side: `baselines` once, then one `expect` per
-attempt, with that attempt's own seeds. Expected outputs go, in full and as float64, into files in a
+attempt, with that attempt's own seeds. Where torch.compile is timed, a thread warms the compiler up
+at start (CompilerWarmup) while the process serves `expect`; every op that times anything, and
+`settle`, waits for it first. Expected outputs go, in full and as float64, into files in a
 directory of the parent's that no candidate can read; the parent compares them with the candidate's
 outputs value by value.
 """
@@ -15,6 +17,8 @@ import argparse
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +190,52 @@ class Reference:
                            lambda x, seed: tasks.refill_inputs(x, module, seed, self.device))
 
 
+class CompilerWarmup:
+    """torch.compile of a probe that is not the task's, run in a thread: a process's first compile
+    pays once for importing dynamo and inductor and starting their code generation (about 5 s on
+    the 2-core cpu box, against 0.05 s for the next model with the caches on disk), and a `kgen eval`
+    paid it inside its first compiled block. The probe touches neither the task's module nor torch's
+    global random state (its inputs are linspaces), so `expect`, which seeds and draws, runs beside
+    it unchanged; nothing is timed until it has ended (`settle`)."""
+
+    def __init__(self, device: str, grad: bool):
+        self.device, self.grad = device, grad
+        self.seconds: float | None = None  # how long the warm-up took, once it has ended
+        self.error: str | None = None  # why it failed, if it did (then the first compile pays)
+        self.thread = threading.Thread(target=self._run, name="kgen-warm-compiler", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+
+        def probe(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.mean((a - b) ** 2) + torch.relu(a * b).sum()
+
+        try:
+            a = torch.linspace(-1, 1, 4096, device=self.device)
+            b = torch.linspace(1, -1, 4096, device=self.device)
+            compiled = torch.compile(probe)
+            with torch.no_grad():
+                compiled(a, b)
+            if self.grad:  # the backward's own compile path (AOTAutograd)
+                compiled(a.clone().requires_grad_(True), b).backward()
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a warm-up that fails costs time, never a verdict
+            self.error = _one_line(exc)
+        self.seconds = round(time.monotonic() - started, 3)
+
+    def join(self) -> dict[str, Any]:
+        """Wait for the warm-up; what `settle` reports of it."""
+        waited = time.monotonic()
+        self.thread.join()
+        return {"warm_s": self.seconds, "waited_s": round(time.monotonic() - waited, 3), "error": self.error}
+
+
+# What may run while the compiler warms up: nothing of these times anything.
+BESIDE_WARMUP = ("expect", "release")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipeline.reference")
     parser.add_argument("--result-fd", type=int, required=True)
@@ -202,11 +252,16 @@ def main(argv: list[str] | None = None) -> int:
         write_line(fd, json.dumps(message))
 
     ref = Reference(job)  # job: task_path, device, threads, and the run's dtype and gradient mode
+    warming = CompilerWarmup(job["device"], bool(job.get("grad"))) if job.get("warm_compiler") else None
+    warmed: dict[str, Any] = {"warm_s": None, "waited_s": 0.0, "error": None}
     env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else _cpu_name(),
            "torch_version": torch.__version__, "cuda_version": torch.version.cuda}
     send({"event": "ready", **env})
     while (line := sys.stdin.readline()).strip():
         request = json.loads(line)
+        if warming is not None and request["op"] not in BESIDE_WARMUP:
+            warmed = warming.join()  # nothing is timed beside the warm-up (nor a child's calibration)
+            warming = None
         if request["op"] == "baselines":
             ref.job.update(request)
             ref.baselines(send)
@@ -235,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             ref.release()
         elif request["op"] == "release":
             ref.release()
+        elif request["op"] == "settle":  # sent before a child's calibration, which must see a quiet machine
+            send({"event": "settled", **warmed})
         if ref.device.startswith("cuda") and request["op"] != "time_block":
             # This process stays alive beside every candidate of its task: it keeps no device memory
             # between requests (but an attempt's eager blocks, released when its timing ends), so
