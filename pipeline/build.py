@@ -112,6 +112,15 @@ def _build_once(code_path: Path, code_hash: str, build_dir: Path, timeout_s: flo
                        log=log, seconds=seconds, build_dir=str(build_dir))
 
 
+def reusable(known: BuildResult | None) -> BuildResult | None:
+    """A stored build worth reusing instead of building again, marked cached: one that succeeded and
+    whose folder is still there, or one that failed (the same code fails the same way: a search
+    sends a broken kernel back more than once); a timeout may not repeat, so it is built again."""
+    if known and ((known.ok and Path(known.build_dir).is_dir()) or not (known.ok or known.timed_out)):
+        return known.model_copy(update={"cached": True})
+    return None
+
+
 def summary_line(result: BuildResult) -> str:
     """The line of a build log that says what went wrong, for tables and one-line errors."""
     lines = result.log.splitlines()

@@ -7,6 +7,7 @@ import json
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -64,20 +65,46 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     spares = sandbox.Spares("pipeline.child.harness", ["eval"], refill=False) if backends.on_gpu(backend) else None
     if spares:
         spares.spawn(evaluate.child_environment(backend), evaluate.spare_init(backend, settings))
+    job = FileJob(path=path, task=task, backend=backend, size=chosen_size, size_name=size_name, settings=settings,
+                  code_hash=code_hash, code_path=code_path,
+                  builds_root=cfg.path(cfg.build_dir) if cfg else Path("builds"),
+                  fast_builds=backends.fast_builds(backend, cfg.fast_builds if cfg else True))
     try:
-        return _judge_file(path, task, backend, chosen_size, size_name, settings, code_hash, code_path,
-                           db_path if store else None, cfg, spares, notice)
+        return _judge_file(job, db_path if store else None, spares, notice)
     finally:
         if spares:
             spares.close()
 
 
-def _build(code_path: Path, code_hash: str, backend: str, settings: EvalConfig, gpus: list[str],
-           cfg: Config | None, notice: Callable[[str], None] | None) -> BuildResult:
-    return build_stage.build(code_path, code_hash, cfg.path(cfg.build_dir) if cfg else Path("builds"),
-                             settings.build_timeout_s, extra_env=build_stage.build_env(gpus),
-                             fast=backends.fast_builds(backend, cfg.fast_builds if cfg else True),
-                             cuda=backend == "cuda", notice=notice)
+@dataclass(frozen=True)
+class FileJob:
+    """One `kgen eval`, its inputs checked: what the build, the judge and the store need."""
+
+    path: Path  # the file as the user named it (the run's note)
+    task: tasks.TaskFile
+    backend: str
+    size: str  # as chosen (a preset's name, or the config's)
+    size_name: str  # what is stored (sizes.effective_size)
+    settings: EvalConfig
+    code_hash: str
+    code_path: Path  # the copy under generated/ that is built and judged
+    builds_root: Path
+    fast_builds: bool
+
+
+def _build(job: FileJob, db, notice: Callable[[str], None] | None) -> BuildResult:
+    """A build the database records for this code and torch (ok and still on disk, or failed), as a
+    batch reuses it; else a build now, recorded."""
+    import torch
+
+    if db and (known := build_stage.reusable(db.get_build(job.code_hash, torch.__version__))):
+        return known
+    built = build_stage.build(job.code_path, job.code_hash, job.builds_root, job.settings.build_timeout_s,
+                              extra_env=build_stage.build_env(["0"] if backends.on_gpu(job.backend) else []),
+                              fast=job.fast_builds, cuda=job.backend == "cuda", notice=notice)
+    if db:
+        db.save_build(built, job.backend, torch.__version__)
+    return built
 
 
 def _close(opening: Future) -> None:
@@ -88,47 +115,44 @@ def _close(opening: Future) -> None:
         pass
 
 
-def _judge_file(path: Path, task: tasks.TaskFile, backend: str, chosen_size: str, size_name: str,
-                settings: EvalConfig, code_hash: str, code_path: Path, db_path: Path | None, cfg: Config | None,
-                spares: sandbox.Spares | None, notice: Callable[[str], None] | None) -> tuple[EvalResult, str | None]:
+def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | None,
+                notice: Callable[[str], None] | None) -> tuple[EvalResult, str | None]:
     """evaluate_file once its inputs are checked: build, judge, store (db_path None: not stored)."""
     import torch
 
     from .store import Store
 
-    gpus = ["0"] if backends.on_gpu(backend) else []
     db = Store.open(db_path) if db_path else None
     started = time.monotonic()
     # The reference process starts (and warms its compiler up) beside the build: it never imports
     # the candidate, and nothing is timed until the build has ended (measure_baselines, below).
     pool = ThreadPoolExecutor(1)
-    opening = pool.submit(evaluate.open_bench, task, chosen_size, backend, settings)
+    opening = pool.submit(evaluate.open_bench, job.task, job.size, job.backend, job.settings)
     pool.shutdown(wait=False)
     try:
-        built = _build(code_path, code_hash, backend, settings, gpus, cfg, notice)
+        built = _build(job, db, notice)
     except BaseException:
         _close(opening)
         raise
-    if db:
-        db.save_build(built, backend, torch.__version__)
     if not built.ok:
         _close(opening)
         verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
         result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
     else:
-        watch = health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(backend) else None
+        watch = health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(job.backend) else None
         prepared = time.monotonic()
         bench = opening.result()
         try:
             evaluate.measure_baselines(bench, db.get_baseline if db else None, watch=watch, settle=False)
             if db:
                 remember_baselines(db, bench)
-            if spares:
-                spares.release(evaluate.child_environment(backend))  # CUDA starts while the expected values are made
-            result = evaluate.evaluate(bench, code_path, Path(built.build_dir), settings, spares=spares, watch=watch)
+            if spares:  # CUDA starts while the expected values are made
+                spares.release(evaluate.child_environment(job.backend))
+            result = evaluate.evaluate(bench, job.code_path, Path(built.build_dir), job.settings, spares=spares,
+                                       watch=watch)
         finally:
             bench.close()
-        # The whole command's stages, not only the child's: a build found in the cache, the
+        # The whole command's stages, not only the child's: the build (or finding it stored), the
         # reference process's start-up (beside the build, so not part of the sum) and baselines,
         # then the evaluation's own phases.
         result = result.model_copy(update={"phases": {"build": round(prepared - started, 2),
@@ -136,11 +160,11 @@ def _judge_file(path: Path, task: tasks.TaskFile, backend: str, chosen_size: str
                                                       **result.phases}})
     if not db:
         return result, None
-    run_id = db.start_run(json.dumps({"eval": str(path)}), "[]", backend, result.device or backend,
-                          torch.__version__, torch.version.cuda, note=f"kgen eval {path}", kind="eval")
-    task_id = db.upsert_task(task.name, str(task.path), task.source)
-    attempt_id = db.save_attempt(run_id=run_id, task_id=task_id, task=task.name, model="(file)", sample=0,
-                                 backend=backend, template="-", completion_id=None, code_hash=code_hash,
-                                 result=result, size=size_name)
+    run_id = db.start_run(json.dumps({"eval": str(job.path)}), "[]", job.backend, result.device or job.backend,
+                          torch.__version__, torch.version.cuda, note=f"kgen eval {job.path}", kind="eval")
+    task_id = db.upsert_task(job.task.name, str(job.task.path), job.task.source)
+    attempt_id = db.save_attempt(run_id=run_id, task_id=task_id, task=job.task.name, model="(file)", sample=0,
+                                 backend=job.backend, template="-", completion_id=None, code_hash=job.code_hash,
+                                 result=result, size=job.size_name)
     db.finish_run(run_id, "done")
     return result, attempt_id

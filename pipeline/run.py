@@ -276,16 +276,13 @@ class Runner:
     async def _build(self, code_path: Path, code_hash: str, slot: Slot) -> BuildResult:
         lock = self.build_locks.setdefault(code_hash, asyncio.Lock())
         async with lock:  # one build per hash: the second attempt with the same code reuses it
-            known = self.store.get_build(code_hash)
-            # The same code fails the same way (a search sends a broken kernel back more than once);
-            # a timeout may not repeat, so it is built again.
-            if known and ((known.ok and Path(known.build_dir).is_dir()) or not (known.ok or known.timed_out)):
-                return known.model_copy(update={"cached": True})
+            import torch
+
+            if (known := build_stage.reusable(self.store.get_build(code_hash, torch.__version__))):
+                return known
             self.on_event("building", slot, None)
             result = await self.executor.build(code_path, code_hash, self.builds_root,
                                                self.cfg.evaluation.build_timeout_s)
-            import torch
-
             self.store.save_build(result, slot.backend, torch.__version__)
             self.on_event("built", slot, result)
             return result

@@ -262,9 +262,13 @@ class Store(StoreQueries):
         self.db["builds"].upsert(row, pk="code_hash")
 
     @_locked
-    def get_build(self, code_hash: str) -> BuildResult | None:
+    def get_build(self, code_hash: str, torch_version: str | None = None) -> BuildResult | None:
+        """The stored build of this code; with `torch_version`, only one built against that torch
+        (an extension built for another is not loadable, or not the same)."""
         row = self._one("SELECT * FROM builds WHERE code_hash = ?", [code_hash])
-        return _build(row) if row else None
+        if row is None or (torch_version is not None and row.get("torch_version") != torch_version):
+            return None
+        return _build(row)
 
     # attempts
 

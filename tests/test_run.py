@@ -269,6 +269,15 @@ def test_kgen_eval_judges_a_file_and_stores_it(tmp_path):
     assert out["time_ms"] > 0 and out["floor_ms"] > 0
     store = Store.open(tmp_path / "db" / "kgen.db")
     assert store.attempt(out["id"])["verdict"] == "correct"
+    built = list(store.db["builds"].rows)
+    assert len(built) == 1 and built[0]["ok"]
+    # Judged again: the build the database records (for this torch) is reused, as a batch reuses
+    # it, not checked by another build child (5.5 s of an H100 `kgen eval`); its row is untouched.
+    again = CliRunner().invoke(main, ["eval", str(code), "--task", "mse", "--backend", "cpu", "--size", "small",
+                                      "-c", str(config), "--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["verdict"] == "correct"
+    assert list(store.db["builds"].rows) == built
 
 
 def test_retry_errors_redoes_failed_model_calls_in_the_same_run(tmp_path):
