@@ -137,8 +137,9 @@ def test_honest_kernel_is_correct_in_gradient_mode_in_bf16(bench, builds):
 
 def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path):
     """The red team's forged clock (times_blocks reports 10% of each call) on forward plus backward:
-    the null model's calibration runs through the same autograd wrapper, so the parent's bound
-    counts only what the candidate adds, and that still puts the forged median below it."""
+    the parent's own clock around Bound requests puts the forged median below its bound. (A null
+    model calibrated through the autograd wrapper made the bound tighter for honest kernels, and let
+    this one through in one CI run of three: reverted in d26f42f.)"""
     build_dir = tmp_path / "build"
     build_dir.mkdir()
     r = evaluate.evaluate(bench("mse", GRAD), REDTEAM / "forged_time_blocks.py", build_dir, GRAD)
