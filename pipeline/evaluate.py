@@ -40,12 +40,6 @@ BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (pi
 # four 2.4 ms calls was always preempted (the fastest of five read 5.5 ms a call) and an honest kernel
 # was refused; a one-call request fits between preemptions often enough for its fastest to count.
 CPU_BOUND_REQUESTS = 12
-# ...and as many again, sent only where the first round's estimate refuses the child's clock: a
-# core back from idle runs a lone call slower (mse: 1.39 ms after 5 ms asleep, 0.65 back to back),
-# so one-call requests read up to 2.3x the timed calls, and in a batch beside a build a whole
-# round read slow enough to refuse an honest mse (1.50 ms against 0.65, one batch in twelve). Each
-# call of it is on fresh inputs with one checked in full, so it costs a cheat what the first did.
-CPU_SECOND_ROUND = 12
 CHECKED_TIMED = 16  # timed calls whose outputs are compared in full, chosen in secret per attempt
 BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
 # On the cpu, Bound inputs come from the parent through the inbox, up to this many bytes a request:
@@ -272,7 +266,6 @@ class AttemptPlan:
     checked: dict[str, dict[str, Any]]  # expected-output key -> {size, seed, variant}
     inbox: bool = False  # Bound inputs come from the parent (their reference specs ask for "inputs")
     size: str | dict[str, Any] = ""  # the main size, at which every timed and bound call runs
-    first_round: int = 0  # Bound requests sent among the blocks; the rest only if these refuse the clock
 
     @staticmethod
     def draw(bench: TaskBench) -> AttemptPlan:
@@ -287,12 +280,10 @@ class AttemptPlan:
         input_bytes = bench.baselines.input_bytes if bench.baselines else 0
         inbox = bench.device == "cpu" and 0 < input_bytes <= INBOX_BYTES
         if inbox:  # one call a request: the fastest is then one no other process preempted
-            bounds = [[_seed()] for _ in range(CPU_BOUND_REQUESTS + CPU_SECOND_ROUND)]
-            first_round = CPU_BOUND_REQUESTS
+            bounds = [[_seed()] for _ in range(CPU_BOUND_REQUESTS)]
         else:
             per_bound = max(1, min(BLOCK, BOUND_SET_BYTES // max(input_bytes, 1)))
             bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(BOUND_REQUESTS, min(8, len(timed))))]
-            first_round = len(bounds)
         checked = {f"trial{t.index}": {"size": t.size, "seed": t.seed, "variant": t.variant} for t in trials}
         flat = [(f"timed{b}_{j}", seed) for b, block in enumerate(timed) for j, seed in enumerate(block)]
         rng = random.SystemRandom()
@@ -301,7 +292,7 @@ class AttemptPlan:
         for b, block in enumerate(bounds):  # one call of every Bound request, chosen in secret
             j = rng.randrange(len(block))
             checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": block[j], "variant": "base"}
-        return AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size, first_round)
+        return AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size)
 
     def specs(self) -> dict[str, dict[str, Any]]:
         """What the reference computes for this attempt: every checked output, and on the inbox path

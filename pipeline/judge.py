@@ -177,20 +177,10 @@ def parent_estimate(calibration: list[Window], bounds: list[Window]) -> float | 
 def check_times(device: str, median_ms: float, blocks: list[tuple[list[float], Window]],
                 estimate: float | None) -> tuple[Verdict, str] | None:
     """The child's times inside the parent's bounds, or the verdict that they are not."""
-    return check_claims(blocks) or check_bound(device, median_ms, estimate)
-
-
-def check_claims(blocks: list[tuple[list[float], Window]]) -> tuple[Verdict, str] | None:
-    """No timed block may claim more time than passed around it on the parent's clock."""
     for claimed, window in blocks:
         if sum(claimed) > window.ms + UPPER_SLACK_MS:
             return (Verdict.impossible_timing, f"a timed block claims {sum(claimed):.4g} ms but only "
                     f"{window.ms:.4g} ms passed on the parent's clock")
-    return None
-
-
-def check_bound(device: str, median_ms: float, estimate: float | None) -> tuple[Verdict, str] | None:
-    """The child's median no lower than the parent's own estimate allows (BOUND_SLACK)."""
     if estimate is None:
         return Verdict.protocol_error, "no bound blocks were timed by the parent"
     per_call = estimate

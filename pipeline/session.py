@@ -242,20 +242,7 @@ class Session:
         if b and b.floor_ms and median < b.floor_ms * bench.settings.floor_slack:
             return (Verdict.impossible_timing, f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms "
                     f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
-        if (problem := judge.check_claims(self.timed)):
-            return problem
-        problem = judge.check_bound(bench.device, median, self.estimate)
-        rest = range(self.plan.first_round or len(self.plan.bounds), len(self.plan.bounds))
-        if problem and problem[0] is Verdict.impossible_timing and rest:
-            for k in rest:  # the second round (evaluate.CPU_SECOND_ROUND): the fastest of both counts
-                if (refused := self.bound(k)):
-                    return refused
-            self.estimate = judge.parent_estimate(self.calibration, self.bound_windows)
-            problem = judge.check_bound(bench.device, median, self.estimate)
-            if problem:
-                problem = (problem[0], f"{problem[1]} (the fastest of {len(self.bound_windows)} Bound requests, "
-                           f"in two rounds)")
-        return problem
+        return judge.check_times(bench.device, median, self.timed, self.estimate)
 
     def blocks(self) -> tuple[Verdict, str] | None:
         """Timed blocks with Bound requests and eager blocks spread among them (so all see the same
@@ -277,24 +264,19 @@ class Session:
             # last block could see another machine than the child's timed blocks did, and an honest
             # kernel was refused; the estimate is the fastest request, so spreading can only help it.
             last = j == len(plan.timed) - 1
-            first_round = plan.first_round or len(plan.bounds)
-            due = first_round if last else (j + 1) * first_round // len(plan.timed)
+            due = len(plan.bounds) if last else (j + 1) * len(plan.bounds) // len(plan.timed)
             while done < due:
+                k, bound_seeds = done, plan.bounds[done]
                 done += 1
-                if (problem := self.bound(done - 1)):
+                values = [np.fromfile(self.inputs[f"bound{k}_{i}"], dtype=np.uint8)
+                          for i in range(len(bound_seeds))] if self.inbox else None
+                reply, ms = self.ask(self.bound_request(k, bound_seeds), P.BoundDone, f"bound block {k}", values)
+                if len(reply.outputs) != len(bound_seeds):
+                    return Verdict.protocol_error, f"bound block {k}: {len(reply.outputs)} outputs for {len(bound_seeds)}"
+                self.bound_windows.append(Window(ms, len(bound_seeds)))
+                if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
                     return problem
         return None
-
-    def bound(self, k: int) -> tuple[Verdict, str] | None:
-        """Bound request k of the plan, its window on the parent's clock kept, its checked call compared."""
-        seeds = self.plan.bounds[k]
-        values = [np.fromfile(self.inputs[f"bound{k}_{i}"], dtype=np.uint8)
-                  for i in range(len(seeds))] if self.inbox else None
-        reply, ms = self.ask(self.bound_request(k, seeds), P.BoundDone, f"bound block {k}", values)
-        if len(reply.outputs) != len(seeds):
-            return Verdict.protocol_error, f"bound block {k}: {len(reply.outputs)} outputs for {len(seeds)}"
-        self.bound_windows.append(Window(ms, len(seeds)))
-        return self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)
 
     def eager_block(self, calls: int, first: bool) -> None:
         """As many eager calls, then as many torch.compile calls, timed by the reference process right
