@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,6 +16,7 @@ from . import backends, evaluate, health, sandbox
 from .child import memory, sizes, tasks
 from .config import Config, EvalConfig
 from .records import BuildResult, EvalResult, Verdict
+from .evaluate import TaskBench
 from .run import remember_baselines, resolve_backend
 
 
@@ -92,27 +93,37 @@ class FileJob:
     fast_builds: bool
 
 
-def _build(job: FileJob, db, notice: Callable[[str], None] | None) -> BuildResult:
-    """A build the database records for this code and torch (ok and still on disk, or failed), as a
-    batch reuses it; else a build now, recorded."""
+def _build_beside_reference(job: FileJob, db, notice: Callable[[str], None] | None) -> tuple[BuildResult, TaskBench]:
+    """The candidate's build, and the task's bench with its reference process started beside it
+    (warming its compiler up): the reference never imports the candidate, and nothing is timed
+    until the build has ended (measure_baselines). A build the database records for this code and
+    torch (ok and still on disk, or failed) is reused, as a batch reuses it. The build runs in the
+    worker thread, which lives until its build child has ended; the reference is started from the
+    calling thread, because a child dies with the thread that started it (PR_SET_PDEATHSIG,
+    harness.die_with_parent): started from a worker thread that then ended, it was killed mid-`expect`."""
     import torch
 
-    if db and (known := build_stage.reusable(db.get_build(job.code_hash, torch.__version__))):
-        return known
-    built = build_stage.build(job.code_path, job.code_hash, job.builds_root, job.settings.build_timeout_s,
-                              extra_env=build_stage.build_env(["0"] if backends.on_gpu(job.backend) else []),
-                              fast=job.fast_builds, cuda=job.backend == "cuda", notice=notice)
-    if db:
-        db.save_build(built, job.backend, torch.__version__)
-    return built
-
-
-def _close(opening: Future) -> None:
-    """The bench opened beside a build that failed: its reference process ends unused."""
-    try:
-        opening.result().close()
-    except Exception:  # noqa: BLE001 - a reference that could not start matters to nobody now
-        pass
+    built = build_stage.reusable(db.get_build(job.code_hash, torch.__version__)) if db else None
+    with ThreadPoolExecutor(1) as pool:
+        building = None if built else pool.submit(
+            build_stage.build, job.code_path, job.code_hash, job.builds_root, job.settings.build_timeout_s,
+            extra_env=build_stage.build_env(["0"] if backends.on_gpu(job.backend) else []),
+            fast=job.fast_builds, cuda=job.backend == "cuda", notice=notice)
+        try:
+            bench = evaluate.open_bench(job.task, job.size, job.backend, job.settings)
+        except BaseException:
+            if building:
+                building.result()
+            raise
+        if building:
+            try:
+                built = building.result()
+            except BaseException:
+                bench.close()
+                raise
+            if db:
+                db.save_build(built, job.backend, torch.__version__)
+    return built, bench
 
 
 def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | None,
@@ -124,24 +135,14 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | Non
 
     db = Store.open(db_path) if db_path else None
     started = time.monotonic()
-    # The reference process starts (and warms its compiler up) beside the build: it never imports
-    # the candidate, and nothing is timed until the build has ended (measure_baselines, below).
-    pool = ThreadPoolExecutor(1)
-    opening = pool.submit(evaluate.open_bench, job.task, job.size, job.backend, job.settings)
-    pool.shutdown(wait=False)
-    try:
-        built = _build(job, db, notice)
-    except BaseException:
-        _close(opening)
-        raise
+    built, bench = _build_beside_reference(job, db, notice)
     if not built.ok:
-        _close(opening)
+        bench.close()
         verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
         result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
     else:
         watch = health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(job.backend) else None
         prepared = time.monotonic()
-        bench = opening.result()
         try:
             evaluate.measure_baselines(bench, db.get_baseline if db else None, watch=watch, settle=False)
             if db:
