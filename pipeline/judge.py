@@ -32,8 +32,10 @@ from .records import TrialResult, Verdict
 # the child's events: on the H100 an honest 11 us kernel cost 110 us a call on the parent's clock,
 # hence 0.25 ms absolute (below that the bound says nothing; the bandwidth floor still holds); at
 # KernelBench's mse size the honest kernel's 2.80 ms sat at 0.76 of the parent's 3.67 ms, hence
-# half. On the CPU both clocks see the same work; honest calls measured 0.90-1.40x the estimate.
-BOUND_SLACK = {"cuda": (0.5, 0.25), "cpu": (0.5, 0.05)}  # (relative, milliseconds)
+# half. On the CPU a Bound request's lone call runs on a core back from idle, slower than the
+# child's back-to-back timed calls (mse: 1.39 against 0.65 ms), so an honest call reads up to 2.3x
+# below the estimate: 60% + 50 us there, with the estimate's calibration its fastest request.
+BOUND_SLACK = {"cuda": (0.5, 0.25), "cpu": (0.6, 0.05)}  # (relative, milliseconds)
 UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
 
 
@@ -158,19 +160,25 @@ class Window:
     calls: int
 
 
-def parent_estimate(calibration: list[Window], bounds: list[Window]) -> float | None:
+def parent_estimate(calibration: list[Window], bounds: list[Window], device: str = "cuda") -> float | None:
     """Per-call milliseconds from the parent's own clock: the fastest Bound request less the median
-    null-model request of the same size, per call.
+    null-model request of the same size (on the cpu, the fastest), per call.
 
     The fastest, not the median: a machine's stalls only ever add time (on the 2-core CI box about one
     Bound request in three took 8-16 ms longer than the rest, enough to put an honest kernel's median
     below the bound), while a candidate cannot make any request faster than the work it must do in
     it: to shorten one it would have to skip calls, and each request has one call, chosen in secret,
     whose output is checked in full. The median calibration is robust to a stalled null request
-    (seen: 15.3 ms among 7.3-7.9); BOUND_SLACK's relative part covers what is left of its noise."""
+    (seen: 15.3 ms among 7.3-7.9); BOUND_SLACK's relative part covers what is left of its noise.
+    On the cpu the calibration is its fastest request, for the reason the Bound requests are: on the
+    2-core box in gradient mode half its requests took 1.5-2 ms more than the rest, three of five
+    at times, and the median then put the estimate of the red team's forged clock (work of 3 ms a
+    call) at 0.6 ms and let it through in one run of five (a CI run too). No null request can be
+    faster than the work every request does, so the fastest is the least stalled."""
     if not calibration or not bounds:
         return None
-    base = statistics.median(w.ms for w in calibration)
+    times = [w.ms for w in calibration]
+    base = min(times) if device == "cpu" else statistics.median(times)
     return min(max(0.0, w.ms - base) / w.calls for w in bounds)
 
 

@@ -235,7 +235,7 @@ class Session:
                 return problem
         finally:
             bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
-        self.estimate = judge.parent_estimate(self.calibration, self.bound_windows)
+        self.estimate = judge.parent_estimate(self.calibration, self.bound_windows, bench.device)
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
         b = bench.baselines
