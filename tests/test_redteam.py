@@ -340,7 +340,7 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
 
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
     """The same patch reporting 85% of the real time is accepted, and the test of the stated bound:
-    what is recorded is no lower than the parent's estimate x (1 - 0.5) - 0.05 ms."""
+    what is recorded is no lower than the parent's estimate x (1 - 0.6) - 0.05 ms (pipeline.judge.BOUND_SLACK)."""
     code = tmp_path / "forged_time_blocks.py"
     code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
     result = run(bench, "", "mse", tmp_path, code=code)
@@ -391,10 +391,10 @@ def test_work_done_while_inputs_are_built_is_held_to_the_parents_bound(bench, tm
     spins to just above the floor in it. A Bound request's inputs come through the inbox, so there
     the work is done in the call, under the parent's clock: the recorded time is never below the
     parent's bound (refused as impossible_timing where it would be). A known gap, not closed: on
-    the 2-core box the parent's estimate (0.49-0.93 ms a call) is at times below what the work cost
-    the candidate (0.91-1.21 ms, by its own clock), so the bound's 50% + 50 us let it record 0.38-0.45
-    ms in four runs of six in the eleventh session (it had passed a stricter check, half its real
-    cost, in earlier CI runs): about a 2x unearned speedup on the cpu."""
+    the 2-core box the parent's estimate is at times close to what the work cost the candidate by
+    its own clock, and the cpu's slack (60% + 50 us) then lets it record 0.42-0.48 ms for work of
+    0.88-1.06 ms (two runs of five in the eleventh session; it had passed a stricter check, half its
+    real cost, in earlier CI runs): about a 2x unearned speedup on the cpu."""
     result = run(bench, "replay_input_hook.py", "mse", tmp_path)
     real = real_ms(result)
     assert real is not None, f"the refill hook never ran: {describe(result)}"
