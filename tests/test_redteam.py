@@ -340,7 +340,7 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
 
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
     """The same patch reporting 85% of the real time is accepted, and the test of the stated bound:
-    what is recorded is no lower than the parent's estimate x (1 - 0.6) - 0.05 ms (pipeline.judge.BOUND_SLACK)."""
+    what is recorded is no lower than the parent's estimate x (1 - 0.65) - 0.05 ms (pipeline.judge.BOUND_SLACK)."""
     code = tmp_path / "forged_time_blocks.py"
     code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
     result = run(bench, "", "mse", tmp_path, code=code)
@@ -392,7 +392,7 @@ def test_work_done_while_inputs_are_built_is_held_to_the_parents_bound(bench, tm
     the work is done in the call, under the parent's clock: the recorded time is never below the
     parent's bound (refused as impossible_timing where it would be). A known gap, not closed: on
     the 2-core box the parent's estimate is at times close to what the work cost the candidate by
-    its own clock, and the cpu's slack (60% + 50 us) then lets it record 0.42-0.48 ms for work of
+    its own clock, and the cpu's slack (65% + 50 us) then lets it record 0.42-0.48 ms for work of
     0.88-1.06 ms (two runs of five in the eleventh session; it had passed a stricter check, half its
     real cost, in earlier CI runs): about a 2x unearned speedup on the cpu."""
     result = run(bench, "replay_input_hook.py", "mse", tmp_path)
