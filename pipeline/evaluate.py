@@ -34,7 +34,11 @@ from .records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
 
 EVALUATOR_VERSION = "2"
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
-CALIBRATION_BLOCKS = 5  # null-model Bound requests before import: what a block costs besides the calls
+# Null-model Bound requests before import: what a block costs besides the calls. Fifteen, not five:
+# on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five did the
+# fastest was as slow as the candidate's own requests, so the estimate said nothing and the red
+# team's forged clock was judged correct (two fresh-clone CI runs of four); each costs a few ms.
+CALIBRATION_BLOCKS = 15
 BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (pipeline.judge.parent_estimate)
 # On the cpu, Bound requests of one call each: with three spinning processes a core, a request of
 # four 2.4 ms calls was always preempted (the fastest of five read 5.5 ms a call) and an honest kernel
