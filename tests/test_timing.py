@@ -145,7 +145,9 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
           f"{beside.median_ms if beside else None} ms, alone {alone:.4g} ms")
     assert result.verdict in (Verdict.correct, Verdict.impossible_timing), result.error
     assert beside is not None and beside.n == settings.timed_calls
-    assert beside.median_ms <= 1.3 * alone, "the candidate's helpers slowed the eager side"
+    # Against eager timed alone at another moment (prepare), so only a gross slowdown shows: with
+    # the pause, 0.95-1.15x here and 1.31x once in a fresh-clone CI run.
+    assert beside.median_ms <= 1.5 * alone, "the candidate's helpers slowed the eager side"
     if result.verdict is Verdict.correct:
         assert result.speedup_eager is not None and result.speedup_eager <= 1.2
 
