@@ -345,10 +345,16 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     plan = AttemptPlan.draw(bench)
     lane_env = lane_of(env)
     unfit = watch.check(bench, lane_env) if watch is not None else None
+    # Seconds spent before the child's conversation starts, kept beside its phases (issue 14: where
+    # an attempt's wall goes).
+    before = {"health": round(time.monotonic() - started, 3)}
     workdir = tempfile.mkdtemp(prefix="kgen-expected-")  # ours alone: no child can read it
     child = None
     try:
+        mark = time.monotonic()
         expected, inputs = bench.expect(plan.init_seed, plan.specs(), workdir, lane_env)
+        before["expect"] = round(time.monotonic() - mark, 3)
+        mark = time.monotonic()
         main = expected["trial0"]
         slot_values = max(e.numel for e in expected.values())
         slots = max(3, BLOCK, max(len(b) for b in plan.bounds))
@@ -366,6 +372,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
             child.send(init)
         if spares and spares.refill:
             spares.spawn(env, init.model_dump())
+        before["child"] = round(time.monotonic() - mark, 3)
         job = P.Job(task_path=str(bench.task.path.resolve()), size=bench.size, code_path=str(Path(code_path).resolve()),
                     build_dir=str(Path(build_dir).resolve()), device=bench.device, memory_gb=settings.memory_limit_gb,
                     out_shape=main.shape, slot_values=slot_values, slots=slots, inbox_set_bytes=set_size,
@@ -395,7 +402,9 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
             bench.close()
     result = _trust(result, settings)
     if watch is not None and unfit is None and result.timing is not None:
+        mark = time.monotonic()
         unfit = watch.check(bench, lane_env)  # the device went bad while this attempt was timed
+        before["health_after"] = round(time.monotonic() - mark, 3)
     unfit = unfit or (bench.suspect and f"baselines measured while {bench.suspect}")
     if unfit:
         result = result.model_copy(update={"device_unfit": unfit})
@@ -404,7 +413,8 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
         "device": bench.env.get("device_name", ""), "torch_version": bench.env.get("torch_version", ""),
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,
         "grad": bench.settings.grad, "dtype": bench.settings.dtype,
-        "eval_seconds": ended - started, "phases": {**session.phases, "teardown": round(ended - session.last, 3)}})
+        "eval_seconds": ended - started,
+        "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}})
 
 
 def _trust(result: EvalResult, settings: EvalConfig) -> EvalResult:

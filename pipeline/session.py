@@ -35,7 +35,7 @@ class Session:
         self.settings = settings or bench.settings  # this evaluation's (its limits may differ from the bench's)
         self.inbox, self.inputs = inbox, inputs or {}
         self.phases: dict[str, float] = {}
-        self.last = time.monotonic()
+        self.last = self.part_from = time.monotonic()
         self.step = "loading the task"
         self.confinement: P.Confinement | None = None
         self.judged: list[TrialResult] = []
@@ -54,7 +54,13 @@ class Session:
     def mark(self, phase: str) -> None:
         now = time.monotonic()
         self.phases[phase] = round(now - self.last, 3)
-        self.last = now
+        self.last = self.part_from = now
+
+    def part(self, name: str) -> None:
+        """A part of the phase under way, timed from the last mark or part (the phase keeps its total)."""
+        now = time.monotonic()
+        self.phases[name] = round(now - self.part_from, 3)
+        self.part_from = now
 
     def ask(self, request: P.Message | None, kind: type, what: str,
             reveal: list[np.ndarray] | None = None) -> tuple[Any, float]:
@@ -125,10 +131,12 @@ class Session:
         self.child.send(job)
         ready, _ = self.ask(None, P.Ready, "loading the task")
         self.confinement = ready.confinement
+        self.part("startup_ready")
         calls = len(plan.bounds[0])
         # The reference's compiler warm-up (pipeline.reference.CompilerWarmup) has ended before the
         # calibration, so that it sees the machine the timed blocks will.
         bench.request({"op": "settle"}, bench.settings.timeout_s, self.lane)
+        self.part("startup_settle")
         # Still our own code in the child: a null model. The first request makes the input sets and
         # maps the inbox's pages; it is a warm-up, not part of the calibration.
         noise = [np.random.default_rng().integers(0, 256, self.inbox.set_bytes, dtype=np.uint8)
@@ -138,6 +146,7 @@ class Session:
                                  "calibration", noise)
             if i:
                 self.calibration.append(Window(ms, calls))
+        self.part("startup_calibration")
         self.mark("startup")
         self.ask(P.Import(), P.Imported, "the import")
         self.mark("import")
