@@ -121,8 +121,10 @@ class LocalExecutor:
         # takes every build slot, so nothing compiles while something is being timed.
         self.exclusive = not gpus
         self.pool: Lanes[str | None] = Lanes(list(gpus) or [None], notice, name=lambda gpu: f"GPU {gpu}")
-        # Not on the cpu backend: a spare loading torch would share the cores with a timed kernel.
-        self.spares = sandbox.Spares("pipeline.child.harness", ["eval"]) if gpus else None
+        # Not on the cpu backend: a spare loading torch would share the cores with a timed kernel. On
+        # GPU lanes with cores to spare, spares start CUDA and the profiler ahead on the build cores.
+        self.spares = sandbox.Spares("pipeline.child.harness", ["eval"], cores=build_cores and _cores(build_cores)) \
+            if gpus else None
         # Each GPU is checked fit to time around every attempt (pipeline.health).
         self.watches = {gpu: health.Watch(gpu) for gpu in gpus}
 

@@ -287,53 +287,101 @@ def pin(pid: int, cores: str | None) -> None:
         pass
 
 
-class Spares:
-    """Children started before they are needed, one per environment (a GPU lane's), so that the next
-    attempt does not wait for Python and torch to load (4-5 s on the H100 host). A spare runs no
-    candidate code and touches no device until `release` sends it its first line (the harness then
-    initialises CUDA and the profiler), which the caller does once the current attempt's timing is
-    over; the attempt's job follows in `take`. Each spare still serves exactly one attempt. With
-    `refill` false, taking a spare starts no next one (`kgen eval` judges one candidate)."""
+def pin_all(pid: int, cores: str | None) -> None:
+    """Move every thread of a running child onto `cores` (a spare taken for a lane). Threads it
+    starts later inherit the mask of the thread that starts them; a thread started while we walk
+    the list is caught by the next pass."""
+    if not cores:
+        return
+    wanted = {int(c) for c in cores.split(",")}
+    done: set[int] = set()
+    for _ in range(3):
+        try:
+            tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - done
+        except OSError:
+            return  # gone
+        if not tids:
+            return
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, wanted)
+            except (ProcessLookupError, ValueError, OSError):
+                pass
+        done |= tids
 
-    def __init__(self, module: str, args: list[str], outbox: int | None = OUTBOX_BYTES, refill: bool = True):
+
+class Spares:
+    """Children started before they are needed, kept per environment (a GPU lane's), so that an
+    attempt does not wait for Python, torch, CUDA and the profiler to start: a fresh child took 11-13
+    s on the H100 host, 6-7 of them the first profiler session (CUPTI), docs/benchmarks.md. A spare
+    runs no candidate code until it is taken, and each serves exactly one attempt.
+
+    Two ways to wait, chosen by `cores`:
+    - With `cores` (cores no lane times on, executor.core_plan), up to `depth` spares start ahead
+      and initialise CUDA and the profiler at once, on those cores, beside whatever the lane is
+      timing; taking one moves all its threads onto the lane's cores (KGEN_CORES). Fresh processes
+      starting CUDA and the profiler on other cores left a timed kernel's median and p90 unchanged
+      on the H100 (docs/benchmarks.md, twelfth session), and the parent's bound uses medians and
+      minima, never a single window.
+    - Without, one spare waits with torch loaded and touches no device until `release` sends it
+      its first line, which the caller does once the current attempt's timing is over.
+    With `refill` false, taking a spare starts no next one (`kgen eval` judges one candidate)."""
+
+    def __init__(self, module: str, args: list[str], outbox: int | None = OUTBOX_BYTES, refill: bool = True,
+                 cores: str | None = None, depth: int = 2):
         self.module, self.args, self.outbox, self.refill = module, args, outbox, refill
-        self._waiting: dict[frozenset, tuple[Child, dict[str, Any] | None]] = {}
+        self.cores = cores or None
+        self.depth = max(1, depth) if self.cores and refill else 1
+        # Per environment, oldest first: [child, the Init still to send (None once sent)].
+        self._waiting: dict[frozenset, list[list[Any]]] = {}
         self._lock = threading.Lock()
 
     def spawn(self, env: dict[str, str], init: dict[str, Any]) -> None:
+        """Start spares for `env` until `depth` wait."""
         key = frozenset(env.items())
         with self._lock:
-            if key in self._waiting:
-                return
-            self._waiting[key] = (start(self.module, self.args, 24 * 3600, env, self.outbox), init)
+            queue = self._waiting.setdefault(key, [])
+            while len(queue) < self.depth:
+                if self.cores:
+                    child = start(self.module, self.args, 24 * 3600, {**env, "KGEN_CORES": self.cores}, self.outbox)
+                    child.send(init)
+                    queue.append([child, None])
+                else:
+                    queue.append([start(self.module, self.args, 24 * 3600, env, self.outbox), init])
 
     def release(self, env: dict[str, str]) -> None:
-        """Let the waiting spare for `env` initialise its device now."""
+        """Let the oldest waiting spare for `env` initialise its device now (those started ahead on
+        their own cores already have)."""
         with self._lock:
-            entry = self._waiting.get(frozenset(env.items()))
-            if entry is None or entry[1] is None:
-                return
-            self._waiting[frozenset(env.items())] = (entry[0], None)
-        entry[0].send(entry[1])
+            queue = self._waiting.get(frozenset(env.items())) or []
+            entry = queue[0] if queue else None
+            init = entry[1] if entry else None
+            if entry is not None:
+                entry[1] = None
+        if init is not None:
+            entry[0].send(init)
 
     def take(self, env: dict[str, str], timeout: float) -> Child | None:
-        """The waiting spare for `env`, released and with a fresh deadline, or None."""
+        """The oldest spare for `env`, released, on the lane's cores and with a fresh deadline, or None."""
         self.release(env)
         with self._lock:
-            entry = self._waiting.pop(frozenset(env.items()), None)
+            queue = self._waiting.get(frozenset(env.items())) or []
+            entry = queue.pop(0) if queue else None
         if entry is None:
             return None
         child = entry[0]
         if child.proc.poll() is not None:  # it died waiting (killed, out of memory): start afresh
             child.finish(grace=0.1)
             return None
+        if self.cores:
+            pin_all(child.proc.pid, env.get("KGEN_CORES"))
         child.started = time.monotonic()
         child.deadline = child.started + timeout
         return child
 
     def close(self) -> None:
         with self._lock:
-            waiting, self._waiting = list(self._waiting.values()), {}
+            waiting, self._waiting = [entry for queue in self._waiting.values() for entry in queue], {}
         for child, _ in waiting:
             child.kill()
             child.finish(grace=0.1)

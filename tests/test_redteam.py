@@ -306,7 +306,7 @@ def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
         first = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
         spares.refill = False
         second = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
-        left = list(spares._waiting.values())
+        left = [entry for queue in spares._waiting.values() for entry in queue]
     finally:
         spares.close()
     assert first.verdict is V.correct and second.verdict is V.correct, describe(second)
@@ -314,9 +314,63 @@ def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
     assert left == [], "a spare was started after the last one was taken without refill"
     unused = sandbox.Spares("pipeline.child.harness", ["eval"], refill=False)
     unused.spawn(evaluate.child_environment("cpu"), evaluate.spare_init("cpu", SETTINGS))
-    waiting = [child for child, _ in unused._waiting.values()]
+    waiting = [child for queue in unused._waiting.values() for child, _ in queue]
     unused.close()
     assert len(waiting) == 1 and waiting[0].proc.poll() is not None, "the unused spare outlived close()"
+
+
+def _thread_cores(pid: int) -> list[set[int]]:
+    """The cores each thread of `pid` may run on, read by the test itself."""
+    return [os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
+
+
+def _wait_idle(pids: list[int], limit: float = 120.0) -> None:
+    """Until none of `pids` used CPU time for half a second: a spare done loading torch."""
+    def used() -> list[int]:
+        out = []
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out.append(int(fields[11]) + int(fields[12]))
+        return out
+
+    end, last = time.monotonic() + limit, None
+    while time.monotonic() < end:
+        now = used()
+        if now == last:
+            return
+        last = now
+        time.sleep(0.5)
+
+
+def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest_build):
+    """With cores of their own (the build cores of a GPU machine), spares start ahead, `depth` of
+    them, initialised at once on those cores; a taken one has every thread on the lane's cores
+    (KGEN_CORES) and judges a candidate as a fresh child would."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    lane, own = cores[0], cores[-1]
+    env = evaluate.child_environment("cpu", {"KGEN_CORES": str(lane)})
+    spares = sandbox.Spares("pipeline.child.harness", ["eval"], cores=str(own))
+    try:
+        spares.spawn(env, evaluate.spare_init("cpu", SETTINGS))
+        queue = [entry for entry in spares._waiting[frozenset(env.items())]]
+        _wait_idle([child.proc.pid for child, _ in queue])
+        waiting_on = [_thread_cores(child.proc.pid) for child, _ in queue]
+        spares.refill = False  # nothing else starts beside the timed attempt on this small machine
+        result = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS,
+                                   env={"KGEN_CORES": str(lane)}, spares=spares)
+        taken = spares.take(env, 60)
+        moved = _thread_cores(taken.proc.pid)
+        taken.kill()
+        taken.finish(grace=0.1)
+    finally:
+        spares.close()
+    assert len(queue) == 2 and all(init is None for _, init in queue), "two spares, each sent its Init at start"
+    assert all(threads and all(c == {own} for c in threads) for threads in waiting_on), waiting_on
+    assert moved and all(c == {lane} for c in moved), moved
+    assert result.verdict is V.correct, describe(result)
 
 
 # ---- timing: the child's clock is the candidate's, the parent's bound is not --------------------

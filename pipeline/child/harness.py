@@ -399,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if job.threads and not job.device.startswith("cuda"):
         torch.set_num_threads(job.threads)
+    elif job.device.startswith("cuda"):
+        # A spare may have started on other cores (sandbox.Spares) and been moved to the lane's since:
+        # as many CPU threads as the lane has cores, like the reference process.
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     os.environ["TORCH_EXTENSIONS_DIR"] = job.build_dir
     load_prebuilt_only()
     confinement = apply_limits(job.memory_gb, job.device.startswith("cuda"),
