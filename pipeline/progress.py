@@ -184,6 +184,8 @@ class Progress:
             self.unfit.add(info)
             self._say(f"device not fit to time: {info}; timings are not trusted until it recovers, and a "
                       "resume re-times these attempts", style="yellow")
+        elif stage == "prepared" and not self.live:  # a task's reference process: seconds per stage
+            self._line("reference", f"{slot.task.name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in info.items()))
         elif stage == "lane":  # a lane taken out of service (pipeline.lanes)
             self._say(str(info), style="yellow")
 

@@ -259,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     send({"event": "ready", **env})
     while (line := sys.stdin.readline()).strip():
         request = json.loads(line)
+        if job["device"].startswith("cuda") and request["op"] in ("baselines", "time_block"):
+            # Started on other cores and moved to its lane's since (executor.LocalExecutor.prepare): as
+            # many CPU threads as the lane has cores, like the candidate's child.
+            if torch.get_num_threads() != (lane_cores := max(1, len(os.sched_getaffinity(0)))):
+                torch.set_num_threads(lane_cores)
         if warming is not None and request["op"] not in BESIDE_WARMUP:
             warmed = warming.join()  # nothing is timed beside the warm-up (nor a child's calibration)
             warming = None

@@ -295,6 +295,7 @@ class Runner:
                 bench = await self.executor.prepare(slot.task, self.cfg.tasks.size, slot.backend,
                                                     self.cfg.evaluation, self.store.all_baselines())
                 remember_baselines(self.store, bench)
+                self.on_event("prepared", slot, dict(bench.phases))
                 return bench
 
             self.benches[name] = asyncio.ensure_future(prepare())

@@ -343,6 +343,32 @@ def _wait_idle(pids: list[int], limit: float = 120.0) -> None:
         time.sleep(0.5)
 
 
+def test_a_reference_started_off_the_lane_moves_to_it(honest_build):
+    """A task's reference process started on other cores (a one-GPU batch starts it off the lane:
+    executor.LocalExecutor.prepare) moves, every thread, to the lane's cores, measures its baselines
+    there as the lane's own (no second reference starts) and serves an attempt."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    lane, own = {"KGEN_CORES": str(cores[0])}, {"KGEN_CORES": str(cores[-1])}
+    task = tasks.discover(TASKS, ["mse"])[0]
+    opened = evaluate.open_bench(task, "small", "cpu", SETTINGS, own)
+    try:
+        ref = next(iter(opened.references.values()))
+        before = [c for pid in sandbox.session_members(ref.proc.pid) for c in _thread_cores(pid)]
+        opened.move_reference(own, lane)
+        after = [c for pid in sandbox.session_members(ref.proc.pid) for c in _thread_cores(pid)]
+        evaluate.measure_baselines(opened, env=lane)
+        result = evaluate.evaluate(opened, REDTEAM / "honest_cpp.py", honest_build, SETTINGS, env=lane)
+        serving = list(opened.references.values())
+    finally:
+        opened.close()
+    assert before and all(c == {cores[-1]} for c in before), before
+    assert after and all(c == {cores[0]} for c in after), after
+    assert serving == [ref], "a second reference process was started for the lane"
+    assert opened.baselines is not None and result.verdict is V.correct, describe(result)
+
+
 def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest_build):
     """With cores of their own (the build cores of a GPU machine), spares start ahead, `depth` of
     them, initialised at once on those cores; a taken one has every thread on the lane's cores
