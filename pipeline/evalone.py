@@ -16,7 +16,7 @@ from . import backends, evaluate, health, sandbox
 from .child import memory, sizes, tasks
 from .config import Config, EvalConfig
 from .records import BuildResult, EvalResult, Verdict
-from .evaluate import TaskBench
+from .bench import TaskBench
 from .run import remember_baselines, resolve_backend
 
 

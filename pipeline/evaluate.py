@@ -1,5 +1,5 @@
-"""The parent's side of evaluation: the reference process, the candidate's child, and the session
-between them that ends in a verdict (pipeline.judge decides each check).
+"""The parent's side of evaluation: the candidate's child, and the session between it and the task's
+reference process (pipeline.bench) that ends in a verdict (pipeline.judge decides each check).
 
     bench = prepare(task, "small", "cpu", settings)          # one reference process per task and run
     result = evaluate(bench, code_path, build_dir, settings)  # one fresh sandboxed child per attempt
@@ -20,17 +20,20 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import backends, health, sandbox
 from .child import protocol as P
-from .child import memory, sizes, tasks
-from .child.timing import BLOCK, TIMING_VERSION, calls_for, summarize_blocks
-from .config import EvalConfig, cache_root
-from .judge import Expected
-from .records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
+from .child import tasks
+from .child.timing import BLOCK, summarize_blocks
+from .config import EvalConfig
+from .records import EvalResult, Flag, Timing, TrialResult, Verdict
+# The task's bench (reference process, baselines) lives in pipeline.bench; its names are part of this
+# stage's public face, where the executor, `kgen eval` and the scripts have always found them.
+from .bench import (EvaluationError, TaskBench, _seed, _tail, baseline_key, device_for, lane_of,  # noqa: F401
+                    measure_baselines, open_bench, prepare, timed_count)
 
 EVALUATOR_VERSION = "2"
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
@@ -51,225 +54,6 @@ BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
 # ten times an mse call, and its noise would drown the calls in the parent's clock.
 INBOX_BYTES = 1 << 30
 HARNESS = "pipeline.child.harness"
-
-
-class EvaluationError(RuntimeError):
-    """The reference itself could not be computed (a broken task), so no candidate can be judged."""
-
-
-def _seed() -> int:
-    return int.from_bytes(os.urandom(6), "little")
-
-
-@dataclass
-class TaskBench:
-    """One task in one run: its reference process (kept alive between attempts), baselines and sizes."""
-
-    task: tasks.TaskFile
-    size: str | dict[str, Any]
-    size_name: str
-    backend: str
-    device: str
-    tolerance: float
-    settings: EvalConfig
-    other_sizes: list[str] = field(default_factory=list)
-    timed_calls: int = 0
-    baselines: Baselines | None = None
-    env: dict[str, Any] = field(default_factory=dict)
-    phases: dict[str, float] = field(default_factory=dict)  # the reference process's seconds per stage
-    references: dict[frozenset, sandbox.Child] = field(default_factory=dict)
-    detached: bool = False  # a copy in another process (Ray): its references end with each attempt
-    suspect: str | None = None  # why the baselines were measured on a device unfit to time (never cached)
-
-    def __getstate__(self):  # a bench sent to another process starts its own reference there
-        return {**self.__dict__, "references": {}, "detached": True}
-
-    def _reference(self, env: dict[str, str] | None) -> sandbox.Child:
-        """The reference process for a lane (its CUDA_VISIBLE_DEVICES): it computes on the lane's own
-        GPU, so it never runs beside another lane's timing."""
-        key = frozenset((env or {}).items())
-        ref = self.references.get(key)
-        if ref is not None and ref.proc.poll() is None:
-            return ref
-        ref = sandbox.start("pipeline.reference", [], 24 * 3600, {**compile_cache_env(), **(env or {})})
-        ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
-                  "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad,
-                  "warm_compiler": self.settings.compile_baseline})
-        ready = ref.receive()
-        if not ready or ready.get("event") != "ready":
-            _, log = ref.finish()
-            raise EvaluationError(f"task {self.task.name}: reference process failed to start: {_tail(log)}")
-        self.env = {k: ready[k] for k in ("device_name", "torch_version", "cuda_version")}
-        self.references[key] = ref
-        return ref
-
-    def request(self, message: dict[str, Any], timeout: float, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-        """Send the lane's reference one request; its messages up to `done`."""
-        ref = self._reference(env)
-        ref.deadline = time.monotonic() + timeout
-        ref.send(message)
-        out = []
-        while (msg := ref.receive()) is not None and msg.get("event") != "done":
-            out.append(msg)
-        if msg is None:
-            _, log = ref.finish()
-            self.references.pop(frozenset((env or {}).items()), None)
-            raise EvaluationError(f"task {self.task.name}: reference process failed on {message['op']}: {_tail(log)}")
-        return out
-
-    def expect(self, init_seed: int, specs: dict[str, dict[str, Any]], directory: str,
-               env: dict[str, str] | None = None) -> tuple[dict[str, Expected], dict[str, str]]:
-        """Expected outputs for this attempt's seeds, written whole into `directory`, and the files of
-        the packed inputs the specs ask for (`"inputs": True`)."""
-        msgs = self.request({"op": "expect", "init_seed": init_seed, "dir": directory,
-                             "specs": [{"key": k, **v} for k, v in specs.items()]}, self.settings.timeout_s * 2, env)
-        found = [m for m in msgs if m.get("event") == "expected"]
-        return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m["path"], m.get("fp32_rel_err"),
-                                    m.get("parts") if self.settings.grad else None, m.get("rel_errs"),
-                                    m.get("dtypes"))
-                 for m in found if "shape" in m}, {m["key"]: m["inputs_path"] for m in found if "inputs_path" in m})
-
-    def move_reference(self, started_with: dict[str, str], lane: dict[str, str]) -> None:
-        """The reference started with `started_with` (a lane's GPU, other cores) now serves `lane`:
-        every thread of every process in its session moves to the lane's cores (KGEN_CORES)."""
-        ref = self.references.pop(frozenset(started_with.items()), None)
-        if ref is None:
-            return
-        self.references[frozenset(lane.items())] = ref
-        for pid in sandbox.session_members(ref.proc.pid):
-            sandbox.pin_all(pid, lane.get("KGEN_CORES"))
-
-    def close(self) -> None:
-        references, self.references = list(self.references.values()), {}
-        for ref in references:
-            ref.kill()
-            ref.finish(grace=0.1)
-
-
-def compile_cache_env() -> dict[str, str]:
-    """Where the reference process keeps torch.compile's caches (inductor's graphs and generated
-    code, Triton's kernels): one folder that outlives it (KGEN_CACHE_DIR, default ~/.cache/kgen).
-    A child's own HOME and TMPDIR are private and die with it, so without this every reference
-    process compiled each task from nothing: 15 s of a 40 s `kgen eval` on the cpu, 9 s of a task's
-    first attempt on each GPU lane. Only reference processes write here; a candidate's child can
-    write nowhere but its own temp dir (Landlock), so it cannot plant code the reference would load."""
-    root = cache_root()
-    # Inductor keeps its precompiled header for cpu kernels (149 MB, about 5 s of g++) under the
-    # temp folder whatever TORCHINDUCTOR_CACHE_DIR says (torch._inductor.codecache._HEADER_DIR), so
-    # the reference's temp folder is one that outlives it too.
-    tmp = root / "reference-tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
-            "TMPDIR": str(tmp)}
-
-
-def lane_of(env: dict[str, str]) -> dict[str, str] | None:
-    """The part of a child's environment that names its GPU lane and the lane's cores (KGEN_CORES),
-    which keys the lane's reference process and pins it beside the lane's children."""
-    return {k: v for k, v in env.items() if k in ("CUDA_VISIBLE_DEVICES", "KGEN_CORES")} or None
-
-
-def device_for(backend: str) -> str:
-    return backends.device_for(backend)
-
-
-def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
-            cached_baselines: Callable[[str], str | None] | None = None,
-            env: dict[str, str] | None = None, watch: health.Watch | None = None) -> TaskBench:
-    """Start the task's reference process and get its baselines (from `cached_baselines(key)` when
-    it has them); the bench then serves every attempt of the task in this run. With `watch`, the
-    device is checked before and after they are measured (pipeline.health)."""
-    return measure_baselines(open_bench(task, size, backend, settings, env), cached_baselines, env, watch)
-
-
-def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
-               env: dict[str, str] | None = None) -> TaskBench:
-    """The task's bench with its reference process started (and, where torch.compile is timed,
-    warming its compiler up), but no baselines yet: `kgen eval` opens it beside the build."""
-    module = tasks.load_module(task, size, settings.dtype)
-    if device_for(backend) != "cuda":  # on cuda, asking for free memory would open a CUDA context in this process
-        memory.check_memory(module, device_for(backend), env=env)
-    bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device_for(backend),
-                      tasks.tolerance(module, settings.tolerance), settings,
-                      other_sizes=_held_out(module, size) if settings.check_shapes else [])
-    started = time.monotonic()
-    bench._reference(env)
-    bench.phases = {"startup": round(time.monotonic() - started, 2)}
-    return bench
-
-
-def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | None] | None = None,
-                      env: dict[str, str] | None = None, watch: health.Watch | None = None,
-                      settle: bool = True) -> TaskBench:
-    """The bench's baselines: from `cached_baselines(key)` when it has them, else timed now by its
-    reference process (see `prepare`). With `settle`, cached ones also wait for the reference's
-    compiler warm-up (pipeline.reference.CompilerWarmup): in a batch, another task's candidate may
-    be timed on this lane as soon as this returns, and must not share the cpu with it. `kgen eval`,
-    alone on its machine, leaves it running beside its `expect` (its session settles before the
-    child's calibration)."""
-    task, size, settings = bench.task, bench.size, bench.settings
-    ready_at = time.monotonic()
-    cached = cached_baselines(baseline_key(bench)) if cached_baselines else None
-    if cached is None:  # the compiler's warm-up ends first, timed apart (the run's `reference` line)
-        bench.request({"op": "settle"}, settings.timeout_s, env)
-        bench.phases["settle"] = round(time.monotonic() - ready_at, 2)
-        ready_at = time.monotonic()
-    if cached is None and watch is not None:
-        bench.suspect = watch.check(bench, env)
-    if cached is not None:
-        bench.baselines = Baselines.model_validate_json(cached)
-        if settle:
-            bench.request({"op": "settle"}, settings.timeout_s, env)
-    else:
-        seeds = [_seed() for _ in range(max(settings.timed_calls, settings.max_timed_calls))]
-        msgs = bench.request({"op": "baselines", "size": size, "init_seed": _seed(), "baseline_seeds": seeds,
-                              "warmup": settings.warmup_calls, "compile_baseline": settings.compile_baseline,
-                              "timed_ms": settings.timed_ms, "timed_calls": settings.timed_calls,
-                              "max_timed_calls": settings.max_timed_calls}, settings.timeout_s * 4, env)
-        found = [m for m in msgs if m.get("event") == "baselines"]
-        if not found:
-            bench.close()
-            raise EvaluationError(f"task {task.name}: the reference process sent no baselines")
-        bench.baselines = _baselines(found[0])
-        if watch is not None and bench.suspect is None:
-            bench.suspect = watch.check(bench, env)
-    b = bench.baselines
-    bench.timed_calls = timed_count(settings, *([t.median_ms for t in (b.eager, b.compiled) if t] if b else []))
-    bench.phases["baselines"] = round(time.monotonic() - ready_at, 2)
-    return bench
-
-
-def _held_out(module, size) -> list[str]:
-    """The sizes every correct candidate is also run at: the task's other declared presets (not its
-    huge default), then one smaller and one larger shape drawn for this run (sizes.held_out_sizes),
-    which no prompt showed; a failure at any is flagged shape_specialized."""
-    declared = sizes.other_sizes(module, size)
-    return declared + [s for s in sizes.held_out_sizes(module, random.SystemRandom()) if s not in declared]
-
-
-def timed_count(settings: EvalConfig, *baseline_ms: float | None) -> int:
-    """Timed calls for this task: more when its faster baseline is short (timing.calls_for); a kernel
-    worth keeping is at least about that fast, and baselines and candidates then get the same rule."""
-    fastest = min((t for t in baseline_ms if t), default=None)
-    return calls_for(fastest, settings.timed_ms, settings.timed_calls, settings.max_timed_calls)
-
-
-def baseline_key(bench: TaskBench) -> str:
-    env, s = bench.env, bench.settings
-    mode = [s.dtype] if s.dtype != "float32" else []
-    mode += ["grad"] if s.grad else []  # forward plus backward is another baseline
-    return ":".join([bench.task.name, bench.task.sha, bench.size_name, bench.backend, env["device_name"],
-                     env["torch_version"], f"timing{TIMING_VERSION}", *mode])
-
-
-def _baselines(msg: dict[str, Any]) -> Baselines:
-    return Baselines(eager=Timing(**msg["eager"]), compiled=Timing(**msg["compiled"]) if "compiled" in msg else None,
-                     floor_ms=msg["floor_ms"], bandwidth_gbs=msg["bandwidth_gbs"], input_bytes=msg["input_bytes"],
-                     eager_plain_ms=msg.get("eager_plain_ms"), compiled_plain_ms=msg.get("compiled_plain_ms"))
-
-
-def _tail(log: str, lines: int = 3) -> str:
-    return " | ".join(line.strip() for line in log.strip().splitlines()[-lines:]) or "(no output)"
 
 
 @dataclass

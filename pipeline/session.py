@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from . import backends, judge
-from .judge import Window
+from .judge import Expected, Window
 from .child import protocol as P
-from .evaluate import (CALIBRATION_BLOCKS, Ended, EvalResult, Expected, TaskBench, ended_early, flags_for,
-                       lane_of, summarize, _seed)
+from .bench import TaskBench, _seed, lane_of
+from .evaluate import CALIBRATION_BLOCKS, Ended, EvalResult, ended_early, flags_for, summarize
 from .records import TrialResult, Verdict
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
