@@ -145,9 +145,12 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
           f"{beside.median_ms if beside else None} ms, alone {alone:.4g} ms")
     assert result.verdict in (Verdict.correct, Verdict.impossible_timing), result.error
     assert beside is not None and beside.n == settings.timed_calls
-    # Against eager timed alone at another moment (prepare), so only a gross slowdown shows: with
-    # the pause, 0.95-1.15x here and 1.31x once in a fresh-clone CI run.
-    assert beside.median_ms <= 1.5 * alone, "the candidate's helpers slowed the eager side"
+    # What the pause protects is the side-by-side ratio: a correct verdict's speedup stays near 1.0
+    # (1.40-1.48 without the pause). Eager alone was timed at another moment (prepare), so against it
+    # only a gross slowdown shows: with the pause, 0.95-1.15x here, and in fresh-clone CI runs 1.31x
+    # and once 1.63x, where the candidate's own calls were as slow (speedup 1.12): the whole attempt
+    # ran on a slower machine, and the candidate gained nothing.
+    assert beside.median_ms <= 2.0 * alone, "the candidate's helpers slowed the eager side"
     if result.verdict is Verdict.correct:
         assert result.speedup_eager is not None and result.speedup_eager <= 1.2
 
