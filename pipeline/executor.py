@@ -161,8 +161,8 @@ class LocalExecutor:
             return await self._on_lane(evaluate_stage.prepare, task, size, backend, settings, known_baselines.get,
                                        key=task.name, discard=_close)
         # One GPU lane with cores to spare: the task's reference process starts now, off the lane, on
-        # the build cores (Python, torch, CUDA and the compiler's warm-up: the lane waited 41-48 s on
-        # a task switch, docs/benchmarks.md), and moves to the lane's cores when the lane takes it
+        # the build cores (Python, torch, CUDA and the compiler's warm-up: a task switch put 47-51 s
+        # between two verdicts, docs/benchmarks.md), and moves to the lane's cores when the lane takes it
         # for the baselines, the only part that is timed.
         lane = self.pool.live[0]
         started_with = {"CUDA_VISIBLE_DEVICES": lane, "KGEN_CORES": self.early_cores}
