@@ -4,6 +4,7 @@ reports what it could still reach.
 
     python -m tests.sandbox_probe --result-fd N plain
     python -m tests.sandbox_probe --result-fd N confined OUTSIDE_FILE PROJECT_FILE PORT
+    python -m tests.sandbox_probe --result-fd N spin      # forks two spinners, reports, waits on stdin
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _setsid_in_fork() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--result-fd", type=int, required=True)
-    parser.add_argument("mode", choices=["plain", "confined"])
+    parser.add_argument("mode", choices=["plain", "confined", "spin"])
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args()
     report = {"env": dict(os.environ), "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
@@ -71,7 +72,20 @@ def main() -> int:
         report["signal_parent"] = _try(lambda: os.kill(os.getppid(), 0))
         report["setsid_in_fork"] = _setsid_in_fork()
         report["tcp_connect"] = _try(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())
+    if args.mode == "spin":  # helpers that take the cpu whenever they may (sandbox.Child.pause must stop them)
+        spinners = []
+        for _ in range(2):
+            pid = os.fork()
+            if pid == 0:
+                while True:
+                    pass
+            spinners.append(pid)
+        report["spinners"] = spinners
     os.write(args.result_fd, (json.dumps(report) + "\n").encode())
+    if args.mode == "spin":
+        import sys
+
+        sys.stdin.readline()  # until the parent closes our stdin (finish)
     return 0
 
 

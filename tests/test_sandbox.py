@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -192,3 +193,35 @@ def test_a_pinned_build_stays_on_its_cores_whatever_the_candidate_asks(tmp_path)
     assert result.ok, result.log
     assert f"KGEN-NOTE affinity [{core}]" in result.log, result.log
     assert "KGEN-NOTE refused PermissionError" in result.log and "widened" not in result.log, result.log
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_pause_stops_every_process_of_the_childs_session():
+    """What keeps a candidate's helpers off the cpu while the reference times eager beside it
+    (session.Session's eager blocks): pause stops the child and everything it forked, so none gains
+    cpu time, and resume lets them run again."""
+    child = sandbox.start("tests.sandbox_probe", ["spin"], 120)
+    try:
+        report = child.receive()
+        assert report is not None and len(report["spinners"]) == 2, child.log()[-2000:]
+        pids = [report["pid"], *report["spinners"]]
+        time.sleep(0.3)
+        child.pause()
+        states = {pid: state for pid, state in sandbox.session_members(child.proc.pid, with_state=True)}
+        before = [_cpu_ticks(pid) for pid in report["spinners"]]
+        time.sleep(0.5)
+        paused = [_cpu_ticks(pid) for pid in report["spinners"]]
+        child.resume()
+        time.sleep(0.5)
+        resumed = [_cpu_ticks(pid) for pid in report["spinners"]]
+    finally:
+        child.kill()
+        child.finish(grace=0.1)
+    assert set(pids) <= set(states) and all(states[pid] in ("T", "t") for pid in pids), states
+    assert paused == before, f"a paused spinner ran: {before} -> {paused}"
+    assert all(r > p for r, p in zip(resumed, paused)), f"a resumed spinner did not run: {paused} -> {resumed}"
