@@ -10,3 +10,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def cpu_ticks():
+    """A process's cpu time so far (user + system, in clock ticks), read from /proc by the test
+    itself: what a spinning or loading process really used, not what it says."""
+    def ticks(pid: int) -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    return ticks

@@ -324,19 +324,11 @@ def _thread_cores(pid: int) -> list[set[int]]:
     return [os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
 
 
-def _wait_idle(pids: list[int], limit: float = 120.0) -> None:
+def _wait_idle(pids: list[int], cpu_ticks, limit: float = 120.0) -> None:
     """Until none of `pids` used CPU time for half a second: a spare done loading torch."""
-    def used() -> list[int]:
-        out = []
-        for pid in pids:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out.append(int(fields[11]) + int(fields[12]))
-        return out
-
     end, last = time.monotonic() + limit, None
     while time.monotonic() < end:
-        now = used()
+        now = [cpu_ticks(pid) for pid in pids]
         if now == last:
             return
         last = now
@@ -369,7 +361,7 @@ def test_a_reference_started_off_the_lane_moves_to_it(honest_build):
     assert opened.baselines is not None and result.verdict is V.correct, describe(result)
 
 
-def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest_build):
+def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest_build, cpu_ticks):
     """With cores of their own (the build cores of a GPU machine), spares start ahead, `depth` of
     them, initialised at once on those cores; a taken one has every thread on the lane's cores
     (KGEN_CORES) and judges a candidate as a fresh child would."""
@@ -381,8 +373,8 @@ def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest
     spares = sandbox.Spares("pipeline.child.harness", ["eval"], cores=str(own))
     try:
         spares.spawn(env, evaluate.spare_init("cpu", SETTINGS))
-        queue = [entry for entry in spares._waiting[frozenset(env.items())]]
-        _wait_idle([child.proc.pid for child, _ in queue])
+        queue = list(spares._waiting[frozenset(env.items())])
+        _wait_idle([child.proc.pid for child, _ in queue], cpu_ticks)
         waiting_on = [_thread_cores(child.proc.pid) for child, _ in queue]
         spares.refill = False  # nothing else starts beside the timed attempt on this small machine
         result = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS,

@@ -195,13 +195,7 @@ def test_a_pinned_build_stays_on_its_cores_whatever_the_candidate_asks(tmp_path)
     assert "KGEN-NOTE refused PermissionError" in result.log and "widened" not in result.log, result.log
 
 
-def _cpu_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def test_pause_stops_every_process_of_the_childs_session():
+def test_pause_stops_every_process_of_the_childs_session(cpu_ticks):
     """What keeps a candidate's helpers off the cpu while the reference times eager beside it
     (session.Session's eager blocks): pause stops the child and everything it forked, so none gains
     cpu time, and resume lets them run again."""
@@ -213,12 +207,12 @@ def test_pause_stops_every_process_of_the_childs_session():
         time.sleep(0.3)
         child.pause()
         states = {pid: state for pid, state in sandbox.session_members(child.proc.pid, with_state=True)}
-        before = [_cpu_ticks(pid) for pid in report["spinners"]]
+        before = [cpu_ticks(pid) for pid in report["spinners"]]
         time.sleep(0.5)
-        paused = [_cpu_ticks(pid) for pid in report["spinners"]]
+        paused = [cpu_ticks(pid) for pid in report["spinners"]]
         child.resume()
         time.sleep(0.5)
-        resumed = [_cpu_ticks(pid) for pid in report["spinners"]]
+        resumed = [cpu_ticks(pid) for pid in report["spinners"]]
     finally:
         child.kill()
         child.finish(grace=0.1)
