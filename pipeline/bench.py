@@ -156,8 +156,9 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
     """The task's bench with its reference process started (and, where torch.compile is timed,
     warming its compiler up), but no baselines yet: `kgen eval` opens it beside the build."""
     module = tasks.load_module(task, size, settings.dtype)
-    if device_for(backend) != "cuda":  # on cuda, asking for free memory would open a CUDA context in this process
-        memory.check_memory(module, device_for(backend), env=env)
+    device = device_for(backend)
+    memory.check_memory(module, device, health.gpu_free_bytes((env or {}).get("CUDA_VISIBLE_DEVICES"))
+                        if device == "cuda" else None)
     bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device_for(backend),
                       tasks.tolerance(module, settings.tolerance), settings,
                       other_sizes=_held_out(module, size) if settings.check_shapes else [])

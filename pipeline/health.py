@@ -120,6 +120,19 @@ def _smi(*args: str) -> list[list[str]]:
     return [[part.strip() for part in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
+def gpu_free_bytes(lane: str | None) -> int | None:
+    """Free memory on a lane's GPU (its CUDA_VISIBLE_DEVICES; None: this process's first visible GPU)
+    as the driver reports it; None where nvidia-smi cannot say. The parent asks the driver, not torch:
+    cudaMemGetInfo opens a CUDA context (GPU memory, and start-up time) in a process that never
+    computes on a device."""
+    gpu = (lane or os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+    rows = _smi("-i", gpu, "--query-gpu=memory.free")
+    try:
+        return int(float(rows[0][0])) << 20 if rows and rows[0] else None  # MiB
+    except ValueError:
+        return None
+
+
 def _uuid(lane: str | None) -> str | None:
     index = (lane or "0").split(",")[0]
     for row in _smi("--query-gpu=index,uuid"):

@@ -353,3 +353,19 @@ def test_two_lanes_share_a_batch_and_an_unfit_gpu_is_retired(built):
     assert all(r.device_unfit is None and r.timing is not None for r in results)
     assert executor.lanes == len(gpus) - 1 and f"GPU {gpus[-1]}" in executor.pool.retired
     assert len(notices) == 1 and notices[0].startswith(f"lane GPU {gpus[-1]} taken out of service")
+
+
+def test_the_parent_reads_free_gpu_memory_from_the_driver_without_a_cuda_context():
+    """`kgen eval` and a batch check that a size fits before anything starts. The parent reads the
+    free bytes through nvidia-smi (health.gpu_free_bytes), not through torch: a CUDA context in
+    the parent would hold GPU memory beside every timed kernel. Checked here in a fresh process,
+    against torch's own figure read afterwards."""
+    probe = ("import torch; from pipeline import health; free = health.gpu_free_bytes(None); "
+             "ctx = torch.cuda.is_initialized(); torch_free, _ = torch.cuda.mem_get_info(0); "
+             "print(free, ctx, torch_free)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    free, initialised, torch_free = out.stdout.split()
+    assert initialised == "False"  # nvidia-smi was asked; torch had opened no context
+    # torch's own figure is read after its context (some hundreds of MB) exists, so it is the lower
+    assert 0 <= int(free) - int(torch_free) < 2 << 30, (free, torch_free)

@@ -352,3 +352,18 @@ def test_kgen_eval_grad_and_dtype_flags_reach_the_judge_and_the_database(tmp_pat
                           "cpu", "--dtype", "bf16", "-c", str(config)], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "bf16" in bad.stderr and "bfloat16" in bad.stderr
+
+
+def test_a_gpu_without_a_driver_figure_is_not_refused_on_the_cpu_s_memory(monkeypatch, tmp_path):
+    """On a GPU the parent passes the driver's free bytes; where nvidia-smi cannot say (none on the
+    path), the check is skipped rather than held to the host's memory, and torch opens no context."""
+    from pipeline import health
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi here
+    assert health.gpu_free_bytes("0") is None
+    module = _module("mse", "small")
+    assert memory.available_memory("cuda") is None
+    assert memory.check_memory(module, "cuda", health.gpu_free_bytes(None)) > 0
+    with pytest.raises(sizes.SizeError):
+        memory.check_memory(module, "cuda", budget_bytes=1)
+    assert not torch.cuda.is_initialized()

@@ -3,6 +3,8 @@ nothing allocated) and the memory a device has free.
 
 `check_memory(module, device)` refuses, before anything is allocated, a size whose inputs (with
 weights and output where the meta device can tell) times MEMORY_FACTOR exceed the memory available.
+On a GPU the parent passes the free bytes the driver reports (pipeline.health.gpu_free_bytes):
+asking torch would open a CUDA context in the parent.
 
 Like every module in pipeline/child, it must not import store, config or llm (the candidate's process
 could reach them). It raises sizes.SizeError.
@@ -10,7 +12,6 @@ could reach them). It raises sizes.SizeError.
 
 from __future__ import annotations
 
-import os
 import types
 from pathlib import Path
 
@@ -47,18 +48,17 @@ def footprint(module: types.ModuleType) -> dict[str, int] | None:
     return out
 
 
-def check_memory(module: types.ModuleType, device: str, budget_bytes: int | None = None,
-                 env: dict[str, str] | None = None) -> int | None:
+def check_memory(module: types.ModuleType, device: str, budget_bytes: int | None = None) -> int | None:
     """Refuse a size that cannot fit, before anything is allocated: MEMORY_FACTOR x the footprint's
     bytes against `budget_bytes`, or else the memory available on `device` (cpu: MemAvailable, and
-    the cgroup's limit where lower; cuda, cuda:N: torch.cuda.mem_get_info; `env` is a lane's
-    environment, whose CUDA_VISIBLE_DEVICES picks the GPU). Returns the bytes needed, or None where
-    the meta device cannot tell (get_inputs needs real data); a SizeError where it does not fit."""
+    the cgroup's limit where lower; on a GPU only `budget_bytes`, the driver's figure that the
+    parent passes). Returns the bytes needed, or None where the meta device cannot tell (get_inputs
+    needs real data); a SizeError where it does not fit."""
     sizes = footprint(module)
     if sizes is None:
         return None
     needed = MEMORY_FACTOR * sum(sizes.values())
-    available = budget_bytes if budget_bytes is not None else available_memory(device, env)
+    available = budget_bytes if budget_bytes is not None else available_memory(device)
     if available is not None and needed > available:
         size = getattr(module, "__kgen_size__", (None, DEFAULT_SIZE))[1]
         raise SizeError(f"task {_task_name(module)}: size {size!r} needs about {needed} bytes ({_gib(needed)}: "
@@ -67,11 +67,10 @@ def check_memory(module: types.ModuleType, device: str, budget_bytes: int | None
     return needed
 
 
-def available_memory(device: str, env: dict[str, str] | None = None) -> int | None:
-    """Bytes free for a new process on `device` (None where unknown)."""
+def available_memory(device: str) -> int | None:
+    """Bytes free for a new process on the cpu (None where unknown, and on a GPU: see check_memory)."""
     if device.startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info(_cuda_index(device, env))
-        return int(free)
+        return None
     limits = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -98,16 +97,3 @@ def _tensor_bytes(xs) -> int:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
-
-
-def _cuda_index(device: str, env: dict[str, str] | None) -> int:
-    """The parent's index of the GPU a child with `env` would see as `device`."""
-    if ":" in device:
-        return int(device.split(":", 1)[1])
-    lane = (env or {}).get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    if not lane:
-        return torch.cuda.current_device()
-    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if visible:
-        return visible.index(lane) if lane in visible else 0
-    return int(lane) if lane.isdigit() else 0
