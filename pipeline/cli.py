@@ -4,6 +4,7 @@
     kgen attempts --verdict correct --json
     kgen show 01JF...             # prompt, completion, code, build log, verdict detail
     kgen eval prompts/examples/cpu_model_new.py --task prompts/examples/model.py --backend cpu
+    kgen serve                    # keep a warm evaluator: later `kgen eval`s take seconds
 
 Every command that reads or writes the database takes -c/--config and --db (pipeline.cliopts).
 """
@@ -162,27 +163,73 @@ def show(attempt_id: str, config: str | None, db: str, full: bool) -> None:
 @click.option("--grad/--no-grad", default=None, help="Judge forward plus backward (default: the config's evaluation.grad).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
               help="Cast inputs and weights to this dtype (default: the config's evaluation.dtype).")
-def eval_command(path, task_name, backend, size, config, db, as_json, no_store, grad, dtype) -> None:
+@click.option("--local", is_flag=True, help="Judge it in this process even where `kgen serve` is listening.")
+def eval_command(path, task_name, backend, size, config, db, as_json, no_store, grad, dtype, local) -> None:
     """Evaluate one candidate file written anywhere, and print (and store) its verdict.
 
+    Where `kgen serve` runs for the same database and config, it judges the file, warm (the task's
+    reference process, baselines and the next child kept between evaluations); else this process does.
     The result is stored as a run of its own, kept apart from batch runs: `kgen best` and the
     library leave it out; `kgen attempts`, `export` and `report` include it with --evals (or --run
     naming its run)."""
-    from .evalone import evaluate_file
-
     sized: dict[str, Any] = {}
-    try:
-        result, attempt_id = evaluate_file(Path(path), task_name, backend, size, load(config), store=not no_store,
-                                           on_size=lambda name, dims: sized.update(size=name, size_dims=dims),
-                                           notice=lambda line: click.echo(line, err=True), grad=grad, dtype=dtype,
-                                           db_path=Path(db))
-    except ValueError as exc:  # sizes.SizeError among them: a size the task lacks, or too big to fit
-        raise KgenError(str(exc)) from None
+    echo = lambda line: click.echo(line, err=True)  # noqa: E731
+    served = None if local else _ask_server(path, task_name, backend, size, config, db, no_store, grad, dtype, echo)
+    if served is not None:
+        result, attempt_id = served.result, served.attempt_id
+        if served.size:
+            sized = {"size": served.size, "size_dims": served.size_dims or {}}
+    else:
+        from .evalone import evaluate_file
+
+        try:
+            result, attempt_id = evaluate_file(Path(path), task_name, backend, size, load(config), store=not no_store,
+                                               on_size=lambda name, dims: sized.update(size=name, size_dims=dims),
+                                               notice=echo, grad=grad, dtype=dtype, db_path=Path(db))
+        except ValueError as exc:  # sizes.SizeError among them: a size the task lacks, or too big to fit
+            raise KgenError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(eval_json(result, attempt_id, sized)))
     else:
         _print_result(result, attempt_id, sized, db)
     sys.exit(0 if result.verdict.value == "correct" else 1)
+
+
+def _ask_server(path, task_name, backend, size, config, db, no_store, grad, dtype, echo):
+    """The server's reply with a verdict, or None where this process judges the file itself."""
+    from .serve import ask
+
+    if task_name.endswith(".py") or "/" in task_name:  # a task file: the server's folder is not ours
+        task_name = str(Path(task_name).resolve())
+    fields = dict(path=path, code=Path(path).read_text(), task=task_name, backend=backend, size=size, grad=grad,
+                  dtype=dtype, store=not no_store)
+    reply = ask(Path(db), config, fields, echo)
+    if reply is None:
+        return None
+    if reply.kind == "other_config":
+        echo(f"kgen serve (pid {reply.server_pid}) is listening for {db}, but {reply.line}: judged here")
+        return None
+    if reply.kind == "error":
+        raise KgenError(reply.line or "kgen serve could not judge it")
+    echo(f"judged by kgen serve (pid {reply.server_pid})")
+    return reply
+
+
+@main.command()
+@database_options
+def serve(config: str | None, db: str) -> None:
+    """Judge `kgen eval`'s candidates in one warm process, until Ctrl-C.
+
+    The task's reference process (its compiler warm, its baselines measured) and the next
+    candidate's child are kept between evaluations, as in a batch; `kgen eval` for the same database
+    and config hands its file here. Only the user's own processes with the token this command writes
+    under the kgen cache may ask (pipeline.serve)."""
+    from .serve import serve as run_server
+
+    try:
+        run_server(load(config), config, Path(db), lambda line: click.echo(visible(line)))
+    except ValueError as exc:
+        raise KgenError(str(exc)) from None
 
 
 def eval_json(result: EvalResult, attempt_id: str | None, sized: dict[str, Any] | None = None) -> dict[str, Any]:

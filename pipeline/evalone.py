@@ -1,4 +1,9 @@
-"""`kgen eval`: judge one candidate file written anywhere, with the same evaluator as a batch."""
+"""`kgen eval`: judge one candidate file written anywhere, with the same evaluator as a batch.
+
+Alone, each evaluation starts everything it needs and ends it. Given a `Warm` (what `kgen serve`
+keeps, pipeline.serve), the task's bench (its reference process, warm compiler and baselines), the
+next candidate's child and the lane's health watch outlive the evaluation, as they do in a batch.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -27,10 +32,60 @@ def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
     return tasks.discover(directory, [name])[0]
 
 
+@dataclass
+class Warm:
+    """What a long-lived evaluator (`kgen serve`) keeps between evaluations, as a batch keeps it
+    between attempts: each task's bench, a spare child per environment, a health watch per lane.
+    A bench is retired after `max_age_s`, so the held-out shapes it drew are drawn again as they
+    would be for a new run, and at most `max_benches` are kept (the oldest is closed first)."""
+
+    max_age_s: float = 1800.0
+    max_benches: int = 4
+    benches: dict[str, tuple[TaskBench, float]] = field(default_factory=dict)  # key -> (bench, opened at)
+    spares: sandbox.Spares = field(default_factory=lambda: sandbox.Spares("pipeline.child.harness", ["eval"],
+                                                                          refill=False))
+    watches: dict[str, health.Watch] = field(default_factory=dict)
+
+    def bench(self, key: str) -> TaskBench | None:
+        """The kept bench for `key` whose reference processes are all alive and young enough, or None."""
+        kept = self.benches.get(key)
+        if kept is None:
+            return None
+        bench, opened = kept
+        if time.monotonic() - opened > self.max_age_s or any(r.proc.poll() is not None for r in bench.references.values()):
+            self.drop(key)
+            return None
+        bench.phases = {}  # this evaluation's figures only: nothing was started for it
+        return bench
+
+    def keep(self, key: str, bench: TaskBench) -> None:
+        if key not in self.benches:
+            self.benches[key] = (bench, time.monotonic())
+        while len(self.benches) > self.max_benches:
+            self.drop(next(iter(self.benches)))
+
+    def drop(self, key: str) -> None:
+        kept = self.benches.pop(key, None)
+        if kept:
+            kept[0].close()
+
+    def watch(self, backend: str) -> health.Watch | None:
+        if not backends.on_gpu(backend):
+            return None
+        lane = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return self.watches.setdefault(lane or "", health.Watch(lane))
+
+    def close(self) -> None:
+        for key in list(self.benches):
+            self.drop(key)
+        self.spares.close()
+
+
 def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cfg: Config | None,
                   store: bool = True, on_size: Callable[[str, dict[str, int]], None] | None = None,
                   notice: Callable[[str], None] | None = None, grad: bool | None = None,
-                  dtype: str | None = None, db_path: Path | None = None) -> tuple[EvalResult, str | None]:
+                  dtype: str | None = None, db_path: Path | None = None, warm: Warm | None = None,
+                  code: str | None = None) -> tuple[EvalResult, str | None]:
     """Build, check and time the file; returns the result and, when stored, the attempt id.
 
     The size is checked first: a size the task does not have, or one that does not fit in memory,
@@ -39,7 +94,8 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     `notice` a line for anything slow that happens once (precompiling headers for fast builds).
     `grad` and `dtype`, where given, override the config's evaluation.grad and evaluation.dtype;
     `db_path` the config's database. The result is stored as a run of its own, of kind "eval", which
-    the leaderboard, report and library leave out unless asked for it."""
+    the leaderboard, report and library leave out unless asked for it. With `warm`, what it keeps
+    is used and kept up (Warm); `code`, where given, is the file's text (`path` then only names it)."""
     task = _task(task_name, cfg)
     chosen_size = size or (cfg.tasks.size if cfg else sizes.DEFAULT_SIZE)
     module = tasks.load_module(task, chosen_size, dtype)
@@ -47,12 +103,13 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     backend, gpu = resolve_backend(backend, cfg.auto_backends if cfg else ("cuda", "cpu"))
     if backend == "cuda" and not gpu:
         raise ValueError("--backend cuda: no CUDA device is visible on this machine")
-    memory.check_memory(module, evaluate.device_for(backend))
+    device = evaluate.device_for(backend)
+    memory.check_memory(module, device, health.gpu_free_bytes(None) if device == "cuda" else None)
     if on_size:
         on_size(size_name, sizes.size_dims(module))
     settings = cfg.evaluation if cfg else EvalConfig()
     settings = settings.model_copy(update={k: v for k, v in (("grad", grad), ("dtype", dtype)) if v is not None})
-    code = path.read_text()
+    code = path.read_text() if code is None else code
     code_hash = hashlib.sha256(code.encode()).hexdigest()[:16]
     generated = cfg.path(cfg.generated_dir) if cfg else Path("generated")
     generated.mkdir(parents=True, exist_ok=True)
@@ -63,17 +120,24 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     # On a GPU the candidate's child starts now, beside the build and the reference process: loading
     # Python and torch, then CUDA and the profiler, took 10-12 s of an H100 evaluation's wall
     # (docs/benchmarks.md, tenth session). It touches no device until the baselines are timed.
-    spares = sandbox.Spares("pipeline.child.harness", ["eval"], refill=False) if backends.on_gpu(backend) else None
+    # Kept warm, a spare waits already (started after the last evaluation) and the next is started
+    # once this one is over.
+    spares = warm.spares if warm else (
+        sandbox.Spares("pipeline.child.harness", ["eval"], refill=False) if backends.on_gpu(backend) else None)
+    child_env, init = evaluate.child_environment(backend), evaluate.spare_init(backend, settings)
     if spares:
-        spares.spawn(evaluate.child_environment(backend), evaluate.spare_init(backend, settings))
+        spares.spawn(child_env, init)
     job = FileJob(path=path, task=task, backend=backend, size=chosen_size, size_name=size_name, settings=settings,
                   code_hash=code_hash, code_path=code_path,
                   builds_root=cfg.path(cfg.build_dir) if cfg else Path("builds"),
                   fast_builds=backends.fast_builds(backend, cfg.fast_builds if cfg else True))
     try:
-        return _judge_file(job, db_path if store else None, spares, notice)
+        return _judge_file(job, db_path if store else None, spares, notice, warm)
     finally:
-        if spares:
+        if warm:  # the server is idle until the next request: the next child may start its device now
+            spares.spawn(child_env, init)
+            spares.release(child_env)
+        elif spares:
             spares.close()
 
 
@@ -92,15 +156,23 @@ class FileJob:
     builds_root: Path
     fast_builds: bool
 
+    @property
+    def bench_key(self) -> str:
+        """What a kept bench must match: the task file as it is now, the size, backend and settings."""
+        return json.dumps([str(self.task.path.resolve()), self.task.sha, self.size, self.backend,
+                           self.settings.model_dump(mode="json")], sort_keys=True, default=str)
 
-def _build_beside_reference(job: FileJob, db, notice: Callable[[str], None] | None) -> tuple[BuildResult, TaskBench]:
+
+def _build_beside_reference(job: FileJob, db, notice: Callable[[str], None] | None,
+                            kept: TaskBench | None = None) -> tuple[BuildResult, TaskBench]:
     """The candidate's build, and the task's bench with its reference process started beside it
     (warming its compiler up): the reference never imports the candidate, and nothing is timed
     until the build has ended (measure_baselines). A build the database records for this code and
     torch (ok and still on disk, or failed) is reused, as a batch reuses it. The build runs in the
     worker thread, which lives until its build child has ended; the reference is started from the
     calling thread, because a child dies with the thread that started it (PR_SET_PDEATHSIG,
-    harness.die_with_parent): started from a worker thread that then ended, it was killed mid-`expect`."""
+    harness.die_with_parent): started from a worker thread that then ended, it was killed mid-`expect`.
+    A `kept` bench (Warm) is used as it is."""
     import torch
 
     built = build_stage.reusable(db.get_build(job.code_hash, torch.__version__)) if db else None
@@ -110,7 +182,7 @@ def _build_beside_reference(job: FileJob, db, notice: Callable[[str], None] | No
             extra_env=build_stage.build_env(["0"] if backends.on_gpu(job.backend) else []),
             fast=job.fast_builds, cuda=job.backend == "cuda", notice=notice)
         try:
-            bench = evaluate.open_bench(job.task, job.size, job.backend, job.settings)
+            bench = kept or evaluate.open_bench(job.task, job.size, job.backend, job.settings)
         except BaseException:
             if building:
                 building.result()
@@ -119,7 +191,8 @@ def _build_beside_reference(job: FileJob, db, notice: Callable[[str], None] | No
             try:
                 built = building.result()
             except BaseException:
-                bench.close()
+                if not kept:
+                    bench.close()
                 raise
             if db:
                 db.save_build(built, job.backend, torch.__version__)
@@ -127,7 +200,7 @@ def _build_beside_reference(job: FileJob, db, notice: Callable[[str], None] | No
 
 
 def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | None,
-                notice: Callable[[str], None] | None) -> tuple[EvalResult, str | None]:
+                notice: Callable[[str], None] | None, warm: Warm | None = None) -> tuple[EvalResult, str | None]:
     """evaluate_file once its inputs are checked: build, judge, store (db_path None: not stored)."""
     import torch
 
@@ -135,24 +208,35 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | Non
 
     db = Store.open(db_path) if db_path else None
     started = time.monotonic()
-    built, bench = _build_beside_reference(job, db, notice)
+    kept = warm.bench(job.bench_key) if warm else None
+    built, bench = _build_beside_reference(job, db, notice, kept)
+    if warm:  # kept whatever this candidate does: its reference process is the task's, not the candidate's
+        warm.keep(job.bench_key, bench)
     if not built.ok:
-        bench.close()
+        if not warm:
+            bench.close()
         verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
         result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
     else:
-        watch = health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(job.backend) else None
+        watch = warm.watch(job.backend) if warm else (
+            health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(job.backend) else None)
         prepared = time.monotonic()
+        ended = False
         try:
-            evaluate.measure_baselines(bench, db.get_baseline if db else None, watch=watch, settle=False)
-            if db:
-                remember_baselines(db, bench)
+            if bench.baselines is None:
+                evaluate.measure_baselines(bench, db.get_baseline if db else None, watch=watch, settle=False)
+                if db:
+                    remember_baselines(db, bench)
             if spares:  # CUDA starts while the expected values are made
                 spares.release(evaluate.child_environment(job.backend))
             result = evaluate.evaluate(bench, job.code_path, Path(built.build_dir), job.settings, spares=spares,
                                        watch=watch)
+            ended = True
         finally:
-            bench.close()
+            if not warm:
+                bench.close()
+            elif not ended:  # the bench failed (its reference died or sent nothing): start afresh next time
+                warm.drop(job.bench_key)
         # The whole command's stages, not only the child's: the build (or finding it stored), the
         # reference process's start-up (beside the build, so not part of the sum) and baselines,
         # then the evaluation's own phases.
@@ -168,4 +252,5 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | Non
                                  backend=job.backend, template="-", completion_id=None, code_hash=job.code_hash,
                                  result=result, size=job.size_name)
     db.finish_run(run_id, "done")
+    db.close()
     return result, attempt_id

@@ -12,7 +12,8 @@
 #   STEP=builds build seconds per candidate, plain against fast headers, alone and 8 at once (gpu_builds.py;
 #               carry .seeds with the seed completions' .txt files; BUILD_ARGS passes options)
 #   STEP=evalwall  `kgen eval` wall time of one demo kernel: building, cached, cached with torch.compile's cache
-#               emptied (as before the cache was kept), cached again
+#               emptied (as before the cache was kept), cached again; EVALWALL_PASSES may add served1,
+#               served2, ...: judged by a `kgen serve` started before the first of them
 #   STEP=nvcc   where a CUDA build's seconds go: nvcc's phases, g++ on main.cpp (gpu_probe_nvcc.py)
 #   STEP=grad   forward-plus-backward kernels (fixtures/grad/) in gradient mode, float32 and bfloat16, and a
 #               training loop through pipeline.library against plain PyTorch (scripts/gpu_grad.py)
@@ -90,11 +91,14 @@ e = [json.loads(l) for l in open('fixtures/replay/demo.jsonl') if json.loads(l)[
 open('/tmp/cand_mse.py', 'w').write(extract.extract(e['text']).code)"
          for pass in ${EVALWALL_PASSES:-build cached cached-cold-compile-cache cached2}; do
            [ $pass = cached-cold-compile-cache ] && rm -rf ~/.cache/kgen/inductor ~/.cache/kgen/triton
+           case $pass in served*) [ -z "${srv:-}" ] && { kgen serve -c config-h100.yaml > "$OUT/serve.log" 2>&1 & srv=$!
+               until grep -q "kgen serve:" "$OUT/serve.log"; do sleep 0.2; done; } ;; esac
            s=$(date +%s%N)
            kgen eval /tmp/cand_mse.py --task mse --backend cuda --size default -c config-h100.yaml --json > "$OUT/evalwall-$pass.json" 2>&1
            echo "EVALWALL $pass $(( ($(date +%s%N) - s) / 1000000 )) ms $(python3 -c "import json, sys
 t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]); print(d['verdict'], d.get('phases'))" "$OUT/evalwall-$pass.json" 2>&1 | tail -1)" | tee -a "$OUT/evalwall.log"
-         done ;;
+         done
+         [ -n "${srv:-}" ] && { kill $srv; wait $srv; srv=; } ;;
     nvcc) timeout ${PROBE_LIMIT:-300} python3 scripts/gpu_probe_nvcc.py 2>&1 | tee "$OUT/probe_nvcc.log" | grep -v "^$" ;;
     triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/triton.log" \
               | grep -E "TRITON|passed|failed|Error" ;;

@@ -1,0 +1,159 @@
+"""`kgen serve`: a warm evaluator that `kgen eval` hands its file to, and who may ask it.
+
+Real parts throughout: the server is `python -m pipeline.cli serve` in its own process, the client
+is the `kgen eval` command, the candidates are judged on the cpu backend and stored in a SQLite file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from pipeline import serve
+from pipeline.cli import main
+from pipeline.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HONEST = """import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, predictions, targets):
+        return ((predictions - targets) ** 2).mean()
+"""
+
+# A candidate that, at import, reaches for the server that judges it: it reads the token beside
+# the socket and sends a request of its own (a forged "correct" file to store), then computes honestly.
+# The socket's and token's paths are written in by the test, as a candidate could compute them.
+REACHES_FOR_THE_SERVER = """import json, socket, sys
+import torch
+import torch.nn as nn
+
+try:
+    token = open({token!r}).read().strip()
+    print("token: read", file=sys.stderr)
+except Exception as exc:
+    token = "0" * 64
+    print("token:", type(exc).__name__, file=sys.stderr)
+try:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect({sock!r})
+    conn.sendall(json.dumps({{"token": token, "config": {config!r}, "path": "forged.py", "task": "mse",
+                             "backend": "cpu", "code": "raise SystemExit"}}).encode() + b"\\n")
+    print("server said:", conn.recv(4096)[:200], file=sys.stderr)
+except Exception as exc:
+    print("connect:", type(exc).__name__, file=sys.stderr)
+
+class ModelNew(nn.Module):
+    def forward(self, predictions, targets):
+        return ((predictions - targets) ** 2).mean()
+"""
+
+
+def _config(tmp: Path) -> Path:
+    cfg = {"models": [{"name": "recorded", "provider": "replay", "replay_file": str(tmp / "none.jsonl")}],
+           "tasks": {"names": ["mse"], "size": "small", "directory": str(ROOT / "reference_tasks")},
+           "prompts_dir": str(ROOT / "prompts"), "samples": 1, "backend": "cpu",
+           "evaluation": {"trials": 3, "timed_calls": 5, "warmup_calls": 1, "compile_baseline": False,
+                          "check_shapes": False, "timeout_s": 120}}
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@contextlib.contextmanager
+def _server(config: Path, db: Path):
+    """`kgen serve` in its own process; yields it once its socket answers, and ends it with SIGTERM."""
+    sock, token = serve.address(db)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "-c", str(config), "--db", str(db)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not serve._listening(sock):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "kgen serve did not start listening"
+            time.sleep(0.1)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    proc.output = proc.stdout.read()
+    assert proc.returncode == 0, proc.output
+    assert not sock.exists() and not token.exists()  # nothing left for a later server to trip on
+
+
+def _eval(code: Path, config: Path, db: Path, *extra: str):
+    started = time.monotonic()
+    result = CliRunner().invoke(main, ["eval", str(code), "--task", "mse", "--backend", "cpu", "-c", str(config),
+                                       "--db", str(db), "--json", *extra])
+    assert result.exit_code == 0, result.output
+    print(f"SERVE kgen eval {' '.join(extra)}: {time.monotonic() - started:.2f} s wall; {result.stderr.strip()}")
+    return json.loads(result.stdout), result.stderr
+
+
+def test_kgen_eval_is_judged_by_a_warm_server_that_keeps_the_task_s_reference(tmp_path):
+    config, db = _config(tmp_path), tmp_path / "db" / "kgen.db"
+    code = tmp_path / "mine.py"
+    code.write_text(HONEST)
+    with _server(config, db) as server:
+        first, said = _eval(code, config, db)
+        assert "judged by kgen serve (pid %d)" % server.pid in said
+        second, _ = _eval(code, config, db)
+    for out in (first, second):
+        assert out["verdict"] == "correct" and out["size"] == "small" and out["time_ms"] > 0
+    # The first evaluation started the task's reference process; the second used it as it was:
+    # no start-up, no baselines, and the same baselines it measured.
+    assert "reference_startup" in first["phases"] and "reference_baselines" in first["phases"]
+    assert not any(key.startswith("reference_") for key in second["phases"]), second["phases"]
+    stored = Store.open(db)
+    baselines = [stored.attempt(o["id"])["result"].baselines for o in (first, second)]
+    assert baselines[0] is not None and baselines[0] == baselines[1]
+    assert sorted(stored.attempt(o["id"])["verdict"] for o in (first, second)) == ["correct", "correct"]
+    assert server.output.count("mse: correct") == 2
+    # With no server listening, `kgen eval` judges the file itself, as before.
+    local, said = _eval(code, config, db)
+    assert local["verdict"] == "correct" and "reference_startup" in local["phases"] and "kgen serve" not in said
+
+
+def test_the_server_answers_only_its_token_and_never_a_candidate_it_started(tmp_path):
+    config, db = _config(tmp_path), tmp_path / "db" / "kgen.db"
+    sock, token = serve.address(db)
+    with _server(config, db) as server:
+        # A process of the user's without the token: closed without a word, nothing judged.
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(sock))
+        conn.sendall(json.dumps({"token": "0" * 64, "config": str(config.resolve()), "path": "x.py",
+                                 "task": "mse", "backend": "cpu", "code": HONEST}).encode() + b"\n")
+        conn.settimeout(30)
+        assert conn.recv(4096) == b""
+        conn.close()
+        # A candidate that reaches for the server from inside its child: the token is out of its
+        # reach (Landlock), and its connection is refused before the server reads it.
+        code = tmp_path / "reach.py"
+        code.write_text(REACHES_FOR_THE_SERVER.format(token=str(token), sock=str(sock), config=str(config.resolve())))
+        out, _ = _eval(code, config, db)
+    assert out["verdict"] == "correct"
+    stored = Store.open(db)
+    assert [a["id"] for a in stored.attempts(evals=True)] == [out["id"]]  # the forged request stored nothing
+    log = stored.attempt(out["id"])["result"].output or ""
+    assert "token: PermissionError" in log, log
+    # Refused before a byte was read: the server closed the connection (b'' or a reset), never answered.
+    assert "server said: b''" in log or "connect: ConnectionResetError" in log or "connect: BrokenPipeError" in log, log
+    assert "no request with this server's token" in server.output
+    assert "is a process this server started" in server.output, server.output
+    assert os.stat(sock.parent).st_mode & 0o077 == 0  # the folder is the user's alone
