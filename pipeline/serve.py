@@ -47,6 +47,7 @@ from .records import EvalResult
 
 MAX_REQUEST = 16 << 20  # bytes of a request line: the candidate's code travels in it
 READ_DEADLINE_S = 10.0  # for a client's request line, once its peer is checked
+ADMITTING = 16  # connections read at once; more are closed unread (a flood costs threads, not the judge)
 
 
 class EvalRequest(BaseModel):
@@ -132,7 +133,7 @@ def serve(cfg: Config | None, config: str | None, db_path: Path, say: Callable[[
     warm, admitted = Warm(), queue.Queue()
     judge = threading.Thread(target=_judge_loop, args=(admitted, cfg, db_path, warm, say), name="kgen-judge")
     judge.start()
-    stop = _stop_on_signals()
+    stop, admitting = _stop_on_signals(), threading.BoundedSemaphore(ADMITTING)
     say(f"kgen serve: pid {os.getpid()}, database {db_path}, socket {sock_path}")
     try:
         while not stop and judge.is_alive():
@@ -140,7 +141,11 @@ def serve(cfg: Config | None, config: str | None, db_path: Path, say: Callable[[
                 conn, _ = listener.accept()
             except socket.timeout:
                 continue
-            threading.Thread(target=_admit, args=(conn, token, config, admitted, say), daemon=True).start()
+            if not admitting.acquire(blocking=False):
+                conn.close()
+                say(f"refused a connection: {ADMITTING} others are being read")
+                continue
+            threading.Thread(target=_admit, args=(conn, token, config, admitted, say, admitting), daemon=True).start()
     finally:
         listener.close()
         sock_path.unlink(missing_ok=True)
@@ -209,9 +214,17 @@ def _send(conn: socket.socket, reply: ServeReply) -> None:
 
 
 def _admit(conn: socket.socket, token: str, config: str | None, admitted: queue.Queue,
-           say: Callable[[str], None]) -> None:
+           say: Callable[[str], None], admitting: threading.BoundedSemaphore) -> None:
     """Queue one client's request for the judge, or close it: a peer that may not ask, a line
     without this server's token, or a request for another config (answered, not judged)."""
+    try:
+        _admit_one(conn, token, config, admitted, say)
+    finally:
+        admitting.release()
+
+
+def _admit_one(conn: socket.socket, token: str, config: str | None, admitted: queue.Queue,
+               say: Callable[[str], None]) -> None:
     why = refused_peer(conn)
     if why:
         conn.close()
