@@ -153,9 +153,19 @@ def test_the_server_answers_only_its_token_and_never_a_candidate_it_started(tmp_
         code = tmp_path / "reach.py"
         code.write_text(REACHES_FOR_THE_SERVER.format(token=str(token), sock=str(sock), config=str(config.resolve())))
         out, _ = _eval(code, config, db)
+        # The user's own `kgen eval` with another config for the same database: the server says so,
+        # and the file is judged by the command itself, under its own config.
+        other = tmp_path / "other" / "config.yaml"
+        other.parent.mkdir()
+        other.write_text(config.read_text())
+        (tmp_path / "mine.py").write_text(HONEST)
+        mine, said = _eval(tmp_path / "mine.py", other, db)
+        assert f"kgen serve (pid {server.pid}) is listening for {db}, but this server serves {config.resolve()}" in said
+        assert mine["verdict"] == "correct" and "reference_startup" in mine["phases"]
     assert out["verdict"] == "correct"
     stored = Store.open(db)
-    assert [a["id"] for a in stored.attempts(evals=True)] == [out["id"]]  # the forged request stored nothing
+    # the forged request stored nothing: the candidate's own attempt, and the one judged locally
+    assert sorted(a["id"] for a in stored.attempts(evals=True)) == sorted([out["id"], mine["id"]])
     log = stored.attempt(out["id"])["result"].output or ""
     assert "token: PermissionError" in log and "server memory: PermissionError" in log, log
     # Refused before a byte was read: the server closed the connection (b'' or a reset), never answered.
