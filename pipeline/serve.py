@@ -122,7 +122,8 @@ def serve(cfg: Config | None, config: str | None, db_path: Path, say: Callable[[
         raise ValueError(f"kgen serve is already running for {db_path} (socket {sock_path})")
     sock_path.unlink(missing_ok=True)  # a server that died left it behind
     token = secrets.token_hex(32)
-    fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)  # the mode above applies only to a file it creates
     with os.fdopen(fd, "w") as out:
         out.write(token)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -130,8 +131,8 @@ def serve(cfg: Config | None, config: str | None, db_path: Path, say: Callable[[
     os.chmod(sock_path, 0o600)
     listener.listen(16)
     listener.settimeout(0.5)
-    warm, admitted = Warm(), queue.Queue()
-    judge = threading.Thread(target=_judge_loop, args=(admitted, cfg, db_path, warm, say), name="kgen-judge")
+    warm, admitted, closing = Warm(), queue.Queue(), threading.Event()
+    judge = threading.Thread(target=_judge_loop, args=(admitted, closing, cfg, db_path, warm, say), name="kgen-judge")
     judge.start()
     stop, admitting = _stop_on_signals(), threading.BoundedSemaphore(ADMITTING)
     say(f"kgen serve: pid {os.getpid()}, database {db_path}, socket {sock_path}")
@@ -150,16 +151,21 @@ def serve(cfg: Config | None, config: str | None, db_path: Path, say: Callable[[
         listener.close()
         sock_path.unlink(missing_ok=True)
         token_path.unlink(missing_ok=True)
-        admitted.put(None)  # the judge ends after the evaluation it is in
+        closing.set()  # requests still queued are closed unjudged; the one being judged ends first
+        admitted.put(None)
+        if judge.is_alive():
+            say("kgen serve: finishing the evaluation in progress")
         judge.join()
         warm.close()
 
 
-def _judge_loop(admitted: queue.Queue, cfg: Config | None, db_path: Path, warm, say: Callable[[str], None]) -> None:
+def _judge_loop(admitted: queue.Queue, closing: threading.Event, cfg: Config | None, db_path: Path, warm,
+                say: Callable[[str], None]) -> None:
     while (item := admitted.get()) is not None:
         conn, request = item
         with conn:
-            _judge(conn, request, cfg, db_path, warm, say)
+            if not closing.is_set():
+                _judge(conn, request, cfg, db_path, warm, say)
 
 
 def _stop_on_signals() -> list[int]:
