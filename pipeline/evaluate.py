@@ -47,6 +47,13 @@ BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (pi
 # four 2.4 ms calls was always preempted (the fastest of five read 5.5 ms a call) and an honest kernel
 # was refused; a one-call request fits between preemptions often enough for its fastest to count.
 CPU_BOUND_REQUESTS = 12
+# ... but not so short that what one request costs besides its calls outweighs them: a lone call on
+# fresh inputs costs more than a call in a timed block (the 2-core box: mse at the "odd" size read
+# 0.65-0.85 ms more in a one-call request than the null model's, against 0.13-0.15 ms a call in
+# the blocks), and an honest kernel was refused as impossible_timing every time. A request holds
+# as many calls as take about CPU_BOUND_MS at eager's speed (up to CPU_BOUND_MAX_CALLS).
+CPU_BOUND_MS = 2.0
+CPU_BOUND_MAX_CALLS = 8
 CHECKED_TIMED = 16  # timed calls whose outputs are compared in full, chosen in secret per attempt
 BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
 # On the cpu, Bound inputs come from the parent through the inbox, up to this many bytes a request:
@@ -81,8 +88,9 @@ class AttemptPlan:
         timed = [[_seed() for _ in range(min(BLOCK, n - first))] for first in range(0, n, BLOCK)]
         input_bytes = bench.baselines.input_bytes if bench.baselines else 0
         inbox = bench.device == "cpu" and 0 < input_bytes <= INBOX_BYTES
-        if inbox:  # one call a request: the fastest is then one no other process preempted
-            bounds = [[_seed()] for _ in range(CPU_BOUND_REQUESTS)]
+        if inbox:  # short requests: the fastest is then one no other process preempted
+            per = cpu_bound_calls(bench.baselines.eager.median_ms if bench.baselines else None)
+            bounds = [[_seed() for _ in range(per)] for _ in range(CPU_BOUND_REQUESTS)]
         else:
             per_bound = max(1, min(BLOCK, BOUND_SET_BYTES // max(input_bytes, 1)))
             bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(BOUND_REQUESTS, min(8, len(timed))))]
@@ -107,6 +115,13 @@ class AttemptPlan:
                     specs[key] = {"size": self.size, "seed": seed, "variant": "base", "inputs": True,
                                   "output": key in self.checked}
         return specs
+
+
+def cpu_bound_calls(eager_ms: float | None) -> int:
+    """Calls per Bound request on the cpu's inbox path (see CPU_BOUND_MS)."""
+    if not eager_ms or eager_ms <= 0:
+        return 1
+    return max(1, min(CPU_BOUND_MAX_CALLS, int(CPU_BOUND_MS // eager_ms)))
 
 
 class Ended(Exception):

@@ -173,3 +173,39 @@ def test_the_server_answers_only_its_token_and_never_a_candidate_it_started(tmp_
     assert "no request with this server's token" in server.output
     assert "is a process this server started" in server.output, server.output
     assert os.stat(sock.parent).st_mode & 0o077 == 0  # the folder is the user's alone
+
+
+def test_a_kept_bench_is_retired_when_old_and_when_others_crowd_it_out(tmp_path):
+    """Warm keeps a task's bench between evaluations, but not for ever: past max_age_s it is closed
+    and a new one is opened (its held-out shapes drawn again, as for a new run), and past
+    max_benches the oldest is closed. Each closed bench's reference process has ended."""
+    from pipeline.config import load_config
+    from pipeline.evalone import Warm, evaluate_file
+
+    config = _config(tmp_path)
+    cfg = load_config(config)
+    code = tmp_path / "mine.py"
+    code.write_text(HONEST)
+    warm = Warm(max_benches=1)
+    try:
+        def judged(size: str):
+            result, _ = evaluate_file(code, "mse", "cpu", size, cfg, store=False, warm=warm)
+            assert result.verdict.value == "correct", result.error
+            (bench, _), = warm.benches.values()
+            return result, bench, [r.proc for r in bench.references.values()]
+
+        _, bench, procs = judged("small")
+        again, same, _ = judged("small")
+        assert same is bench and not any(k.startswith("reference") for k in again.phases)
+        warm.max_age_s = 0.0  # every kept bench is now too old
+        aged, renewed, _ = judged("small")
+        assert renewed is not bench and "reference_startup" in aged.phases
+        assert all(p.poll() is not None for p in procs)  # the retired bench's reference ended
+        warm.max_age_s = 1800.0
+        crowded = [r.proc for r in renewed.references.values()]
+        _, other, _ = judged("odd")  # a second task bench: the first is closed (max_benches=1)
+        assert other is not renewed and len(warm.benches) == 1
+        assert all(p.poll() is not None for p in crowded)
+    finally:
+        warm.close()
+    assert not warm.benches

@@ -206,3 +206,23 @@ def test_the_reference_warms_its_compiler_beside_expect_and_keeps_inductors_head
         headers = (cache_root() / "reference-tmp").glob("torchinductor_*/precompiled_headers/*.gch")
         seen.append({h: h.stat().st_mtime_ns for h in headers})
     assert seen[0] and seen[1] == seen[0]  # the second process reused the header the first left
+
+
+def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
+    """At the task's "odd" size (97 x 1023) an mse call takes about 0.1-0.15 ms in a timed block.
+    A Bound request of one such call cost the parent 0.65-0.85 ms more than the null model's, and the
+    honest candidate was refused as impossible_timing every time (the thirteenth session found it
+    judging at that size). Bound requests on the cpu now hold about CPU_BOUND_MS of calls at eager's
+    speed, so what a request costs besides its calls is spread over them."""
+    task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=16)
+    bench = evaluate.prepare(task, "odd", "cpu", settings)
+    try:
+        assert evaluate.cpu_bound_calls(bench.baselines.eager.median_ms) > 1
+        for _ in range(2):
+            result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
+            assert result.verdict is Verdict.correct, (result.error, result.wall_ms_per_call)
+            assert result.time_ms < 1.0  # a short call indeed
+    finally:
+        bench.close()
+    assert evaluate.cpu_bound_calls(5.0) == 1 and evaluate.cpu_bound_calls(None) == 1
+    assert evaluate.cpu_bound_calls(0.001) == evaluate.CPU_BOUND_MAX_CALLS
