@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the H100 must show, in one call on the device machine (see docs/benchmarks.md):
 #   STEP=known  the known kernels (scripts/gpu_known.py), at a call's start and end: they must agree
-#   STEP=tests  the CUDA red team (tests/test_gpu.py)
+#   STEP=tests  the CUDA red team (tests/test_gpu.py) and honest references on every task (tests/test_honest.py)
 #   STEP=runA / runB  `kgen run -c config-h100.yaml` into db/h100-A.db or -B.db (fresh baselines each)
 #   STEP=compare  runA against runB, attempt by attempt (scripts/gpu_compare.py)
 #   STEP=refine  `kgen run -c config-refine.yaml` at KernelBench sizes on cuda, then per turn (search_turns.py)
@@ -103,7 +103,7 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
     triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/triton.log" \
               | grep -E "TRITON|passed|failed|Error" ;;
     compare) python3 scripts/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
-    tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|passed|failed|Error"
+    tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_honest.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|HONEST|passed|failed|Error"
            { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; ps -eo pid,ppid,stat,etime,args; } > "$OUT/after_tests_processes.txt" ;;
     run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100.yaml ${RUN_ARGS:-} 2>&1 | tee "$OUT/run.log" | tail -40
          kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"

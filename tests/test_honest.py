@@ -33,3 +33,21 @@ def test_the_reference_as_its_own_candidate_is_correct(name, tmp_path):
         bench.close()
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
     assert result.time_ms > 0 and not result.flags
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("size", ["odd", "default"])
+@pytest.mark.parametrize("name", TASKS)
+def test_the_reference_as_its_own_candidate_is_correct_on_the_gpu(name, size, tmp_path):
+    """The same on a GPU, at the short size and at KernelBench's (the task file as written)."""
+    task = tasks.discover(ROOT / "reference_tasks", [name])[0]
+    code = tmp_path / "cand.py"
+    code.write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")
+    (tmp_path / "build").mkdir()
+    bench = evaluate.prepare(task, size, "cuda", SETTINGS)
+    try:
+        result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
+    finally:
+        bench.close()
+    print(f"HONEST {name} {size} {result.verdict.value} claim {result.time_ms} parent {result.wall_ms_per_call}")
+    assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
