@@ -134,7 +134,11 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     try:
         return _judge_file(job, db_path if store else None, spares, notice, warm)
     finally:
-        if warm:  # the server is idle until the next request: the next child may start its device now
+        # Kept warm, the next child starts its device (CUDA, the profiler: 6-7 s on the H100) while
+        # the server waits for the next request, not on that request's path. Nothing timed runs
+        # beside it but a new task's baselines and health probe, should a request come at once; the
+        # speedups are ratios timed while the candidate's child is the only one (no refill).
+        if warm:
             spares.spawn(child_env, init)
             spares.release(child_env)
         elif spares:
