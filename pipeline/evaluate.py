@@ -14,6 +14,7 @@ packs each Bound call's inputs, which the parent writes into the child's inbox o
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import shutil
@@ -50,9 +51,13 @@ CPU_BOUND_REQUESTS = 12
 # ... but not so short that what one request costs besides its calls outweighs them: a lone call on
 # fresh inputs costs more than a call in a timed block (the 2-core box: mse at the "odd" size read
 # 0.65-0.85 ms more in a one-call request than the null model's, against 0.13-0.15 ms a call in
-# the blocks), and an honest kernel was refused as impossible_timing every time. A request holds
-# as many calls as take about CPU_BOUND_MS at eager's speed (up to CPU_BOUND_MAX_CALLS).
-CPU_BOUND_MS = 2.0
+# the blocks), and an honest kernel was refused as impossible_timing every time. Where eager takes
+# under CPU_SHORT_MS a call, a request holds as many calls as take about CPU_BOUND_MS at eager's
+# speed (2 to CPU_BOUND_MAX_CALLS). Longer calls keep one a request: there that overhead is part
+# of what the cpu's slack was set against, and with three calls a request the red team's deferred
+# put (claiming 51% of its work) was let through in a fresh-clone CI run.
+CPU_SHORT_MS = 0.4
+CPU_BOUND_MS = 1.0
 CPU_BOUND_MAX_CALLS = 8
 CHECKED_TIMED = 16  # timed calls whose outputs are compared in full, chosen in secret per attempt
 BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
@@ -118,10 +123,10 @@ class AttemptPlan:
 
 
 def cpu_bound_calls(eager_ms: float | None) -> int:
-    """Calls per Bound request on the cpu's inbox path (see CPU_BOUND_MS)."""
-    if not eager_ms or eager_ms <= 0:
+    """Calls per Bound request on the cpu's inbox path (see CPU_SHORT_MS)."""
+    if not eager_ms or eager_ms <= 0 or eager_ms >= CPU_SHORT_MS:
         return 1
-    return max(1, min(CPU_BOUND_MAX_CALLS, int(CPU_BOUND_MS // eager_ms)))
+    return max(2, min(CPU_BOUND_MAX_CALLS, math.ceil(CPU_BOUND_MS / eager_ms)))
 
 
 class Ended(Exception):
