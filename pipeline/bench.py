@@ -159,7 +159,7 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
     device = device_for(backend)
     memory.check_memory(module, device, health.gpu_free_bytes((env or {}).get("CUDA_VISIBLE_DEVICES"))
                         if device == "cuda" else None)
-    bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device_for(backend),
+    bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device,
                       tasks.tolerance(module, settings.tolerance), settings,
                       other_sizes=_held_out(module, size) if settings.check_shapes else [])
     started = time.monotonic()

@@ -70,15 +70,23 @@ class Warm:
             kept[0].close()
 
     def watch(self, backend: str) -> health.Watch | None:
+        """The lane's watch, kept: its first fit probe is what later evaluations are held to."""
         if not backends.on_gpu(backend):
             return None
-        lane = os.environ.get("CUDA_VISIBLE_DEVICES")
-        return self.watches.setdefault(lane or "", health.Watch(lane))
+        lane = os.environ.get("CUDA_VISIBLE_DEVICES") or ""
+        if lane not in self.watches:
+            self.watches[lane] = _watch(backend)
+        return self.watches[lane]
 
     def close(self) -> None:
         for key in list(self.benches):
             self.drop(key)
         self.spares.close()
+
+
+def _watch(backend: str) -> health.Watch | None:
+    """A health watch for this process's GPU lane where `backend` runs on a GPU."""
+    return health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(backend) else None
 
 
 def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cfg: Config | None,
@@ -212,18 +220,18 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | Non
 
     db = Store.open(db_path) if db_path else None
     started = time.monotonic()
-    kept = warm.bench(job.bench_key) if warm else None
+    key = job.bench_key
+    kept = warm.bench(key) if warm else None
     built, bench = _build_beside_reference(job, db, notice, kept)
     if warm:  # kept whatever this candidate does: its reference process is the task's, not the candidate's
-        warm.keep(job.bench_key, bench)
+        warm.keep(key, bench)
     if not built.ok:
         if not warm:
             bench.close()
         verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
         result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
     else:
-        watch = warm.watch(job.backend) if warm else (
-            health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(job.backend) else None)
+        watch = warm.watch(job.backend) if warm else _watch(job.backend)
         prepared = time.monotonic()
         ended = False
         try:
@@ -240,7 +248,7 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | Non
             if not warm:
                 bench.close()
             elif not ended:  # the bench failed (its reference died or sent nothing): start afresh next time
-                warm.drop(job.bench_key)
+                warm.drop(key)
         # The whole command's stages, not only the child's: the build (or finding it stored), the
         # reference process's start-up (beside the build, so not part of the sum) and baselines,
         # then the evaluation's own phases.

@@ -125,16 +125,21 @@ def gpu_free_bytes(lane: str | None) -> int | None:
     as the driver reports it; None where nvidia-smi cannot say. The parent asks the driver, not torch:
     cudaMemGetInfo opens a CUDA context (GPU memory, and start-up time) in a process that never
     computes on a device."""
-    gpu = (lane or os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
-    rows = _smi("-i", gpu, "--query-gpu=memory.free")
+    rows = _smi("-i", _gpu_id(lane), "--query-gpu=memory.free")
     try:
         return int(float(rows[0][0])) << 20 if rows and rows[0] else None  # MiB
     except ValueError:
         return None
 
 
+def _gpu_id(lane: str | None) -> str:
+    """The GPU a lane computes on, as nvidia-smi names it (its first CUDA_VISIBLE_DEVICES entry; no
+    lane: this process's first visible GPU)."""
+    return (lane or os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+
+
 def _uuid(lane: str | None) -> str | None:
-    index = (lane or "0").split(",")[0]
+    index = _gpu_id(lane)
     for row in _smi("--query-gpu=index,uuid"):
         if row and (row[0] == index or row[-1] == index):
             return row[-1]

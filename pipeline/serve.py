@@ -28,7 +28,6 @@ nothing its clients or candidates say about results. Who may ask it:
 from __future__ import annotations
 
 import hmac
-import json
 import os
 import queue
 import secrets
@@ -313,7 +312,7 @@ def ask(db_path: Path, config: str | None, fields: dict, notice: Callable[[str],
     with conn, conn.makefile("rb") as replies:
         conn.sendall(request.model_dump_json().encode() + b"\n")
         for raw in replies:
-            reply = ServeReply.model_validate(json.loads(raw))
+            reply = ServeReply.model_validate_json(raw)
             if reply.kind != "notice":
                 return reply
             notice(reply.line or "")
