@@ -197,13 +197,16 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
 
 def _ask_server(path, task_name, backend, size, config, db, no_store, grad, dtype, echo):
     """The server's reply with a verdict, or None where this process judges the file itself."""
-    from .serve import ask
+    from .serve import ServerGone, ask
 
     if task_name.endswith(".py") or "/" in task_name:  # a task file: the server's folder is not ours
         task_name = str(Path(task_name).resolve())
     fields = dict(path=path, code=Path(path).read_text(), task=task_name, backend=backend, size=size, grad=grad,
                   dtype=dtype, store=not no_store)
-    reply = ask(Path(db), config, fields, echo)
+    try:
+        reply = ask(Path(db), config, fields, echo)
+    except ServerGone as exc:
+        raise KgenError(str(exc)) from None
     if reply is None:
         return None
     if reply.kind == "other_config":

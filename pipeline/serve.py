@@ -90,6 +90,10 @@ class ServeReply(BaseModel):
     server_pid: int | None = None
 
 
+class ServerGone(RuntimeError):
+    """The server closed the connection before its verdict (it was stopped, or it died)."""
+
+
 def address(db_path: Path) -> tuple[Path, Path]:
     """The socket and the token file of the server for `db_path` (one server per database)."""
     import hashlib
@@ -316,4 +320,4 @@ def ask(db_path: Path, config: str | None, fields: dict, notice: Callable[[str],
             if reply.kind != "notice":
                 return reply
             notice(reply.line or "")
-    raise RuntimeError("kgen serve ended without a verdict (see its output)")
+    raise ServerGone("kgen serve ended without a verdict (see its output); --local judges the file here")

@@ -209,3 +209,34 @@ def test_a_kept_bench_is_retired_when_old_and_when_others_crowd_it_out(tmp_path)
     finally:
         warm.close()
     assert not warm.benches
+
+
+def test_a_server_that_dies_mid_request_is_one_line_and_a_new_one_starts(tmp_path):
+    """kill -9 of the server while it judges: `kgen eval` says so in one line (no traceback), and a
+    new `kgen serve` for the database takes over the socket the dead one left behind."""
+    config, db = _config(tmp_path), tmp_path / "db" / "kgen.db"
+    sock, token = serve.address(db)
+    code = tmp_path / "slow.py"
+    code.write_text(HONEST.replace("    def forward(self, predictions, targets):\n",
+                                   "    def forward(self, predictions, targets):\n        import time; time.sleep(60)\n"))
+    server = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "-c", str(config), "--db", str(db)],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not serve._listening(sock):
+            assert server.poll() is None and time.monotonic() < deadline, "kgen serve did not start listening"
+            time.sleep(0.1)
+        client = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "eval", str(code), "--task", "mse",
+                                   "--backend", "cpu", "-c", str(config), "--db", str(db)],
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(5)  # the request is in: the server is judging it (its candidate sleeps in every call)
+        server.kill()
+        _, err = client.communicate(timeout=60)
+    finally:
+        server.kill()
+        server.wait()
+    assert client.returncode != 0
+    assert "Error: kgen serve ended without a verdict" in err and "Traceback" not in err, err
+    assert sock.exists()  # left behind by the killed server
+    with _server(config, db):  # a new one starts on the stale socket
+        pass
