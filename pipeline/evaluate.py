@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from .child import protocol as P
 from .child import tasks
 from .child.timing import BLOCK, summarize_blocks
 from .config import EvalConfig
-from .records import EvalResult, Flag, Timing, TrialResult, Verdict
+from .records import EvalResult, Flag, Ratio, Timing, TrialResult, Verdict
 # The task's bench (reference process, baselines) lives in pipeline.bench; its names are part of this
 # stage's public face, where the executor, `kgen eval` and the scripts have always found them.
 from .bench import (EvaluationError, TaskBench, _seed, _tail, baseline_key, device_for, lane_of,  # noqa: F401
@@ -280,3 +281,19 @@ def flags_for(profile: P.ProfileDone | None, shape_results: list[TrialResult],
 
 def summarize(times: list[float]) -> Timing:
     return Timing(**summarize_blocks(times))
+
+
+def pair_ratios(blocks: list[list[float]], reference: list[float]) -> Ratio | None:
+    """The reference's block means over the candidate's, pair by pair: `reference` holds the
+    reference's calls block after block, as many a block as the candidate's block beside it."""
+    ratios, start = [], 0
+    for block in blocks:
+        theirs = reference[start:start + len(block)]
+        start += len(block)
+        if len(theirs) != len(block) or not block or min(block) <= 0:
+            return None  # the blocks do not line up: no pairs to take
+        ratios.append(statistics.fmean(theirs) / statistics.fmean(block))
+    if not ratios or start != len(reference):
+        return None
+    qs = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else ratios * 3
+    return Ratio(median=statistics.median(ratios), p25=qs[0], p75=qs[2], pairs=len(ratios))

@@ -159,6 +159,20 @@ class Timing(Record):
     """Number of timed calls."""
 
 
+class Ratio(Record):
+    """A speedup taken pair by pair: each of the candidate's timed blocks against the reference's
+    block timed right after it (pipeline.session.Session.eager_block)."""
+
+    median: float
+    """Median over the pairs of the reference block's mean over the candidate block's mean."""
+    p25: float
+    """25th percentile, of the same."""
+    p75: float
+    """75th percentile, of the same."""
+    pairs: int
+    """Number of block pairs."""
+
+
 class Baselines(Record):
     """Reference timings measured on the same device in the same run."""
 
@@ -200,6 +214,12 @@ class EvalResult(Record):
     compiled_beside: Timing | None = None
     """torch.compile of the reference, timed the same way right after each eager block: what
     `speedup_compile` divides (where the task's baseline compiled)."""
+    eager_ratio: Ratio | None = None
+    """Eager's time over the candidate's, pair by pair: what `speedup_eager` reports. A machine whose
+    speed drifts (the 2-core CI box read the same calls at 0.8 and 1.5 ms in one attempt) moves both
+    blocks of a pair alike, while a ratio of the two medians may take them from different moments."""
+    compiled_ratio: Ratio | None = None
+    """torch.compile's time over the candidate's, pair by pair: what `speedup_compile` reports."""
     baselines: Baselines | None = None
     """Eager, compile and floor on the same device."""
     wall_ms_per_call: float | None = None
@@ -244,14 +264,19 @@ class EvalResult(Record):
 
     @property
     def speedup_eager(self) -> float | None:
-        """Over eager timed side by side (`eager_beside`); rows from before it existed divide the
-        prepared baseline."""
+        """Over eager timed side by side, pair by pair (`eager_ratio`); rows from before that existed
+        divide the medians (`eager_beside`), and rows older still the prepared baseline."""
+        if self.eager_ratio is not None and self.timing is not None:
+            return self.eager_ratio.median
         return self._ratio(self.eager_beside or (self.baselines.eager if self.baselines else None))
 
     @property
     def speedup_compile(self) -> float | None:
-        """Over torch.compile timed side by side (`compiled_beside`); rows from before it existed, or
-        whose compiled blocks failed, divide the prepared baseline."""
+        """Over torch.compile timed side by side, pair by pair (`compiled_ratio`); older rows divide
+        the medians (`compiled_beside`), and where that is missing too (older still, or the compiled
+        blocks failed) the prepared baseline."""
+        if self.compiled_ratio is not None and self.timing is not None:
+            return self.compiled_ratio.median
         return self._ratio(self.compiled_beside or (self.baselines.compiled if self.baselines else None))
 
     @property

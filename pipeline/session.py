@@ -18,7 +18,7 @@ from . import backends, judge
 from .judge import Expected, Window
 from .child import protocol as P
 from .bench import TaskBench, _seed, lane_of
-from .evaluate import CALIBRATION_BLOCKS, Ended, EvalResult, ended_early, flags_for, summarize
+from .evaluate import CALIBRATION_BLOCKS, Ended, EvalResult, ended_early, flags_for, pair_ratios, summarize
 from .records import TrialResult, Verdict
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
@@ -167,9 +167,12 @@ class Session:
         timing = summarize(claimed) if claimed else None
         eager = summarize(self.eager) if self.eager else None
         compiled = summarize(self.compiled) if self.compiled else None
+        blocks = [times for times, _ in self.timed]
+        ratios = dict(eager_ratio=pair_ratios(blocks, self.eager) if self.eager else None,
+                      compiled_ratio=pair_ratios(blocks, self.compiled) if self.compiled else None)
         if problem:
             return EvalResult(verdict=problem[0], error=problem[1], trials=list(self.judged), timing=timing,
-                              eager_beside=eager, compiled_beside=compiled)
+                              eager_beside=eager, compiled_beside=compiled, **ratios)
         profile = None
         if bench.settings.profile:
             profile, _ = self.ask(P.Profile(), P.ProfileDone, "the profile")
@@ -191,7 +194,7 @@ class Session:
         sizes = [bench.size_name] + [t.variant.split("@", 1)[1] for t in shape_results if t.ok]
         return EvalResult(verdict=Verdict.correct, flags=flags_for(profile, shape_results, interpreted),
                           trials=list(self.judged), sizes=sizes,
-                          timing=timing, eager_beside=eager, compiled_beside=compiled,
+                          timing=timing, eager_beside=eager, compiled_beside=compiled, **ratios,
                           detail=profile.model_dump_json() if profile else None)
 
     def finalize(self, result: EvalResult | None, code: int, log: str) -> EvalResult:

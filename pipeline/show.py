@@ -114,10 +114,12 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
         comp = f"{b.compiled.median_ms:.4g}" if b.compiled else "-"
         lines.append(f"eager {eager} ms, torch.compile {comp} ms, floor {b.floor_ms or 0:.4g} ms "
                      f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs or 0:.0f} GB/s)")
-    for name, value in (("x eager", result.speedup_eager), ("x compile", result.speedup_compile),
-                        ("floor fraction", result.floor_fraction)):
+    for name, value, ratio in (("x eager", result.speedup_eager, result.eager_ratio),
+                               ("x compile", result.speedup_compile, result.compiled_ratio),
+                               ("floor fraction", result.floor_fraction, None)):
         if value is not None:
-            lines.append(f"{name}: {value:.3g}")
+            pairs = f" (p25 {ratio.p25:.3g}, p75 {ratio.p75:.3g}, over {ratio.pairs} block pairs)" if ratio else ""
+            lines.append(f"{name}: {value:.3g}{pairs}")
     if result.detail:
         lines.append(_fold(result.detail, full))
     console.print(Panel(literal("\n".join(lines) or "(no detail)"), title="verdict detail"))
