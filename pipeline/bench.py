@@ -152,13 +152,15 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
 
 
 def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
-               env: dict[str, str] | None = None) -> TaskBench:
+               env: dict[str, str] | None = None, memory_checked: bool = False) -> TaskBench:
     """The task's bench with its reference process started (and, where torch.compile is timed,
-    warming its compiler up), but no baselines yet: `kgen eval` opens it beside the build."""
+    warming its compiler up), but no baselines yet: `kgen eval` opens it beside the build, having
+    checked the size against the device's memory itself (`memory_checked`: nvidia-smi once, not twice)."""
     module = tasks.load_module(task, size, settings.dtype)
     device = device_for(backend)
-    memory.check_memory(module, device, health.gpu_free_bytes((env or {}).get("CUDA_VISIBLE_DEVICES"))
-                        if device == "cuda" else None)
+    if not memory_checked:
+        memory.check_memory(module, device, health.gpu_free_bytes((env or {}).get("CUDA_VISIBLE_DEVICES"))
+                            if device == "cuda" else None)
     bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device,
                       tasks.tolerance(module, settings.tolerance), settings,
                       other_sizes=_held_out(module, size) if settings.check_shapes else [])

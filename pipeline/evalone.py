@@ -194,7 +194,8 @@ def _build_beside_reference(job: FileJob, db, notice: Callable[[str], None] | No
             extra_env=build_stage.build_env(["0"] if backends.on_gpu(job.backend) else []),
             fast=job.fast_builds, cuda=job.backend == "cuda", notice=notice)
         try:
-            bench = kept or evaluate.open_bench(job.task, job.size, job.backend, job.settings)
+            bench = kept or evaluate.open_bench(job.task, job.size, job.backend, job.settings,
+                                                memory_checked=True)  # evaluate_file did
         except BaseException:
             if building:
                 building.result()
