@@ -53,25 +53,42 @@ def build_env(gpus: list[str]) -> dict[str, str]:
 def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
           max_jobs: int | None = None, extra_env: dict[str, str] | None = None, fast: bool = True,
           cuda: bool = False, notice: Callable[[str], None] | None = None) -> BuildResult:
-    """Build once with the fast headers (pipeline/headers.py) where `fast` and they can be made here;
-    if that build fails (not a timeout), build again from a clean folder with torch's own header,
-    whose result and log stand, so the fast route never costs a candidate its build. `cuda`: the
+    """Build with the fast headers (pipeline/headers.py) where `fast` and they can be made here, a
+    CUDA candidate's .cu files first against the light ATen header; each build that fails (not a
+    timeout) is done again from a clean folder with the next, slower headers, down to torch's own,
+    whose result and log stand, so the faster routes never cost a candidate its build. `cuda`: the
     candidates are CUDA extensions (main.cpp then has CUDA's include paths, which the PCH must match)."""
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
     code_path = code_path.resolve()
     folder = headers.ensure(cuda, notice) if fast else None
-    if folder is not None:
+    if folder is None:
+        return _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env)
+    routes: list[tuple[str, dict[str, str]]] = [("fast", {})]
+    if cuda and (folder / "torch" / "kgen_light.h").is_file() and "requires_grad" not in code_path.read_text():
+        routes.insert(0, ("light", {"KGEN_LIGHT_ATEN": "1"}))  # why not with requires_grad: headers.LIGHT_OPS
+    failed: list[str] = []
+    spent = 0.0
+    for label, more in routes:
         result = _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs,
-                             {**(extra_env or {}), "KGEN_HEADERS": str(folder)})
+                             {**(extra_env or {}), "KGEN_HEADERS": str(folder), **more})
+        spent += result.seconds
         if result.ok or result.timed_out:
-            return result.model_copy(update={"headers": "fast"})
+            note = _after(failed)
+            return result.model_copy(update={"headers": label, "seconds": spent, "log": result.log + note})
+        failed.append(f"{label} headers (failed in {result.seconds:.1f} s)")
         shutil.rmtree(build_dir, ignore_errors=True)  # follows no link: a link is removed, not its target
-        plain = _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env)
-        # At the end, and without the first build's errors: the log's errors are the plain build's.
-        note = (f"\n[kgen] built with torch/extension.h as written, after a build with kgen's fast torch "
-                f"headers failed in {result.seconds:.1f} s (its log is not kept)\n")
-        return plain.model_copy(update={"log": plain.log + note, "seconds": result.seconds + plain.seconds})
-    return _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env)
+    plain = _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env)
+    # At the end, and without the earlier builds' errors: the log's errors are the plain build's.
+    return plain.model_copy(update={"log": plain.log + _after(failed, "torch/extension.h as written"),
+                                    "seconds": spent + plain.seconds})
+
+
+def _after(failed: list[str], built_with: str = "") -> str:
+    """The log's last line where faster builds failed first (their logs are not kept)."""
+    if not failed:
+        return ""
+    what = f" with {built_with}" if built_with else ""
+    return f"\n[kgen] built{what}, after a build with kgen's {' and then '.join(failed)}; not kept: its log\n"
 
 
 def _build_once(code_path: Path, code_hash: str, build_dir: Path, timeout_s: float, max_jobs: int | None,

@@ -41,12 +41,60 @@ from .config import cache_root
 SHIM = """\
 // kgen's fast torch/extension.h (pipeline/headers.py): torch/types.h (ATen, tensors, options)
 // and, for g++, torch/python.h (the binding); not torch/all.h, the C++ frontend (nn, optim, data).
+// A .cu built with KGEN_LIGHT_ATEN gets kgen_light.h beside it instead (LIGHT_OPS).
 #pragma once
+#if defined(__CUDACC__) && defined(KGEN_LIGHT_ATEN)
+#include "kgen_light.h"
+#else
 #include <torch/types.h>
 #ifndef __CUDACC__
 #include <torch/python.h>
 #endif
+#endif
 """
+
+# nvcc cannot read a g++ PCH, and what a .cu costs is ATen parsed three times (cudafe++, cicc, the
+# host compiler): the demo's mse .cu took 42 s with torch/types.h on the 2-core box, 117 s with
+# torch's own header (docs/benchmarks.md). torch/types.h brings every operator's header (ATen/
+# Functions.h); a kernel's host code calls a few factories and Tensor's methods. The light header is
+# Tensor (all its methods), the dispatch macros, the operators below and torch's own aliases (the
+# `namespace torch` block of the installed torch/types.h, copied). A .cu that needs more fails to
+# compile and is built again with torch/types.h (build.build), so no candidate is lost to it. In
+# namespace torch a factory then names at:: 's (torch/types.h adds autograd wrappers that differ
+# only for requires_grad=True options, which at:: refuses), so a .cu that mentions requires_grad
+# is never built light (pipeline.child.harness). And torch::tensor({0.5}) is a float32 tensor where
+# at::tensor({0.5}) is a float64 one: in the light header torch::tensor is deleted (NOT_AT), so a .cu
+# that calls it fails here and is built with torch/types.h, rather than changing.
+LIGHT_OPS = ("empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
+             "full_like", "arange", "tensor", "from_blob", "sum", "mean", "amax", "amin", "max", "min",
+             "abs", "exp", "log", "sqrt", "rsqrt", "pow", "square", "neg", "clamp", "where", "maximum",
+             "minimum", "matmul", "mm", "bmm", "addmm", "cat", "stack", "sigmoid", "tanh", "relu",
+             "softmax", "log_softmax", "add", "sub", "mul", "div", "argmax", "argmin", "gather",
+             "index_select", "narrow", "zero", "copy", "to", "contiguous")
+LIGHT_BASE = ("ATen/core/Tensor.h", "ATen/Dispatch.h", "ATen/TensorOptions.h", "ATen/Context.h",
+              "ATen/TensorOperators.h")  # tensor / scalar and the like (with per-operator headers)
+
+
+NOT_AT = "// torch's own, not at::'s (LIGHT_OPS): a call fails to compile here\n" \
+         "template <typename... Args> void tensor(Args&&...) = delete;\n"
+
+
+def light_header() -> str | None:
+    """kgen_light.h for this torch, or None where its layout is not the one this was written for."""
+    import torch
+
+    include = Path(torch.__file__).parent / "include"
+    types_h = include / "torch" / "csrc" / "api" / "include" / "torch" / "types.h"
+    text = types_h.read_text() if types_h.is_file() else ""
+    start, end = text.find("\nnamespace torch {"), text.find("} // namespace torch")
+    if start < 0 or end < start or not all((include / h).is_file() for h in LIGHT_BASE):
+        return None
+    ops = [f"ATen/ops/{op}.h" for op in LIGHT_OPS if (include / "ATen" / "ops" / f"{op}.h").is_file()]
+    lines = ["// kgen's light ATen for .cu files (pipeline/headers.py, LIGHT_OPS); from torch " + torch.__version__,
+             "#pragma once", "#ifndef AT_PER_OPERATOR_HEADERS", "#define AT_PER_OPERATOR_HEADERS", "#endif",
+             "#include <optional>", *[f"#include <{h}>" for h in (*LIGHT_BASE, *ops)]]
+    return "\n".join(lines) + "\n" + text[start + 1:end] + NOT_AT + "} // namespace torch\n"
+
 
 # The extra_cflags seen in completions (none, or -O3): each gets a precompiled variant. Other flag
 # sets still get the smaller header, read as text.
@@ -105,7 +153,7 @@ def key(cxx: str, flags: list[str]) -> str:
     import torch
 
     return hashlib.sha256("\n".join([torch.__version__, sys.version, _compiler_id(cxx), SHIM, *flags,
-                                      repr(sorted(VARIANTS.items()))]).encode()).hexdigest()[:16]
+                                      repr(sorted(VARIANTS.items())), *LIGHT_OPS]).encode()).hexdigest()[:16]
 
 
 def _make(with_cuda: bool, notice: Callable[[str], None] | None) -> Path | None:
@@ -127,6 +175,8 @@ def _make(with_cuda: bool, notice: Callable[[str], None] | None) -> Path | None:
         header = folder / "torch" / "extension.h"
         (header.parent / "extension.h.gch").mkdir(parents=True)
         header.write_text(SHIM)
+        if with_cuda and (light := light_header()):
+            (header.parent / "kgen_light.h").write_text(light)
         with ThreadPoolExecutor(len(VARIANTS)) as pool:
             made = list(pool.map(lambda item: _precompile(cxx, flags, header, *item), VARIANTS.items()))
         if not any(made):

@@ -116,9 +116,10 @@ class BuildResult(Record):
     """The per-hash directory the extension lives in."""
     cached: bool = False
     """True when a previous successful build of the same hash was reused."""
-    headers: Literal["fast", "plain"] = "plain"
-    """fast: built against kgen's precompiled subset of torch's headers (pipeline/headers.py);
-    plain: against torch/extension.h as written (fast builds off, or after a fast build failed)."""
+    headers: Literal["light", "fast", "plain"] = "plain"
+    """light: the .cu files against kgen's light ATen header, main.cpp as in fast; fast: against
+    kgen's precompiled subset of torch's headers (pipeline/headers.py); plain: against
+    torch/extension.h as written (fast builds off, or after the faster builds failed)."""
 
 
 class TrialResult(Record):

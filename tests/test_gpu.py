@@ -186,11 +186,12 @@ def _write(tmp: Path, name: str) -> tuple[Path, str]:
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
-    """All candidates built in parallel (they share source text, but each hash gets its own dir)."""
+    """All candidates built in parallel (they share source text, but each hash gets its own dir), as
+    a batch builds them: the .cu against the light ATen header (pipeline/headers.py)."""
     tmp = tmp_path_factory.mktemp("redteam_cuda")
     files = {name: _write(tmp, name) for name in CASES}
     with ThreadPoolExecutor(len(files)) as pool:
-        results = dict(zip(files, pool.map(lambda f: build.build(f[0], f[1], tmp / "builds", 600, 4),
+        results = dict(zip(files, pool.map(lambda f: build.build(f[0], f[1], tmp / "builds", 600, 4, cuda=True),
                                            files.values())))
     return {name: (files[name][0], results[name]) for name in files}
 
@@ -214,6 +215,7 @@ def _gpu_idle(bench=None) -> bool:
 def test_redteam_cuda(name, built, bench):
     path, result = built[name]
     assert result.ok, result.log[-2000:]
+    assert result.headers == "light", result.log[-2000:]  # every red-team verdict stands under it
     settings = SETTINGS.model_copy(update={"timeout_s": 45}) if name == "hang" else SETTINGS
     verdict = evaluate.evaluate(bench, path, Path(result.build_dir), settings)
     print(f"\nREDTEAM {name}: {verdict.verdict.value} flags={[f.value for f in verdict.flags]} "

@@ -7,8 +7,10 @@ of the suite's builds, so the suite makes them once (about a minute on 2 cores).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -121,7 +123,7 @@ def test_a_candidate_the_fast_headers_cannot_build_is_built_as_written(tmp_path)
                          timeout_s=900)
     assert result.ok, result.log[-2000:]
     assert result.headers == "plain"
-    assert "built with torch/extension.h as written, after a build with kgen's fast torch headers failed" in result.log
+    assert "built with torch/extension.h as written, after a build with kgen's fast headers (failed in" in result.log
     assert "nn::functional" not in build.summary_line(result)  # the log is the plain build's, which passed
 
 
@@ -136,3 +138,45 @@ def test_a_build_child_cannot_write_the_shared_headers(tmp_path):
     assert result.ok, result.log[-2000:]  # every write was refused, so the module imported
     assert (folder / "torch" / "extension.h").read_text() == before
     assert not (folder / "torch" / "planted.h").exists()
+
+
+# The host side of a .cu kernel as completions write it: factories, options, checks, dtype
+# dispatch, Tensor's methods and its operators. Built against the light header by g++ here (nvcc's
+# own host pass reads the same text); the .cu builds themselves run on the device (tests/test_gpu.py).
+LIGHT_HOST_CODE = r"""
+#include "kgen_light.h"
+torch::Tensor host(torch::Tensor a, torch::Tensor b) {
+    TORCH_CHECK(a.sizes() == b.sizes() && a.scalar_type() == torch::kFloat32, "shapes");
+    auto out = torch::empty({a.size(0)}, a.options().dtype(torch::kFloat64));
+    auto zeros = torch::zeros_like(a).contiguous();
+    AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "host", [&] { (void)a.data_ptr<scalar_t>(); });
+    auto scale = at::tensor({0.5}, a.options());
+    return (at::sum(a * b) / static_cast<float>(a.numel()) + zeros.mean() * scale).to(out.dtype());
+}
+"""
+
+
+def test_the_light_aten_header_builds_a_kernels_host_code_but_not_torch_tensor(tmp_path):
+    """torch::tensor({0.5}) is float32 with torch/types.h and at::tensor({0.5}) float64: the light
+    header has at::tensor but must not let torch::tensor compile (a .cu that calls it is built with
+    torch/types.h instead)."""
+    text = headers.light_header()
+    assert text is not None and "constexpr auto kFloat32" in text and "using namespace at" in text
+    assert "<ATen/Functions.h>" not in text
+    (tmp_path / "kgen_light.h").write_text(text)
+    cxx, flags = headers.compile_command(False)
+    for name, body, ok in (("host", LIGHT_HOST_CODE, True),
+                           ("tensor", '#include "kgen_light.h"\nauto t = torch::tensor({0.5});\n', False)):
+        (tmp_path / f"{name}.cpp").write_text(body)
+        done = subprocess.run([cxx, *flags, "-fsyntax-only", str(tmp_path / f"{name}.cpp")], capture_output=True,
+                              text=True, timeout=600)
+        assert (done.returncode == 0) is ok, done.stderr[-2000:]
+    assert re.search(r"use of deleted function .*torch::tensor", done.stderr), done.stderr[-800:]
+
+
+def test_the_light_header_is_asked_for_only_by_cu_sources_that_never_mention_requires_grad():
+    from pipeline.child.harness import _light_fits
+
+    assert _light_fits("__global__ void k() {}") and _light_fits(["a", "b"])
+    assert not _light_fits(None) and not _light_fits([])  # a C++ extension: nothing to build light
+    assert not _light_fits(["ok", "torch::zeros({2}, o.requires_grad(true))"])

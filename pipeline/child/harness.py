@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import resource
@@ -147,20 +148,34 @@ def load_prebuilt_only() -> None:
     import_only()
 
 
-def import_candidate(code_path: str, force_verbose_build: bool = False, headers: str = ""):
+def _light_fits(sources: Any) -> bool:
+    """Whether a load_inline call's .cu sources may get the light ATen header (pipeline/headers.py):
+    there are some, and none mentions requires_grad (where torch's factories and ATen's differ)."""
+    sources = [sources] if isinstance(sources, str) else list(sources or [])
+    return bool(sources) and all(isinstance(s, str) and "requires_grad" not in s for s in sources)
+
+
+def import_candidate(code_path: str, force_verbose_build: bool = False, headers: str = "", light: bool = False):
     if force_verbose_build:
         # The build log must hold the compiler's full text, whatever `verbose` the candidate passed.
         # With `headers` (the parent's fast-build folder, pipeline/headers.py) first on the include
         # path, <torch/extension.h> is its smaller, precompiled one; the candidate's text is unchanged.
+        # With `light`, a .cu gets the light ATen header instead of torch/types.h (same folder).
         import torch.utils.cpp_extension as ce
 
         original = ce.load_inline
 
         def load_inline(*args, **kwargs):
-            kwargs["verbose"] = True
+            try:  # by name, so a flag list the candidate passed by position is extended, not doubled
+                call = inspect.signature(original).bind(*args, **kwargs).arguments
+            except TypeError:
+                return original(*args, **kwargs)  # torch's own error for the call as written
+            call["verbose"] = True
             if headers:
-                kwargs["extra_include_paths"] = [headers, *(kwargs.get("extra_include_paths") or [])]
-            return original(*args, **kwargs)
+                call["extra_include_paths"] = [headers, *(call.get("extra_include_paths") or [])]
+            if light and _light_fits(call.get("cuda_sources")):
+                call["extra_cuda_cflags"] = ["-DKGEN_LIGHT_ATEN", *(call.get("extra_cuda_cflags") or [])]
+            return original(**call)
 
         ce.load_inline = load_inline
     spec = importlib.util.spec_from_file_location("kgen_candidate", code_path)
@@ -179,7 +194,8 @@ def run_build(fd: int, code_path: str) -> int:
     if not confinement.filesystem:
         print("[kgen] landlock unavailable: the build runs without filesystem confinement", flush=True)
     try:
-        import_candidate(code_path, force_verbose_build=True, headers=headers)
+        import_candidate(code_path, force_verbose_build=True, headers=headers,
+                         light=bool(headers) and os.environ.get("KGEN_LIGHT_ATEN") == "1")
     except BaseException as exc:  # noqa: BLE001 - any failure of hostile code is a build failure
         traceback.print_exc()
         P.send(fd, P.BuildDone(ok=False, error=f"{type(exc).__name__}: {_first_line(exc)}"))
