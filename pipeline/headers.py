@@ -118,22 +118,29 @@ def ensure(with_cuda: bool, notice: Callable[[str], None] | None = None) -> Path
         return _ready[with_cuda]
 
 
-def compile_command(with_cuda: bool) -> tuple[str, list[str]]:
-    """The compiler and the flags `load_inline` gives main.cpp on this machine, read from the ninja
-    file torch itself writes (so they follow the installed torch), less the extension's name."""
+def ninja_variables(with_cuda: bool, source: str = "main.cpp") -> dict[str, str]:
+    """The variables (cxx, cflags, nvcc, cuda_cflags, ...) of the ninja file torch itself writes for a
+    load_inline of one empty `source` on this machine, so they follow the installed torch."""
     from torch.utils import cpp_extension as ce
 
     with tempfile.TemporaryDirectory() as scratch:
-        source = Path(scratch) / "main.cpp"
-        source.write_text("")
-        wanted = {"path": str(Path(scratch) / "build.ninja"), "name": "kgen_probe", "sources": [str(source)],
+        path = Path(scratch) / source
+        path.write_text("")
+        wanted = {"path": str(Path(scratch) / "build.ninja"), "name": "kgen_probe", "sources": [str(path)],
                   "extra_cflags": [], "extra_cuda_cflags": [], "extra_sycl_cflags": [], "extra_ldflags": [],
                   "extra_include_paths": [], "with_cuda": with_cuda, "with_sycl": False, "is_standalone": False}
         writer = ce._write_ninja_file_to_build_library
         accepted = inspect.signature(writer).parameters
         writer(**{k: v for k, v in wanted.items() if k in accepted})
-        lines = dict(line.split(" = ", 1) for line in (Path(scratch) / "build.ninja").read_text().splitlines()
-                     if " = " in line and not line.startswith(" "))
+        return dict(line.split(" = ", 1) for line in (Path(scratch) / "build.ninja").read_text().splitlines()
+                    if " = " in line and not line.startswith(" "))
+
+
+def compile_command(with_cuda: bool) -> tuple[str, list[str]]:
+    """The compiler and the flags `load_inline` gives main.cpp on this machine, less the extension's name."""
+    from torch.utils import cpp_extension as ce
+
+    lines = ninja_variables(with_cuda)
     flags = [f for f in shlex.split(lines["cflags"] + " " + lines.get("post_cflags", ""))
              if not f.startswith("-DTORCH_EXTENSION_NAME=")]
     return lines.get("cxx", ce.get_cxx_compiler()), flags

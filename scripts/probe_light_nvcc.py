@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import inspect
 import json
 import os
 import shlex
@@ -49,22 +48,13 @@ def sources(seeds: Path | None) -> dict[str, str]:
 
 
 def nvcc_flags(arch: str) -> tuple[str, list[str]]:
-    """nvcc and the flags load_inline gives a .cu here (torch's own ninja writer)."""
+    """nvcc and the flags load_inline gives a .cu here."""
     from torch.utils import cpp_extension as ce
 
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch)
-    if ce.CUDA_HOME is None:
+    if ce.CUDA_HOME is None:  # a CPU build of torch finds no CUDA of its own
         ce.CUDA_HOME = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    with tempfile.TemporaryDirectory() as scratch:
-        cu = Path(scratch) / "k.cu"
-        cu.write_text("")
-        wanted = {"path": str(Path(scratch) / "build.ninja"), "name": "probe", "sources": [str(cu)],
-                  "extra_cflags": [], "extra_cuda_cflags": [], "extra_sycl_cflags": [], "extra_ldflags": [],
-                  "extra_include_paths": [], "with_cuda": True, "with_sycl": False, "is_standalone": False}
-        writer = ce._write_ninja_file_to_build_library
-        writer(**{k: v for k, v in wanted.items() if k in inspect.signature(writer).parameters})
-        lines = dict(line.split(" = ", 1) for line in (Path(scratch) / "build.ninja").read_text().splitlines()
-                     if " = " in line and not line.startswith(" "))
+    lines = headers.ninja_variables(True, "k.cu")
     return lines.get("nvcc", "nvcc"), shlex.split(lines["cuda_cflags"] + " " + lines.get("cuda_post_cflags", ""))
 
 
