@@ -88,7 +88,8 @@ def _after(failed: list[str], built_with: str = "") -> str:
     if not failed:
         return ""
     what = f" with {built_with}" if built_with else ""
-    return f"\n[kgen] built{what}, after a build with kgen's {' and then '.join(failed)}; not kept: its log\n"
+    logs = "its log" if len(failed) == 1 else "their logs"
+    return f"\n[kgen] built{what}, after a build with kgen's {' and then '.join(failed)}; not kept: {logs}\n"
 
 
 def _build_once(code_path: Path, code_hash: str, build_dir: Path, timeout_s: float, max_jobs: int | None,

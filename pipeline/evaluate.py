@@ -295,5 +295,5 @@ def pair_ratios(blocks: list[list[float]], reference: list[float]) -> Ratio | No
         ratios.append(statistics.fmean(theirs) / statistics.fmean(block))
     if not ratios or start != len(reference):
         return None
-    qs = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else ratios * 3
-    return Ratio(median=statistics.median(ratios), p25=qs[0], p75=qs[2], pairs=len(ratios))
+    s = summarize_blocks(ratios, 1)  # blocks of one: the ratios' own median and quartiles
+    return Ratio(median=s["median_ms"], p25=s["p25_ms"], p75=s["p75_ms"], pairs=len(ratios))

@@ -154,18 +154,20 @@ def _compiler_id(cxx: str) -> str:
     return f"{os.path.realpath(found)}\n{version}"
 
 
-def key(cxx: str, flags: list[str]) -> str:
+def key(cxx: str, flags: list[str], light: str = "") -> str:
     """The folder's name: a PCH is only valid for the torch, Python, compiler and flags it was made
-    with, so any change to those gets a folder of its own."""
+    with, so any change to those gets a folder of its own; so does any change to the light header's
+    text (`light`, where the folder holds one)."""
     import torch
 
     return hashlib.sha256("\n".join([torch.__version__, sys.version, _compiler_id(cxx), SHIM, *flags,
-                                      repr(sorted(VARIANTS.items())), *LIGHT_OPS]).encode()).hexdigest()[:16]
+                                      repr(sorted(VARIANTS.items())), light]).encode()).hexdigest()[:16]
 
 
 def _make(with_cuda: bool, notice: Callable[[str], None] | None) -> Path | None:
     cxx, flags = compile_command(with_cuda)
-    name = key(cxx, flags)
+    light = (light_header() or "") if with_cuda else ""
+    name = key(cxx, flags, light)
     folder = cache_root() / "headers" / name
     done = folder / "ready"
     if done.is_file():
@@ -182,7 +184,7 @@ def _make(with_cuda: bool, notice: Callable[[str], None] | None) -> Path | None:
         header = folder / "torch" / "extension.h"
         (header.parent / "extension.h.gch").mkdir(parents=True)
         header.write_text(SHIM)
-        if with_cuda and (light := light_header()):
+        if light:
             (header.parent / "kgen_light.h").write_text(light)
         with ThreadPoolExecutor(len(VARIANTS)) as pool:
             made = list(pool.map(lambda item: _precompile(cxx, flags, header, *item), VARIANTS.items()))
