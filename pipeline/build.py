@@ -52,19 +52,20 @@ def build_env(gpus: list[str]) -> dict[str, str]:
 
 def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
           max_jobs: int | None = None, extra_env: dict[str, str] | None = None, fast: bool = True,
-          cuda: bool = False, notice: Callable[[str], None] | None = None) -> BuildResult:
+          cuda: bool = False, notice: Callable[[str], None] | None = None, light: bool = True) -> BuildResult:
     """Build with the fast headers (pipeline/headers.py) where `fast` and they can be made here, a
     CUDA candidate's .cu files first against the light ATen header; each build that fails (not a
     timeout) is done again from a clean folder with the next, slower headers, down to torch's own,
     whose result and log stand, so the faster routes never cost a candidate its build. `cuda`: the
-    candidates are CUDA extensions (main.cpp then has CUDA's include paths, which the PCH must match)."""
+    candidates are CUDA extensions (main.cpp then has CUDA's include paths, which the PCH must match).
+    `light`: False skips the light header (scripts/gpu_builds.py measures the builds without it)."""
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
     code_path = code_path.resolve()
     folder = headers.ensure(cuda, notice) if fast else None
     if folder is None:
         return _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env)
     routes: list[tuple[str, dict[str, str]]] = [("fast", {})]
-    if cuda and (folder / "torch" / "kgen_light.h").is_file() and "requires_grad" not in code_path.read_text():
+    if light and cuda and (folder / "torch" / "kgen_light.h").is_file() and "requires_grad" not in code_path.read_text():
         routes.insert(0, ("light", {"KGEN_LIGHT_ATEN": "1"}))  # why not with requires_grad: headers.LIGHT_OPS
     failed: list[str] = []
     spent = 0.0

@@ -1,8 +1,10 @@
-"""Build seconds per candidate, plain against fast (pipeline/headers.py), one at a time and eight at once
-(issue 14; docs/benchmarks.md). Candidates: the demo's CUDA completions (fixtures/replay/demo.jsonl)
+"""Build seconds per candidate, one at a time and eight at once (issue 14; docs/benchmarks.md), by mode:
+`light` (kgen's route: the .cu against the light ATen header, main.cpp against the precompiled torch
+headers), `fast` (the precompiled headers, the .cu against torch/types.h) and `plain` (the candidate's
+`load_inline` as written). Candidates: the demo's CUDA completions (fixtures/replay/demo.jsonl)
 and any completions in --seeds DIR (*.txt), each extracted by kgen's own extractor.
 
-    python3 scripts/gpu_builds.py [--seeds .seeds] [--alone-plain 3] [--alone-fast 99] [--modes plain,fast]
+    python3 scripts/gpu_builds.py [--seeds .seeds] [--modes light,fast,plain] [--alone light=99,fast=3,plain=0]
 
 Every build runs in its own fresh folder through pipeline.build, as a batch runs it (no GPU visible,
 the lanes' architecture named, MAX_JOBS = cores / concurrent builds)."""
@@ -42,7 +44,7 @@ def candidates(seeds: Path | None) -> list[tuple[str, str]]:
     return out
 
 
-def run(label: str, group: list[tuple[str, str]], fast: bool, at_once: int, root: Path) -> list[dict]:
+def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root: Path) -> list[dict]:
     env = build.build_env(["0"])
     jobs = max(1, (os.cpu_count() or 1) // at_once)
 
@@ -52,9 +54,9 @@ def run(label: str, group: list[tuple[str, str]], fast: bool, at_once: int, root
         where.mkdir(parents=True)
         path = where / "candidate.py"
         path.write_text(code)
-        result = build.build(path, "h" + name.replace("-", "_"), where / "builds", 900, jobs, env, fast=fast,
-                             cuda=True, notice=print)
-        row = dict(label=label, name=name, fast=fast, at_once=at_once, seconds=round(result.seconds, 1),
+        result = build.build(path, "h" + name.replace("-", "_"), where / "builds", 900, jobs, env,
+                             fast=mode != "plain", cuda=True, notice=print, light=mode == "light")
+        row = dict(label=label, name=name, mode=mode, at_once=at_once, seconds=round(result.seconds, 1),
                    ok=result.ok, headers=result.headers)
         print("BUILD", json.dumps(row), flush=True)
         if not result.ok:
@@ -68,11 +70,12 @@ def run(label: str, group: list[tuple[str, str]], fast: bool, at_once: int, root
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=Path, default=None)
-    parser.add_argument("--modes", default="fast,plain")
-    parser.add_argument("--alone-fast", type=int, default=99, help="candidates built one at a time, fast")
-    parser.add_argument("--alone-plain", type=int, default=3, help="candidates built one at a time, plain")
+    parser.add_argument("--modes", default="light,fast,plain")
+    parser.add_argument("--alone", default="light=99,fast=3,plain=0",
+                        help="how many candidates each mode builds one at a time, as mode=n,...")
     parser.add_argument("--at-once", type=int, default=8)
     args = parser.parse_args()
+    alone_n = {mode: int(n) for mode, n in (part.split("=") for part in args.alone.split(","))}
     group = candidates(args.seeds)
     print(f"{len(group)} candidates; {os.cpu_count()} cores")
     started = time.monotonic()
@@ -82,14 +85,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=os.environ.get("KGEN_BUILD_BENCH_DIR")) as scratch:
         root = Path(scratch)
         for mode in args.modes.split(","):
-            fast = mode == "fast"
-            alone = args.alone_fast if fast else args.alone_plain
+            alone = alone_n.get(mode, 0)
             # Seeds first among the lone builds when only a few are asked for: they are the ones named.
             order = sorted(group, key=lambda item: not item[0].startswith("seed"))
             if args.at_once:
-                rows += run(f"{mode}-x{args.at_once}", group[:args.at_once], fast, args.at_once, root)
+                rows += run(f"{mode}-x{args.at_once}", group[:args.at_once], mode, args.at_once, root)
             if alone:
-                rows += run(f"{mode}-alone", order[:alone], fast, 1, root)
+                rows += run(f"{mode}-alone", order[:alone], mode, 1, root)
     print(f"\n{'builds':<14} {'n':>3} {'ok':>3} {'median s':>9} {'min':>6} {'max':>6}")
     for label in dict.fromkeys(r["label"] for r in rows):
         secs = [r["seconds"] for r in rows if r["label"] == label]
