@@ -53,6 +53,19 @@ SHIM = """\
 #endif
 """
 
+# load_inline puts `#include <torch/types.h>` at the top of every .cu it writes, before the candidate's
+# text, so the folder shadows that header too: a .cu built light gets kgen_light.h, anything else
+# torch's own (found next on the include path: the folder comes first, torch's folders after it).
+TYPES_SHIM = """\
+// kgen's torch/types.h (pipeline/headers.py): torch's own, or kgen_light.h in a .cu built light.
+#pragma once
+#if defined(__CUDACC__) && defined(KGEN_LIGHT_ATEN)
+#include "kgen_light.h"
+#else
+#include_next <torch/types.h>
+#endif
+"""
+
 # nvcc cannot read a g++ PCH, and what a .cu costs is ATen parsed three times (cudafe++, cicc, the
 # host compiler): the demo's mse .cu took 42 s with torch/types.h on the 2-core box, 117 s with
 # torch's own header (docs/benchmarks.md). torch/types.h brings every operator's header (ATen/
@@ -160,7 +173,7 @@ def key(cxx: str, flags: list[str], light: str = "") -> str:
     text (`light`, where the folder holds one)."""
     import torch
 
-    return hashlib.sha256("\n".join([torch.__version__, sys.version, _compiler_id(cxx), SHIM, *flags,
+    return hashlib.sha256("\n".join([torch.__version__, sys.version, _compiler_id(cxx), SHIM, TYPES_SHIM, *flags,
                                       repr(sorted(VARIANTS.items())), light]).encode()).hexdigest()[:16]
 
 
@@ -181,17 +194,26 @@ def _make(with_cuda: bool, notice: Callable[[str], None] | None) -> Path | None:
             notice("precompiling torch's headers for fast builds (once per torch and compiler; about a "
                    "minute on 2 cores, some 600 MB a variant under " + str(cache_root()) + ")")
         shutil.rmtree(folder, ignore_errors=True)
-        header = folder / "torch" / "extension.h"
+        header = write_shims(folder, light)
         (header.parent / "extension.h.gch").mkdir(parents=True)
-        header.write_text(SHIM)
-        if light:
-            (header.parent / "kgen_light.h").write_text(light)
         with ThreadPoolExecutor(len(VARIANTS)) as pool:
             made = list(pool.map(lambda item: _precompile(cxx, flags, header, *item), VARIANTS.items()))
         if not any(made):
             raise RuntimeError("no precompiled variant passed its check")
         done.write_text("\n".join(name for name, ok in zip(VARIANTS, made) if ok) + "\n")
     return folder
+
+
+def write_shims(folder: Path, light: str = "") -> Path:
+    """The folder's headers (its torch/extension.h, whose path this returns; with `light`, the light
+    header and the torch/types.h that picks it), without the precompiled variants."""
+    header = folder / "torch" / "extension.h"
+    header.parent.mkdir(parents=True, exist_ok=True)
+    header.write_text(SHIM)
+    if light:
+        (header.parent / "kgen_light.h").write_text(light)
+        (header.parent / "types.h").write_text(TYPES_SHIM)
+    return header
 
 
 def _precompile(cxx: str, flags: list[str], header: Path, name: str, extra: list[str]) -> bool:

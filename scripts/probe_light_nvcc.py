@@ -47,6 +47,11 @@ def sources(seeds: Path | None) -> dict[str, str]:
     return out
 
 
+# What load_inline writes above a cuda_sources text (torch.utils.cpp_extension.load_inline): the
+# first version of this probe left it out, and so missed that torch/types.h came in anyway.
+LOAD_INLINE_PREFIX = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+
+
 def nvcc_flags(arch: str) -> tuple[str, list[str]]:
     """nvcc and the flags load_inline gives a .cu here."""
     from torch.utils import cpp_extension as ce
@@ -74,6 +79,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=Path, default=None)
     parser.add_argument("--stubs", type=Path, default=None)
     parser.add_argument("--arch", default="9.0")
+    parser.add_argument("--only", default="", help="only the sources whose names contain this")
     args = parser.parse_args()
     nvcc, flags = nvcc_flags(args.arch)
     light = headers.light_header()
@@ -86,10 +92,13 @@ def main() -> int:
         (root / "inc" / "torch").mkdir(parents=True)
         (root / "inc" / "torch" / "extension.h").write_text(headers.SHIM)
         (root / "inc" / "torch" / "kgen_light.h").write_text(light)
+        (root / "inc" / "torch" / "types.h").write_text(headers.TYPES_SHIM)
         extra = [f"-I{root / 'inc'}", *(["-isystem", str(args.stubs)] if args.stubs else [])]
         for name, text in sources(args.seeds).items():
+            if args.only not in name:
+                continue
             cu = root / f"{name}.cu"
-            cu.write_text(text)
+            cu.write_text(LOAD_INLINE_PREFIX + text)
             row = {"name": name}
             for label, define in (("light", ["-DKGEN_LIGHT_ATEN"]), ("fast", [])):
                 obj = root / f"{name}-{label}.o"

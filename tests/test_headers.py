@@ -174,6 +174,30 @@ def test_the_light_aten_header_builds_a_kernels_host_code_but_not_torch_tensor(t
     assert re.search(r"use of deleted function .*torch::tensor", done.stderr), done.stderr[-800:]
 
 
+def test_a_cu_built_light_reads_the_light_header_in_place_of_torch_types_h(tmp_path):
+    """load_inline writes `#include <torch/types.h>` above a .cu's text, so a folder that shadowed
+    only torch/extension.h would still bring in all of ATen (and clash with the light header's copy
+    of torch's aliases: on the H100 every .cu fell back so, 2026-11-26). The headers a .cu reads,
+    as nvcc's front end sees them (__CUDACC__), listed by the preprocessor."""
+    folder = tmp_path / "inc"
+    headers.write_shims(folder, headers.light_header() or "")
+    cu = tmp_path / "cuda.cu"
+    cu.write_text("#include <torch/types.h>\n#include <cuda.h>\n#include <torch/extension.h>\n")
+    cxx, flags = headers.compile_command(False)
+
+    def read(*defines: str) -> str:
+        done = subprocess.run([cxx, f"-I{folder}", *flags, "-D__CUDACC__", *defines, "-x", "c++", "-M", "-MG", str(cu)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    types_h, everything = "torch/csrc/api/include/torch/types.h", "ATen/Functions.h"
+    light = read("-DKGEN_LIGHT_ATEN")
+    assert "kgen_light.h" in light and types_h not in light and everything not in light
+    fast = read()
+    assert "kgen_light.h" not in fast and types_h in fast and everything in fast
+
+
 def test_the_light_header_is_asked_for_only_by_cu_sources_that_never_mention_requires_grad():
     from pipeline.child.harness import _light_fits
 
