@@ -76,7 +76,9 @@ def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
         if result.ok or result.timed_out:
             note = _after(failed)
             return result.model_copy(update={"headers": label, "seconds": spent, "log": result.log + note})
-        failed.append(f"{label} headers (failed in {result.seconds:.1f} s)")
+        # Its first error stays (the only trace of why the faster route failed: e.g. a light header
+        # that every candidate's .cu rejects on some torch shows here, not as a slower build alone).
+        failed.append(f"{label} headers (failed in {result.seconds:.1f} s: {summary_line(result)[:160]})")
         shutil.rmtree(build_dir, ignore_errors=True)  # follows no link: a link is removed, not its target
     plain = _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env)
     # At the end, and without the earlier builds' errors: the log's errors are the plain build's.
@@ -85,12 +87,12 @@ def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
 
 
 def _after(failed: list[str], built_with: str = "") -> str:
-    """The log's last line where faster builds failed first (their logs are not kept)."""
+    """The log's last line where faster builds failed first (their logs are not kept, their first errors are)."""
     if not failed:
         return ""
     what = f" with {built_with}" if built_with else ""
     logs = "its log" if len(failed) == 1 else "their logs"
-    return f"\n[kgen] built{what}, after a build with kgen's {' and then '.join(failed)}; not kept: {logs}\n"
+    return f"\n[kgen] built{what}, after a build with kgen's {' and then '.join(failed)}; not kept: {logs} but for those lines\n"
 
 
 def _build_once(code_path: Path, code_hash: str, build_dir: Path, timeout_s: float, max_jobs: int | None,
@@ -142,7 +144,8 @@ def reusable(known: BuildResult | None) -> BuildResult | None:
 
 def summary_line(result: BuildResult) -> str:
     """The line of a build log that says what went wrong, for tables and one-line errors."""
-    lines = result.log.splitlines()
+    # Not _after's note: the errors it quotes are the faster routes', not this build's.
+    lines = [line for line in result.log.splitlines() if not line.startswith("[kgen] built")]
     for marker in ("error:", "Error building extension", "[kgen]", "Error", "error"):
         for line in lines:
             if marker in line:

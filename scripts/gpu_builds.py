@@ -61,6 +61,8 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
         print("BUILD", json.dumps(row), flush=True)
         if not result.ok:
             print("  ", build.summary_line(result)[:200], flush=True)
+        elif result.headers != mode:  # fell back: the note says why the faster route failed
+            print("  ", [ln for ln in result.log.splitlines() if ln.startswith("[kgen] built")][-1:], flush=True)
         return row
 
     with ThreadPoolExecutor(at_once) as pool:
