@@ -68,8 +68,11 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
         runner = Runner(cfg, store, backend=backend, on_event=progress.event)
     except (ProviderError, TaskError, BackendError) as exc:
         raise KgenError(str(exc)) from None
-    with progress:
-        run_id = asyncio.run(runner.run(fresh=fresh, retry_errors=retry_errors))
+    try:
+        with progress:
+            run_id = asyncio.run(runner.run(fresh=fresh, retry_errors=retry_errors))
+    except TaskError as exc:  # a task that cannot run here (a size too big for the device, say)
+        raise KgenError(f"{exc} (the run's other attempts are stored; it is marked failed)") from None
     for part in run_summary(store, run_id, runner.backend, wide):
         out.print(part)
 

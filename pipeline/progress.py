@@ -186,6 +186,8 @@ class Progress:
                       "resume re-times these attempts", style="yellow")
         elif stage == "prepared" and not self.live:  # a task's reference process: seconds per stage
             self._line("reference", f"{slot.task.name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in info.items()))
+        elif stage == "released" and not self.live:  # its attempts are over: its memory goes back
+            self._line("reference", f"{info}: closed, the task's attempts are over")
         elif stage == "lane":  # a lane taken out of service (pipeline.lanes)
             self._say(str(info), style="yellow")
 

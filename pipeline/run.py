@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -28,6 +29,8 @@ from .llm import ChatRequest, Provider, make_provider
 from .progress import RunStart
 from .records import BuildResult, Completion, EvalResult, Verdict
 from .store import Store
+
+MEMORY_WAIT_S = 2.0  # between a reference's tries for memory that other tasks' references give back
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ class Runner:
         self.executor: Executor = make_executor(cfg, self.backend, lambda line: self.on_event("lane", None, line))
         self.build_locks: dict[str, asyncio.Lock] = {}
         self.benches: dict[str, asyncio.Task] = {}
+        # Attempts still to judge per task, in a single-shot run (None in a search, which plans turns
+        # as it goes): a task's reference process is closed at 0, so its GPU memory goes back.
+        self.left: Counter[str] | None = None
         self.size_names: dict[str, str] = {}
         self.task_ids: dict[str, str] = {}
         self.spent_tokens = 0
@@ -146,6 +152,7 @@ class Runner:
             strategy=self.cfg.search.strategy, stored=stored, todo=len(todo),
             build_workers=getattr(self.executor, "workers", None)))
         if single:
+            self.left = Counter(slot.task.name for slot in todo)
             for slot in todo:
                 self.on_event("planned", slot, None)
         for t in {s.task.name: s.task for s in self.slots}.values():
@@ -187,11 +194,34 @@ class Runner:
 
     async def _attempt(self, slot: Slot) -> None:
         """A single-shot slot: the plain prompt, one answer, one verdict."""
-        prompt_id, messages = self.first_prompt(slot)
-        answer = await self.generate(slot, prompt_id, messages)
-        if answer is not None:
-            verdict = await self.judge(slot, answer)
-            self.store_attempt(slot, answer, verdict)
+        try:
+            prompt_id, messages = self.first_prompt(slot)
+            answer = await self.generate(slot, prompt_id, messages)
+            if answer is not None:
+                verdict = await self.judge(slot, answer)
+                self.store_attempt(slot, answer, verdict)
+        finally:
+            self._one_done(slot.task.name)
+
+    def _one_done(self, name: str) -> None:
+        """One of a task's attempts is over: after its last, the task's reference process is closed.
+        Each holds its inputs on the GPU, and a batch kept them all open to its end: on the H100 a
+        later task's reference then saw 10.6 GiB free of 80 and the task was lost (docs/benchmarks.md)."""
+        if self.left is None:
+            return
+        self.left[name] -= 1
+        pending = self.benches.get(name)
+        if self.left[name] <= 0 and pending is not None and pending.done():
+            del self.benches[name]
+            if not pending.cancelled() and pending.exception() is None:
+                pending.result().close()
+                self.on_event("released", None, name)
+
+    def _others_open(self, name: str) -> bool:
+        """Whether another task's reference is open or starting and will be closed when its attempts
+        are over (a single-shot run): memory it holds comes back, so a reference that did not fit may
+        wait for it."""
+        return self.left is not None and any(other != name and self.left[other] > 0 for other in self.benches)
 
     def first_prompt(self, slot: Slot, text: str | None = None) -> tuple[str, list[dict[str, str]]]:
         """The prompt a conversation starts from (the template's, or `text`), stored; its messages."""
@@ -292,8 +322,17 @@ class Runner:
         name = slot.task.name
         if name not in self.benches:
             async def prepare() -> evaluate.TaskBench:
-                bench = await self.executor.prepare(slot.task, self.cfg.tasks.size, slot.backend,
-                                                    self.cfg.evaluation, self.store.all_baselines())
+                while True:
+                    try:
+                        bench = await self.executor.prepare(slot.task, self.cfg.tasks.size, slot.backend,
+                                                            self.cfg.evaluation, self.store.all_baselines())
+                        break
+                    except sizes.SizeError:
+                        # Other tasks' references hold memory they give back when their attempts
+                        # are over; only with none left is the size itself too big for the device.
+                        if not self._others_open(name):
+                            raise
+                        await asyncio.sleep(MEMORY_WAIT_S)
                 remember_baselines(self.store, bench)
                 self.on_event("prepared", slot, dict(bench.phases))
                 return bench

@@ -309,3 +309,44 @@ def test_show_prints_a_completion_literally_never_as_markup(tmp_path):
     shown = CliRunner().invoke(main, ["show", row["id"], "--db", db, "-c", str(config)])
     assert shown.exit_code == 0, shown.output
     assert "[red]not markup[/red]" in shown.output and "[link=file:///etc/passwd]x[/link]" in shown.output
+
+
+SQUARED = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return ((a - b) ** 2).mean()
+
+
+def get_inputs():
+    return [torch.randn({shape}), torch.randn({shape})]
+
+
+def get_init_inputs():
+    return []
+"""
+SQUARED_NEW = RIGHT.replace("predictions, targets", "a, b").replace("(predictions - targets)", "(a - b)")
+
+
+def test_a_task_too_big_for_the_machine_fails_in_one_line_after_the_others_are_stored(tmp_path):
+    """Each task's reference process is closed once its attempts are over (its memory goes back), and
+    one that does not fit waits for the others' before the size is called too big: on the H100 a
+    batch that kept every reference open to its end lost a task that fitted alone."""
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "tiny.py").write_text(SQUARED.format(shape="64, 64"))
+    (folder / "huge.py").write_text(SQUARED.format(shape="32768, 32768, 64"))  # 2 x 256 GiB, never allocated
+    config = write_config(tmp_path, [replay(tmp_path, [("tiny", SQUARED_NEW), ("huge", SQUARED_NEW)])],
+                          names=("tiny", "huge"))
+    data = yaml.safe_load(config.read_text())
+    data["tasks"].update(directory=str(folder), size="default")
+    config.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(main, ["run", "-c", str(config)])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "task huge: size 'default' needs about" in last and "other attempts are stored" in last
+    assert "tiny: closed, the task's attempts are over" in result.output
+    store = Store.open(tmp_path / "db" / "kgen.db")
+    assert sorted(a["verdict"] for a in store.attempts() if a["task"] == "tiny") == ["correct", "correct"]
