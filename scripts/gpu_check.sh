@@ -94,9 +94,11 @@ open('/tmp/cand_mse.py', 'w').write(extract.extract(e['text']).code)"
            case $pass in served*) [ -z "${srv:-}" ] && { kgen serve -c config-h100.yaml > "$OUT/serve.log" 2>&1 & srv=$!
                until grep -q "kgen serve:" "$OUT/serve.log"; do sleep 0.2; done; } ;; esac
            s=$(date +%s%N)
-           kgen eval /tmp/cand_mse.py --task mse --backend cuda --size default -c config-h100.yaml --json > "$OUT/evalwall-$pass.json" 2>&1
+           # One file for every pass: the device tool brings back at most 8 files from $OUT.
+           kgen eval /tmp/cand_mse.py --task mse --backend cuda --size default -c config-h100.yaml --json > "/tmp/evalwall-$pass.json" 2>&1
            echo "EVALWALL $pass $(( ($(date +%s%N) - s) / 1000000 )) ms $(python3 -c "import json, sys
-t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]); print(d['verdict'], d.get('phases'))" "$OUT/evalwall-$pass.json" 2>&1 | tail -1)" | tee -a "$OUT/evalwall.log"
+t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]); print(d['verdict'], d.get('phases'))" "/tmp/evalwall-$pass.json" 2>&1 | tail -1)" | tee -a "$OUT/evalwall.log"
+           { echo "== $pass"; cat "/tmp/evalwall-$pass.json"; } >> "$OUT/evalwall-json.txt"
          done
          [ -n "${srv:-}" ] && { kill $srv; wait $srv; srv=; } ;;
     nvcc) timeout ${PROBE_LIMIT:-300} python3 scripts/gpu_probe_nvcc.py 2>&1 | tee "$OUT/probe_nvcc.log" | grep -v "^$" ;;
@@ -104,7 +106,14 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
               | grep -E "TRITON|passed|failed|Error" ;;
     compare) python3 scripts/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
     tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_honest.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|HONEST|passed|failed|Error"
-           { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; ps -eo pid,ppid,stat,etime,args; } > "$OUT/after_tests_processes.txt" ;;
+           { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; ps -eo pid,ppid,stat,etime,args; } > "$OUT/after_tests_processes.txt"
+           # A pytest stopped by TEST_LIMIT can leave its children's GPU memory behind for a while:
+           # the next step waits for it (up to a minute) rather than measure a crowded GPU.
+           for _ in $(seq 60); do
+             used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1)
+             [ "${used:-0}" -lt 1024 ] && break; sleep 1
+           done
+           echo "after tests: ${used:-?} MiB used on the busiest GPU" | tee -a "$OUT/gpu_tests.log" ;;
     run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100.yaml ${RUN_ARGS:-} 2>&1 | tee "$OUT/run.log" | tail -40
          kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"
          cp db/h100.db "$OUT/h100.db" ;;
