@@ -86,13 +86,16 @@ def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
                                     "seconds": spent + plain.seconds})
 
 
+FELL_BACK = "[kgen] built"  # how _after's note begins: summary_line skips it, scripts/gpu_builds.py prints it
+
+
 def _after(failed: list[str], built_with: str = "") -> str:
     """The log's last line where faster builds failed first (their logs are not kept, their first errors are)."""
     if not failed:
         return ""
     what = f" with {built_with}" if built_with else ""
     logs = "its log" if len(failed) == 1 else "their logs"
-    return f"\n[kgen] built{what}, after a build with kgen's {' and then '.join(failed)}; not kept: {logs} but for those lines\n"
+    return f"\n{FELL_BACK}{what}, after a build with kgen's {' and then '.join(failed)}; not kept: {logs} but for those lines\n"
 
 
 def _build_once(code_path: Path, code_hash: str, build_dir: Path, timeout_s: float, max_jobs: int | None,
@@ -145,7 +148,7 @@ def reusable(known: BuildResult | None) -> BuildResult | None:
 def summary_line(result: BuildResult) -> str:
     """The line of a build log that says what went wrong, for tables and one-line errors."""
     # Not _after's note: the errors it quotes are the faster routes', not this build's.
-    lines = [line for line in result.log.splitlines() if not line.startswith("[kgen] built")]
+    lines = [line for line in result.log.splitlines() if not line.startswith(FELL_BACK)]
     for marker in ("error:", "Error building extension", "[kgen]", "Error", "error"):
         for line in lines:
             if marker in line:

@@ -168,8 +168,7 @@ class Runner:
         finally:
             self.executor.close()
             for pending in self.benches.values():
-                if pending.done() and not pending.cancelled() and pending.exception() is None:
-                    pending.result().close()  # the task's reference process
+                _close_bench(pending)
         failures = [r for r in results if isinstance(r, BaseException)]
         status = "failed" if failures else "budget_reached" if self.over_budget else "done"
         self.store.finish_run(run_id, status)
@@ -213,8 +212,7 @@ class Runner:
         pending = self.benches.get(name)
         if self.left[name] <= 0 and pending is not None and pending.done():
             del self.benches[name]
-            if not pending.cancelled() and pending.exception() is None:
-                pending.result().close()
+            if _close_bench(pending):
                 self.on_event("released", None, name)
 
     def _others_open(self, name: str) -> bool:
@@ -322,10 +320,11 @@ class Runner:
         name = slot.task.name
         if name not in self.benches:
             async def prepare() -> evaluate.TaskBench:
+                known = self.store.all_baselines()
                 while True:
                     try:
                         bench = await self.executor.prepare(slot.task, self.cfg.tasks.size, slot.backend,
-                                                            self.cfg.evaluation, self.store.all_baselines())
+                                                            self.cfg.evaluation, known)
                         break
                     except sizes.SizeError:
                         # Other tasks' references hold memory they give back when their attempts
@@ -339,6 +338,14 @@ class Runner:
 
             self.benches[name] = asyncio.ensure_future(prepare())
         return await self.benches[name]
+
+
+def _close_bench(pending: asyncio.Future) -> bool:
+    """Close a task's reference process if its bench was made (not pending, cancelled or failed)."""
+    if pending.done() and not pending.cancelled() and pending.exception() is None:
+        pending.result().close()
+        return True
+    return False
 
 
 def remember_baselines(store: Store, bench: evaluate.TaskBench) -> None:

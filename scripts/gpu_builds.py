@@ -62,7 +62,7 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
         if not result.ok:
             print("  ", build.summary_line(result)[:200], flush=True)
         elif result.headers != mode:  # fell back: the note says why the faster route failed
-            print("  ", [ln for ln in result.log.splitlines() if ln.startswith("[kgen] built")][-1:], flush=True)
+            print("  ", [ln for ln in result.log.splitlines() if ln.startswith(build.FELL_BACK)][-1:], flush=True)
         return row
 
     with ThreadPoolExecutor(at_once) as pool:

@@ -89,10 +89,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        (root / "inc" / "torch").mkdir(parents=True)
-        (root / "inc" / "torch" / "extension.h").write_text(headers.SHIM)
-        (root / "inc" / "torch" / "kgen_light.h").write_text(light)
-        (root / "inc" / "torch" / "types.h").write_text(headers.TYPES_SHIM)
+        headers.write_shims(root / "inc", light)  # the folder a build reads, less its precompiled variants
         extra = [f"-I{root / 'inc'}", *(["-isystem", str(args.stubs)] if args.stubs else [])]
         for name, text in sources(args.seeds).items():
             if args.only not in name:
