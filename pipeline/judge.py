@@ -182,20 +182,23 @@ def parent_estimate(calibration: list[Window], bounds: list[Window], device: str
     return min(max(0.0, w.ms - base) / w.calls for w in bounds)
 
 
-def check_times(device: str, median_ms: float, blocks: list[tuple[list[float], Window]],
-                estimate: float | None) -> tuple[Verdict, str] | None:
-    """The child's times inside the parent's bounds, or the verdict that they are not."""
+def check_windows(blocks: list[tuple[list[float], Window]]) -> tuple[Verdict, str] | None:
+    """Each timed block's claimed calls within the parent's window around it."""
     for claimed, window in blocks:
         if sum(claimed) > window.ms + UPPER_SLACK_MS:
             return (Verdict.impossible_timing, f"a timed block claims {sum(claimed):.4g} ms but only "
                     f"{window.ms:.4g} ms passed on the parent's clock")
+    return None
+
+
+def check_estimate(device: str, median_ms: float, estimate: float | None) -> tuple[Verdict, str] | None:
+    """The child's median call against the parent's own estimate of a call, less BOUND_SLACK."""
     if estimate is None:
         return Verdict.protocol_error, "no bound blocks were timed by the parent"
-    per_call = estimate
     rel, abs_ms = BOUND_SLACK["cuda" if device.startswith("cuda") else "cpu"]
-    lower = per_call * (1 - rel) - abs_ms
+    lower = estimate * (1 - rel) - abs_ms
     if median_ms < lower:
         return (Verdict.impossible_timing, f"the child's clock says {median_ms:.4g} ms a call, but the parent's "
-                f"own clock measured {per_call:.4g} ms a call on fresh inputs (at least {lower:.4g} ms): the "
+                f"own clock measured {estimate:.4g} ms a call on fresh inputs (at least {lower:.4g} ms): the "
                 f"work was done outside the timed calls or the timer was tampered with")
     return None

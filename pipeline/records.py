@@ -223,6 +223,9 @@ class EvalResult(Record):
     """torch.compile's time over the candidate's, pair by pair: what `speedup_compile` reports."""
     baselines: Baselines | None = None
     """Eager, compile and floor on the same device."""
+    first_refusal: str | None = None
+    """Where this verdict is a second evaluation's: the first one's refusal, which rested on the
+    parent's clock alone and so was not kept without a second (pipeline.evaluate.evaluate)."""
     wall_ms_per_call: float | None = None
     """The parent's own estimate of one call: its clock around blocks of back-to-back calls on fresh
     inputs, less what the same blocks cost with a null model before the candidate was imported."""

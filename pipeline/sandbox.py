@@ -161,30 +161,38 @@ class Child:
         # stragglers can fork until SIGKILL lands; a few sweeps catch up
         self._sweep(signal.SIGKILL, lambda: session_members(self.proc.pid), 200, 0.01)
 
-    def _sweep(self, sig: int, left: Callable[[], list[int]], tries: int, wait: float) -> None:
-        """Send `sig` to every pid `left()` names, again until it names none (or `tries` runs out)."""
+    def _sweep(self, sig: int, left: Callable[[], list[int]], tries: int, wait: float) -> bool:
+        """Send `sig` to every pid `left()` names, again until it names none (True), or until `tries`
+        runs out (False)."""
         for _ in range(tries):
             pids = left()
             if not pids:
-                return
+                return True
             for pid in pids:
                 try:
                     os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
             time.sleep(wait)
+        return not left()
 
-    def pause(self) -> None:
+    def pause(self) -> list[int] | None:
         """SIGSTOP every process in the child's session until `resume`: while the reference process
         times eager calls beside the candidate's, nothing the candidate left running (a thread, a
         helper process) may take the cpu from it. Swept until every member shows as stopped, since
-        a member not yet stopped can fork."""
-        self._sweep(signal.SIGSTOP, lambda: [pid for pid, state in session_members(self.proc.pid, with_state=True)
-                                             if state not in ("T", "t")], 50, 0.0005)
+        a member not yet stopped can fork. Returns the members, all stopped, or None when one would
+        not stop in time."""
+        stopped = self._sweep(signal.SIGSTOP, lambda: [pid for pid, state in session_members(self.proc.pid, with_state=True)
+                                                       if state not in ("T", "t")], 50, 0.0005)
+        return session_members(self.proc.pid) if stopped else None
 
-    def resume(self) -> None:
-        """SIGCONT what `pause` stopped (the whole session: a stopped process cannot have left it)."""
-        for pid, _ in session_members(self.proc.pid, with_state=True):
+    def resume(self, members: list[int] | None = None) -> None:
+        """SIGCONT what `pause` stopped: `members`, the list it returned (no scan of /proc, so that
+        this costs the same few microseconds inside a timed window as in its calibration), or else
+        the whole session (a stopped process cannot have left it)."""
+        if members is None:
+            members = session_members(self.proc.pid)
+        for pid in members:
             try:
                 os.kill(pid, signal.SIGCONT)
             except (ProcessLookupError, PermissionError):

@@ -92,6 +92,9 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
     if a.get("build_log") is not None:
         console.print(Panel(literal(_fold(a["build_log"], full)), title="build log"))
     lines = [f"error: {result.error}"] if result.error else []
+    if result.first_refusal:
+        lines.append(f"judged twice: the first evaluation refused on the parent's clock alone ({result.first_refusal}); "
+                     f"this verdict is the second's")
     if result.device_unfit:
         lines.append(f"device not fit to time: {result.device_unfit} (timing not trusted)")
     if not result.trusted:

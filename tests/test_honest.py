@@ -5,6 +5,7 @@ session found mse refused there every time; docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,40 @@ def test_the_reference_as_its_own_candidate_is_correct_on_the_gpu(name, size, tm
         bench.close()
     print(f"HONEST {name} {size} {result.verdict.value} claim {result.time_ms} parent {result.wall_ms_per_call}")
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
+
+
+def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypatch):
+    """A machine stalled through every Bound request of one evaluation (here: the parent sleeps
+    20 ms before sending each, inside its own window, as a loaded box does) puts its estimate far
+    above the honest call and refuses it; a second evaluation, fresh child and fresh secrets, on a
+    machine no longer stalled, judges it correct, and the first refusal is kept beside the verdict."""
+    from pipeline import sandbox
+    from pipeline.child import protocol as P
+
+    evaluations = []
+    real_judge, real_send = evaluate._judge, sandbox.Child.send
+
+    def judge_counted(*args):
+        evaluations.append(1)
+        return real_judge(*args)
+
+    def send(self, message):
+        if isinstance(message, P.Bound) and message.index >= 0 and len(evaluations) == 1:
+            time.sleep(0.02)
+        return real_send(self, message)
+
+    monkeypatch.setattr(evaluate, "_judge", judge_counted)
+    monkeypatch.setattr(sandbox.Child, "send", send)
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    code = tmp_path / "cand.py"
+    code.write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")
+    (tmp_path / "build").mkdir()
+    bench = evaluate.prepare(task, "odd", "cpu", SETTINGS)
+    try:
+        result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
+    finally:
+        bench.close()
+    assert len(evaluations) == 2
+    assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.first_refusal)
+    assert result.first_refusal and "parent's own clock measured" in result.first_refusal
+    assert result.wall_ms_per_call < 1.0  # the second's estimate: no stall in it

@@ -91,12 +91,12 @@ def test_the_estimate_is_the_fastest_request_over_a_robust_calibration():
     bounds = [Window(ms, 4) for ms in (13.6, 24.1, 22.6, 12.7, 13.0)]
     on_gpu = judge.parent_estimate(calibration, bounds, "cuda")
     assert on_gpu == pytest.approx((12.7 - 7.8) / 4)
-    assert judge.check_times("cuda", 0.35, [], on_gpu)[0] is judge.Verdict.impossible_timing
-    assert judge.check_times("cuda", 0.4, [], on_gpu) is None
+    assert judge.check_estimate("cuda", 0.35, on_gpu)[0] is judge.Verdict.impossible_timing
+    assert judge.check_estimate("cuda", 0.4, on_gpu) is None
     on_cpu = judge.parent_estimate(calibration, bounds, "cpu")
     assert on_cpu == pytest.approx((12.7 - 7.3) / 4)
-    assert judge.check_times("cpu", 0.40, [], on_cpu)[0] is judge.Verdict.impossible_timing
-    assert judge.check_times("cpu", 0.45, [], on_cpu) is None
+    assert judge.check_estimate("cpu", 0.40, on_cpu)[0] is judge.Verdict.impossible_timing
+    assert judge.check_estimate("cpu", 0.45, on_cpu) is None
     stalled = [Window(ms, 4) for ms in (7.8, 14.9, 15.3, 15.1, 7.3)]  # three of five, as seen in gradient mode
     assert judge.parent_estimate(stalled, bounds, "cpu") == on_cpu
 

@@ -408,6 +408,12 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
     assert result.verdict is V.impossible_timing, \
         f"recorded {result.time_ms} ms for calls that took {real:.4g} ms (parent's bound " \
         f"{lower_bound(result) if result.wall_ms_per_call else None}): {describe(result)}"
+    # Refused on the parent's clock alone, it was judged twice (pipeline.evaluate.evaluate) and both
+    # refused; below the bandwidth floor (a measured bound of another kind), once.
+    if "bandwidth floor" in (result.error or ""):
+        assert result.first_refusal is None, describe(result)
+    else:
+        assert result.first_refusal and "parent's own clock" in result.first_refusal, describe(result)
 
 
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):

@@ -11,7 +11,7 @@ hits) and are timed by the parent's own clock, which no patch reaches; a median 
 time is below the parent's bound: impossible_timing.
 
 Status when written: judged `correct` on the cpu backend (2-core box), its time unearned: the parent's
-estimate is swamped by the input refills it includes, and check_times also subtracts the calibration
+estimate is swamped by the input refills it includes, and check_estimate also subtracts the calibration
 spread, which the first calibration block (the one that builds the input sets) inflates to several
 calls' worth; the bound goes negative and only the bandwidth floor is left. The test asserts the
 intended verdict."""

@@ -10,7 +10,7 @@ median below that estimate x (1 - 0.65) - 0.05 ms on cpu is impossible_timing. A
 stays above the bound is accepted, and the test checks the recorded time honours the bound.
 
 Status when written: judged `correct` on the cpu backend (2-core box), its time unearned: the parent's
-estimate is swamped by the input refills it includes, and check_times also subtracts the calibration
+estimate is swamped by the input refills it includes, and check_estimate also subtracts the calibration
 spread, which the first calibration block (the one that builds the input sets) inflates to several
 calls' worth; the bound goes negative and only the bandwidth floor is left. The test asserts the
 intended verdict."""

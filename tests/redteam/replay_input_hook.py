@@ -14,7 +14,7 @@ there (the calibration before import saw refills without it), and the child's me
 the parent's bound: impossible_timing.
 
 Status when written: judged `correct` on the cpu backend (2-core box), its time unearned: the parent's
-estimate is swamped by the input refills it includes, and check_times also subtracts the calibration
+estimate is swamped by the input refills it includes, and check_estimate also subtracts the calibration
 spread, which the first calibration block (the one that builds the input sets) inflates to several
 calls' worth; the bound goes negative and only the bandwidth floor is left. The test asserts the
 intended verdict."""
