@@ -9,7 +9,7 @@ Every attempt draws its own seeds (weights, trials, timed and bound calls) from 
 long-lived reference process computes that attempt's expected outputs, in full and in float64,
 before the candidate's child does anything on the device. The child learns each call's seed only in
 the request that makes the call (pipeline.child.protocol); on the cpu the reference process also
-packs each Bound call's inputs, which the parent writes into the child's inbox once its clock runs.
+packs each Bound call's inputs, which the parent writes into the stopped child's inbox as its clock starts.
 """
 
 from __future__ import annotations

@@ -7,11 +7,13 @@ parent's clock:
 
 - upper: a timed block cannot claim more time than passed between the request and its reply;
 - lower: the parent times `Bound` requests itself and subtracts what the very same requests cost
-  with a null model before the candidate was imported. Each request reveals fresh inputs only once
-  the parent's clock runs (on the cpu the parent writes them into the child's inbox inside the
-  window; on a GPU the child makes them from a seed per call), calls on each back to back, syncs and
-  writes the outputs. The harness copies nothing in that window, so nothing in the calibrated part
-  is work a candidate could skip; what is left is the calls' own time.
+  with a null model before the candidate was imported. Each request reveals fresh inputs only as
+  the parent's clock starts (on the cpu the parent writes them into the child's inbox while every
+  process of the child's session is stopped; on a GPU the child makes them from a seed per call),
+  calls on each back to back, syncs and writes the outputs. The harness copies nothing in that
+  window, so nothing in the calibrated part is work a candidate could skip; what is left is the
+  calls' own time. A refusal on this bound alone is confirmed by a second evaluation before it
+  stands (pipeline.evaluate.evaluate).
 
 The child's flushed, held per-call times refine the parent's estimate (they exclude host launch
 work and warm caches); they may not fall below it by more than BOUND_SLACK.
@@ -32,10 +34,12 @@ from .records import TrialResult, Verdict
 # the child's events: on the H100 an honest 11 us kernel cost 110 us a call on the parent's clock,
 # hence 0.25 ms absolute (below that the bound says nothing; the bandwidth floor still holds); at
 # KernelBench's mse size the honest kernel's 2.80 ms sat at 0.76 of the parent's 3.67 ms, hence
-# half. On the CPU a Bound request's lone call runs on a core back from idle, slower than the
-# child's back-to-back timed calls (mse: 1.39 against 0.65 ms), so an honest call reads up to 2.3x
-# below the estimate: 65% + 50 us there, with the estimate's calibration its fastest request.
-BOUND_SLACK = {"cuda": (0.5, 0.25), "cpu": (0.65, 0.05)}  # (relative, milliseconds)
+# half. On the CPU an honest call read up to 2.3x below the estimate while the parent wrote a
+# request's values inside its window (65% + 50 us then); written while the child is stopped, the
+# honest references of every bundled task at both test sizes, forward and in gradient mode, read
+# 0.67-1.48 of it (2026-11-26, docs/benchmarks.md), and the red team's cheats that understate 0.28-
+# 0.46: 40% + 50 us between them, with the estimate's calibration its fastest request.
+BOUND_SLACK = {"cuda": (0.5, 0.25), "cpu": (0.4, 0.05)}  # (relative, milliseconds)
 UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
 
 

@@ -418,7 +418,7 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
 
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
     """The same patch reporting 85% of the real time is accepted, and the test of the stated bound:
-    what is recorded is no lower than the parent's estimate x (1 - 0.65) - 0.05 ms (pipeline.judge.BOUND_SLACK)."""
+    what is recorded is no lower than the parent's estimate x (1 - 0.4) - 0.05 ms (pipeline.judge.BOUND_SLACK)."""
     code = tmp_path / "forged_time_blocks.py"
     code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
     result = run(bench, "", "mse", tmp_path, code=code)
@@ -464,21 +464,19 @@ def test_patching_the_clock_class_changes_nothing_the_harness_calls(bench, tmp_p
     assert result.time_ms > 0 and result.timing.n == SETTINGS.timed_calls, describe(result)
 
 
-def test_work_done_while_inputs_are_built_is_held_to_the_parents_bound(bench, tmp_path):
+def test_work_done_while_inputs_are_built_is_refused(bench, tmp_path):
     """The candidate computes each answer inside tasks.refill_inputs, outside the timed call, and
     spins to just above the floor in it. A Bound request's inputs come through the inbox, so there
-    the work is done in the call, under the parent's clock: the recorded time is never below the
-    parent's bound (refused as impossible_timing where it would be). A known gap, not closed: on
-    the 2-core box the parent's estimate is at times close to what the work cost the candidate by
-    its own clock, and the cpu's slack (65% + 50 us) then lets it record 0.42-0.48 ms for work of
-    0.88-1.06 ms (two runs of five in the eleventh session; it had passed a stricter check, half its
-    real cost, in earlier CI runs): about a 2x unearned speedup on the cpu."""
+    the work is done in the call, under the parent's clock. Once a known gap: with the cpu's slack at
+    65% + 50 us it recorded 0.42-0.48 ms for work of 0.88-1.06 ms, accepted in two runs of five.
+    With the values written while the child is stopped the estimate came within 1.5x of honest
+    calls, the slack went to 40% + 50 us, and its claims (0.41-0.46 of the estimate) are refused."""
     result = run(bench, "replay_input_hook.py", "mse", tmp_path)
     real = real_ms(result)
     assert real is not None, f"the refill hook never ran: {describe(result)}"
-    print(f"{result.verdict.value}: recorded {result.time_ms} ms, the work cost {real:.4g} ms, the parent's "
-          f"estimate {result.wall_ms_per_call} ms")
-    assert_time_earned(result)
+    assert result.verdict is V.impossible_timing, \
+        f"recorded {result.time_ms} ms for work that cost {real:.4g} ms a call (the parent's estimate " \
+        f"{result.wall_ms_per_call} ms): {describe(result)}"
 
 
 def test_patched_clock_instance_is_caught(bench, tmp_path):

@@ -126,7 +126,7 @@ class Bound(Message):
     seeds: list[int] = Field(default_factory=list)
     """One seed per call: the child fills a set from each on the device (cuda, where that is cheap)."""
     inbox: int = 0
-    """Or this many calls on the sets the parent wrote into the inbox, copied in by the child (cpu,
+    """Or this many calls on the sets the parent wrote into the inbox, read there in place (cpu,
     where making the values costs ten times the call and would drown it in the parent's clock)."""
 
     @property
