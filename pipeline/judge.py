@@ -36,10 +36,12 @@ from .records import TrialResult, Verdict
 # KernelBench's mse size the honest kernel's 2.80 ms sat at 0.76 of the parent's 3.67 ms, hence
 # half. On the CPU an honest call read up to 2.3x below the estimate while the parent wrote a
 # request's values inside its window (65% + 50 us then); written while the child is stopped, the
-# honest references of every bundled task at both test sizes, forward and in gradient mode, read
-# 0.67-1.48 of it (2026-11-26, docs/benchmarks.md), and the red team's cheats that understate 0.28-
-# 0.46: 40% + 50 us between them, with the estimate's calibration its fastest request.
-BOUND_SLACK = {"cuda": (0.5, 0.25), "cpu": (0.4, 0.05)}  # (relative, milliseconds)
+# honest references of every bundled task at both test sizes, forward and in gradient mode, idle
+# and beside a neighbour's load, read 0.59-1.67 of it (2026-11-26, docs/benchmarks.md), and the red
+# team's cheats that understate 0.07-0.56. At 45% + 50 us a claim under 0.53 of a 2 ms estimate is
+# refused: every cheat's reading but the refill hook's highest (0.56, beside a memory-copying
+# neighbour), and no honest one. The estimate's calibration is its fastest request.
+BOUND_SLACK = {"cuda": (0.5, 0.25), "cpu": (0.45, 0.05)}  # (relative, milliseconds)
 UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
 
 

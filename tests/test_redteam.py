@@ -418,7 +418,7 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
 
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
     """The same patch reporting 85% of the real time is accepted, and the test of the stated bound:
-    what is recorded is no lower than the parent's estimate x (1 - 0.4) - 0.05 ms (pipeline.judge.BOUND_SLACK)."""
+    what is recorded is no lower than the parent's estimate x (1 - 0.45) - 0.05 ms (pipeline.judge.BOUND_SLACK)."""
     code = tmp_path / "forged_time_blocks.py"
     code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
     result = run(bench, "", "mse", tmp_path, code=code)
@@ -464,19 +464,21 @@ def test_patching_the_clock_class_changes_nothing_the_harness_calls(bench, tmp_p
     assert result.time_ms > 0 and result.timing.n == SETTINGS.timed_calls, describe(result)
 
 
-def test_work_done_while_inputs_are_built_is_refused(bench, tmp_path):
+def test_work_done_while_inputs_are_built_is_held_to_the_parents_bound(bench, tmp_path):
     """The candidate computes each answer inside tasks.refill_inputs, outside the timed call, and
     spins to just above the floor in it. A Bound request's inputs come through the inbox, so there
-    the work is done in the call, under the parent's clock. Once a known gap: with the cpu's slack at
-    65% + 50 us it recorded 0.42-0.48 ms for work of 0.88-1.06 ms, accepted in two runs of five.
-    With the values written while the child is stopped the estimate came within 1.5x of honest
-    calls, the slack went to 40% + 50 us, and its claims (0.41-0.46 of the estimate) are refused."""
+    the work is done in the call, under the parent's clock: the recorded time is never below the
+    parent's bound (refused as impossible_timing where it would be). A known gap, narrowed: its
+    claims read 0.40-0.56 of the parent's estimate (2026-11-26, idle and beside a neighbour's load;
+    honest calls 0.59-1.67), so at 45% + 50 us it is refused except where the estimate comes in low
+    (1.45 ms against 1.57 of work by its own clock, beside a memory-copying neighbour): at most
+    about a 1.8x unearned speedup on the cpu, where the old 65% slack let through 2.2x."""
     result = run(bench, "replay_input_hook.py", "mse", tmp_path)
     real = real_ms(result)
     assert real is not None, f"the refill hook never ran: {describe(result)}"
-    assert result.verdict is V.impossible_timing, \
-        f"recorded {result.time_ms} ms for work that cost {real:.4g} ms a call (the parent's estimate " \
-        f"{result.wall_ms_per_call} ms): {describe(result)}"
+    print(f"{result.verdict.value}: recorded {result.time_ms} ms, the work cost {real:.4g} ms, the parent's "
+          f"estimate {result.wall_ms_per_call} ms")
+    assert_time_earned(result)
 
 
 def test_patched_clock_instance_is_caught(bench, tmp_path):
