@@ -21,17 +21,22 @@ SETTINGS = EvalConfig(trials=3, warmup_calls=1, compile_baseline=False, check_sh
                       timeout_s=120, timed_calls=16)
 
 
-@pytest.mark.parametrize("name", TASKS)
-def test_the_reference_as_its_own_candidate_is_correct(name, tmp_path):
+def judge_the_reference(name: str, size: str, device: str, tmp_path: Path):
+    """The task's own Model as the candidate (`class ModelNew(Model)`), judged once."""
     task = tasks.discover(ROOT / "reference_tasks", [name])[0]
     code = tmp_path / "cand.py"
     code.write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")
     (tmp_path / "build").mkdir()
-    bench = evaluate.prepare(task, "odd", "cpu", SETTINGS)
+    bench = evaluate.prepare(task, size, device, SETTINGS)
     try:
-        result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
+        return evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
     finally:
         bench.close()
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_the_reference_as_its_own_candidate_is_correct(name, tmp_path):
+    result = judge_the_reference(name, "odd", "cpu", tmp_path)
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
     assert result.time_ms > 0 and not result.flags
 
@@ -41,15 +46,7 @@ def test_the_reference_as_its_own_candidate_is_correct(name, tmp_path):
 @pytest.mark.parametrize("name", TASKS)
 def test_the_reference_as_its_own_candidate_is_correct_on_the_gpu(name, size, tmp_path):
     """The same on a GPU, at the short size and at KernelBench's (the task file as written)."""
-    task = tasks.discover(ROOT / "reference_tasks", [name])[0]
-    code = tmp_path / "cand.py"
-    code.write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")
-    (tmp_path / "build").mkdir()
-    bench = evaluate.prepare(task, size, "cuda", SETTINGS)
-    try:
-        result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
-    finally:
-        bench.close()
+    result = judge_the_reference(name, size, "cuda", tmp_path)
     print(f"HONEST {name} {size} {result.verdict.value} claim {result.time_ms} parent {result.wall_ms_per_call}")
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
 
@@ -76,15 +73,7 @@ def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypa
 
     monkeypatch.setattr(evaluate, "_judge", judge_counted)
     monkeypatch.setattr(sandbox.Child, "send", send)
-    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    code = tmp_path / "cand.py"
-    code.write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")
-    (tmp_path / "build").mkdir()
-    bench = evaluate.prepare(task, "odd", "cpu", SETTINGS)
-    try:
-        result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
-    finally:
-        bench.close()
+    result = judge_the_reference("mse", "odd", "cpu", tmp_path)
     assert len(evaluations) == 2
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.first_refusal)
     assert result.first_refusal and "parent's own clock measured" in result.first_refusal
