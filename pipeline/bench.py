@@ -95,7 +95,7 @@ class TaskBench:
         found = [m for m in msgs if m.get("event") == "expected"]
         return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m["path"], m.get("fp32_rel_err"),
                                     m.get("parts") if self.settings.grad else None, m.get("rel_errs"),
-                                    m.get("dtypes"))
+                                    m.get("dtypes"), m.get("own_errs"))
                  for m in found if "shape" in m}, {m["key"]: m["inputs_path"] for m in found if "inputs_path" in m})
 
     def move_reference(self, started_with: dict[str, str], lane: dict[str, str]) -> None:

@@ -60,6 +60,8 @@ class Expected:
     """PyTorch's own error in the run's dtype against float64, part by part."""
     dtypes: list | None = None
     """The dtype of each part from PyTorch in the run's dtype: what the candidate's must be."""
+    own_errs: list | None = None
+    """PyTorch's own reading in the run's dtype, part by part, in the judge's elementwise metric."""
 
     def values(self) -> np.ndarray:
         return np.fromfile(self.path, dtype=np.float64, count=self.numel)
@@ -76,16 +78,23 @@ class Expected:
 # up to half an epsilon.
 DTYPE_EPS = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
 REF_ERR_FACTOR = 4  # and at least this many times PyTorch's own error in the dtype against float64
+# float32 widens the task's tolerance to REF_ERR_FACTOR x PyTorch's own reading in the judge's
+# elementwise metric, at most this many times the task's: PyTorch's own float32 gradient of triplet
+# margin loss failed 1e-4 on 1 seed in 60 of the needle variant (an element 7x below the part's
+# mean, off by 1e-3 of itself), and the honest reference was judged wrong_gradient.
+OWN_ERR_CAP = 10
 
 
-def tolerance_for(tol: float, dtype: str, ref_err: float | None) -> float:
+def tolerance_for(tol: float, dtype: str, ref_err: float | None, own_err: float | None = None) -> float:
     """The relative tolerance for one part in the run's dtype. float32 keeps the task's (default
-    1e-4), as always; in bfloat16 and float16 it is derived from the reference's own error in that
-    dtype against float64 (measured per attempt on the same inputs), never below the dtype's
-    epsilon. Every comparison is against float64, so a reduction accumulated in the low dtype
-    (whose error grows with its length) fails where PyTorch's, accumulated in float32, passes."""
+    1e-4), widened only where PyTorch's own float32 result on the attempt's very inputs reads more
+    than a quarter of it in the judge's elementwise metric (`own_err`), to REF_ERR_FACTOR x that,
+    at most OWN_ERR_CAP x the task's. In bfloat16 and float16 it is derived from the reference's own
+    error in that dtype against float64 (measured per attempt on the same inputs), never below the
+    dtype's epsilon. Every comparison is against float64, so a reduction accumulated in the low
+    dtype (whose error grows with its length) fails where PyTorch's, accumulated in float32, passes."""
     if dtype not in DTYPE_EPS:
-        return tol
+        return min(max(tol, REF_ERR_FACTOR * (own_err or 0.0)), OWN_ERR_CAP * tol)
     return max(tol, DTYPE_EPS[dtype], REF_ERR_FACTOR * (ref_err or 0.0))
 
 
@@ -123,8 +132,9 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         return fail(Verdict.mismatch, "the output's values did not reach the parent")
     b = want.values()
     errs = want.rel_errs or [want.fp32_rel_err] * len(layout)
+    owns = want.own_errs or [None] * len(layout)
     start, worst_part = 0, None
-    for (label, shape, n), ref_err in zip(layout, errs):
+    for (label, shape, n), ref_err, own_err in zip(layout, errs, owns):
         part = slice(start, start + n)
         start += n
         got, ref = values[part], b[part]
@@ -132,7 +142,7 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         where = "output" if label == "output" else label
         if not np.all(np.isfinite(got)):
             return fail(Verdict.non_finite if label == "output" else wrong, f"{where} holds NaN or Inf")
-        part_tol = tolerance_for(tol, dtype, ref_err)
+        part_tol = tolerance_for(tol, dtype, ref_err, own_err)
         diff = np.abs(got - ref)
         mag = np.abs(ref)
         # Magnitude-aware: relative per element, with the part's mean magnitude as the absolute

@@ -134,3 +134,39 @@ def test_gradients_follow_the_output_part_by_part():
         assert (got == want).all()
     finally:
         os.close(fd)
+
+
+def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_tolerance(tmp_path):
+    """Triplet margin loss, "small" size, needle variant, seed 21 (found by a probe over 60 seeds,
+    docs/benchmarks.md): PyTorch's own float32 gradient of the anchor misses the fixed 1e-4 at one
+    element. The reference reports its own reading part by part in the judge's metric, the judge
+    widens to 4x that (at most 10x the task's), and PyTorch's gradient passes; with the task's
+    tolerance alone, or off by more than the cap, it does not."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from pipeline.child import tasks
+    from pipeline.reference import Reference, _parts
+
+    task_path = Path(__file__).resolve().parent.parent / "reference_tasks" / "triplet.py"
+    ref = Reference({"task_path": str(task_path), "device": "cpu", "grad": True, "dtype": "float32"})
+    meta = ref.expected("small", 0, 21, "needle", str(tmp_path / "want"))
+    want = judge.Expected(meta["shape"], meta["numel"], meta["ref_dtype"], meta["path"], meta["fp32_rel_err"],
+                          meta["parts"], meta["rel_errs"], meta["dtypes"], meta["own_errs"])
+    module, m32, _ = ref.models_for("small", 0)
+    _, parts = _parts(m32(*tasks.make_inputs(module, 21, "needle", "cpu")))
+    values = np.concatenate([t.detach().reshape(-1).double().numpy() for _, t in parts])
+    header = P.OutputHeader(type="Tensor", exact_tensor=True, shape=meta["shape"], dtype="float32", device="cpu",
+                            numel=1, written=True, grads=[shape for _, shape in meta["parts"][1:]],
+                            packed=["float32"] * len(parts))
+    assert 1e-4 < 4 * meta["own_errs"][1] < 1e-3  # the anchor's gradient: near the tolerance, under the cap
+    assert judge.compare(header, values, want, 1e-4, "cpu").ok
+    alone = judge.Expected(*[getattr(want, f) for f in ("shape", "numel", "ref_dtype", "path", "fp32_rel_err",
+                                                         "parts", "rel_errs", "dtypes")])
+    refused = judge.compare(header, values, alone, 1e-4, "cpu")
+    assert refused.verdict is judge.Verdict.wrong_gradient and "gradient of input 0" in refused.error
+    far = values.copy()
+    at = meta["numel"] // 4 + 7  # an element of the anchor's gradient (after the scalar output)
+    far[at] += 2e-3 * (abs(far[at]) + np.abs(values[1:1 + meta["parts"][1][1][0] * meta["parts"][1][1][1]]).mean())
+    assert judge.compare(header, far, want, 1e-4, "cpu").verdict is judge.Verdict.wrong_gradient
