@@ -180,11 +180,15 @@ class Child:
         """SIGSTOP every process in the child's session until `resume`: while the reference process
         times eager calls beside the candidate's, nothing the candidate left running (a thread, a
         helper process) may take the cpu from it. Swept until every member shows as stopped, since
-        a member not yet stopped can fork. Returns the members, all stopped, or None when one would
-        not stop in time."""
-        stopped = self._sweep(signal.SIGSTOP, lambda: [pid for pid, state in session_members(self.proc.pid, with_state=True)
-                                                       if state not in ("T", "t")], 50, 0.0005)
-        return session_members(self.proc.pid) if stopped else None
+        a member not yet stopped can fork. Returns the members, all stopped (as the sweep's last scan
+        of /proc saw them: a stopped process cannot fork), or None when one would not stop in time."""
+        seen: list[tuple[int, str]] = []
+
+        def running() -> list[int]:
+            seen[:] = session_members(self.proc.pid, with_state=True)
+            return [pid for pid, state in seen if state not in ("T", "t")]
+
+        return [pid for pid, _ in seen] if self._sweep(signal.SIGSTOP, running, 50, 0.0005) else None
 
     def resume(self, members: list[int] | None = None) -> None:
         """SIGCONT what `pause` stopped: `members`, the list it returned (no scan of /proc, so that
