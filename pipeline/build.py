@@ -52,13 +52,16 @@ def build_env(gpus: list[str]) -> dict[str, str]:
 
 def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
           max_jobs: int | None = None, extra_env: dict[str, str] | None = None, fast: bool = True,
-          cuda: bool = False, notice: Callable[[str], None] | None = None, light: bool = True) -> BuildResult:
+          cuda: bool = False, notice: Callable[[str], None] | None = None, light: bool = True,
+          split: bool = True) -> BuildResult:
     """Build with the fast headers (pipeline/headers.py) where `fast` and they can be made here, a
     CUDA candidate's .cu files first against the light ATen header; each build that fails (not a
     timeout) is done again from a clean folder with the next, slower headers, down to torch's own,
     whose result and log stand, so the faster routes never cost a candidate its build. `cuda`: the
     candidates are CUDA extensions (main.cpp then has CUDA's include paths, which the PCH must match).
-    `light`: False skips the light header (scripts/gpu_builds.py measures the builds without it)."""
+    `light`: False skips the light header (scripts/gpu_builds.py measures the builds without it).
+    `split`: nvcc's host and device steps side by side in the faster routes (pipeline/nvcc_split.py);
+    the last route, torch's own headers, runs nvcc as torch does."""
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
     code_path = code_path.resolve()
     folder = headers.ensure(cuda, notice) if fast else None
@@ -71,7 +74,8 @@ def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
     spent = 0.0
     for label, more in routes:
         result = _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs,
-                             {**(extra_env or {}), "KGEN_HEADERS": str(folder), **more})
+                             {**(extra_env or {}), "KGEN_HEADERS": str(folder), **more,
+                              **({"KGEN_NVCC_SPLIT": "1"} if split else {})})
         spent += result.seconds
         if result.ok or result.timed_out:
             note = _after(failed)

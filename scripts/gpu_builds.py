@@ -1,8 +1,10 @@
 """Build seconds per candidate, one at a time and eight at once (issue 14; docs/benchmarks.md), by mode:
-`light` (kgen's route: the .cu against the light ATen header, main.cpp against the precompiled torch
-headers), `fast` (the precompiled headers, the .cu against torch/types.h) and `plain` (the candidate's
-`load_inline` as written). Candidates: the demo's CUDA completions (fixtures/replay/demo.jsonl)
-and any completions in --seeds DIR (*.txt), each extracted by kgen's own extractor.
+`light` (kgen's route: the .cu against the light ATen header, nvcc's host and device steps side by
+side, main.cpp against the precompiled torch headers), `light-serial` (the same, nvcc's steps one
+after another as nvcc runs them), `fast` (the precompiled headers, the .cu against torch/types.h)
+and `plain` (the candidate's `load_inline` as written). Candidates: the demo's CUDA completions
+(fixtures/replay/demo.jsonl) and any completions in --seeds DIR (*.txt), each extracted by kgen's own
+extractor.
 
     python3 scripts/gpu_builds.py [--seeds .seeds] [--modes light,fast,plain] [--alone light=99,fast=3,plain=0]
 
@@ -55,13 +57,15 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
         path = where / "candidate.py"
         path.write_text(code)
         result = build.build(path, "h" + name.replace("-", "_"), where / "builds", 900, jobs, env,
-                             fast=mode != "plain", cuda=True, notice=print, light=mode == "light")
+                             fast=mode != "plain", cuda=True, notice=print, light=mode.startswith("light"),
+                             split=mode != "light-serial")
         row = dict(label=label, name=name, mode=mode, at_once=at_once, seconds=round(result.seconds, 1),
-                   ok=result.ok, headers=result.headers)
+                   ok=result.ok, headers=result.headers,
+                   nvcc=[ln.split("steps ", 1)[1] for ln in result.log.splitlines() if ln.startswith("[kgen-nvcc]")])
         print("BUILD", json.dumps(row), flush=True)
         if not result.ok:
             print("  ", build.summary_line(result)[:200], flush=True)
-        elif result.headers != mode:  # fell back: the note says why the faster route failed
+        elif result.headers != mode.split("-")[0]:  # fell back: the note says why the faster route failed
             print("  ", [ln for ln in result.log.splitlines() if ln.startswith(build.FELL_BACK)][-1:], flush=True)
         return row
 

@@ -18,6 +18,7 @@ import inspect
 import json
 import os
 import resource
+import shlex
 import signal
 import sys
 import traceback
@@ -155,12 +156,21 @@ def _light_fits(sources: Any) -> bool:
     return bool(sources) and all(isinstance(s, str) and "requires_grad" not in s for s in sources)
 
 
-def import_candidate(code_path: str, force_verbose_build: bool = False, headers: str = "", light: bool = False):
+def _split_nvcc(ce: Any) -> str:
+    """The nvcc command ninja runs for a .cu: nvcc's own steps, host and device side by side
+    (pipeline/nvcc_split.py, a file of the standard library alone, run without site packages)."""
+    script = Path(__file__).resolve().parent.parent / "nvcc_split.py"
+    return shlex.join([sys.executable, "-I", "-S", str(script), ce._join_cuda_home("bin", "nvcc")])
+
+
+def import_candidate(code_path: str, force_verbose_build: bool = False, headers: str = "", light: bool = False,
+                     split: bool = False):
     if force_verbose_build:
         # The build log must hold the compiler's full text, whatever `verbose` the candidate passed.
         # With `headers` (the parent's fast-build folder, pipeline/headers.py) first on the include
         # path, <torch/extension.h> is its smaller, precompiled one; the candidate's text is unchanged.
         # With `light`, a .cu gets the light ATen header instead of torch/types.h (same folder).
+        # With `split`, nvcc's host and device steps run side by side (pipeline/nvcc_split.py).
         import torch.utils.cpp_extension as ce
 
         original = ce.load_inline
@@ -175,6 +185,8 @@ def import_candidate(code_path: str, force_verbose_build: bool = False, headers:
                 call["extra_include_paths"] = [headers, *(call.get("extra_include_paths") or [])]
             if light and _light_fits(call.get("cuda_sources")):
                 call["extra_cuda_cflags"] = ["-DKGEN_LIGHT_ATEN", *(call.get("extra_cuda_cflags") or [])]
+            if split and call.get("cuda_sources") and "PYTORCH_NVCC" not in os.environ:
+                os.environ["PYTORCH_NVCC"] = _split_nvcc(ce)
             return original(**call)
 
         ce.load_inline = load_inline
@@ -195,7 +207,8 @@ def run_build(fd: int, code_path: str) -> int:
         print("[kgen] landlock unavailable: the build runs without filesystem confinement", flush=True)
     try:
         import_candidate(code_path, force_verbose_build=True, headers=headers,
-                         light=bool(headers) and os.environ.get("KGEN_LIGHT_ATEN") == "1")
+                         light=bool(headers) and os.environ.get("KGEN_LIGHT_ATEN") == "1",
+                         split=bool(headers) and os.environ.get("KGEN_NVCC_SPLIT") == "1")
     except BaseException as exc:  # noqa: BLE001 - any failure of hostile code is a build failure
         traceback.print_exc()
         P.send(fd, P.BuildDone(ok=False, error=f"{type(exc).__name__}: {_first_line(exc)}"))
