@@ -80,7 +80,11 @@ while time.monotonic() < end: x = torch.tanh(x @ x); torch.cuda.synchronize()' &
          echo "refine wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/refine.log"
          python3 scripts/search_turns.py db/h100-refine.db 2>&1 | tee "$OUT/refine_turns.log"
          cp db/h100-refine.db "$OUT/h100-refine.db" ;;
-    builds) timeout ${BUILD_LIMIT:-480} python3 scripts/gpu_builds.py ${BUILD_ARGS:-} $( [ -d .seeds ] && echo --seeds .seeds ) 2>&1 \
+    builds) for i in 1 2; do  # what a build child pays before any compiler runs: torch's import, no GPU visible
+              s=$(date +%s%N); CUDA_VISIBLE_DEVICES= python3 -c 'import torch.utils.cpp_extension'
+              echo "STARTUP import torch.utils.cpp_extension: $(( ($(date +%s%N) - s) / 1000000 )) ms" | tee -a "$OUT/builds-startup.log"
+            done
+            timeout ${BUILD_LIMIT:-480} python3 scripts/gpu_builds.py ${BUILD_ARGS:-} $( [ -d .seeds ] && echo --seeds .seeds ) 2>&1 \
               | tee "$OUT/builds.log" | grep -E "^BUILD|PCH|candidates|^[a-z]+-(alone|x)|builds|SKIP" ;;
     grad) db=${GRAD_DB:-$OUT/grad.db}  # GRAD_DB: a carried database of an earlier call's attempts, added to
           timeout ${GRAD_LIMIT:-420} python3 scripts/gpu_grad.py --db "$db" ${GRAD_ARGS:-} 2>&1 | tee "$OUT/grad.log" \
