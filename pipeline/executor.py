@@ -118,6 +118,12 @@ class LocalExecutor:
         # A build never sees a GPU: it only compiles, for the lanes' architecture (build.arch_list),
         # and on GPU lanes only on the cores no lane times on (core_plan).
         self.build_env = {**build_stage.build_env(gpus), **({"KGEN_CORES": _cores(build_cores)} if build_cores else {})}
+        # Build children start ahead with torch imported, on the build cores: only where those are
+        # off every lane's (on the cpu backend, or without a core plan, a spare would import torch
+        # beside a timed kernel).
+        self.build_spares = build_stage.Spares(self.workers) if build_cores else None
+        if self.build_spares:
+            self.build_spares.fill(self.build_env)  # while the first prompts are answered
         # On the cpu backend the kernel under test shares the cores with compilers: an evaluation
         # takes every build slot, so nothing compiles while something is being timed.
         self.exclusive = not gpus
@@ -135,7 +141,7 @@ class LocalExecutor:
     async def build(self, code_path: Path, code_hash: str, builds_root: Path, timeout_s: float) -> BuildResult:
         async with self.build_pool:
             return await asyncio.to_thread(build_stage.build, code_path, code_hash, builds_root, timeout_s, self.jobs,
-                                           self.build_env, **self.fast)
+                                           self.build_env, **self.fast, spares=self.build_spares)
 
     async def _on_lane(self, fn, *args, key=None, discard=None):
         async def job(lane):
@@ -186,6 +192,8 @@ class LocalExecutor:
     def close(self) -> None:
         if self.spares:
             self.spares.close()
+        if self.build_spares:
+            self.build_spares.close()
 
 
 class _RayLane:

@@ -64,6 +64,13 @@ class Session:
         self.phases[name] = round(now - self.part_from, 3)
         self.part_from = now
 
+    def spent(self, name: str, since: float) -> float:
+        """Add the seconds since `since` to a part that recurs (the timing phase's: where its seconds
+        go, issue 14); returns now, for the next part."""
+        now = time.monotonic()
+        self.phases[name] = round(self.phases.get(name, 0.0) + now - since, 3)
+        return now
+
     def ask(self, request: P.Message | None, kind: type, what: str,
             reveal: list[np.ndarray] | None = None) -> tuple[Any, float]:
         """Send `request` (None: the reply to an earlier one) and return the reply of type `kind`
@@ -278,7 +285,9 @@ class Session:
         plan = self.plan
         done = 0  # Bound requests sent so far: spread evenly over the timed blocks, the rest after the last
         for j, seeds in enumerate(plan.timed):
+            at = time.monotonic()
             reply, ms = self.ask(P.Timed(index=j, seeds=seeds), P.TimedDone, f"timed block {j}")
+            at = self.spent("timing_blocks", at)
             if len(reply.outputs) != len(seeds) or len(reply.times_ms) != len(seeds):
                 return Verdict.protocol_error, f"timed block {j}: {len(reply.outputs)} outputs for {len(seeds)} calls"
             if not all(np.isfinite(t) and t > 0 for t in reply.times_ms):
@@ -286,7 +295,9 @@ class Session:
             self.timed.append((list(reply.times_ms), Window(ms, len(seeds))))
             if (problem := self.check_block(f"timed{j}", "timed call", j * len(seeds), reply.outputs)):
                 return problem
+            at = self.spent("timing_checks", at)
             self.eager_block(len(seeds), first=j == 0)
+            at = time.monotonic()
             # Spread, not bunched at the end: on a machine whose speed drifts (the 2-core CI box ran
             # one attempt's calls at 1.1 ms and the next's at 2.4), Bound requests all sent after the
             # last block could see another machine than the child's timed blocks did, and an honest
@@ -299,22 +310,28 @@ class Session:
                 values = [np.fromfile(self.inputs[f"bound{k}_{i}"], dtype=np.uint8)
                           for i in range(len(bound_seeds))] if self.inbox else None
                 reply, ms = self.ask(self.bound_request(k, bound_seeds), P.BoundDone, f"bound block {k}", values)
+                at = self.spent("timing_bounds", at)
                 if len(reply.outputs) != len(bound_seeds):
                     return Verdict.protocol_error, f"bound block {k}: {len(reply.outputs)} outputs for {len(bound_seeds)}"
                 self.bound_windows.append(Window(ms, len(bound_seeds)))
                 if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
                     return problem
+                at = self.spent("timing_checks", at)
         return None
 
     def eager_block(self, calls: int, first: bool) -> None:
         """As many eager calls, then as many torch.compile calls, timed by the reference process right
         after the candidate's block (never beside it): the speedups are ratios of times taken in the
         same window."""
+        at = time.monotonic()
         self.child.pause()  # what the candidate left running must not slow the other side (sandbox.Child.pause)
         try:
+            at = self.spent("timing_pause", at)
             self.eager.extend(self.reference_block(calls, first, compiled=False))
+            at = self.spent("timing_eager", at)
             if self.compile_beside:
                 times = self.reference_block(calls, first, compiled=True)
+                self.spent("timing_compiled", at)
                 if times is None:  # torch.compile failed in the reference: the prepared baseline stands in
                     self.compile_beside, self.compiled = False, []
                 else:

@@ -1,8 +1,9 @@
 """Build seconds per candidate, one at a time and eight at once (issue 14; docs/benchmarks.md), by mode:
 `light` (kgen's route: the .cu against the light ATen header, nvcc's host and device steps side by
-side, main.cpp against the precompiled torch headers), `light-serial` (the same, nvcc's steps one
-after another as nvcc runs them), `fast` (the precompiled headers, the .cu against torch/types.h)
-and `plain` (the candidate's `load_inline` as written). Candidates: the demo's CUDA completions
+side, main.cpp against the precompiled torch headers, each build's child started ahead with torch
+imported while the one before builds), `light-cold` (the same, each child started when its build
+does), `light-serial` (cold, and nvcc's steps one after another as nvcc runs them), `fast` (the
+precompiled headers, the .cu against torch/types.h) and `plain` (the candidate's `load_inline` as written). Candidates: the demo's CUDA completions
 (fixtures/replay/demo.jsonl) and any completions in --seeds DIR (*.txt), each extracted by kgen's own
 extractor.
 
@@ -49,6 +50,11 @@ def candidates(seeds: Path | None) -> list[tuple[str, str]]:
 def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root: Path) -> list[dict]:
     env = build.build_env(["0"])
     jobs = max(1, (os.cpu_count() or 1) // at_once)
+    # As a batch or a search builds: the next build's child starts, torch imported, while one builds.
+    # Not in a mode that ends in -cold or -serial (the builds before spares).
+    spares = build.Spares(at_once) if not mode.endswith(("-cold", "-serial")) else None
+    if spares:
+        spares.fill(env, wait=True)  # as in a batch under way; the lone builds' next ones start as each builds
 
     def one(item):
         name, code = item
@@ -58,7 +64,7 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
         path.write_text(code)
         result = build.build(path, "h" + name.replace("-", "_"), where / "builds", 900, jobs, env,
                              fast=mode != "plain", cuda=True, notice=print, light=mode.startswith("light"),
-                             split=mode != "light-serial")
+                             split=mode != "light-serial", spares=spares)
         row = dict(label=label, name=name, mode=mode, at_once=at_once, seconds=round(result.seconds, 1),
                    ok=result.ok, headers=result.headers,
                    nvcc=[ln.split("steps ", 1)[1] for ln in result.log.splitlines() if ln.startswith("[kgen-nvcc]")])
@@ -69,8 +75,12 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
             print("  ", [ln for ln in result.log.splitlines() if ln.startswith(build.FELL_BACK)][-1:], flush=True)
         return row
 
-    with ThreadPoolExecutor(at_once) as pool:
-        return list(pool.map(one, group))
+    try:
+        with ThreadPoolExecutor(at_once) as pool:
+            return list(pool.map(one, group))
+    finally:
+        if spares:
+            spares.close()
 
 
 def main() -> int:

@@ -219,3 +219,55 @@ def test_pause_stops_every_process_of_the_childs_session(cpu_ticks):
     assert set(pids) <= set(states) and all(states[pid] in ("T", "t") for pid in pids), states
     assert paused == before, f"a paused spinner ran: {before} -> {paused}"
     assert all(r > p for r, p in zip(resumed, paused)), f"a resumed spinner did not run: {paused} -> {resumed}"
+
+
+SPARE_CANDIDATE = """
+import os
+from pathlib import Path
+print("KGEN-NOTE affinity", sorted(os.sched_getaffinity(0)), flush=True)
+print("KGEN-NOTE extensions", os.environ.get("TORCH_EXTENSIONS_DIR"), flush=True)
+print("KGEN-NOTE secret", os.environ.get("KGEN_TEST_SECRET"), flush=True)
+try:
+    os.sched_setaffinity(0, set(range(os.cpu_count())))
+    print("KGEN-NOTE widened", flush=True)
+except OSError as exc:
+    print("KGEN-NOTE refused", type(exc).__name__, flush=True)
+try:
+    Path(OUTSIDE).write_text("planted")
+    print("KGEN-NOTE wrote outside", flush=True)
+except OSError as exc:
+    print("KGEN-NOTE outside", type(exc).__name__, flush=True)
+
+class ModelNew:
+    pass
+"""
+
+
+def test_a_build_child_started_ahead_builds_confined_as_a_fresh_one(tmp_path, secrets):
+    """build.Spares: a child that imported torch before its build was known gets the build's
+    variables from the job, then confines itself (Landlock, seccomp, its pinned cores) before the
+    candidate's module runs; the secrets in the parent's environment never reach it."""
+    core = sorted(os.sched_getaffinity(0))[-1]
+    outside = tmp_path / "outside.txt"
+    code = tmp_path / "spare.py"
+    code.write_text(f"OUTSIDE = {str(outside)!r}\n" + SPARE_CANDIDATE)
+    env = {"KGEN_CORES": str(core)}
+    spares = build.Spares(1)
+    try:
+        spares.fill(env, wait=True)
+        waiting = spares._waiting[frozenset(env.items())][0]
+        result = build.build(code, "spare0", tmp_path / "builds", 120, extra_env=env, fast=False, spares=spares)
+        assert result.ok, result.log
+        assert waiting.proc.poll() is not None  # the child started ahead built it, and is gone
+        assert f"KGEN-NOTE extensions {tmp_path / 'builds' / 'spare0'}" in result.log, result.log
+        assert "KGEN-NOTE secret None" in result.log
+        assert f"KGEN-NOTE affinity [{core}]" in result.log
+        assert "KGEN-NOTE refused PermissionError" in result.log and "widened" not in result.log
+        if os.environ.get("KGEN_LANDLOCK") != "0" and landlock.abi_version() > 0:
+            assert "KGEN-NOTE outside PermissionError" in result.log and not outside.exists(), result.log
+        spares.fill(env, wait=True)  # the next one waits already (take started it)
+        assert [c.proc.poll() for c in spares._waiting[frozenset(env.items())]] == [None]
+        later = spares._waiting[frozenset(env.items())][0]
+    finally:
+        spares.close()
+    assert later.proc.wait(timeout=10) is not None  # close() ends the ones still waiting

@@ -1,6 +1,7 @@
 """The sandboxed child's side: the only module that imports candidate code.
 
     python -m pipeline.child.harness --result-fd N build CODE_PATH
+    python -m pipeline.child.harness --result-fd N build              (a spare: BuildJob on stdin)
     python -m pipeline.child.harness --result-fd N --outbox-fd M eval   (requests arrive on stdin)
 
 It answers the parent's requests one at a time (pipeline.child.protocol). Until `Import` it is
@@ -404,15 +405,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     die_with_parent()
     fd = args.result_fd
-    if args.mode == "build":
-        return run_build(fd, args.code_path)
-    import torch  # before the first line arrives: a spare child waits with torch already loaded
-
     stdin = sys.stdin
 
     def read_request() -> P.Message | None:
         line = stdin.readline()
         return P.parse_request(line) if line.strip() else None
+
+    if args.mode == "build" and args.code_path:
+        return run_build(fd, args.code_path)
+    if args.mode == "build":  # a spare (pipeline.build): torch's import is paid before the build is known
+        import torch.utils.cpp_extension  # noqa: F401
+
+        build = read_request()
+        if not isinstance(build, P.BuildJob):
+            return 0  # a spare the parent never used
+        os.environ.update(build.env)
+        return run_build(fd, build.code_path)
+    import torch  # before the first line arrives: a spare child waits with torch already loaded
 
     init = read_request()
     if not isinstance(init, P.Init):

@@ -142,7 +142,19 @@ class Finish(Message):
     op: Literal["finish"] = "finish"
 
 
-Request = Annotated[Union[Init, Job, Import, Setup, Trial, Timed, Bound, Profile, Finish], Field(discriminator="op")]
+class BuildJob(Message):
+    """What a build child started ahead (pipeline.build's spares, torch already imported) compiles;
+    it confines itself right after reading this, before any candidate code runs."""
+    op: Literal["build"] = "build"
+    code_path: str
+    """The candidate's module, read-only to the child."""
+    env: dict[str, str]
+    """This build's variables (its build folder, MAX_JOBS, kgen's header routes), set before the
+    candidate's module is imported."""
+
+
+Request = Annotated[Union[Init, Job, Import, Setup, Trial, Timed, Bound, Profile, Finish, BuildJob],
+                    Field(discriminator="op")]
 REQUEST = TypeAdapter(Request)
 
 
