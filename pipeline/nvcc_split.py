@@ -10,8 +10,8 @@ the two chains: the module id that cudafe++ writes and cicc reads. cicc can writ
 writes the same id for the same source. Here it writes its own, both chains run at once, and the ids
 are compared: where they differ, or the device chain fails, the device chain runs again exactly as nvcc
 wrote it, from cudafe++'s id. Every step is nvcc's own command from `nvcc --dryrun`, so the object is
-the one nvcc makes. Anything but that one plan (several architectures, -rdc, dependency files, a step
-this does not know) is left to nvcc itself. Standard library only: it starts in tens of milliseconds.
+the one nvcc makes. Anything but that one plan (several architectures, dependency files, a step this
+does not know) is left to nvcc itself. Standard library only: it starts in tens of milliseconds.
 """
 
 from __future__ import annotations
