@@ -35,24 +35,19 @@ def _as64(inputs: list[Any]) -> list[Any]:
     return [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
 
 
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+def _errs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """How far `a` (PyTorch in the run's dtype) lands from `b` (float64), from one difference: the
+    largest |a - b| over the largest |b|, and the same in the judge's elementwise metric
+    (pipeline.judge.compare), the largest |a - b| / (|b| + the part's mean |b|), infinite where an
+    element of an all-zero part is not zero."""
     if a.numel() == 0:
-        return 0.0
-    diff = (a.double() - b.double()).abs().max().item()
-    return diff / max(b.double().abs().max().item(), 1e-30)
-
-
-def _own_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """How far `a` (PyTorch in the run's dtype) lands from `b` (float64) in the judge's elementwise
-    metric (pipeline.judge.compare): the largest |a - b| / (|b| + the part's mean |b|); infinite
-    where an element of an all-zero part is not zero."""
-    if a.numel() == 0:
-        return 0.0
+        return 0.0, 0.0
     ref = b.double()
     diff, mag = (a.double() - ref).abs(), ref.abs()
+    rel = diff.max().item() / max(mag.max().item(), 1e-30)
     den = mag + mag.mean()
-    ratio = torch.where(den > 0, diff / den.clamp_min(1e-300), torch.where(diff > 0, float("inf"), 0.0))
-    return ratio.max().item()
+    own = torch.where(den > 0, diff / den.clamp_min(1e-300), torch.where(diff > 0, float("inf"), 0.0))
+    return rel, own.max().item()
 
 
 def _parts(result: Any) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
@@ -117,8 +112,7 @@ class Reference:
         _write_new(path, values.tobytes())
         # How far PyTorch's own run dtype lands from float64 here, part by part: evidence for the
         # tolerance, and in bfloat16 and float16 the tolerance itself (pipeline.judge.tolerance_for).
-        errs = [_rel_err(a, b) for (_, a), (_, b) in zip(parts32, parts)]
-        own = [_own_err(a, b) for (_, a), (_, b) in zip(parts32, parts)]
+        errs, own = map(list, zip(*(_errs(a, b) for (_, a), (_, b) in zip(parts32, parts))))
         return {**meta, "shape": list(ref.shape), "numel": len(values), "path": path,
                 "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": errs[0],
                 "parts": [[label, list(t.shape)] for label, t in parts], "rel_errs": errs, "own_errs": own,
