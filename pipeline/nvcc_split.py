@@ -116,9 +116,9 @@ def split(nvcc: str, args: list[str]) -> int | None:
     scratch = tempfile.mkdtemp(prefix="kgen-nvcc-")
     try:
         # nvcc names its intermediate files after its own pid under TMPDIR: a private folder keeps two
-        # builds' names apart after the dry run's process has gone (the steps inherit it too).
-        os.environ["TMPDIR"] = scratch
-        dry = subprocess.run([nvcc, "--dryrun", *args], capture_output=True, text=True)
+        # builds' names apart after the dry run's process has gone.
+        env = {**os.environ, "TMPDIR": scratch}
+        dry = subprocess.run([nvcc, "--dryrun", *args], capture_output=True, text=True, env=env)
         found = plan(dry.stdout + dry.stderr) if dry.returncode == 0 else None
         if found is None:
             return None
@@ -126,6 +126,7 @@ def split(nvcc: str, args: list[str]) -> int | None:
         cicc = own_id(steps["cicc"], module_id_file(steps["cudafe"]))
         if cicc is None:
             return None
+        os.environ["TMPDIR"] = scratch
         started = time.monotonic()
         # nvcc's `rm` of a .fatbin that fatbinary never wrote is done by nvcc itself, which ignores
         # that it is missing; the scratch folder goes at the end anyway.
