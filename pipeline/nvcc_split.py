@@ -116,7 +116,8 @@ def split(nvcc: str, args: list[str]) -> int | None:
     scratch = tempfile.mkdtemp(prefix="kgen-nvcc-")
     try:
         # nvcc names its intermediate files after its own pid under TMPDIR: a private folder keeps two
-        # builds' names apart after the dry run's process has gone.
+        # builds' names apart after the dry run's process has gone. Only the dry run's environment
+        # until the plan is known: nvcc alone (the fallback) runs after the folder is removed.
         env = {**os.environ, "TMPDIR": scratch}
         dry = subprocess.run([nvcc, "--dryrun", *args], capture_output=True, text=True, env=env)
         found = plan(dry.stdout + dry.stderr) if dry.returncode == 0 else None
