@@ -67,6 +67,7 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
                              split=mode != "light-serial", spares=spares)
         row = dict(label=label, name=name, mode=mode, at_once=at_once, seconds=round(result.seconds, 1),
                    ok=result.ok, headers=result.headers,
+                   # The build child's own line in its log (pipeline/nvcc_split.py): a note, not a measurement of ours.
                    nvcc=[ln.split("steps ", 1)[1] for ln in result.log.splitlines() if ln.startswith("[kgen-nvcc]")])
         print("BUILD", json.dumps(row), flush=True)
         if not result.ok:
