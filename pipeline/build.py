@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import headers, sandbox
+from .config import cache_root
 from .child import protocol
 from .records import BuildResult
 
@@ -114,19 +115,22 @@ def _after(failed: list[str], built_with: str = "") -> str:
 def _build_once(code_path: Path, code_hash: str, build_dir: Path, timeout_s: float, max_jobs: int | None,
                 extra_env: dict[str, str] | None, route_env: dict[str, str] | None = None,
                 spares: Spares | None = None) -> BuildResult:
-    build_dir.mkdir(parents=True, exist_ok=True)
-    stale = clear_stale_locks(build_dir)
-    sandbox.own_for_child(build_dir)
-    env = {**(route_env or {}), "TORCH_EXTENSIONS_DIR": str(build_dir), "MAX_JOBS": str(max_jobs or os.cpu_count() or 1),
+    # The child builds into its own out/ folder (the jail lets it write nowhere else), which becomes
+    # build_dir once the child is gone: no build can write another's folder or a later attempt's input.
+    env = {**(route_env or {}), "MAX_JOBS": str(max_jobs or os.cpu_count() or 1),
            # nvcc's dependency files are for ninja rebuilding after a header edit; a build dir is
            # built once, so they are only cost (torch PR #119936).
            "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES": "1"}
     started = time.monotonic()
     child = spares.take(extra_env or {}, timeout_s) if spares else None
-    if child is not None:
-        child.send(protocol.BuildJob(code_path=str(code_path), env=env))
-    else:
-        child = sandbox.start("pipeline.child.harness", ["build", str(code_path)], timeout_s, {**(extra_env or {}), **env})
+    if child is None:
+        child = start_child(extra_env or {}, timeout_s)
+    stale: list[Path] = []
+    if child.policy is None:  # no jail (KGEN_JAIL=0): the old way, in place
+        build_dir.mkdir(parents=True, exist_ok=True)
+        stale = clear_stale_locks(build_dir)
+        env["TORCH_EXTENSIONS_DIR"] = str(build_dir)
+    child.send(protocol.BuildJob(code_path=child.stage(code_path, "candidate.py"), env=env))
     message, problem = None, None
     try:
         message, _ = child.reply()
@@ -137,7 +141,7 @@ def _build_once(code_path: Path, code_hash: str, build_dir: Path, timeout_s: flo
     except protocol.ProtocolError as exc:
         problem = f"the build broke the protocol: {exc}"
         child.kill()
-    code, log = child.finish()
+    code, log = child.finish(keep_out=build_dir if child.policy is not None else None)
     seconds = time.monotonic() - started
     if stale:
         log = f"[kgen] removed stale lock(s) left by a killed build: {', '.join(map(str, stale))}\n" + log
@@ -152,6 +156,15 @@ def _build_once(code_path: Path, code_hash: str, build_dir: Path, timeout_s: flo
         log += f"\n[kgen] {message.error or 'build failed'}\n"
     return BuildResult(code_hash=code_hash, ok=ok and not child.timed_out, timed_out=child.timed_out,
                        log=log, seconds=seconds, build_dir=str(build_dir))
+
+
+def start_child(env: dict[str, str], timeout_s: float) -> sandbox.Child:
+    """A build child, jailed (sandbox.Jail): it reads the fast-build headers, writes its out/ alone,
+    and waits for its BuildJob with torch imported."""
+    headers_root = cache_root() / "headers"
+    headers_root.mkdir(parents=True, exist_ok=True)  # a rule needs the folder before the first build makes it
+    return sandbox.start("pipeline.child.harness", ["build"], timeout_s, env,
+                         jail=sandbox.Jail(read=(str(headers_root),), out=True, gpu=False))
 
 
 class Spares:
@@ -201,7 +214,7 @@ class Spares:
             with self._lock:
                 if self._closed or len(self._waiting.setdefault(key, [])) >= self.depth:
                     return
-            child = sandbox.start("pipeline.child.harness", ["build"], 24 * 3600, env)
+            child = start_child(env, 24 * 3600)
             with self._lock:
                 if not self._closed:
                     self._waiting[key].append(child)

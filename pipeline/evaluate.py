@@ -210,13 +210,13 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         init = P.Init(device=bench.device, profiler=settings.profile)
         child = spares.take(env, settings.timeout_s) if spares and need <= sandbox.OUTBOX_BYTES else None
         if child is None:
-            child = sandbox.start(HARNESS, ["eval"], settings.timeout_s, env, outbox=max(need, 8))
+            child = sandbox.start(HARNESS, ["eval"], settings.timeout_s, env, outbox=max(need, 8), jail=sandbox.Jail())
             child.send(init)
         if spares and spares.refill:
             spares.spawn(env, init.model_dump())
         before["child"] = round(time.monotonic() - mark, 3)
-        job = P.Job(task_path=str(bench.task.path.resolve()), size=bench.size, code_path=str(Path(code_path).resolve()),
-                    build_dir=str(Path(build_dir).resolve()), device=bench.device, memory_gb=settings.memory_limit_gb,
+        task_path, code, built = stage(child, bench.task.path, Path(code_path), Path(build_dir))
+        job = P.Job(task_path=task_path, size=bench.size, code_path=code, build_dir=built, device=bench.device, memory_gb=settings.memory_limit_gb,
                     out_shape=main.shape, slot_values=slot_values, slots=slots, inbox_set_bytes=set_size,
                     inbox_sets=sets, threads=settings.cpu_threads, grad=bench.settings.grad, dtype=bench.settings.dtype,
                     own_kernels=backends.triton_kernels(Path(code_path).read_text()) if bench.backend == "triton" else [])
@@ -258,6 +258,15 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         "grad": bench.settings.grad, "dtype": bench.settings.dtype,
         "eval_seconds": ended - started,
         "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), clock_alone
+
+
+def stage(child: sandbox.Child, task_path: Path, code_path: Path, build_dir: Path) -> tuple[str, str, str]:
+    """The task file, code and built extension as the child reads them: copies (links for the
+    build) in its own read-only job folder, where it is jailed; else the originals."""
+    if child.policy is None:
+        return str(task_path.resolve()), str(code_path.resolve()), str(build_dir.resolve())
+    built = child.stage_tree(build_dir, "build") if build_dir.is_dir() else str(child.job_dir / "build")
+    return child.stage(task_path), child.stage(code_path, "candidate.py"), built
 
 
 def _trust(result: EvalResult, settings: EvalConfig) -> EvalResult:

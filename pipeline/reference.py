@@ -26,7 +26,7 @@ import torch
 
 from .child import tasks
 from .child.grad import ForwardBackward, Grads
-from .child.harness import die_with_parent
+from .child.seccomp import die_with_parent
 from .child.protocol import pack_set, write_line
 from .child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 

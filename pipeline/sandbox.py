@@ -2,10 +2,10 @@
 
 The child gets: a fresh process group (so a timeout kills everything it spawned), an environment
 built from an allow-list (no API keys, tokens or database paths), its own temporary working
-directory as HOME and TMPDIR, and optionally (KGEN_SANDBOX_UID=nobody, as root) an unprivileged uid.
-The child then confines itself with Landlock (pipeline.child.landlock) so it can neither read nor
-write the database. Resource limits are applied by the child itself first thing
-(pipeline.child.harness.apply_limits), before any candidate code is imported.
+directory, and, for a candidate's child (`jail`), confinement the parent sets before the child's
+interpreter starts (pipeline/confine.py, pipeline/child/jail.py): namespaces, Landlock, nobody's
+uid, seccomp, on every thread. The parent stages what the child reads (code, task file, built
+extension) into the child's own job/ folder (Child.stage); it never names a path of the project.
 
 What the parent reads back is hostile: replies go through pipeline.child.protocol.Reader (an
 absolute deadline, a line limit); the log is read through the parent's own descriptor of the file it
@@ -15,11 +15,11 @@ only its last LOG_TAIL bytes.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import confine
 from .child import protocol
 
 # Variables a compiler, CUDA or torch needs; everything else (keys, tokens, KGEN_*, proxies) stays out.
@@ -36,7 +37,6 @@ ENV_ALLOW = (
     "PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
     "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "NVCC_APPEND_FLAGS", "KGEN_LANDLOCK",
 )
-UNPRIVILEGED_UID = 65534  # nobody
 LOG_TAIL = 200_000  # bytes of a child's log the parent reads: nvcc can print megabytes of warnings
 OUTBOX_BYTES = 1 << 31  # a spare's outbox (virtual: pages cost memory only when the child writes them)
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -52,39 +52,16 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_":
               "MALLOC_TOP_PAD_": str(64 << 20)}
 
 
-def child_env(extra: dict[str, str] | None = None, home: str = "/tmp") -> dict[str, str]:
+def child_env(extra: dict[str, str] | None = None, home: str = "/tmp", package_path: str = PACKAGE_ROOT) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
     # Our package first, then where the parent found its own packages outside the interpreter
     # (a --target install, say): the child imports pydantic and torch from the same places.
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
              if p and os.path.abspath(p) != PACKAGE_ROOT]
-    env.update(HOME=home, TMPDIR=home, PYTHONPATH=os.pathsep.join([PACKAGE_ROOT, *inherited]), PYTHONDONTWRITEBYTECODE="1",
+    env.update(HOME=home, TMPDIR=home, PYTHONPATH=os.pathsep.join([package_path, *inherited]), PYTHONDONTWRITEBYTECODE="1",
                PYTHONUNBUFFERED="1", PYTHONNOUSERSITE="1", **MALLOC_ENV)
     env.update(extra or {})
     return env
-
-
-@functools.cache
-def drop_privileges() -> bool:
-    """Run children as nobody: opt-in (KGEN_SANDBOX_UID=nobody, as root), and only where nobody can
-    run our Python at all. Off by default because a GPU's device nodes, a Python under /root or a
-    0700 temp folder are often out of nobody's reach; Landlock confines the child either way."""
-    if os.geteuid() != 0 or os.environ.get("KGEN_SANDBOX_UID", "same") != "nobody":
-        return False
-    try:
-        probe = subprocess.run([sys.executable, "-s", "-c", "import torch, pipeline.child.harness"],
-                               env=child_env(), cwd="/", user=UNPRIVILEGED_UID, group=UNPRIVILEGED_UID,
-                               extra_groups=[], capture_output=True, timeout=120)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return probe.returncode == 0
-
-
-def own_for_child(path: Path) -> None:
-    """Hand a directory the child must write (its tmp dir, a build dir) to the child's uid."""
-    if drop_privileges():
-        for p in [path, *path.rglob("*")]:
-            os.chown(p, UNPRIVILEGED_UID, UNPRIVILEGED_UID, follow_symlinks=False)
 
 
 @dataclass
@@ -100,6 +77,53 @@ class Child:
     outbox_fd: int | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)
     timed_out: bool = False
+    policy: dict | None = None
+    """The jail's policy (pipeline/confine.py), None for a process of the parent's side."""
+    status_fd: int | None = None
+    _confinement: protocol.Confinement | None = None
+
+    @property
+    def job_dir(self) -> Path:
+        """Where the parent stages what the child reads: read-only to the child."""
+        return self.workdir / "job"
+
+    def confinement(self, timeout: float = 30.0) -> protocol.Confinement:
+        """What the parent set on this child and checked itself (confine.verified): the jail's
+        status line, read until the exec closed its descriptor, and /proc."""
+        if self._confinement is None:
+            status = None
+            if self.status_fd is not None:
+                try:
+                    line = protocol.Reader(self.status_fd).line(time.monotonic() + timeout)
+                    status = json.loads(line) if line else None
+                except (TimeoutError, protocol.ProtocolError, ValueError):
+                    status = None
+            self._confinement = confine.verified(self.proc.pid, status, self.policy)
+        return self._confinement
+
+    def stage(self, source: Path, name: str | None = None) -> str:
+        """A copy of file `source` in the child's job folder, which it may read and not write."""
+        target = self.job_dir / (name or Path(source).name)
+        shutil.copyfile(source, target, follow_symlinks=True)
+        os.chmod(target, 0o644)
+        return str(target)
+
+    def stage_tree(self, source: Path, name: str) -> str:
+        """The regular files of `source` (a build folder, written by a candidate's build: no link
+        is followed) in the job folder: hard links where the file system allows, else copies."""
+        target = self.job_dir / name
+        for root, dirs, files in os.walk(source, followlinks=False):
+            rel = Path(root).relative_to(source)
+            (target / rel).mkdir(parents=True, exist_ok=True)
+            for file in files:
+                src = Path(root) / file
+                if not stat.S_ISREG(os.lstat(src).st_mode):
+                    continue
+                try:
+                    os.link(src, target / rel / file, follow_symlinks=False)
+                except OSError:
+                    shutil.copyfile(src, target / rel / file, follow_symlinks=False)
+        return str(target)
 
     def send(self, message: dict[str, Any] | protocol.Message) -> None:
         try:
@@ -202,9 +226,11 @@ class Child:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def finish(self, grace: float = 10.0) -> tuple[int, str]:
+    def finish(self, grace: float = 10.0, keep_out: Path | None = None) -> tuple[int, str]:
         """Wait for exit (killing the group at the deadline), then return (returncode, log). Its
-        stdin is closed first: a child waiting for a request reads end of file and exits."""
+        stdin is closed first: a child waiting for a request reads end of file and exits. With
+        `keep_out`, the jailed child's out/ folder becomes that folder (once nothing of the child is
+        left to write it), owned by us and writable by us alone: later children only read it."""
         if self.proc.stdin and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.close()
@@ -215,12 +241,34 @@ class Child:
         self.kill()  # stragglers it forked or left behind, before reaping frees its pid
         code = self.proc.wait()
         os.close(self.reader.fd)
+        if self.status_fd is not None:
+            os.close(self.status_fd)
+            self.status_fd = None
         log = self.log()
+        if keep_out is not None and (self.workdir / "out").is_dir():
+            shutil.rmtree(keep_out, ignore_errors=True)
+            keep_out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(self.workdir / "out"), str(keep_out))
+            _take_back(keep_out)
         for fd in (self.log_fd, self.outbox_fd):
             if fd is not None:
                 os.close(fd)
         shutil.rmtree(self.workdir, ignore_errors=True)  # fd-based: it never follows the child's links
         return code, log
+
+
+def _take_back(tree: Path) -> None:
+    """Make a tree a child wrote ours: owner, and no write bit for group or others; no link followed."""
+    uid, gid = os.geteuid(), os.getegid()
+    for root, dirs, files in os.walk(tree, followlinks=False):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            try:
+                os.chown(name, uid, gid, follow_symlinks=False)
+                mode = os.lstat(name).st_mode
+                if not stat.S_ISLNK(mode):
+                    os.chmod(name, stat.S_IMODE(mode) & ~0o022)
+            except OSError:
+                pass
 
 
 def _exited(pid: int, timeout: float) -> bool:
@@ -255,10 +303,42 @@ def session_members(sid: int, with_state: bool = False) -> list:
     return members
 
 
+@dataclass(frozen=True)
+class Jail:
+    """Confine the child before its interpreter starts (pipeline/confine.py); its workdir is laid
+    out as confine's docstring says."""
+
+    read: tuple[str, ...] = ()
+    """Folders it may read besides the system, Python, the package and its workdir."""
+    out: bool = False
+    """It gets an out/ folder it may write (a build's extensions), which the parent moves away after."""
+    gpu: bool = True
+    """The GPU's device nodes are open to it."""
+
+
+def _lay_out(workdir: Path, module: str, jail: Jail) -> tuple[Path, dict]:
+    """The jailed child's folders (tmp/ its own, job/ and py/ the parent's) and its policy."""
+    os.chmod(workdir, 0o711)
+    tops = sorted({"pipeline", module.split(".")[0]})
+    for sub in ("tmp", "job", "py", *(("out",) if jail.out else ())):
+        (workdir / sub).mkdir(mode=0o755)
+    for top in tops:
+        (workdir / "py" / top).symlink_to(Path(PACKAGE_ROOT) / top)
+    uid = confine.drop_to()
+    for sub in ("tmp", *(("out",) if jail.out else ())):
+        if uid is not None:
+            os.chown(workdir / sub, uid, uid)
+        os.chmod(workdir / sub, 0o700)
+    policy = confine.jail_policy(workdir, tops, [str(workdir / "out")] if jail.out else [], list(jail.read), jail.gpu)
+    return workdir / "tmp", policy
+
+
 def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str] | None = None,
-          outbox: int | None = None) -> Child:
+          outbox: int | None = None, jail: Jail | None = None) -> Child:
     """Start `python -m module args...` sandboxed; messages come back on a pipe named by fd number.
-    With `outbox` (bytes), the child also gets a sealed memfd of that size (--outbox-fd)."""
+    With `outbox` (bytes), the child also gets a sealed memfd of that size (--outbox-fd). With `jail`
+    (a candidate's child), the jail confines it before its interpreter starts; without (the
+    reference process, kgen's own code), it runs with the parent's rights."""
     workdir = Path(tempfile.mkdtemp(prefix="kgen-child-"))
     log_path = workdir / "output.log"
     log = open(log_path, "wb")
@@ -268,22 +348,29 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
     outbox_fd = protocol.Outbox.create(outbox) if outbox is not None else None
     pass_fds = (write_fd,) if outbox_fd is None else (write_fd, outbox_fd)
     extra_args = [] if outbox_fd is None else ["--outbox-fd", str(outbox_fd)]
-    env = child_env(extra_env, home=str(workdir))
-    own_for_child(workdir)
-    kwargs: dict[str, Any] = {}
-    if drop_privileges():
-        kwargs.update(user=UNPRIVILEGED_UID, group=UNPRIVILEGED_UID, extra_groups=[])
+    command = [sys.executable, "-s", "-m", module, "--result-fd", str(write_fd), *extra_args, *args]
+    home, policy, status_r, status_w = workdir, None, None, None
+    if jail is not None and confine.enabled():
+        home, policy = _lay_out(workdir, module, jail)
+        status_r, status_w = os.pipe()
+        os.set_inheritable(status_r, False)
+        command = confine.jail_command(policy, status_w, command)
+        pass_fds = (*pass_fds, status_w)
+    env = child_env(extra_env, home=str(home), package_path=str(workdir / "py") if policy else PACKAGE_ROOT)
+    if policy and jail.out:
+        env["TORCH_EXTENSIONS_DIR"] = str(workdir / "out")
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-s", "-m", module, "--result-fd", str(write_fd), *extra_args, *args],
-            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env,
-            pass_fds=pass_fds, start_new_session=True, close_fds=True, **kwargs)
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=home,
+                                env=env, pass_fds=pass_fds, start_new_session=True, close_fds=True)
     finally:
         os.close(write_fd)
+        if status_w is not None:
+            os.close(status_w)
         log.close()
     pin(proc.pid, env.get("KGEN_CORES"))
     now = time.monotonic()
-    return Child(proc, protocol.Reader(read_fd), log_fd, workdir, now, now + timeout, outbox_fd)
+    return Child(proc, protocol.Reader(read_fd), log_fd, workdir, now, now + timeout, outbox_fd,
+                 policy=policy, status_fd=status_r)
 
 
 def pin(pid: int, cores: str | None) -> None:
@@ -340,8 +427,8 @@ class Spares:
     With `refill` false, taking a spare starts no next one (`kgen eval` judges one candidate)."""
 
     def __init__(self, module: str, args: list[str], outbox: int | None = OUTBOX_BYTES, refill: bool = True,
-                 cores: str | None = None, depth: int = 2):
-        self.module, self.args, self.outbox, self.refill = module, args, outbox, refill
+                 cores: str | None = None, depth: int = 2, jail: Jail | None = Jail()):
+        self.module, self.args, self.outbox, self.refill, self.jail = module, args, outbox, refill, jail
         self.cores = cores or None
         self.depth = max(1, depth) if self.cores and refill else 1
         # Per environment, oldest first: [child, the Init still to send (None once sent)].
@@ -355,11 +442,12 @@ class Spares:
             queue = self._waiting.setdefault(key, [])
             while len(queue) < self.depth:
                 if self.cores:
-                    child = start(self.module, self.args, 24 * 3600, {**env, "KGEN_CORES": self.cores}, self.outbox)
+                    child = start(self.module, self.args, 24 * 3600, {**env, "KGEN_CORES": self.cores}, self.outbox,
+                                  self.jail)
                     child.send(init)
                     queue.append([child, None])
                 else:
-                    queue.append([start(self.module, self.args, 24 * 3600, env, self.outbox), init])
+                    queue.append([start(self.module, self.args, 24 * 3600, env, self.outbox, self.jail), init])
 
     def release(self, env: dict[str, str]) -> None:
         """Let the oldest waiting spare for `env` initialise its device now (those started ahead on

@@ -149,7 +149,9 @@ class Session:
         plan, bench = self.plan, self.bench
         self.child.send(job)
         ready, _ = self.ask(None, P.Ready, "loading the task")
-        self.confinement = ready.confinement
+        # What the parent set and checked itself (pipeline/confine.py); the child's own report
+        # (ready.confinement) is a claim, kept only where no jail ran.
+        self.confinement = self.child.confinement() if self.child.policy is not None else ready.confinement
         self.part("startup_ready")
         calls = len(plan.bounds[0])
         # The reference's compiler warm-up (pipeline.reference.CompilerWarmup) has ended before the

@@ -31,10 +31,27 @@ def abi_version() -> int:
 
 
 def restrict(read: list[str], write: list[str], devices: list[str] = ("/dev",)) -> bool:
+    return restrict_rules([(p, "read") for p in read] + [(p, "write") for p in write] +
+                          [(p, "device") for p in devices])
+
+
+def rights(kind: str, abi: int) -> int:
+    """The access a rule grants: "read" (read, list, execute), "list" (list a directory alone),
+    "device" (read, write and ioctl a device node) or "write" (everything)."""
+    fs = _ALL_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0) | (_IOCTL_DEV if abi >= 5 else 0)
+    reading = _EXECUTE | _READ_FILE | _READ_DIR
+    return {"read": reading, "list": _READ_DIR, "write": fs,
+            "device": reading | _WRITE_FILE | (_IOCTL_DEV if abi >= 5 else 0) | (_TRUNCATE if abi >= 3 else 0)}[kind] & fs
+
+
+def restrict_rules(rules: list[tuple[str, str]]) -> bool:
+    """Confine this thread (and every thread and process it starts from now on) to `rules`, pairs of
+    (path, kind of access: see `rights`); also no TCP (ABI 4+) and no signals or abstract sockets
+    outside the domain (ABI 6+). True when it holds."""
     abi = abi_version()
     if abi < 1:
         return False
-    fs = _ALL_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0) | (_IOCTL_DEV if abi >= 5 else 0)
+    fs = rights("write", abi)
     net = (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0
     scoped = (_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL) if abi >= 6 else 0
     attr = struct.pack("QQQ", fs, net, scoped)
@@ -43,12 +60,9 @@ def restrict(read: list[str], write: list[str], devices: list[str] = ("/dev",)) 
     ruleset = _libc.syscall(_SYS_CREATE, buf, ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         return False
-    reading = _EXECUTE | _READ_FILE | _READ_DIR
-    device_rights = reading | _WRITE_FILE | (_IOCTL_DEV if abi >= 5 else 0) | (_TRUNCATE if abi >= 3 else 0)
     try:
-        for paths, rights in ((read, reading), (write, fs), (devices, device_rights)):
-            for path in paths:
-                _add(ruleset, path, rights & fs)
+        for path, kind in rules:
+            _add(ruleset, path, rights(kind, abi))
         if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS, required by restrict_self
             return False
         return _libc.syscall(_SYS_RESTRICT, ctypes.c_int(ruleset), ctypes.c_uint32(0)) == 0
@@ -65,6 +79,8 @@ def _add(ruleset: int, path: str, rights: int) -> None:
         if not os.path.isdir(path):
             # Rights that only make sense on directories are refused for a file.
             rights &= _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV
+        if not rights:
+            return  # e.g. "list" on a file: nothing to grant
         attr = struct.pack("=Qi", rights, fd)
         buf = ctypes.create_string_buffer(attr, len(attr))
         if _libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_PATH_BENEATH), buf,

@@ -177,6 +177,24 @@ class Confinement(Message):
     """HOME and TMPDIR are a directory of this attempt alone, and /dev/shm is not writable."""
     uid: int = -1
     """The uid the child runs as."""
+    before_exec: bool = False
+    """Landlock and seccomp were set before the interpreter started (pipeline/child/jail.py), so every
+    thread of the process holds them, including those torch or a driver started before the import."""
+    netns: bool = False
+    """A network namespace of its own: no address of the host, its loopback included, is reachable."""
+    masked: list[str] = []
+    """Folders seen fresh and empty in the child's mount namespace, but for what it needs (/tmp,
+    /dev/shm, a 0700 home holding Python)."""
+    set_by: str = "child"
+    """"parent": set by the parent's jail and checked by the parent (pipeline/confine.py); "child": the
+    child's own report, never enough for trust."""
+    detail: str = ""
+    """Why a layer is missing, where the parent knows."""
+
+    @property
+    def not_root(self) -> bool:
+        """Runs as a uid other than root's."""
+        return self.uid not in (-1, 0)
 
     def missing(self, required: list[str]) -> list[str]:
         return [name for name in required if not getattr(self, name, False)]

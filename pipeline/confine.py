@@ -1,0 +1,153 @@
+"""What the parent confines a candidate's process to, set before its interpreter starts, and what
+the parent then checks for itself.
+
+    policy = jail_policy(workdir, writable=[out_dir], extra_read=[headers])
+    argv = jail_command(policy, status_fd, [python, "-s", "-m", module, ...])   # sandbox.start
+    confinement = verified(pid, status_line, policy)                            # after the jail ran
+
+The jail itself (pipeline/child/jail.py) applies the policy in the child's process and execs the
+real command: a network namespace, a mount namespace where /tmp, /dev/shm and every folder that an
+unprivileged uid could not cross are fresh and empty but for what the child needs, Landlock rules,
+the uid `nobody`, the seccomp filter. Every thread the interpreter, torch or a driver starts
+afterwards inherits all of it. The parent stores what it set, checked against /proc (uid, no new
+privileges, seccomp, namespaces) and the jail's status line (written before the exec, so before any
+candidate code existed); never the candidate's own report.
+
+A child's workdir (sandbox.start) holds `tmp/` (its HOME, TMPDIR and cwd: the one place it writes,
+owned by its uid), `job/` (what the parent stages for it: code, task file, built extension;
+read-only) and `py/` (links to the packages it imports, so that the project folder, where the
+database, generated code and builds live, is never a path it can read).
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+from .child import protocol as P
+
+JAIL = str(Path(__file__).resolve().parent / "child" / "jail.py")
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+NOBODY = 65534
+SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt")
+# Of /proc, only the system-wide files libraries read and (added by the jail) the child's own entry.
+PROC_READ = ("cpuinfo", "meminfo", "stat", "loadavg", "uptime", "version", "filesystems", "devices",
+             "modules", "swaps", "sys", "driver")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+# Folders every process may write that outlive an attempt: each child gets fresh, empty ones.
+SCRATCH_MASKS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def enabled() -> bool:
+    """KGEN_JAIL=0 turns the jail off (a debugging aid; such attempts are stored untrusted)."""
+    return os.environ.get("KGEN_JAIL", "1") != "0"
+
+
+def _traversable_by_others(path: str) -> bool:
+    try:
+        return bool(os.stat(path).st_mode & stat.S_IXOTH)
+    except OSError:
+        return True  # missing: nothing to expose
+
+
+def _blockers(paths: list[str]) -> dict[str, set[str]]:
+    """Folders on the way to `paths` that an unprivileged uid cannot cross (a 0700 /root holding
+    pyenv's Python, say), each with the names beneath it that must stay reachable."""
+    found: dict[str, set[str]] = {}
+    for path in paths:
+        parts = Path(path).parts
+        for i in range(1, len(parts) - 1):
+            folder = str(Path(*parts[:i + 1]))
+            if not _traversable_by_others(folder):
+                found.setdefault(folder, set()).add(parts[i + 1])
+    return found
+
+
+@functools.cache
+def _python_paths() -> tuple[str, ...]:
+    """Python, its standard library and packages; never the project folder (the database's)."""
+    project = os.path.abspath(PACKAGE_ROOT)
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    for p in sys.path:
+        if p and os.path.isdir(p) and os.path.abspath(p) != project and not project.startswith(os.path.abspath(p) + os.sep):
+            paths.add(os.path.abspath(p))
+    return tuple(sorted(paths))
+
+
+def gpu_devices() -> list[str]:
+    return sorted(glob.glob("/dev/nvidia*"))
+
+
+def drop_to() -> int | None:
+    """The uid children run as: nobody when we are root (the jail makes what they need reachable),
+    else our own (no privilege to drop)."""
+    return NOBODY if os.geteuid() == 0 else None
+
+
+def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = (), extra_read: list[str] = (),
+                gpu: bool = True) -> dict:
+    """The policy for a child whose workdir is `workdir` (sandbox.start lays it out). `writable`:
+    folders it may write besides its tmp/ (a build's output folder, inside the workdir too);
+    `extra_read`: folders it may read besides Python, the system and its workdir (the fast-build headers)."""
+    read = [*SYSTEM_READ, *(f"/proc/{n}" for n in PROC_READ), *_python_paths(),
+            *(str(Path(PACKAGE_ROOT) / top) for top in top_packages), str(workdir), *extra_read]
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            read.append(os.environ[var])
+    write = [str(workdir / "tmp"), *writable]
+    devices = [*DEVICES, *(gpu_devices() if gpu else [])]
+    rules = [(p, "read") for p in read] + [(p, "write") for p in write] + [(d, "device") for d in devices]
+    rules.append(("/dev", "list"))
+    uid = drop_to()
+    masks: list[tuple[str, str, list[str]]] = []
+    if uid is not None:  # root: a mount namespace of its own (the jail needs privilege for it)
+        keep = {str(workdir): True}
+        for scratch in SCRATCH_MASKS:
+            inside = [Path(p).relative_to(scratch).parts[0] for p in keep if Path(p).is_relative_to(scratch)]
+            if os.path.isdir(scratch):
+                masks.append((scratch, "1777", inside))
+        for folder, names in sorted(_blockers([*read, *write]).items(), key=lambda kv: len(kv[0])):
+            masks.append((folder, "0711", sorted(names)))
+    return {"rules": rules, "uid": uid, "netns": True, "memlock": True, "masks": masks,
+            "require": ["filesystem", "seccomp", "netns"]}
+
+
+def jail_command(policy: dict, status_fd: int, command: list[str]) -> list[str]:
+    return [sys.executable, "-I", "-S", JAIL, json.dumps(policy), str(status_fd), "--", *command]
+
+
+def _status_fields(pid: int) -> dict[str, str]:
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields
+
+
+def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinement:
+    """The confinement the parent set on process `pid`, as far as it checks for itself: the uid,
+    no_new_privs and the seccomp filter from /proc/PID/status, the network namespace by its inode,
+    and Landlock from the jail's status line (written before the exec). Nothing the child says."""
+    if policy is None or not status or status.get("missing") or status.get("error"):
+        return P.Confinement(set_by="parent", detail=f"jail: {status}" if status else "no jail")
+    try:
+        fields = _status_fields(pid)
+        own_net = os.readlink("/proc/self/ns/net")
+        child_net = os.readlink(f"/proc/{pid}/ns/net")
+    except OSError as exc:
+        return P.Confinement(set_by="parent", detail=f"the child could not be checked: {exc}")
+    uid = int(fields.get("Uid", "-1").split()[0])
+    seccomp = fields.get("Seccomp") == "2" and fields.get("NoNewPrivs") == "1"
+    netns = child_net != own_net
+    abi = int(status.get("landlock_abi", 0))
+    filesystem = bool(status.get("filesystem"))
+    return P.Confinement(landlock_abi=abi if filesystem else 0, filesystem=filesystem,
+                         network=netns or (filesystem and abi >= 4), signals=filesystem and abi >= 6,
+                         seccomp=seccomp, private_tmp=filesystem, uid=uid, before_exec=filesystem and seccomp,
+                         netns=netns, masked=list(status.get("masked", [])), set_by="parent")
