@@ -5,6 +5,8 @@ reports what it could still reach.
     python -m tests.sandbox_probe --result-fd N plain
     python -m tests.sandbox_probe --result-fd N confined OUTSIDE_FILE PROJECT_FILE PORT
     python -m tests.sandbox_probe --result-fd N spin      # forks two spinners, reports, waits on stdin
+    python -m tests.sandbox_probe --result-fd N jailed OUTSIDE SECRET PROJECT_FILE PORT
+        (under sandbox.Jail: the same probes from the main thread and from a thread started first)
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import json
 import os
 import socket
+import threading
 
 
 
@@ -47,10 +50,33 @@ def _setsid_in_fork() -> str:
     return "ok" if os.waitstatus_to_exitcode(status) == 0 else "denied"
 
 
+def _jailed_probes(outside: str, secret: str, project_file: str, port: str) -> dict:
+    """What one thread can reach; every probe but write_home must be denied in a jailed child."""
+    job = os.path.join(os.path.dirname(os.environ["HOME"]), "job")
+    return {"uid": os.getuid(),
+            "write_home": _try(lambda: _write(os.path.join(os.environ["HOME"], f"in-{threading.get_ident()}.txt"))),
+            "write_outside": _try(lambda: _write(outside)),
+            "read_secret": _try(lambda: _read(secret)),
+            "read_project": _try(lambda: _read(project_file)),
+            "read_parent_environ": _try(lambda: _read(f"/proc/{os.getppid()}/environ")),
+            "write_job": _try(lambda: _write(os.path.join(job, "pwned"))),
+            "signal_parent": _try(lambda: os.kill(os.getppid(), 0)),
+            "tcp_connect": _try(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())}
+
+
 def main() -> int:
+    early: dict = {}
+    go = threading.Event()
+
+    def first_thread() -> None:  # started before anything else the probe does
+        go.wait()
+        early.update(_jailed_probes(*early.pop("args")))
+
+    thread = threading.Thread(target=first_thread, daemon=True)
+    thread.start()
     parser = argparse.ArgumentParser()
     parser.add_argument("--result-fd", type=int, required=True)
-    parser.add_argument("mode", choices=["plain", "confined", "spin"])
+    parser.add_argument("mode", choices=["plain", "confined", "spin", "jailed"])
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args()
     report = {"env": dict(os.environ), "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
@@ -72,6 +98,12 @@ def main() -> int:
         report["signal_parent"] = _try(lambda: os.kill(os.getppid(), 0))
         report["setsid_in_fork"] = _setsid_in_fork()
         report["tcp_connect"] = _try(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())
+    if args.mode == "jailed":
+        early["args"] = args.rest
+        go.set()
+        thread.join(30)
+        report["thread"] = dict(early)
+        report["main"] = _jailed_probes(*args.rest)
     if args.mode == "spin":  # helpers that take the cpu whenever they may (sandbox.Child.pause must stop them)
         spinners = []
         for _ in range(2):

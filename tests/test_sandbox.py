@@ -29,10 +29,14 @@ SET_BY_SANDBOX = {"HOME", "TMPDIR", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PY
                   *sandbox.MALLOC_ENV}
 
 
-def probe(*args: str, extra_env: dict[str, str] | None = None) -> tuple[dict, str, Path]:
-    """Run tests/sandbox_probe.py in a sandboxed child; return its report, its log and its workdir."""
-    child = sandbox.start("tests.sandbox_probe", list(args), 120, extra_env)
+def probe(*args: str, extra_env: dict[str, str] | None = None, jail: sandbox.Jail | None = None,
+          seen: list | None = None) -> tuple[dict, str, Path]:
+    """Run tests/sandbox_probe.py in a sandboxed child; return its report, its log and its workdir.
+    With `jail`, the parent's checked confinement of it is appended to `seen`."""
+    child = sandbox.start("tests.sandbox_probe", list(args), 120, extra_env, jail=jail)
     report = child.receive()
+    if seen is not None:
+        seen.append(child.confinement())
     code, log = child.finish()
     assert report is not None, f"probe exited {code}: {log[-3000:]}"
     assert code == 0, log[-3000:]
@@ -104,6 +108,44 @@ def test_landlock_confines_the_child(tmp_path, secrets):
             assert report["signal_parent"].startswith("denied"), report
     finally:
         listener.close()
+
+
+@pytest.mark.skipif(landlock.abi_version() == 0, reason="Landlock is not available on this kernel")
+def test_the_jail_holds_on_every_thread_from_before_the_interpreter(tmp_path, secrets):
+    """The jail (pipeline/confine.py) confines the process before Python starts: a thread started
+    first thing, before the probe does anything else, is as confined as the main thread; the
+    parent's own check of the child says so (uid, seccomp, namespaces), not the child."""
+    outside = tmp_path / "outside.txt"
+    secret = tmp_path / "expected.f64"  # a file of the parent's, readable by its permissions
+    secret.write_bytes(b"the answers")
+    os.chmod(tmp_path, 0o755)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.setblocking(False)
+    seen: list = []
+    try:
+        report, log, workdir = probe("jailed", str(outside), str(secret), str(ROOT / "pyproject.toml"),
+                                     str(listener.getsockname()[1]), jail=sandbox.Jail(gpu=False), seen=seen)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing reached the host's loopback, from any thread
+    finally:
+        listener.close()
+    confinement = seen[0]
+    assert confinement.set_by == "parent" and confinement.before_exec and confinement.filesystem, confinement
+    assert confinement.seccomp and confinement.netns and confinement.network, confinement
+    if os.geteuid() == 0:
+        assert confinement.uid == 65534 and "/tmp" in confinement.masked, confinement
+    assert confinement.not_root
+    for where in ("main", "thread"):
+        seen_there = report[where]
+        assert seen_there["uid"] != 0, report
+        assert seen_there["write_home"] == "ok", report
+        for probe_name in ("write_outside", "read_secret", "read_project", "read_parent_environ", "tcp_connect",
+                           "write_job", "signal_parent"):
+            assert seen_there[probe_name].startswith("denied"), (where, probe_name, seen_there)
+    assert not outside.exists() and not list(workdir.parent.glob("kgen-child-*/job/pwned"))
+    assert secrets["OPENAI_API_KEY"] not in log and "the answers" not in log
 
 
 BROKEN = textwrap.dedent('''
