@@ -106,14 +106,22 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
     uid = drop_to()
     masks: list[tuple[str, str, list[str]]] = []
     if uid is not None:  # root: a mount namespace of its own (the jail needs privilege for it)
-        keep = {str(workdir): True}
+        # What the child reads or writes under a scratch folder stays (its workdir; on the device
+        # machine the carried packages in /tmp/site, or a checkout under /tmp); Landlock still
+        # limits it to those paths.
+        keep = [p for p in (*read, *write) if os.path.exists(p)]
         for scratch in SCRATCH_MASKS:
-            inside = [Path(p).relative_to(scratch).parts[0] for p in keep if Path(p).is_relative_to(scratch)]
-            if os.path.isdir(scratch):
+            if os.path.isdir(scratch) and not os.path.islink(scratch):
+                inside = sorted({Path(p).relative_to(scratch).parts[0] for p in keep
+                                 if Path(p).is_relative_to(scratch) and Path(p) != Path(scratch)})
                 masks.append((scratch, "1777", inside))
         for folder, names in sorted(_blockers([*read, *write]).items(), key=lambda kv: len(kv[0])):
             masks.append((folder, "0711", sorted(names)))
+    # On a GPU its own /proc entry is writable: the CUDA driver writes there as it starts (and fails
+    # with error 304 where it cannot: scripts/probe_jail_cuda.py, docs/benchmarks.md); it is the
+    # process's own, and nothing there reaches another process.
     return {"rules": rules, "uid": uid, "netns": True, "memlock": True, "masks": masks,
+            "own_proc": "write" if gpu else "read",
             "require": ["filesystem", "seccomp", "netns"]}
 
 

@@ -38,6 +38,7 @@ class Session:
         self.last = self.part_from = time.monotonic()
         self.step = "loading the task"
         self.confinement: P.Confinement | None = None
+        self.device_busy: str | None = None  # the reference's probe saw other work on the GPU (IdleProbe)
         self.judged: list[TrialResult] = []
         self.calibration: list[Window] = []
         self.bound_windows: list[Window] = []
@@ -299,6 +300,8 @@ class Session:
                 return problem
             at = self.spent("timing_checks", at)
             self.eager_block(len(seeds), first=j == 0)
+            if self.device_busy:
+                return Verdict.impossible_timing, self.device_busy
             at = time.monotonic()
             # Spread, not bunched at the end: on a machine whose speed drifts (the 2-core CI box ran
             # one attempt's calls at 1.1 ms and the next's at 2.4), Bound requests all sent after the
@@ -350,6 +353,12 @@ class Session:
                               "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, self.lane)
         if any(m.get("event") == "block_failed" for m in msgs):
             return None
+        for m in msgs:
+            if m.get("event") == "block" and m.get("busy") and "after_ms" in m["busy"]:
+                busy = m["busy"]
+                self.device_busy = (f"the GPU ran other work while the reference timed (a probe took "
+                                    f"{busy['after_ms']:.3f} ms, {busy['idle_ms']:.3f} idle), after a wait and a re-timing: "
+                                    "work the candidate left running")
         return [t for m in msgs if m.get("event") == "block" for t in m["times_ms"]]
 
     def bound_request(self, index: int, seeds: list[int]) -> P.Bound:

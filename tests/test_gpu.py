@@ -31,6 +31,8 @@ KERNELS = r'''
 #include <torch/extension.h>
 #include <cuda_runtime.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <chrono>
+#include <thread>
 
 __device__ __forceinline__ double warp_sum(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffff, v, o);
@@ -80,6 +82,24 @@ __global__ void wild_write(float* p) { p[threadIdx.x + (1LL << 40)] = 1.0f; }
 
 __global__ void spin(volatile int* flag) { while (*flag == 0) { } }
 
+// Leftover work: every SM busy for `ns` nanoseconds of the GPU's own timer.
+__global__ void spin_for(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}
+
+static void leave_spinner() {  // from a host thread, 1 ms after the call (after the harness's sync)
+    std::thread([] {
+        std::this_thread::sleep_for(std::chrono::microseconds(1000));
+        static cudaStream_t left = nullptr;
+        if (!left) cudaStreamCreateWithFlags(&left, cudaStreamNonBlocking);
+        int sms = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+        spin_for<<<sms * 4, 256, 0, left>>>(40ull * 1000 * 1000);
+    }).detach();
+}
+
 torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t mode) {
     TORCH_CHECK(a.is_cuda() && b.is_cuda(), "inputs must be CUDA tensors");
     TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat, "inputs must be float32");
@@ -119,6 +139,8 @@ torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t mode) {
         cudaStreamWaitEvent(at::cuda::getCurrentCUDAStream(), done, 0);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    static int calls = 0;
+    if (mode == 6 && ++calls % 4 == 0) leave_spinner();  // after what may be a timed block's last call
     return out;
 }
 '''
@@ -172,6 +194,9 @@ CASES = {
     "timer_patch": (0, TIMER_PATCH, {Verdict.correct}),
     "side_overlap": (5, CALL, {Verdict.correct}),
     "forged_clock": (0, FORGED_CLOCK, {Verdict.correct, Verdict.impossible_timing}),
+    # Work left on the GPU after a block, running while the child is stopped and eager is timed:
+    # the reference's own probe (pipeline.reference.IdleProbe) waits it out or refuses.
+    "leftover_spinner": (6, CALL, {Verdict.correct, Verdict.impossible_timing}),
 }
 
 
@@ -211,6 +236,11 @@ def _gpu_idle(bench=None) -> bool:
     return out.returncode == 0 and not (set(out.stdout.split()) - ours)
 
 
+def _built_pair(built, name: str) -> tuple[Path, Path]:
+    path, result = built[name]
+    return path, Path(result.build_dir)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_redteam_cuda(name, built, bench):
     path, result = built[name]
@@ -224,6 +254,11 @@ def test_redteam_cuda(name, built, bench):
     if name == "honest":
         assert Flag.no_custom_kernel not in verdict.flags
         assert verdict.speedup_eager and verdict.speedup_eager > 0
+    if name == "leftover_spinner" and verdict.verdict is Verdict.correct:
+        honest = evaluate.evaluate(bench, *_built_pair(built, "honest"), SETTINGS)
+        ratio = verdict.speedup_eager / honest.speedup_eager
+        print(f"REDTEAM leftover_spinner speedup {verdict.speedup_eager:.3f} vs honest {honest.speedup_eager:.3f}")
+        assert 1 / 1.3 <= ratio <= 1.3, (verdict.speedup_eager, honest.speedup_eager)
     if name == "timer_patch":
         # The patch changed nothing the harness calls: the time is real, and the work is PyTorch's.
         assert Flag.no_custom_kernel in verdict.flags

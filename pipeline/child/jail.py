@@ -110,7 +110,9 @@ def confine(policy: dict) -> dict:
             hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
             resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
     rules = [(path, kind) for path, kind in policy.get("rules", [])]
-    rules.append((f"/proc/{os.getpid()}", "read"))  # its own entry (and its threads'); no other process's
+    # Its own entry (and its threads'), no other process's; "write" where a driver names its threads
+    # through /proc/self/task/TID/comm.
+    rules.append((f"/proc/{os.getpid()}", policy.get("own_proc", "read")))
     held["landlock_abi"] = landlock.abi_version()
     held["filesystem"] = bool(policy.get("landlock", True)) and landlock.restrict_rules(rules)
     uid = policy.get("uid")
