@@ -136,9 +136,10 @@ def _judge_in(project: Path, key: str, secret: Path, file_canary: str) -> None:
     said = list(dict.fromkeys(line for line in output.splitlines() if "[thread_escape]" in line))
     leaks = []
     # The candidate answers wrong (a mismatch) only when an escape worked. Refused for another
-    # reason (a timing refusal of its honest kernel, say), it must still have probed and found nothing.
+    # reason (a timing refusal of its honest kernel, a sandbox that kills it for signalling, say), it
+    # must still have started probing and reported no leak.
     if result["verdict"] != "correct" and (result["verdict"] == "mismatch" or any("LEAK" in line for line in said)
-                                           or not any(": main thread" in line for line in said)):
+                                           or not any(": probing" in line for line in said)):
         leaks.append(f"verdict {result['verdict']}: {result.get('error')}")
     for secret_text in (key, file_canary):
         where = [name for name, text in (("stdout", proc.stdout), ("stderr", proc.stderr),

@@ -252,6 +252,7 @@ _PROBED = []  # the first forward call of this process probes once, whichever in
 
 
 def _round(stage):
+    print(f"[thread_escape] {stage}: probing", flush=True)  # before any signal: a sandbox that kills us shows it ran
     summary, *leaks = _ext.escape(stage, CANARY_FILE, DB_PATH, TASK_PATH, PORT)
     print(f"[thread_escape] {summary}", flush=True)
     for line in leaks:
