@@ -141,6 +141,8 @@ def _judge_in(project: Path, key: str, secret: Path, file_canary: str) -> None:
     if result["verdict"] != "correct" and (result["verdict"] == "mismatch" or any("LEAK" in line for line in said)
                                            or not any(": probing" in line for line in said)):
         leaks.append(f"verdict {result['verdict']}: {result.get('error')}")
+    if result["verdict"] == "correct" and not any(": main thread" in line for line in said):
+        leaks.append("correct, but the candidate's probe never reported: the attack did not run")  # no vacuous pass
     for secret_text in (key, file_canary):
         where = [name for name, text in (("stdout", proc.stdout), ("stderr", proc.stderr),
                                          ("database rows", database_text(db))) if secret_text in text]
