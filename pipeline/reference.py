@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .child import tasks
-from .child.grad import ForwardBackward, Grads
+from .child.grad import ForwardBackward, Grads, reseed
 from .child.seccomp import die_with_parent
 from .child.protocol import pack_set, write_line
 from .child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
@@ -105,8 +105,11 @@ class Reference:
             meta["inputs_path"] = inputs_to
         if not output:
             return meta
+        inputs64 = _as64(inputs)
+        reseed(m64, inputs64, seed)  # gradient mode: this call's upstream, as the candidate's child draws it
+        reseed(m32, inputs, seed)
         with torch.no_grad():
-            ref, parts = _parts(m64(*_as64(inputs)))
+            ref, parts = _parts(m64(*inputs64))
             out32, parts32 = _parts(m32(*inputs))
         values = torch.cat([t.detach().reshape(-1).to(device="cpu", dtype=torch.float64) for _, t in parts]).numpy()
         _write_new(path, values.tobytes())

@@ -362,8 +362,11 @@ class Session:
         return [t for m in msgs if m.get("event") == "block" for t in m["times_ms"]]
 
     def bound_request(self, index: int, seeds: list[int]) -> P.Bound:
-        """Values through the inbox (the parent's, written in the window) or a seed per call."""
-        return P.Bound(index=index, inbox=len(seeds)) if self.inbox else P.Bound(index=index, seeds=seeds)
+        """Values through the inbox (the parent's, written in the window) or a seed per call; in
+        gradient mode the seeds go with the inbox too: each call's upstream comes from its seed."""
+        if not self.inbox:
+            return P.Bound(index=index, seeds=seeds)
+        return P.Bound(index=index, inbox=len(seeds), seeds=seeds if self.bench.settings.grad else [])
 
     def check_block(self, prefix: str, what: str, first: int, headers: list[P.OutputHeader]) -> tuple[Verdict, str] | None:
         for j, header in enumerate(headers):

@@ -28,7 +28,7 @@ BASE = EvalConfig(compile_baseline=False, trials=4, timed_calls=10, timed_ms=0, 
 GRAD = BASE.model_copy(update={"grad": True})
 BF16 = BASE.model_copy(update={"dtype": "bfloat16"})
 CANDIDATES = ("grad_honest_huber", "grad_wrong_backward_huber", "grad_detached_huber", "grad_missing_input_huber",
-              "huber_forward_only", "bf16_fp32acc_mse", "bf16_naive_mse")
+              "grad_ignores_upstream_huber", "huber_forward_only", "bf16_fp32acc_mse", "bf16_naive_mse")
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,51 @@ def test_wrong_backward_is_wrong_gradient_naming_the_input(bench, builds):
     assert "gradient of input 0" in r.error, r.error
     failed = [t for t in r.trials if not t.ok]
     assert failed and failed[0].worst_index is not None and failed[0].expected != failed[0].got
+
+
+def test_backward_that_never_reads_grad_output_is_wrong_gradient(bench, builds):
+    """Huber's right local gradient, never multiplied by grad_output: a loss's upstream used to be
+    ones, and this was judged correct (issue 27, item 5)."""
+    r = judge(bench, builds, "grad_ignores_upstream_huber", "huber", GRAD)
+    assert r.verdict is V.wrong_gradient, describe(r)
+    assert "gradient of input 0" in r.error, r.error
+
+
+def test_every_call_draws_its_own_upstream_from_its_seed_a_scalar_too():
+    """The child's and the reference's wrappers draw the same upstream from a call's seed (the
+    reference's in float64, rounded as the candidate's dtype gets it), another for another seed, never
+    near 1 or 0; a set named by `reseed` keeps its seed's upstream until reseeded."""
+    import torch
+
+    from pipeline.child.grad import ForwardBackward
+
+    def loss(a):
+        return a.sum()
+
+    def scale(fb, x):  # the upstream this call was given: the gradient of a sum is it, in every element
+        return fb(*x).grads[0].unique()
+
+    for dtype in (torch.float32, torch.bfloat16):
+        child, ref = ForwardBackward(loss, 1, None), ForwardBackward(loss, 1, dtype)
+        x = [(torch.rand(64) + 0.5).to(dtype)]
+        x64 = [x[0].double()]
+        seen = []
+        for seed in range(40):
+            child.reseed(x, seed)
+            ref.reseed(x64, seed)
+            got, want = scale(child, x), scale(ref, x64)
+            assert got.numel() == 1 and want.numel() == 1
+            assert got.double().item() == want.item(), (dtype, seed)
+            assert got.double().item() == scale(child, x).double().item()  # the same set, the same upstream
+            assert 0.24 < abs(want.item()) < 4.01 and abs(want.item() - 1) > 0.24, want
+            seen.append(want.item())
+        assert len(set(seen)) > 30 and min(seen) < 0 < max(seen)
+    # a tensor output: elementwise draws, also never near 1 or 0
+    fb = ForwardBackward(lambda a: a * 1, 3)
+    x = [torch.ones(4096)]
+    fb.reseed(x, 11)
+    g = fb(*x).grads[0]
+    assert (g.abs() > 0.24).all() and ((g - 1).abs() > 0.24).all() and g.unique().numel() > 1000
 
 
 def test_detached_output_is_no_gradient(bench, builds):

@@ -21,15 +21,15 @@ SETTINGS = EvalConfig(trials=3, warmup_calls=1, compile_baseline=False, check_sh
                       timeout_s=120, timed_calls=16)
 
 
-def judge_the_reference(name: str, size: str, device: str, tmp_path: Path):
+def judge_the_reference(name: str, size: str, device: str, tmp_path: Path, settings: EvalConfig = SETTINGS):
     """The task's own Model as the candidate (`class ModelNew(Model)`), judged once."""
     task = tasks.discover(ROOT / "reference_tasks", [name])[0]
     code = tmp_path / "cand.py"
     code.write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")
     (tmp_path / "build").mkdir()
-    bench = evaluate.prepare(task, size, device, SETTINGS)
+    bench = evaluate.prepare(task, size, device, settings)
     try:
-        return evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
+        return evaluate.evaluate(bench, code, tmp_path / "build", settings)
     finally:
         bench.close()
 
@@ -39,6 +39,15 @@ def test_the_reference_as_its_own_candidate_is_correct(name, tmp_path):
     result = judge_the_reference(name, "odd", "cpu", tmp_path)
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
     assert result.time_ms > 0 and not result.flags
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_the_reference_as_its_own_candidate_is_correct_in_gradient_mode(name, tmp_path):
+    """Forward plus backward, each call under its own random upstream gradient (pipeline.child.grad):
+    the child's draw and the reference's match on every checked call, trials, timed and Bound."""
+    result = judge_the_reference(name, "odd", "cpu", tmp_path, SETTINGS.model_copy(update={"grad": True}))
+    assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
+    assert result.grad
 
 
 @pytest.mark.gpu

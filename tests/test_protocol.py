@@ -138,7 +138,8 @@ def test_gradients_follow_the_output_part_by_part():
 
 
 def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_tolerance(tmp_path):
-    """Triplet margin loss, "small" size, needle variant, seed 21 (found by a probe over 60 seeds,
+    """Triplet margin loss, "small" size, needle variant, seed 79 (each call with its own upstream
+    gradient, issue 27; found by a probe over seeds 0-85, as seed 21 was among 60 under ones;
     docs/benchmarks.md): PyTorch's own float32 gradient of the anchor misses the fixed 1e-4 at one
     element. The reference reports its own reading part by part in the judge's metric, the judge
     widens to 4x that (at most 10x the task's), and PyTorch's gradient passes; with the task's
@@ -152,11 +153,13 @@ def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_to
 
     task_path = Path(__file__).resolve().parent.parent / "reference_tasks" / "triplet.py"
     ref = Reference({"task_path": str(task_path), "device": "cpu", "grad": True, "dtype": "float32"})
-    meta = ref.expected("small", 0, 21, "needle", str(tmp_path / "want"))
+    meta = ref.expected("small", 0, 79, "needle", str(tmp_path / "want"))
     want = judge.Expected(meta["shape"], meta["numel"], meta["ref_dtype"], meta["path"], meta["fp32_rel_err"],
                           meta["parts"], meta["rel_errs"], meta["dtypes"], meta["own_errs"])
     module, m32, _ = ref.models_for("small", 0)
-    _, parts = _parts(m32(*tasks.make_inputs(module, 21, "needle", "cpu")))
+    inputs = tasks.make_inputs(module, 79, "needle", "cpu")
+    m32.reseed(inputs, 79)  # the call's upstream gradient, as `expected` drew it
+    _, parts = _parts(m32(*inputs))
     values = np.concatenate([t.detach().reshape(-1).double().numpy() for _, t in parts])
     header = P.OutputHeader(type="Tensor", exact_tensor=True, shape=meta["shape"], dtype="float32", device="cpu",
                             numel=1, written=True, grads=[shape for _, shape in meta["parts"][1:]],

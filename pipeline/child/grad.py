@@ -9,14 +9,19 @@ written one after another into one outbox slot and compared part by part by the 
 (pipeline.judge), so the timing, the checked calls and the bound on the parent's clock all cover
 forward plus backward with no machinery of their own.
 
-The upstream gradient is ones for a one-element output (a loss), otherwise normal values drawn from
-the attempt's init seed, which the child learns only in Setup, with the candidate already imported:
-a backward that assumes ones where it is not given ones is wrong. It is made once per output shape
-and kept, so no timed call pays for drawing it.
+Every call's upstream gradient, a scalar loss's too, is drawn from that call's own secret seed
+(the one its inputs come from, which the child learns only in the request that makes the call):
+random signs, magnitudes in [0.25, 0.75) or [1.5, 4), never near 1 or 0, so a backward that never
+reads grad_output (right under ones, off by the factor of every `loss * 3` and GradScaler scale) is
+`wrong_gradient`. The reference draws the same values from the same seed. A set kept across calls
+gets its seed with `reseed`, which draws the upstream there, outside any timed call; a call on a set
+without one (warm-up, the profile, the baselines: nothing compared) takes the one drawn from the
+seed the wrapper was built with.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +56,21 @@ def _wants_grad(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point()
 
 
+def draw_upstream(seed: int, shape, dtype: torch.dtype, device, round_to: torch.dtype | None = None) -> torch.Tensor:
+    """The upstream gradient for `seed`: drawn in float32 on `device` (as tasks.make_inputs draws, so
+    the reference process and the child get bitwise the same values), rounded to `round_to` (the
+    candidate's dtype, for the float64 reference) or `dtype`, then cast to `dtype`."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed((seed ^ UPSTREAM_SALT) & 0x7FFFFFFFFFFFFFFF)
+    u = torch.rand(shape, generator=gen, device=device)
+    sign = torch.randint(0, 2, shape, generator=gen, device=device).to(torch.float32) * 2 - 1
+    mag = torch.where(u < 0.5, 0.25 + u, 1.5 + 5 * (u - 0.5))
+    return (sign * mag).to(round_to or dtype).to(dtype)
+
+
 class ForwardBackward:
-    """`model` called as forward plus backward; `upstream_seed` picks a non-scalar output's upstream
-    gradient. Any exception but GradError is the model's own (a runtime error)."""
+    """`model` called as forward plus backward; `upstream_seed` draws the upstream of a call on a set
+    that `reseed` never named. Any exception but GradError is the model's own (a runtime error)."""
 
     def __init__(self, model, upstream_seed: int, upstream_dtype: torch.dtype | None = None):
         self.model = model
@@ -62,19 +79,37 @@ class ForwardBackward:
         self.round_to = upstream_dtype
         self.params = [(name, p) for name, p in model.named_parameters() if p.requires_grad] \
             if isinstance(model, torch.nn.Module) else []
-        self.upstreams: dict[tuple, torch.Tensor] = {}
+        self.upstreams: dict[tuple, torch.Tensor] = {}  # the default seed's, per output shape
+        # Per input set, keyed by the id of its first tensor: (a weak reference to that tensor, the
+        # seed, the upstream drawn or None until the output's shape is known).
+        self.seeded: dict[int, tuple[weakref.ref, int, torch.Tensor | None]] = {}
+        self.last: tuple | None = None  # the last output's (shape, dtype, device)
 
-    def upstream(self, out: torch.Tensor) -> torch.Tensor:
-        key = (tuple(out.shape), out.dtype, str(out.device))
-        if key not in self.upstreams:
-            if out.numel() == 1:
-                g = torch.ones(out.shape, dtype=out.dtype, device=out.device)
-            else:  # drawn on the cpu, so the reference and the child draw the same values on any device
-                gen = torch.Generator().manual_seed(self.seed ^ UPSTREAM_SALT)
-                g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-                g = g.to(self.round_to or out.dtype).to(out.device, out.dtype)
-            self.upstreams[key] = g
-        return self.upstreams[key]
+    def reseed(self, inputs: list[Any], seed: int) -> None:
+        """The next calls on `inputs` take the upstream drawn from `seed`, drawn now where an earlier
+        call told the output's shape (so no timed call pays for it), else at that call."""
+        key = _first_tensor(inputs)
+        self.seeded = {k: v for k, v in self.seeded.items() if v[0]() is not None}  # sets since freed
+        if key is None:
+            self.seed = seed  # no tensor to tell sets apart: the next call is this seed's
+            return
+        drawn = draw_upstream(seed, *self.last, self.round_to) if self.last else None
+        self.seeded[id(key)] = (weakref.ref(key), seed, drawn)
+
+    def upstream(self, inputs: tuple, out: torch.Tensor) -> torch.Tensor:
+        self.last = (tuple(out.shape), out.dtype, out.device)
+        key = _first_tensor(inputs)
+        entry = self.seeded.get(id(key)) if key is not None else None
+        if entry is not None and entry[0]() is key:
+            _, seed, g = entry
+            if g is None or (tuple(g.shape), g.dtype, g.device) != self.last:
+                g = draw_upstream(seed, *self.last, self.round_to)
+                self.seeded[id(key)] = (entry[0], seed, g)
+            return g
+        cache = (self.seed, *self.last)
+        if cache not in self.upstreams:
+            self.upstreams[cache] = draw_upstream(self.seed, *self.last, self.round_to)
+        return self.upstreams[cache]
 
     def __call__(self, *inputs: Any) -> Grads:
         with torch.enable_grad():
@@ -87,10 +122,20 @@ class ForwardBackward:
                                 "(a kernel without a backward, or a result cut from the graph)")
             wanted = [x for x in leaves if _wants_grad(x)]
             labels = input_labels(list(inputs)) + [f"parameter {name}" for name, _ in self.params]
-            grads = torch.autograd.grad(out, wanted + [p for _, p in self.params], self.upstream(out),
+            grads = torch.autograd.grad(out, wanted + [p for _, p in self.params], self.upstream(inputs, out),
                                         allow_unused=True)
         missing = [label for label, g in zip(labels, grads) if g is None]
         if missing:
             raise GradError("missing_gradient", f"no gradient for {', '.join(missing)}: its backward returned "
                             "None (or it never used that input)")
         return Grads(out.detach(), [g.detach() for g in grads], labels)
+
+
+def _first_tensor(inputs) -> torch.Tensor | None:
+    return next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+
+
+def reseed(model, inputs: list[Any], seed: int) -> None:
+    """`ForwardBackward.reseed` where `model` is one (gradient mode); nothing for a forward."""
+    if isinstance(model, ForwardBackward):
+        model.reseed(inputs, seed)

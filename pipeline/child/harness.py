@@ -28,7 +28,7 @@ from typing import Any
 from . import landlock, tasks, timing
 from .seccomp import die_with_parent, forbid_setsid
 from . import protocol as P
-from .grad import ForwardBackward, GradError, Grads
+from .grad import ForwardBackward, GradError, Grads, reseed
 from .profiling import profile, warm_profiler
 from .timing import Clock
 
@@ -266,6 +266,7 @@ class Evaluator:
         if req.size != self.job.size:
             model = self.candidate_model(module, self.init_seed)
         inputs = tasks.make_inputs(module, req.seed, req.variant, self.device)
+        reseed(model, inputs, req.seed)
         self.poison()
         with torch.no_grad():
             out = model(*inputs)
@@ -290,9 +291,13 @@ class Evaluator:
         with torch.no_grad():
             times = timing.time_blocks(self.clock, lambda x: self.model(*x), sets, len(req.seeds),
                                        lambda first, count: req.seeds[first:first + count],
-                                       lambda x, seed: tasks.refill_inputs(x, self.main, seed, self.device),
+                                       lambda x, seed: self.refill(x, seed),
                                        lambda out: headers.append(P.put(self.outbox, len(headers), out)))
         return P.TimedDone(index=req.index, times_ms=times, outputs=headers)
+
+    def refill(self, inputs: list[Any], seed: int) -> None:
+        tasks.refill_inputs(inputs, self.main, seed, self.device)
+        reseed(self.model, inputs, seed)
 
     def bound(self, req: P.Bound) -> P.BoundDone:
         """Inputs (in place in the inbox, or made from a seed each), calls on each back to back, one
@@ -311,6 +316,11 @@ class Evaluator:
                 sets = [self.inbox.inputs(i, like) for i in range(req.inbox)]
             else:
                 sets = [tasks.make_inputs(self.main, seed, "base", self.device) for seed in req.seeds]
+            if isinstance(self.model, ForwardBackward):  # each call's upstream, from its seed (pipeline.child.grad)
+                if len(req.seeds) != len(sets):
+                    raise ValueError(f"a Bound request in gradient mode with {len(req.seeds)} seeds for {len(sets)} calls")
+                for inputs, seed in zip(sets, req.seeds):
+                    self.model.reseed(inputs, seed)
             outs = [self.model(*inputs) for inputs in sets]
             self.clock.sync()
             headers = [P.put(self.outbox, i, out) for i, out in enumerate(outs)]

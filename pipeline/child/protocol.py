@@ -124,7 +124,8 @@ class Bound(Message):
     op: Literal["bound"] = "bound"
     index: int
     seeds: list[int] = Field(default_factory=list)
-    """One seed per call: the child fills a set from each on the device (cuda, where that is cheap)."""
+    """One seed per call: the child fills a set from each on the device (cuda, where that is cheap).
+    In gradient mode sent with `inbox` too, for each call's upstream gradient (pipeline.child.grad)."""
     inbox: int = 0
     """Or this many calls on the sets the parent wrote into the inbox, read there in place (cpu,
     where making the values costs ten times the call and would drown it in the parent's clock)."""
