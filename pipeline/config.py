@@ -151,6 +151,10 @@ class EvalConfig(_Strict):
     """Wall-clock limit of one build."""
     memory_limit_gb: float = Field(default=16.0, gt=0)
     """Address-space limit of a cpu-backend child."""
+    replay_bound: bool = True
+    """On a GPU (forward mode), the parent's bound on a call's time comes from CUDA graphs of the
+    forward replayed back to back (pipeline.child.replays): it holds down to calls of about 10 us.
+    False: eager Bound requests, whose bound says nothing below about 0.25 ms a call."""
     compile_baseline: bool = True
     """Also time torch.compile of the reference."""
     grad: bool = False

@@ -22,7 +22,7 @@ import signal
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,11 @@ CPU_BOUND_REQUESTS = 12
 CPU_SHORT_MS = 0.4
 CPU_BOUND_MS = 1.0
 CPU_BOUND_MAX_CALLS = 8
+# cuda, forward: Bound requests replay CUDA graphs (pipeline.child.replays) for about this long at the
+# faster baseline's speed, REPLAYS_MIN to REPLAYS_MAX replays, REPLAY_CHECKS digests checked a request.
+REPLAY_TARGET_MS = 10.0
+REPLAYS_MIN, REPLAYS_MAX = 4, 512
+REPLAY_CHECKS = 3
 CHECKED_TIMED = 16  # timed calls whose outputs are compared in full, chosen in secret per attempt
 BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
 # On the cpu, Bound inputs come from the parent through the inbox, up to this many bytes a request:
@@ -81,6 +86,11 @@ class AttemptPlan:
     checked: dict[str, dict[str, Any]]  # expected-output key -> {size, seed, variant}
     inbox: bool = False  # Bound inputs come from the parent (their reference specs ask for "inputs")
     size: str | dict[str, Any] = ""  # the main size, at which every timed and bound call runs
+    # cuda, forward: each Bound request replays CUDA graphs (pipeline.child.replays) this many times,
+    # with its digests' seed, and the replays whose digests are checked, chosen in secret.
+    replays: int = 0
+    digest_seeds: list[int] = field(default_factory=list)
+    replay_checks: list[list[int]] = field(default_factory=list)
 
     @staticmethod
     def draw(bench: TaskBench) -> AttemptPlan:
@@ -108,7 +118,18 @@ class AttemptPlan:
         for b, block in enumerate(bounds):  # one call of every Bound request, chosen in secret
             j = rng.randrange(len(block))
             checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": block[j], "variant": "base"}
-        return AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size)
+        plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size)
+        if bench.device.startswith("cuda") and not s.grad and bench.settings.replay_bound:
+            plan.replays = replay_count(fastest_ms(bench))
+            plan.digest_seeds = [_seed() for _ in bounds]
+            plan.replay_checks = [sorted(rng.sample(range(plan.replays), min(REPLAY_CHECKS, plan.replays)))
+                                  for _ in bounds]
+        return plan
+
+    def digest_items(self) -> list[dict[str, Any]]:
+        """The replayed Bound calls whose digests the reference computes (pipeline.child.replays)."""
+        return [{"key": f"bound{b}@{r}", "seeds": self.bounds[b], "replay": r, "digest_seed": self.digest_seeds[b]}
+                for b, checks in enumerate(self.replay_checks) for r in checks]
 
     def specs(self) -> dict[str, dict[str, Any]]:
         """What the reference computes for this attempt: every checked output, and on the inbox path
@@ -121,6 +142,23 @@ class AttemptPlan:
                     specs[key] = {"size": self.size, "seed": seed, "variant": "base", "inputs": True,
                                   "output": key in self.checked}
         return specs
+
+
+def fastest_ms(bench: TaskBench) -> float | None:
+    """The faster baseline's median call (eager or torch.compile), which sizes the plan."""
+    b = bench.baselines
+    if b is None:
+        return None
+    times = [x.median_ms for x in (b.eager, b.compiled) if x is not None and x.median_ms > 0]
+    return min(times) if times else None
+
+
+def replay_count(call_ms: float | None) -> int:
+    """Replays a request: about REPLAY_TARGET_MS of calls at the faster baseline's speed, so the
+    request's noise and the graph's launch are spread over many calls."""
+    if not call_ms:
+        return REPLAYS_MAX
+    return max(REPLAYS_MIN, min(REPLAYS_MAX, math.ceil(REPLAY_TARGET_MS / call_ms)))
 
 
 def cpu_bound_calls(eager_ms: float | None) -> int:
@@ -192,6 +230,9 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         # which the health check (timed) waits for; in a fresh `kgen eval` that warm-up is 10-11 s.
         mark = time.monotonic()
         expected, inputs = bench.expect(plan.init_seed, plan.specs(), workdir, lane_env)
+        digests = {m["key"]: m for m in bench.request({"op": "digests", "size": bench.size, "init_seed": plan.init_seed,
+                                                        "items": plan.digest_items()}, settings.timeout_s, lane_env)
+                   if m.get("event") == "digest"} if plan.replays else {}
         before["expect"] = round(time.monotonic() - mark, 3)
         mark = time.monotonic()
         unfit = watch.check(bench, lane_env) if watch is not None else None
@@ -223,6 +264,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         inbox = P.Inbox(child.outbox_fd, at, set_size, sets) if plan.inbox else None
         session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env,
                           inbox, inputs, timed=unfit is None, settings=settings)
+        session.digests = digests
         try:
             result = session.run(job)
         except Ended as ended:
@@ -243,6 +285,8 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         if bench.detached:
             bench.close()
     result = _trust(result, settings)
+    if session.loose_bound and result.verdict is Verdict.correct and result.trusted:
+        result = result.model_copy(update={"trusted": False, "untrusted_reason": session.loose_bound})
     if watch is not None and unfit is None and result.timing is not None:
         mark = time.monotonic()
         unfit = watch.check(bench, lane_env)  # the device went bad while this attempt was timed

@@ -41,7 +41,17 @@ from .records import TrialResult, Verdict
 # team's cheats that understate 0.07-0.56. At 45% + 50 us a claim under 0.53 of a 2 ms estimate is
 # refused: every cheat's reading but the refill hook's highest (0.56, beside a memory-copying
 # neighbour), and no honest one. The estimate's calibration is its fastest request.
-BOUND_SLACK = {"cuda": (0.5, 0.25), "cpu": (0.45, 0.05)}  # (relative, milliseconds)
+# With the Bound requests replayed from CUDA graphs (pipeline.child.replays) the parent's clock
+# counts the device's work alone, cold L2 as in the child's timed calls: a claim below 0.65 of that,
+# less a microsecond, is refused, so a clock forged to half is refused down to calls of about 10 us
+# (the H100's readings: docs/benchmarks.md).
+BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cpu": (0.45, 0.05)}  # (relative, milliseconds)
+# Where the forward cannot be replayed from a graph, the eager bound's 0.25 ms says little about
+# calls below this: a correct result is kept, untrusted (pipeline.evaluate).
+LOOSE_BELOW_MS = 0.5
+# A replayed call's digest (sum of output x weights, in float32) against the reference's: within the
+# elementwise tolerance's reach (its scale is sum |w| (|ref| + mean |ref|)), plus float32's summing.
+DIGEST_SUM_EPS = 1e-5
 UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
 
 
@@ -211,10 +221,16 @@ def check_estimate(device: str, median_ms: float, estimate: float | None) -> tup
     """The child's median call against the parent's own estimate of a call, less BOUND_SLACK."""
     if estimate is None:
         return Verdict.protocol_error, "no bound blocks were timed by the parent"
-    rel, abs_ms = BOUND_SLACK["cuda" if device.startswith("cuda") else "cpu"]
+    rel, abs_ms = BOUND_SLACK[device if device in BOUND_SLACK else "cuda" if device.startswith("cuda") else "cpu"]
     lower = estimate * (1 - rel) - abs_ms
     if median_ms < lower:
         return (Verdict.impossible_timing, f"the child's clock says {median_ms:.4g} ms a call, but the parent's "
                 f"own clock measured {estimate:.4g} ms a call on fresh inputs (at least {lower:.4g} ms): the "
                 f"work was done outside the timed calls or the timer was tampered with")
     return None
+
+
+def digest_ok(digest: float, want: float, scale: float, tol: float) -> bool:
+    """A replayed Bound call's digest against the reference's (pipeline.child.replays): an output
+    within the elementwise tolerance moves the digest by at most tol x scale."""
+    return bool(np.isfinite(digest)) and abs(digest - want) <= (tol + DIGEST_SUM_EPS) * scale + 1e-30

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .child import tasks
+from .child import replays, tasks
 from .child.grad import ForwardBackward, Grads, reseed
 from .child.seccomp import die_with_parent
 from .child.protocol import pack_set, write_line
@@ -87,6 +87,18 @@ class Reference:
                 m64 = m64.double()
             self.models[key] = (module, self.wrap(m32, init_seed), self.wrap(m64, init_seed, module.__kgen_dtype__ or torch.float32))
         return self.models[key]
+
+    def digest(self, size: str, init_seed: int, seeds: list[int], replay: int, digest_seed: int) -> dict[str, float]:
+        """A replayed Bound call's expected digest (pipeline.child.replays) from the float64 output for
+        the replay's own inputs, and its scale: sum |w| (|ref| + mean |ref|), which bounds how far an
+        output within the elementwise tolerance can move the digest."""
+        module, _, m64 = self.models_for(size, init_seed)
+        with torch.no_grad():
+            out = m64(*_as64(replays.inputs_for(module, seeds, replay, self.device)))
+        out = out.double().reshape(-1)
+        w = replays.weights(out.numel(), digest_seed, self.device).double()
+        mag = out.abs()
+        return {"digest": float(torch.dot(out, w)), "scale": float(torch.dot(w.abs(), mag + mag.mean()))}
 
     def wrap(self, model, init_seed: int, upstream_dtype: torch.dtype | None = None):
         if not self.grad:
@@ -244,7 +256,7 @@ class CompilerWarmup:
 
 
 # What may run while the compiler warms up: nothing of these times anything.
-BESIDE_WARMUP = ("expect", "release")
+BESIDE_WARMUP = ("expect", "digests", "release")
 
 
 class IdleProbe:
@@ -362,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
                 meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"], f"{base}.f64",
                                     f"{base}.in" if spec.get("inputs") else None, spec.get("output", True))
                 send({"event": "expected", "key": spec["key"], **meta})
+            ref.release()
+        elif request["op"] == "digests":  # the replayed Bound calls the parent checks (pipeline.child.replays)
+            for item in request["items"]:
+                send({"event": "digest", "key": item["key"],
+                      **ref.digest(request["size"], request["init_seed"], item["seeds"], item["replay"],
+                                   item["digest_seed"])})
             ref.release()
         elif request["op"] == "release":
             ref.release()

@@ -42,6 +42,13 @@ class Session:
         self.judged: list[TrialResult] = []
         self.calibration: list[Window] = []
         self.bound_windows: list[Window] = []
+        # Replayed Bound requests (cuda, pipeline.child.replays): their calibration and windows, the
+        # reference's digests of the checked replays, and why the forward could not be captured.
+        self.replay_calibration: list[Window] = []
+        self.replay_windows: list[Window] = []
+        self.digests: dict[str, dict[str, Any]] = {}
+        self.graph_failed: str | None = None
+        self.loose_bound: str | None = None  # why a correct result is kept untrusted (its bound says too little)
         self.timed: list[tuple[list[float], Window]] = []
         self.estimate: float | None = None
         # The verdict rests on the parent's estimate alone (pipeline.evaluate confirms it once).
@@ -168,6 +175,15 @@ class Session:
                                  "calibration", noise)
             if i:
                 self.calibration.append(Window(ms, calls))
+        if plan.replays:  # the same, replayed from CUDA graphs of the null model
+            for i in range(CALIBRATION_BLOCKS + 1):
+                reply, ms = self.ask(P.Bound(index=-100 - i, seeds=[_seed() for _ in range(calls)], replays=plan.replays,
+                                             digest_seed=_seed()), P.BoundDone, "calibration")
+                if reply.graph_error:
+                    self.graph_failed = f"the null model could not be replayed: {reply.graph_error}"
+                    break
+                if i:
+                    self.replay_calibration.append(Window(ms, plan.replays))
         self.part("startup_calibration")
         self.mark("startup")
         self.ask(P.Import(), P.Imported, "the import")
@@ -269,7 +285,12 @@ class Session:
                 return problem
         finally:
             bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
-        self.estimate = judge.parent_estimate(self.calibration, self.bound_windows, bench.device)
+        if self.replay_windows and not self.bound_windows:
+            self.estimate = judge.parent_estimate(self.replay_calibration, self.replay_windows, bench.device)
+            kind = "cuda_graph"
+        else:
+            self.estimate = judge.parent_estimate(self.calibration, self.bound_windows, bench.device)
+            kind = bench.device
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
         b = bench.baselines
@@ -278,7 +299,10 @@ class Session:
                     f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
         if (problem := judge.check_windows(self.timed)):
             return problem
-        problem = judge.check_estimate(bench.device, median, self.estimate)
+        problem = judge.check_estimate(kind, median, self.estimate)
+        if self.graph_failed and median < judge.LOOSE_BELOW_MS:
+            self.loose_bound = (f"its forward could not be replayed from a CUDA graph ({self.graph_failed[:160]}), so the "
+                                f"parent's bound says little below {judge.LOOSE_BELOW_MS} ms a call")
         self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing
         return problem
 
@@ -312,6 +336,13 @@ class Session:
             while done < due:
                 k, bound_seeds = done, plan.bounds[done]
                 done += 1
+                if plan.replays and not self.graph_failed:
+                    replayed = self.replayed(k, bound_seeds)
+                    at = self.spent("timing_bounds", at)
+                    if replayed is not None and replayed is not True:
+                        return replayed
+                    if replayed is True:
+                        continue
                 values = [np.fromfile(self.inputs[f"bound{k}_{i}"], dtype=np.uint8)
                           for i in range(len(bound_seeds))] if self.inbox else None
                 reply, ms = self.ask(self.bound_request(k, bound_seeds), P.BoundDone, f"bound block {k}", values)
@@ -323,6 +354,29 @@ class Session:
                     return problem
                 at = self.spent("timing_checks", at)
         return None
+
+    def replayed(self, k: int, seeds: list[int]) -> tuple[Verdict, str] | bool | None:
+        """Bound request `k` replayed from CUDA graphs: True when its window counts; None where the
+        forward could not be captured (the eager request follows, and the bound is loose from here);
+        else the verdict of a checked replay whose digest is wrong."""
+        plan = self.plan
+        reply, ms = self.ask(P.Bound(index=k, seeds=seeds, replays=plan.replays, digest_seed=plan.digest_seeds[k]),
+                             P.BoundDone, f"bound block {k}")
+        if reply.graph_error:
+            self.graph_failed = reply.graph_error
+            return None
+        if len(reply.digests) != plan.replays:
+            return Verdict.protocol_error, f"bound block {k}: {len(reply.digests)} digests for {plan.replays} replays"
+        tol = judge.tolerance_for(self.bench.tolerance, self.bench.settings.dtype, None)
+        for r in plan.replay_checks[k]:
+            want = self.digests.get(f"bound{k}@{r}")
+            if want is None:
+                return Verdict.protocol_error, f"no reference digest for bound block {k}, replay {r}"
+            if not judge.digest_ok(reply.digests[r], want["digest"], want["scale"], tol):
+                return (Verdict.mismatch, f"bound block {k}, replayed call {r}: its digest {reply.digests[r]:.6g} is not "
+                        f"the reference's {want['digest']:.6g}: the work of a call was skipped or wrong")
+        self.replay_windows.append(Window(ms, plan.replays))
+        return True
 
     def eager_block(self, calls: int, first: bool) -> None:
         """As many eager calls, then as many torch.compile calls, timed by the reference process right

@@ -184,6 +184,8 @@ FORGED_CLOCK = """        if not hasattr(self, "forged"):
             self.forged = True
         return _ext.mse(predictions, targets, 0)"""
 
+FORGED_HALF = FORGED_CLOCK.replace("r[0] * 0.1", "r[0] * 0.5")
+
 CASES = {
     "honest": (0, CALL, {Verdict.correct}),
     "side_stream": (1, CALL, {Verdict.mismatch, Verdict.nondeterministic, Verdict.non_finite}),
@@ -194,6 +196,7 @@ CASES = {
     "timer_patch": (0, TIMER_PATCH, {Verdict.correct}),
     "side_overlap": (5, CALL, {Verdict.correct}),
     "forged_clock": (0, FORGED_CLOCK, {Verdict.correct, Verdict.impossible_timing}),
+    "forged_half": (0, FORGED_HALF, {Verdict.correct, Verdict.impossible_timing}),
     # Work left on the GPU after a block, running while the child is stopped and eager is timed:
     # the reference's own probe (pipeline.reference.IdleProbe) waits it out or refuses.
     "leftover_spinner": (6, CALL, {Verdict.correct, Verdict.impossible_timing}),
@@ -309,6 +312,34 @@ def test_forged_clock_is_refused_at_kernelbench_size(built):
               f"error={r.error}")
     assert results["honest"].verdict is Verdict.correct, results["honest"].error
     assert results["forged_clock"].verdict is Verdict.impossible_timing, results["forged_clock"].error
+
+
+# mse at four call lengths on the H100: about 8 us, 20 us, 60 us and 2.8 ms (KernelBench's size).
+CALL_SIZES = {"8us": {"batch_size": 64, "input_shape": (4096,)}, "20us": "small",
+              "60us": {"batch_size": 4096, "input_shape": (8192,)}, "default": "default"}
+
+
+@pytest.mark.parametrize("size", list(CALL_SIZES))
+def test_a_clock_forged_to_half_is_refused_at_every_call_length(built, size):
+    """The Bound requests replayed from CUDA graphs (pipeline.child.replays) bound a call's device
+    time from the parent's clock: the honest kernel is correct and a clock claiming half its time is
+    impossible_timing, from calls of a few microseconds to KernelBench's size."""
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    settings = SETTINGS.model_copy(update={"compile_baseline": False, "check_shapes": False})
+    bench = evaluate.prepare(task, CALL_SIZES[size], "cuda", settings)
+    try:
+        results = [(name, evaluate.evaluate(bench, built[name][0], Path(built[name][1].build_dir), settings))
+                   for name in ("honest", "forged_half", "honest", "forged_half")]
+    finally:
+        bench.close()
+    for name, r in results:
+        print(f"\nREDTEAM {name}@{size}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
+              f"ratio={r.time_ms / r.wall_ms_per_call if r.time_ms and r.wall_ms_per_call else None} error={r.error}")
+    for name, r in results:
+        if name == "honest":
+            assert r.verdict is Verdict.correct and r.trusted, (r.error, r.untrusted_reason)
+        else:
+            assert r.verdict is Verdict.impossible_timing, r.error
 
 
 BUSY_GPU = """

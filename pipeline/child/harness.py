@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import landlock, tasks, timing
+from . import landlock, replays, tasks, timing
 from .seccomp import die_with_parent, forbid_setsid
 from . import protocol as P
 from .grad import ForwardBackward, GradError, Grads, reseed
@@ -307,6 +307,8 @@ class Evaluator:
         the null model's calibration measured and the candidate cannot do without."""
         import torch
 
+        if req.replays:
+            return self.bound_replays(req)
         if req.inbox and (self.inbox is None or req.inbox > self.inbox.sets):
             raise ValueError(f"a Bound request for {req.inbox} inbox sets; this child's inbox holds "
                              f"{self.inbox.sets if self.inbox else 0}")
@@ -325,6 +327,19 @@ class Evaluator:
             self.clock.sync()
             headers = [P.put(self.outbox, i, out) for i, out in enumerate(outs)]
         return P.BoundDone(index=req.index, outputs=headers)
+
+
+    def bound_replays(self, req: P.Bound) -> P.BoundDone:
+        """A Bound request from CUDA graphs (pipeline.child.replays); a forward that cannot be
+        captured is said so, and nothing is replayed."""
+        import math
+
+        numel = math.prod(self.job.out_shape)
+        try:
+            digests = replays.replay(self.model, self.main, req.seeds, req.replays, req.digest_seed, numel, self.device)
+        except Exception as exc:  # noqa: BLE001 - the parent falls back to eager requests
+            return P.BoundDone(index=req.index, outputs=[], graph_error=f"{type(exc).__name__}: {_first_line(exc)}")
+        return P.BoundDone(index=req.index, outputs=[], digests=digests)
 
 
 def serve(fd: int, evaluator: Evaluator, read_request) -> None:

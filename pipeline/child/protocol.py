@@ -129,10 +129,15 @@ class Bound(Message):
     inbox: int = 0
     """Or this many calls on the sets the parent wrote into the inbox, read there in place (cpu,
     where making the values costs ten times the call and would drown it in the parent's clock)."""
+    replays: int = 0
+    """Or (cuda) this many replays of CUDA graphs of the forward, one per set of `seeds`, round-robin,
+    each on inputs of its own (pipeline.child.replays); the reply carries each replay's digest."""
+    digest_seed: int = 0
+    """The seed of the digests' weights (with `replays`)."""
 
     @property
     def calls(self) -> int:
-        return self.inbox or len(self.seeds)
+        return self.replays or self.inbox or len(self.seeds)
 
 
 class Profile(Message):
@@ -263,6 +268,10 @@ class BoundDone(Message):
     event: Literal["bound_done"] = "bound_done"
     index: int
     outputs: list[OutputHeader]
+    digests: list[float] = Field(default_factory=list)
+    """With `replays`: each replay's digest, in order (claims the parent checks against the reference's)."""
+    graph_error: str | None = None
+    """With `replays`: why the forward could not be captured (nothing was replayed)."""
 
 
 class ProfileDone(Message):
