@@ -69,6 +69,22 @@ def digest(output: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.dot(output.reshape(-1).to(torch.float32), w)
 
 
+def _clean_capture(device: str) -> None:
+    """After a capture that failed, one that succeeds: a failed capture can leave torch's CUDA
+    generator marked as capturing, and every later random draw on the device then fails ("Offset
+    increment outside graph capture", seen on the H200), which would end an honest attempt whose
+    forward merely cannot be captured. A clean capture's prologue and epilogue reset that mark."""
+    try:
+        torch.cuda.synchronize()
+        x = torch.zeros(1, device=device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            x.add_(1.0)
+        del graph
+    except Exception:  # noqa: BLE001 - the attempt goes on; a later draw says what is wrong
+        pass
+
+
 def replay(model: Callable[..., Any], module, seeds: list[int], replays: int, digest_seed: int,
            out_numel: int, device: str) -> list[float]:
     """Capture the forward once per input set, replay `replays` times round-robin, one device sync,
@@ -82,26 +98,31 @@ def replay(model: Callable[..., Any], module, seeds: list[int], replays: int, di
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # capture wants every lazy initialisation done before it
+    with torch.cuda.stream(side):  # capture wants every lazy initialisation (cuBLAS's too) done before it
         for inputs in sets:
-            model(*inputs)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graphs = []
-    for k, (inputs, base) in enumerate(zip(sets, bases)):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            count.add_(1.0)
-            factor = 1 + AMPLITUDE * torch.sin(count * 0.7 + k)
-            for x, b in zip(inputs, base):
-                if b is not None:
-                    torch.mul(b, factor.to(b.dtype), out=x)
-            flush.fill_(1.0)
             out = model(*inputs)
             if not isinstance(out, torch.Tensor):
                 raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
-            digests.index_copy_(0, (count - 1).long().view(1), digest(out, w).view(1))
-        graphs.append(graph)
+            digest(out, w)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graphs = []
+    try:
+        for k, (inputs, base) in enumerate(zip(sets, bases)):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                count.add_(1.0)
+                factor = 1 + AMPLITUDE * torch.sin(count * 0.7 + k)
+                for x, b in zip(inputs, base):
+                    if b is not None:
+                        torch.mul(b, factor.to(b.dtype), out=x)
+                flush.fill_(1.0)
+                out = model(*inputs)
+                digests.index_copy_(0, (count - 1).long().view(1), digest(out, w).view(1))
+            graphs.append(graph)
+    except Exception:
+        _clean_capture(device)
+        raise
     for r in range(replays):
         graphs[r % len(graphs)].replay()
     torch.cuda.synchronize()
