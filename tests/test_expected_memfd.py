@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline import evaluate
+from pipeline import evaluate, sandbox
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict
@@ -39,7 +39,8 @@ def _link(path: str) -> str:
 
 
 def _harness_children() -> list[int]:
-    """The candidate's children of this process (not the reference process), read from /proc."""
+    """The candidate's children of this process (not the reference process, which makes the memfds
+    and hands them over), read from /proc."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -122,7 +123,8 @@ def test_expected_values_are_in_no_file_and_no_childs_descriptor(tmp_path, monke
             for pid in _harness_children():
                 watched += 1
                 secrets_seen += bool(secrets)
-                leaked += _child_holds(pid, secrets)
+                for member in sandbox.session_members(pid):  # the child and all it started
+                    leaked += _child_holds(member, secrets)
                 on_disk |= {str(p) for p in private.rglob("kgen-expected*")}
                 for path in private.rglob("*"):
                     try:
