@@ -2,7 +2,7 @@
 the sizes every correct candidate is also run at. The attempt itself is pipeline.evaluate's.
 
     bench = prepare(task, "small", "cpu", settings)   # open_bench, then measure_baselines
-    bench.expect(init_seed, specs, directory)         # an attempt's expected outputs, in float64
+    bench.expect(init_seed, specs)                    # an attempt's expected outputs, in float64 memfds
     bench.close()
 """
 
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import backends, health, sandbox
+from . import backends, handover, health, sandbox
 from .child import memory, sizes, tasks
 from .child.timing import TIMING_VERSION, calls_for
 from .config import EvalConfig, cache_root
@@ -60,7 +60,16 @@ class TaskBench:
         ref = self.references.get(key)
         if ref is not None and ref.proc.poll() is None:
             return ref
-        ref = sandbox.start("pipeline.reference", [], 24 * 3600, {**compile_cache_env(), **(env or {})})
+        ours, theirs = handover.pair()  # its expected values come as memfds over this socket
+        try:
+            ref = sandbox.start("pipeline.reference", ["--fd-socket", str(theirs.fileno())], 24 * 3600,
+                                {**compile_cache_env(), **(env or {})}, keep=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ref.handover = ours
         ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
                   "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad,
                   "warm_compiler": self.settings.compile_baseline})
@@ -80,23 +89,33 @@ class TaskBench:
         out = []
         while (msg := ref.receive()) is not None and msg.get("event") != "done":
             out.append(msg)
+            if msg.get("fds"):
+                try:
+                    msg["_fds"] = handover.take(ref.handover, msg["fds"])
+                except OSError:
+                    ref.kill()
+                    msg = None
+                    break
         if msg is None:
+            handover.close_all(out)
             _, log = ref.finish()
             self.references.pop(frozenset((env or {}).items()), None)
             raise EvaluationError(f"task {self.task.name}: reference process failed on {message['op']}: {_tail(log)}")
         return out
 
-    def expect(self, init_seed: int, specs: dict[str, dict[str, Any]], directory: str,
-               env: dict[str, str] | None = None) -> tuple[dict[str, Expected], dict[str, str]]:
-        """Expected outputs for this attempt's seeds, written whole into `directory`, and the files of
-        the packed inputs the specs ask for (`"inputs": True`)."""
-        msgs = self.request({"op": "expect", "init_seed": init_seed, "dir": directory,
+    def expect(self, init_seed: int, specs: dict[str, dict[str, Any]],
+               env: dict[str, str] | None = None) -> tuple[dict[str, Expected], dict[str, int]]:
+        """Expected outputs for this attempt's seeds, whole, and the packed inputs the specs ask for
+        (`"inputs": True`): sealed memfds the reference handed over (pipeline.handover), the caller's
+        to close and never to pass on; no file holds them (a child that escaped its sandbox read them there)."""
+        msgs = self.request({"op": "expect", "init_seed": init_seed,
                              "specs": [{"key": k, **v} for k, v in specs.items()]}, self.settings.timeout_s * 2, env)
         found = [m for m in msgs if m.get("event") == "expected"]
-        return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m["path"], m.get("fp32_rel_err"),
+        return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m["_fds"]["values_fd"], m.get("fp32_rel_err"),
                                     m.get("parts") if self.settings.grad else None, m.get("rel_errs"),
                                     m.get("dtypes"), m.get("own_errs"))
-                 for m in found if "shape" in m}, {m["key"]: m["inputs_path"] for m in found if "inputs_path" in m})
+                 for m in found if "shape" in m},
+                {m["key"]: m["_fds"]["inputs_fd"] for m in found if "inputs_fd" in m.get("_fds", {})})
 
     def move_reference(self, started_with: dict[str, str], lane: dict[str, str]) -> None:
         """The reference started with `started_with` (a lane's GPU, other cores) now serves `lane`:

@@ -17,10 +17,8 @@ from __future__ import annotations
 import math
 import os
 import random
-import shutil
 import signal
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,13 +221,16 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
     # Seconds spent before the child's conversation starts, kept beside its phases (issue 14: where
     # an attempt's wall goes).
     before: dict[str, float] = {}
-    workdir = tempfile.mkdtemp(prefix="kgen-expected-")  # ours alone: no child can read it
     child = None
+    expected: dict[str, Any] = {}
+    inputs: dict[str, int] = {}
     try:
         # The expected values first: the reference computes them beside its compiler's warm-up,
         # which the health check (timed) waits for; in a fresh `kgen eval` that warm-up is 10-11 s.
+        # They come as memfds only this process holds (pipeline.bench.TaskBench.expect): no path
+        # names them, and sandbox.start passes a child only its own descriptors.
         mark = time.monotonic()
-        expected, inputs = bench.expect(plan.init_seed, plan.specs(), workdir, lane_env)
+        expected, inputs = bench.expect(plan.init_seed, plan.specs(), lane_env)
         digests = {m["key"]: m for m in bench.request({"op": "digests", "size": bench.size, "init_seed": plan.init_seed,
                                                         "items": plan.digest_items()}, settings.timeout_s, lane_env)
                    if m.get("event") == "digest"} if plan.replays else {}
@@ -241,9 +242,10 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         main = expected["trial0"]
         slot_values = max(e.numel for e in expected.values())
         slots = max(3, BLOCK, max(len(b) for b in plan.bounds))
-        set_bytes = {os.path.getsize(path) for path in inputs.values()}
+        set_bytes = {os.fstat(fd).st_size for fd in inputs.values()}
         if plan.inbox and len(set_bytes) != 1:  # inputs whose size changes with the seed: the child fills
-            plan.inbox, inputs = False, {}
+            plan.inbox = False
+            _close(inputs)
         sets = max(len(b) for b in plan.bounds) if plan.inbox else 0
         set_size = set_bytes.pop() if plan.inbox else 0
         at = P.inbox_offset(slot_values * slots * 8)
@@ -281,7 +283,8 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         if child is not None and child.proc.returncode is None:
             child.kill()
             child.finish(grace=0.1)
-        shutil.rmtree(workdir, ignore_errors=True)
+        _close(inputs)
+        _close({key: want.fd for key, want in expected.items()})
         if bench.detached:
             bench.close()
     result = _trust(result, settings)
@@ -311,6 +314,14 @@ def stage(child: sandbox.Child, task_path: Path, code_path: Path, build_dir: Pat
         return str(task_path.resolve()), str(code_path.resolve()), str(build_dir.resolve())
     built = child.stage_tree(build_dir, "build") if build_dir.is_dir() else str(child.job_dir / "build")
     return child.stage(task_path), child.stage(code_path, "candidate.py"), built
+
+
+def _close(fds: dict[str, int]) -> None:
+    """Close an attempt's secret descriptors (emptying `fds`): the maps the judge made of them stay
+    valid while its views live."""
+    for fd in fds.values():
+        os.close(fd)
+    fds.clear()
 
 
 def _trust(result: EvalResult, settings: EvalConfig) -> EvalResult:

@@ -21,6 +21,8 @@ work and warm caches); they may not fall below it by more than BOUND_SLACK.
 
 from __future__ import annotations
 
+import mmap
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -57,12 +59,13 @@ UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's 
 
 @dataclass(frozen=True)
 class Expected:
-    """The reference's output for one call: metadata, and its full float64 values in a file."""
+    """The reference's output for one call: metadata, and its full float64 values in a sealed memfd
+    (pipeline.reference.sealed_memfd) that only the parent holds; it closes `fd` when the attempt ends."""
 
     shape: list[int]
     numel: int
     ref_dtype: str
-    path: str
+    fd: int
     fp32_rel_err: float | None = None
     parts: list | None = None
     """Gradient mode: [label, shape] of the output and of each gradient, in the order of the values."""
@@ -74,13 +77,22 @@ class Expected:
     """PyTorch's own reading in the run's dtype, part by part, in the judge's elementwise metric."""
 
     def values(self) -> np.ndarray:
-        return np.fromfile(self.path, dtype=np.float64, count=self.numel)
+        return mapped(self.fd, np.float64, self.numel)
 
     def layout(self) -> list[tuple[str, list[int], int]]:
         """(label, shape, numel) of each part the values hold one after another."""
         if not self.parts:
             return [("output", list(self.shape), self.numel)]
         return [(label, list(shape), int(np.prod(shape, dtype=np.int64))) for label, shape in self.parts]
+
+
+def mapped(fd: int, dtype=np.uint8, count: int = -1) -> np.ndarray:
+    """A read-only view of a sealed memfd's values, no copy (an output may be gigabytes); the map
+    lives as long as the view, the descriptor may be closed before."""
+    size = os.fstat(fd).st_size
+    if not size:
+        return np.empty(0, dtype=dtype)
+    return np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), dtype=dtype, count=count)
 
 
 # The least relative tolerance a dtype gets: its machine epsilon (2**-7 for bfloat16, 2**-10 for

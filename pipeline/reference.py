@@ -6,8 +6,9 @@ imported candidate code, so a candidate that patches torch cannot move them.
 It lives for a task's whole run on the parent's side: `baselines` once, then one `expect` per
 attempt, with that attempt's own seeds. Where torch.compile is timed, a thread warms the compiler up
 at start (CompilerWarmup) while the process serves `expect`; every op that times anything, and
-`settle`, waits for it first. Expected outputs go, in full and as float64, into files in a
-directory of the parent's that no candidate can read; the parent compares them with the candidate's
+`settle`, waits for it first. Expected outputs go, in full and as float64, into memfds (anonymous
+memory, sealed once written) handed to the parent over a Unix socket and closed here (pipeline.handover):
+no path names them, and the parent passes them to no child. It compares them with the candidate's
 outputs value by value.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -29,6 +31,7 @@ from .child.grad import ForwardBackward, Grads, reseed
 from .child.seccomp import die_with_parent
 from .child.protocol import pack_set, write_line
 from .child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
+from .handover import give, sealed_memfd
 
 
 def _as64(inputs: list[Any]) -> list[Any]:
@@ -105,16 +108,16 @@ class Reference:
             return model
         return ForwardBackward(model, init_seed, upstream_dtype)
 
-    def expected(self, size: str, init_seed: int, seed: int, variant: str, path: str, inputs_to: str | None = None,
+    def expected(self, size: str, init_seed: int, seed: int, variant: str, pack_inputs: bool = False,
                  output: bool = True) -> dict[str, Any]:
-        """The reference's output for one call, in float64, written whole to `path` (a fresh file); with
-        `inputs_to`, the call's inputs too, packed as the inbox holds them (pipeline.child.protocol)."""
+        """The reference's output for one call, in float64, written whole into a sealed memfd
+        (`values_fd`, the caller's to close); with `pack_inputs`, the call's inputs too, packed as the
+        inbox holds them (pipeline.child.protocol), in another (`inputs_fd`)."""
         module, m32, m64 = self.models_for(size, init_seed)
         inputs = tasks.make_inputs(module, seed, variant, self.device)
         meta: dict[str, Any] = {}
-        if inputs_to:
-            _write_new(inputs_to, pack_set(inputs))
-            meta["inputs_path"] = inputs_to
+        if pack_inputs:
+            meta["inputs_fd"] = sealed_memfd("kgen-inputs", pack_set(inputs))
         if not output:
             return meta
         inputs64 = _as64(inputs)
@@ -124,11 +127,11 @@ class Reference:
             ref, parts = _parts(m64(*inputs64))
             out32, parts32 = _parts(m32(*inputs))
         values = torch.cat([t.detach().reshape(-1).to(device="cpu", dtype=torch.float64) for _, t in parts]).numpy()
-        _write_new(path, values.tobytes())
+        meta["values_fd"] = sealed_memfd("kgen-expected", values)
         # How far PyTorch's own run dtype lands from float64 here, part by part: evidence for the
         # tolerance, and in bfloat16 and float16 the tolerance itself (pipeline.judge.tolerance_for).
         errs, own = map(list, zip(*(_errs(a, b) for (_, a), (_, b) in zip(parts32, parts))))
-        return {**meta, "shape": list(ref.shape), "numel": len(values), "path": path,
+        return {**meta, "shape": list(ref.shape), "numel": len(values),
                 "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": errs[0],
                 "parts": [[label, list(t.shape)] for label, t in parts], "rel_errs": errs, "own_errs": own,
                 "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in parts32]}
@@ -314,9 +317,11 @@ class IdleProbe:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipeline.reference")
     parser.add_argument("--result-fd", type=int, required=True)
+    parser.add_argument("--fd-socket", type=int, help="a Unix socket to the parent: expected values' memfds go there")
     args = parser.parse_args(argv)
     die_with_parent()  # a killed kgen must not leave this process holding the GPU
     fd = args.result_fd
+    handover = socket.socket(fileno=args.fd_socket) if args.fd_socket is not None else None
     job = json.loads(sys.stdin.readline())
     if job["device"].startswith("cuda"):
         torch.cuda.init()
@@ -370,10 +375,11 @@ def main(argv: list[str] | None = None) -> int:
                 send({"event": "block_failed", "error": _one_line(exc)})
         elif request["op"] == "expect":
             for spec in request["specs"]:
-                base = os.path.join(request["dir"], spec["key"])
-                meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"], f"{base}.f64",
-                                    f"{base}.in" if spec.get("inputs") else None, spec.get("output", True))
-                send({"event": "expected", "key": spec["key"], **meta})
+                meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"],
+                                    bool(spec.get("inputs")), spec.get("output", True))
+                fds = {name: meta.pop(name) for name in ("values_fd", "inputs_fd") if name in meta}
+                give(handover, list(fds.values()))  # first: the parent takes them as it reads the line below
+                send({"event": "expected", "key": spec["key"], "fds": list(fds), **meta})
             ref.release()
         elif request["op"] == "digests":  # the replayed Bound calls the parent checks (pipeline.child.replays)
             for item in request["items"]:
@@ -397,12 +403,6 @@ def main(argv: list[str] | None = None) -> int:
 def _one_line(exc: BaseException) -> str:
     """An exception as one capped line (its message may be empty or span pages)."""
     return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
-
-
-def _write_new(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 def _cpu_name() -> str:

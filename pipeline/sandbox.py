@@ -81,6 +81,8 @@ class Child:
     """The jail's policy (pipeline/confine.py), None for a process of the parent's side."""
     status_fd: int | None = None
     _confinement: protocol.Confinement | None = None
+    handover: Any = None
+    """The reference process's: the parent's end of its socket for memfds (pipeline.handover)."""
 
     @property
     def job_dir(self) -> Path:
@@ -253,6 +255,8 @@ class Child:
         for fd in (self.log_fd, self.outbox_fd):
             if fd is not None:
                 os.close(fd)
+        if self.handover is not None:
+            self.handover.close()
         shutil.rmtree(self.workdir, ignore_errors=True)  # fd-based: it never follows the child's links
         return code, log
 
@@ -334,11 +338,12 @@ def _lay_out(workdir: Path, module: str, jail: Jail) -> tuple[Path, dict]:
 
 
 def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str] | None = None,
-          outbox: int | None = None, jail: Jail | None = None) -> Child:
+          outbox: int | None = None, jail: Jail | None = None, keep: tuple[int, ...] = ()) -> Child:
     """Start `python -m module args...` sandboxed; messages come back on a pipe named by fd number.
     With `outbox` (bytes), the child also gets a sealed memfd of that size (--outbox-fd). With `jail`
     (a candidate's child), the jail confines it before its interpreter starts; without (the
-    reference process, kgen's own code), it runs with the parent's rights."""
+    reference process, kgen's own code), it runs with the parent's rights. It inherits these
+    descriptors and `keep` (the reference's handover socket), no other (close_fds)."""
     workdir = Path(tempfile.mkdtemp(prefix="kgen-child-"))
     log_path = workdir / "output.log"
     log = open(log_path, "wb")
@@ -348,6 +353,7 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
     outbox_fd = protocol.Outbox.create(outbox) if outbox is not None else None
     pass_fds = (write_fd,) if outbox_fd is None else (write_fd, outbox_fd)
     extra_args = [] if outbox_fd is None else ["--outbox-fd", str(outbox_fd)]
+    pass_fds += tuple(keep)
     command = [sys.executable, "-s", "-m", module, "--result-fd", str(write_fd), *extra_args, *args]
     home, policy, status_r, status_w = workdir, None, None, None
     if jail is not None and confine.enabled():

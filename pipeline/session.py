@@ -27,7 +27,7 @@ PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
 
 class Session:
     def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: P.Outbox,
-                 spares, env: dict[str, str], inbox: P.Inbox | None = None, inputs: dict[str, str] | None = None,
+                 spares, env: dict[str, str], inbox: P.Inbox | None = None, inputs: dict[str, int] | None = None,
                  timed: bool = True, settings=None):
         self.bench, self.child, self.plan, self.expected, self.outbox = bench, child, plan, expected, outbox
         self.spares, self.env = spares, env
@@ -343,7 +343,9 @@ class Session:
                         return replayed
                     if replayed is True:
                         continue
-                values = [np.fromfile(self.inputs[f"bound{k}_{i}"], dtype=np.uint8)
+                # Private copies, read before the window as the files were: a child that will not
+                # stop gets the write inside it (ask), and a first touch of a map's pages there costs.
+                values = [judge.mapped(self.inputs[f"bound{k}_{i}"]).copy()
                           for i in range(len(bound_seeds))] if self.inbox else None
                 reply, ms = self.ask(self.bound_request(k, bound_seeds), P.BoundDone, f"bound block {k}", values)
                 at = self.spent("timing_bounds", at)

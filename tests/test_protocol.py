@@ -153,8 +153,8 @@ def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_to
 
     task_path = Path(__file__).resolve().parent.parent / "reference_tasks" / "triplet.py"
     ref = Reference({"task_path": str(task_path), "device": "cpu", "grad": True, "dtype": "float32"})
-    meta = ref.expected("small", 0, 79, "needle", str(tmp_path / "want"))
-    want = judge.Expected(meta["shape"], meta["numel"], meta["ref_dtype"], meta["path"], meta["fp32_rel_err"],
+    meta = ref.expected("small", 0, 79, "needle")
+    want = judge.Expected(meta["shape"], meta["numel"], meta["ref_dtype"], meta["values_fd"], meta["fp32_rel_err"],
                           meta["parts"], meta["rel_errs"], meta["dtypes"], meta["own_errs"])
     module, m32, _ = ref.models_for("small", 0)
     inputs = tasks.make_inputs(module, 79, "needle", "cpu")
@@ -174,3 +174,4 @@ def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_to
     far = values.copy()
     far[at] = ref[at] + 2 * judge.OWN_ERR_CAP * 1e-4 * (abs(ref[at]) + np.abs(ref[first:first + n]).mean())
     assert judge.compare(header, far, want, 1e-4, "cpu").verdict is judge.Verdict.wrong_gradient
+    os.close(want.fd)

@@ -1,0 +1,68 @@
+"""Descriptors from the reference process to the parent: an attempt's expected values (and, on the
+cpu's inbox path, the Bound calls' packed inputs) as sealed memfds handed over a Unix socket
+(SCM_RIGHTS), never as files. Under /tmp a child that escaped its sandbox read them and returned them
+as its answers (issue 27), and a 1 GiB output filled the disk (issue 28). No path names a memfd; the
+reference closes its own as soon as it has sent them, and the parent holds its copies only for the
+attempt and passes them to no child (sandbox.start gives a child only the descriptors it lists).
+
+The reference sends a message's descriptors in one datagram just before the line that names them
+(`"fds": [names]`), so the parent finds them queued when it reads that line.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from typing import Any
+
+
+def pair() -> tuple[socket.socket, socket.socket]:
+    """(the parent's end, the reference's end): datagrams, each a message's descriptors."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+def sealed_memfd(name: str, data) -> int:
+    """A memfd holding `data` (bytes or a contiguous array, written without a copy), sealed: its size
+    and contents can no longer change, and whoever holds it can only map it read-only."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data).cast("B")
+        os.ftruncate(fd, len(view))
+        at = 0
+        while at < len(view):
+            at += os.write(fd, view[at:at + (1 << 30)])
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def give(sock: socket.socket, fds: list[int]) -> None:
+    """Reference side: send `fds` (then close them: the parent's copies are the only ones left)."""
+    try:
+        socket.send_fds(sock, [b"x"], fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def take(sock: socket.socket, names: list[str]) -> dict[str, int]:
+    """Parent side: the descriptors sent before the line naming them, by name, close-on-exec from the
+    moment they arrive. OSError if they are not there (they never wait: the line came after them)."""
+    _, ancillary, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(4 * len(names)), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+    fds = [fd for level, kind, data in ancillary if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
+           for fd in memoryview(data).cast("i")]
+    if len(fds) != len(names):
+        for fd in fds:
+            os.close(fd)
+        raise OSError(f"{len(fds)} descriptors came for {len(names)} named")
+    return dict(zip(names, fds))
+
+
+def close_all(messages: list[dict[str, Any]]) -> None:
+    """Close the descriptors that came with `messages` (TaskBench.request's)."""
+    for msg in messages:
+        for fd in msg.pop("_fds", {}).values():
+            os.close(fd)
