@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import backends, health, sandbox
+from . import backends, health, owncode, sandbox, shapes
 from .child import protocol as P
 from .child import tasks
 from .child.timing import BLOCK, summarize_blocks
@@ -36,7 +36,6 @@ from .bench import (EvaluationError, TaskBench, _seed, _tail, baseline_key, devi
                     measure_baselines, open_bench, prepare, timed_count)
 
 EVALUATOR_VERSION = "2"
-NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
 # Null-model Bound requests before import: what a block costs besides the calls. Fifteen, not five:
 # on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five did the
 # fastest was as slow as the candidate's own requests, so the estimate said nothing and the red
@@ -84,6 +83,7 @@ class AttemptPlan:
     checked: dict[str, dict[str, Any]]  # expected-output key -> {size, seed, variant}
     inbox: bool = False  # Bound inputs come from the parent (their reference specs ask for "inputs")
     size: str | dict[str, Any] = ""  # the main size, at which every timed and bound call runs
+    shape_timed: dict[int, list[list[int]]] = field(default_factory=dict)  # held-out trial -> its blocks' seeds
     # cuda, forward: each Bound request replays CUDA graphs (pipeline.child.replays) this many times,
     # with its digests' seed, and the replays whose digests are checked, chosen in secret.
     replays: int = 0
@@ -116,7 +116,9 @@ class AttemptPlan:
         for b, block in enumerate(bounds):  # one call of every Bound request, chosen in secret
             j = rng.randrange(len(block))
             checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": block[j], "variant": "base"}
-        plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size)
+        shape_timed, shape_checked = shapes.draw(trials, bench.size)
+        checked.update(shape_checked)
+        plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size, shape_timed)
         if bench.device.startswith("cuda") and not s.grad and bench.settings.replay_bound:
             plan.replays = replay_count(fastest_ms(bench))
             plan.digest_seeds = [_seed() for _ in bounds]
@@ -221,6 +223,10 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
     # Seconds spent before the child's conversation starts, kept beside its phases (issue 14: where
     # an attempt's wall goes).
     before: dict[str, float] = {}
+    # The parent's own look at the built code, before any of it runs (pipeline.owncode).
+    mark = time.monotonic()
+    own = owncode.inspect_build(build_dir, bench.backend, Path(code_path).read_text())
+    before["own_code"] = round(time.monotonic() - mark, 3)
     child = None
     expected: dict[str, Any] = {}
     inputs: dict[str, int] = {}
@@ -267,6 +273,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env,
                           inbox, inputs, timed=unfit is None, settings=settings)
         session.digests = digests
+        session.own = own
         try:
             result = session.run(job)
         except Ended as ended:
@@ -302,7 +309,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
     return result.model_copy(update={
         "device": bench.env.get("device_name", ""), "torch_version": bench.env.get("torch_version", ""),
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,
-        "grad": bench.settings.grad, "dtype": bench.settings.dtype,
+        "grad": bench.settings.grad, "dtype": bench.settings.dtype, "own_code": own,
         "eval_seconds": ended - started,
         "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), clock_alone
 
@@ -343,24 +350,6 @@ def ended_early(child: sandbox.Child, code: int, log: str, what: str) -> EvalRes
         return EvalResult(verdict=Verdict.crashed, error=f"child killed by {name} before {what}", detail=log[-4000:])
     return EvalResult(verdict=Verdict.crashed, error=f"child exited with status {code} before {what}: {_tail(log, 1)}",
                       detail=log[-4000:])
-
-
-def flags_for(profile: P.ProfileDone | None, shape_results: list[TrialResult],
-              interpreted_eager_ms: float | None = None) -> list[Flag]:
-    """`interpreted_eager_ms`: eager's time, where Triton's interpreter ran the candidate's kernels.
-    Their Python time would hide PyTorch's share of the call there, so PyTorch did the work when its
-    ops alone took half as long as eager's whole call."""
-    flags = []
-    if profile and profile.torch_fraction is not None:
-        if interpreted_eager_ms:
-            pytorch_did_it = (profile.torch_us or 0.0) / 1000 >= NO_CUSTOM_KERNEL_FRACTION * interpreted_eager_ms
-        else:
-            pytorch_did_it = profile.torch_fraction > NO_CUSTOM_KERNEL_FRACTION
-        if pytorch_did_it:
-            flags.append(Flag.no_custom_kernel)
-    if any(not t.ok for t in shape_results):
-        flags.append(Flag.shape_specialized)
-    return flags
 
 
 def summarize(times: list[float]) -> Timing:

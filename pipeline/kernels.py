@@ -4,8 +4,9 @@
     why = outside(entry.envelope, args)                      # None inside the envelope, else a reason
 
 The envelope is what the evaluator actually exercised: the device kind, the input dtypes and the
-shapes at the size the attempt was run at (any shape of the same rank when the shape-generality
-trials passed). The library runs a kernel only inside it; the export writes it to manifest.json.
+shapes at the size the attempt was run at, and at each held-out size where the kernel was verified
+correct, its own kernel ran (the child's profile, pipeline.shapes) and it was measured faster than
+eager (`served`). The library runs a kernel only inside it; the export writes it to manifest.json.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class Envelope(_Record):
     output: OutputSpec
     """What forward() returns there."""
     shape_general: bool
-    """True when the kernel also passed at the task's other sizes: any shape of the same rank."""
+    """True when the kernel also passed at the task's other sizes. It no longer widens the envelope:
+    a kernel correct at a size may hand it to PyTorch there (issue 27); `served` says where it runs."""
     contiguous: bool = True
     """The evaluator only passes contiguous tensors, so that is all a kernel is vouched for."""
     backward: bool = False
@@ -78,6 +80,9 @@ class Envelope(_Record):
     at every trial and size. False: only its forward is vouched for."""
     sizes: list[str] = []
     """The sizes it was judged correct at: the timed one first, then the held-out shapes it passed."""
+    served: dict[str, list[InputSpec]] = {}
+    """Held-out sizes it is used at besides `inputs`, with their inputs: each verified correct there,
+    its own kernel ran there (the child's profile) and it was measured faster than eager there."""
 
 
 class KernelEntry(_Record):
@@ -190,13 +195,13 @@ def meta_call(module, size_name: str) -> tuple[list[Any], Any]:
 
 
 def envelope_for(task_module, size: str, backend: str, device: str, shape_general: bool, backward: bool = False,
-                 sizes: list[str] | None = None) -> Envelope:
+                 sizes: list[str] | None = None, served: dict[str, list[InputSpec]] | None = None) -> Envelope:
     inputs, out = meta_call(task_module, size)
     if not isinstance(out, torch.Tensor):
         raise LibraryError(f"the reference returns {type(out).__name__}; the library replays one-tensor outputs")
     return Envelope(backend=backend, device=device_kind(backend, device), inputs=[_input_spec(x) for x in inputs],
                     output=OutputSpec(dtype=_dtype(out.dtype), shape=list(out.shape)), shape_general=shape_general,
-                    backward=backward, sizes=list(sizes or [size]))
+                    backward=backward, sizes=list(sizes or [size]), served=dict(served or {}))
 
 
 def passed_shape_trials(result) -> bool:
@@ -207,6 +212,18 @@ def passed_shape_trials(result) -> bool:
             and all(t.ok for t in shape_trials))
 
 
+def served_inputs(task: tasks.TaskFile, result) -> dict[str, list[InputSpec]]:
+    """The inputs at each held-out size the attempt may be served at (records.ShapeRun.served):
+    correct there, its own kernel ran, faster than eager. Rows from before these were measured have
+    none, so their kernels run at their timed size alone."""
+    served = {}
+    for run in result.shapes:
+        if run.served and Flag.shape_specialized not in result.flags:
+            inputs, _ = meta_call(tasks.load_module(task, parse_size(run.size), result.dtype), run.size)
+            served[run.size] = [_input_spec(x) for x in inputs]
+    return served
+
+
 def task_file(name: str, path: str, source: str) -> tasks.TaskFile:
     return tasks.TaskFile(name, Path(path), source)
 
@@ -214,10 +231,11 @@ def task_file(name: str, path: str, source: str) -> tasks.TaskFile:
 def entry_from_attempt(attempt: dict[str, Any], task_source: str, source_sha256: str) -> KernelEntry:
     """A KernelEntry for one verified attempt (a Store.attempt() dict, with its EvalResult)."""
     result = attempt["result"]
-    module = tasks.load_module(task_file(attempt["task"], attempt["task"] + ".py", task_source),
-                               parse_size(attempt["size"]), result.dtype)
+    task = task_file(attempt["task"], attempt["task"] + ".py", task_source)
+    module = tasks.load_module(task, parse_size(attempt["size"]), result.dtype)
     envelope = envelope_for(module, attempt["size"], attempt["backend"], attempt["device"] or "",
-                            passed_shape_trials(result), backward=result.grad, sizes=result.sizes)
+                            passed_shape_trials(result), backward=result.grad, sizes=result.sizes,
+                            served=served_inputs(task, result))
     p75 = result.timing.p75_ms if result.timing else None
     return KernelEntry(
         task=attempt["task"], task_sha256=sha256_text(task_source), code_hash=attempt["code_hash"],
@@ -231,10 +249,23 @@ def entry_from_attempt(attempt: dict[str, Any], task_source: str, source_sha256:
 
 
 def outside(envelope: Envelope, args: tuple) -> tuple[str, str] | None:
-    """None when the call is inside the envelope, else (reason kind, one-line reason)."""
-    if len(args) != len(envelope.inputs):
-        return "arguments", f"called with {len(args)} arguments; validated with {len(envelope.inputs)}"
-    for i, (x, spec) in enumerate(zip(args, envelope.inputs)):
+    """None when the call is inside the envelope (at its timed size's inputs, or a served size's),
+    else (reason kind, one-line reason)."""
+    why = _outside(envelope, envelope.inputs, args)
+    if why is None or why[0] not in ("shape", "scalar"):
+        return why
+    if any(_outside(envelope, specs, args) is None for specs in envelope.served.values()):
+        return None
+    if envelope.served:
+        shapes = ", ".join(str(tuple(s.shape)) for specs in envelope.served.values() for s in specs[:1] if s.shape)
+        why = why[0], f"{why[1]} and served at {shapes}"
+    return why
+
+
+def _outside(envelope: Envelope, inputs: list[InputSpec], args: tuple) -> tuple[str, str] | None:
+    if len(args) != len(inputs):
+        return "arguments", f"called with {len(args)} arguments; validated with {len(inputs)}"
+    for i, (x, spec) in enumerate(zip(args, inputs)):
         if spec.kind != "tensor":
             if isinstance(x, torch.Tensor) or x != spec.value:
                 return "scalar", f"argument {i} is {x!r}; validated only at {spec.value!r}"
@@ -247,11 +278,9 @@ def outside(envelope: Envelope, args: tuple) -> tuple[str, str] | None:
             return "dtype", f"argument {i} has dtype {_dtype(x.dtype)}; validated with {spec.dtype}"
         if envelope.contiguous and not x.is_contiguous():
             return "layout", f"argument {i} is not contiguous; validated with contiguous tensors"
-        if envelope.shape_general:
-            if x.dim() != len(spec.shape):
-                return "shape", (f"argument {i} has rank {x.dim()}; validated with rank {len(spec.shape)} "
-                                 f"(any shape of that rank)")
-        elif list(x.shape) != spec.shape:
+        if x.dim() != len(spec.shape):
+            return "shape", f"argument {i} has rank {x.dim()}; validated with rank {len(spec.shape)}"
+        if list(x.shape) != spec.shape:
             return "shape", (f"argument {i} has shape {tuple(x.shape)}; the kernel is validated only at "
-                             f"{tuple(spec.shape)} (it did not pass at the task's other sizes)")
+                             f"{tuple(spec.shape)}")
     return None

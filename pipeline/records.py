@@ -194,13 +194,74 @@ class Baselines(Record):
     """torch.compile timed that same way."""
 
 
+class OwnCode(Record):
+    """The parent's own look at what a candidate built (pipeline.owncode): the extension files in its
+    build folder and, for Triton, the @triton.jit functions in its source. It can show that there is
+    no code of the candidate's own (then `no_custom_kernel` is the parent's finding); code it finds
+    may still never run, which only the child's profile says (a claim)."""
+
+    holds_own: bool | None = None
+    """True: some function or kernel of the candidate's own was found; False: none (pure PyTorch);
+    None: the parent could not tell (no symbol table, no nm), and the child's claim stands alone."""
+    extensions: list[str] = Field(default_factory=list)
+    """The extension files found, relative to the build folder."""
+    functions: list[str] = Field(default_factory=list)
+    """Defined functions that are not pybind11's, torch's or the C++ library's (mangled; at most 20)."""
+    device_kernels: list[str] = Field(default_factory=list)
+    """CUDA __global__ kernels (their host stubs), at most 20."""
+    device_code: bool = False
+    """An extension holds a CUDA fat binary (.nv_fatbin section)."""
+    triton_kernels: list[str] = Field(default_factory=list)
+    """@triton.jit functions the source defines (triton backend)."""
+    error: str | None = None
+    """Why the look failed, where it did."""
+
+
+class ShapeRun(Record):
+    """One held-out size after its trial passed: whether the candidate's own kernel ran there, and how
+    fast it was against eager at that size. What the library serves beyond the main size."""
+
+    size: str
+    """The size's label (as in EvalResult.sizes)."""
+    correct: bool
+    """Its trial and a checked call of its timed block matched the reference (the parent's check)."""
+    own_ran: bool | None = None
+    """The child's claim, from its profile at this size: under half the call's time in PyTorch's own
+    ops. False when the parent found no code of the candidate's own; None: not profiled."""
+    torch_fraction: float | None = None
+    """The profile's share of the call in PyTorch's ops (the child's claim)."""
+    time: Timing | None = None
+    """The candidate's calls at this size, by the child's clock in the main blocks' protocol (a claim:
+    no Bound requests at this size; the parent's bound was checked at the main size)."""
+    wall_ms: float | None = None
+    """The parent's clock around the timed request, per call: an upper bound (refills and flushes in)."""
+    eager: Timing | None = None
+    """Eager PyTorch at this size, timed by the reference process right after."""
+    faster: bool | None = None
+    """Faster than eager by leaderboard.faster's rule (p75 below eager's median)."""
+    error: str | None = None
+    """Why it is not served, where a step failed."""
+
+    @property
+    def served(self) -> bool:
+        """Verified correct, its own kernel ran and faster than eager: the library may use it here."""
+        return self.correct and self.own_ran is True and self.faster is True
+
+
 class EvalResult(Record):
     """The parent's verdict on one candidate."""
 
     verdict: Verdict
     """The outcome."""
     flags: list[Flag] = Field(default_factory=list)
-    """Marks beside a correct verdict."""
+    """Marks beside a correct verdict: the parent's findings and the child's claims alike."""
+    claimed_flags: list[Flag] = Field(default_factory=list)
+    """Those of `flags` raised on the child's own report (its profile), not on anything the parent
+    checked; the rest are the parent's findings (pipeline.owncode.flags_for)."""
+    own_code: OwnCode | None = None
+    """The parent's look at the built code (None: rows from before it, or no build folder)."""
+    shapes: list[ShapeRun] = Field(default_factory=list)
+    """Per held-out size whose trial passed: whether the own kernel ran there and how fast."""
     error: str | None = None
     """One-line reason for a failure."""
     detail: str | None = None

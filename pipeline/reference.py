@@ -73,6 +73,7 @@ class Reference:
         self.dtype = job.get("dtype") or "float32"  # the run's dtype: inputs and weights cast to it
         self.init_seed: int | None = None
         self.sets: list[list[Any]] | None = None  # an attempt's eager blocks' input sets
+        self.sets_size = ""  # the size they are of
         self.clock: Clock | None = None
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
 
@@ -144,8 +145,11 @@ class Reference:
         if self.clock is None:
             self.clock = Clock(self.device)
         with torch.no_grad():
-            if self.sets is None:  # the attempt's first block: its sets, and the warm-up the candidate had
+            # The attempt's first block, or the first at a held-out size (pipeline.shapes): sets of
+            # that size, and the warm-up the candidate had.
+            if self.sets is None or self.sets_size != json.dumps(size, sort_keys=True):
                 self.sets = tasks.block_sets(module, tasks.make_inputs(module, seeds[0], "base", self.device), self.device)
+                self.sets_size = json.dumps(size, sort_keys=True)
                 for _ in range(warmup):
                     m32(*self.sets[0])
                 self.clock.sync()

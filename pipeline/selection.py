@@ -222,9 +222,10 @@ class Description(_Record):
 def _envelope_text(env: Envelope) -> str:
     args = [f"{i.dtype}[{', '.join(map(str, i.shape or []))}]" if i.kind == "tensor" else f"{i.kind} {i.value!r}"
             for i in env.inputs]
-    shapes = "any shape of the same rank" if env.shape_general else "at these shapes only"
+    served = [env.sizes[0] if env.sizes else "its timed size", *env.served]  # pipeline.shapes
     grad = "its own verified backward" if env.backward else "the reference's backward"
-    return f"{', '.join(args)} ({shapes}, contiguous; sizes {', '.join(env.sizes)}); {grad}"
+    return (f"{', '.join(args)} (at these shapes only, contiguous; served at sizes {', '.join(served)}; "
+            f"correct at {', '.join(env.sizes)}); {grad}")
 
 
 def description(choice: Choice, backend: str, kind: str, dtype: str, reasons: list[tuple[str, str]],

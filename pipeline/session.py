@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, judge
+from . import backends, judge, owncode, shapes
 from .judge import Expected, Window
 from .child import protocol as P
 from .bench import TaskBench, _seed, lane_of
-from .evaluate import CALIBRATION_BLOCKS, Ended, EvalResult, ended_early, flags_for, pair_ratios, summarize
+from .evaluate import CALIBRATION_BLOCKS, Ended, EvalResult, ended_early, pair_ratios, summarize
 from .records import TrialResult, Verdict
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
@@ -58,6 +58,7 @@ class Session:
         b = bench.baselines
         self.compile_beside = bool(b and b.compiled and self.settings.compile_baseline)
         self.lane = lane_of(env)
+        self.own = None  # the parent's look at the built code (pipeline.owncode), set by evaluate
 
     # ---- the conversation ----------------------------------------------------------------------
 
@@ -215,22 +216,27 @@ class Session:
         if bench.settings.profile:
             profile, _ = self.ask(P.Profile(), P.ProfileDone, "the profile")
         self.mark("profile")
-        shape_results = []
+        shape_results, shape_runs = [], []
+        interpreted = self.bench.baselines.eager.median_ms if (
+            backends.interpreted(self.bench.backend) and self.bench.baselines) else None
         for trial in plan.trials[len(main):]:
             try:
                 shape_results.append(self.trial(trial))
+                if shape_results[-1].ok:  # whose code ran there, and how fast (pipeline.shapes)
+                    shape_runs.append(shapes.held_out(self, trial, shape_results[-1], interpreted))
             except Ended as ended:  # a kernel that fails at another size is flagged, not rejected
                 error = ended.result.error if ended.result else f"no result at {trial.size}"
                 shape_results.append(TrialResult(index=trial.index, variant=f"scaled@{trial.size}", ok=False,
                                                  verdict=ended.result.verdict if ended.result else Verdict.crashed,
                                                  error=error))
                 break
+        if any(run.eager for run in shape_runs):  # the reference frees what the held-out blocks kept
+            bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
         self.mark("other_sizes")
         self.child.send(P.Finish())
-        interpreted = self.bench.baselines.eager.median_ms if (
-            backends.interpreted(self.bench.backend) and self.bench.baselines) else None
         sizes = [bench.size_name] + [t.variant.split("@", 1)[1] for t in shape_results if t.ok]
-        return EvalResult(verdict=Verdict.correct, flags=flags_for(profile, shape_results, interpreted),
+        flags, claimed = owncode.flags_for(profile, shape_results, self.own, shape_runs, interpreted)
+        return EvalResult(verdict=Verdict.correct, flags=flags, claimed_flags=claimed, shapes=shape_runs,
                           trials=list(self.judged), sizes=sizes,
                           timing=timing, eager_beside=eager, compiled_beside=compiled, **ratios,
                           detail=profile.model_dump_json() if profile else None)
@@ -400,11 +406,12 @@ class Session:
         finally:
             self.child.resume()
 
-    def reference_block(self, calls: int, first: bool, compiled: bool) -> list[float] | None:
-        """One block timed by the reference process (eager, or torch.compile of the same model); None
-        when it reports the block failed."""
+    def reference_block(self, calls: int, first: bool, compiled: bool, size=None) -> list[float] | None:
+        """One block timed by the reference process (eager, or torch.compile of the same model), at
+        the main size or `size`; None when it reports the block failed."""
         bench = self.bench
-        msgs = bench.request({"op": "time_block", "size": bench.size, "init_seed": self.plan.init_seed,
+        msgs = bench.request({"op": "time_block", "size": bench.size if size is None else size,
+                              "init_seed": self.plan.init_seed,
                               "seeds": [_seed() for _ in range(calls)], "compiled": compiled,
                               "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, self.lane)
         if any(m.get("event") == "block_failed" for m in msgs):
@@ -424,11 +431,13 @@ class Session:
             return P.Bound(index=index, seeds=seeds)
         return P.Bound(index=index, inbox=len(seeds), seeds=seeds if self.bench.settings.grad else [])
 
-    def check_block(self, prefix: str, what: str, first: int, headers: list[P.OutputHeader]) -> tuple[Verdict, str] | None:
+    def check_block(self, prefix: str, what: str, first: int, headers: list[P.OutputHeader],
+                    like: str = "trial0") -> tuple[Verdict, str] | None:
+        """`like`: the expected output whose shape every unchecked call's must have (its size's trial)."""
         for j, header in enumerate(headers):
             want = self.expected.get(f"{prefix}_{j}")
             if want is None:
-                if header.shape != self.expected["trial0"].shape or not header.written:
+                if header.shape != self.expected[like].shape or not header.written:
                     return Verdict.mismatch, f"{what} {first + j} returned {header.type} of shape {header.shape}"
                 continue
             r = judge.compare(header, self.values(j, header, want), want, self.bench.tolerance, self.bench.device,

@@ -70,7 +70,7 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
                    f"task {a['task']}  model {a['model']}  sample {a['sample']}  backend {a['backend']}  size {a['size']}\n"
                    "verdict ")
     head.append(visible(a["verdict"]), style="bold")
-    head.append(visible(f"  flags {','.join(a['flags'])}" if a.get("flags") else ""))
+    head.append(visible(f"  flags {flag_sources(result, a['flags'])}" if a.get("flags") else ""))
     if result.error:
         head.append("\nerror " + short_error(result.error))
     console.print(Panel(head, title="attempt"))
@@ -123,8 +123,44 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
         if value is not None:
             pairs = f" (p25 {ratio.p25:.3g}, p75 {ratio.p75:.3g}, over {ratio.pairs} block pairs)" if ratio else ""
             lines.append(f"{name}: {value:.3g}{pairs}")
+    lines += own_code_lines(result)
     if result.detail:
         lines.append(_fold(result.detail, full))
     console.print(Panel(literal("\n".join(lines) or "(no detail)"), title="verdict detail"))
     if a.get("feedback"):
         console.print(Panel(literal(_fold(a["feedback"], full)), title="feedback (the next user turn)"))
+
+
+def flag_sources(result, flags: list[str]) -> str:
+    """Each flag with what it rests on: the parent's own finding, or the child's claim (its profile)."""
+    if result.own_code is None:  # a row from before flags had sources
+        return ",".join(flags)
+    claimed = {f.value for f in result.claimed_flags}
+    source = {True: "the child's claim", False: "the parent's finding"}
+    return ", ".join(f"{f} ({source[f in claimed]})" for f in flags)
+
+
+def own_code_lines(result) -> list[str]:
+    """The parent's look at the built code, and per held-out size whose code ran and how fast; what
+    rests on the child's word says so."""
+    lines = []
+    own = result.own_code
+    if own is not None:
+        found = {True: "holds code of its own", False: "holds no code of its own", None: "could not tell"}[own.holds_own]
+        parts = [f"{len(own.extensions)} extension file(s)"] + (
+            [f"functions {', '.join(own.functions[:5])}"] if own.functions else []) + (
+            [f"CUDA kernels {', '.join(own.device_kernels[:5])}"] if own.device_kernels else []) + (
+            [f"Triton kernels {', '.join(own.triton_kernels[:5])}"] if own.triton_kernels else [])
+        lines.append(f"built code (the parent's look): {found}; {'; '.join(parts)}" + (f" ({own.error})" if own.error else ""))
+    for run in result.shapes:
+        ran = {True: "its own kernel ran", False: "its own kernel did not run", None: "not profiled"}[run.own_ran]
+        if run.own_ran is not None and not (own is not None and own.holds_own is False):
+            ran += " (the child's claim"
+            ran += f", {run.torch_fraction:.0%} in PyTorch)" if run.torch_fraction is not None else ")"
+        speed = (f"{run.time.median_ms:.4g} ms (p75 {run.time.p75_ms:.4g}, child's clock) against eager "
+                 f"{run.eager.median_ms:.4g} ms: {'faster' if run.faster else 'not faster'}" if run.time and run.eager
+                 else "not timed")
+        served = "served by the library" if run.served else "the reference there"
+        lines.append(f"size {run.size}: {'correct' if run.correct else 'wrong'}; {ran}; {speed}; {served}"
+                     + (f" ({run.error})" if run.error else ""))
+    return lines

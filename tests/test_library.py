@@ -16,7 +16,7 @@ from pipeline import library
 from pipeline.export import LOCK, MANIFEST
 from pipeline.kernels import KernelEntry
 from pipeline.library import KgenFallbackWarning, LibraryError
-from pipeline.records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
+from pipeline.records import Baselines, EvalResult, Flag, ShapeRun, Timing, TrialResult, Verdict
 from pipeline.store import Store
 
 pytestmark = pytest.mark.slow
@@ -64,15 +64,21 @@ def _timing(ms: float) -> Timing:
     return Timing(median_ms=ms, p25_ms=ms, p75_ms=ms, n=20)
 
 
+# Held-out sizes as pipeline.shapes records them: correct, its own kernel ran, faster than eager.
+SERVED_ODD = [ShapeRun(size="odd", correct=True, own_ran=True, time=_timing(0.05), eager=_timing(0.1), faster=True)]
+
+
 def _result(shape_trials: bool, verdict: Verdict = Verdict.correct, kernel: Timing | None = None, eager: float = 1.0,
-            compiled: float = 0.8) -> EvalResult:
+            compiled: float = 0.8, shapes: list[ShapeRun] | None = None) -> EvalResult:
     trials = [TrialResult(index=i, variant=v, ok=True) for i, v in enumerate(("base", "scaled", "heavy"))]
-    if shape_trials:
-        trials.append(TrialResult(index=3, variant="scaled@odd", ok=True))
+    shapes = SERVED_ODD if shapes is None and shape_trials else shapes or []
+    for i, run in enumerate(shapes):
+        trials.append(TrialResult(index=3 + i, variant=f"scaled@{run.size}", ok=True))
     if verdict != Verdict.correct:
         return EvalResult(verdict=verdict, error="mismatch", trials=trials[:1], device="cpu: Test CPU",
                           torch_version=torch.__version__)
-    return EvalResult(verdict=verdict, trials=trials, timing=kernel or _timing(0.5),
+    return EvalResult(verdict=verdict, trials=trials, timing=kernel or _timing(0.5), shapes=shapes,
+                      sizes=["small", *(run.size for run in shapes)],
                       baselines=Baselines(eager=_timing(eager), compiled=_timing(compiled), floor_ms=0.1),
                       device="cpu: Test CPU", torch_version=torch.__version__)
 
@@ -128,13 +134,40 @@ def test_matches_reference_on_fresh_inputs(mse):
     assert list(inspect.signature(mse.forward).parameters) == ["predictions", "targets"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", KgenFallbackWarning)
-        for shape in ((256, 4096), (97, 1023)):  # shape-general: any rank-2 float32 shape
+        for shape in ((256, 4096), (97, 1023)):  # its timed size, and odd: served there (SERVED_ODD)
             p, t = _inputs(*shape)
             out = mse(p, t)
             assert out.shape == () and out.dtype == torch.float32
             torch.testing.assert_close(out, _ref(p, t), rtol=1e-5, atol=0)
             assert _ran_kernel(mse, p, t)
         assert _ran_kernel(mse, predictions=p, targets=t)
+
+
+def test_held_out_sizes_are_served_only_where_its_own_kernel_ran_and_was_faster(tmp_path, dirs):
+    """Correct at every held-out size is not enough (issue 27): the kernel is used at a held-out size
+    only where its own kernel ran there and it was measured faster than eager (pipeline.shapes);
+    elsewhere, and at any shape no trial saw, the reference runs."""
+    shapes = [ShapeRun(size="odd", correct=True, own_ran=True, time=_timing(0.05), eager=_timing(0.1), faster=True),
+              ShapeRun(size="batch_size=161,input_shape=(2599,)", correct=True, own_ran=False, time=_timing(0.05),
+                       eager=_timing(0.1), faster=True),
+              ShapeRun(size="batch_size=285,input_shape=(4607,)", correct=True, own_ran=True, time=_timing(0.2),
+                       eager=_timing(0.1), faster=False)]
+    mse = library.load("mse", db=_db(tmp_path / "kgen.db", shapes=shapes), backend="cpu", **dirs)
+    assert list(mse.entry.envelope.served) == ["odd"]
+    assert [s.shape for s in mse.entry.envelope.served["odd"]] == [[97, 1023], [97, 1023]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KgenFallbackWarning)
+        for shape in ((256, 4096), (97, 1023)):
+            assert _ran_kernel(mse, *_inputs(*shape))
+    p, t = _inputs(161, 2599)
+    with pytest.warns(KgenFallbackWarning, match=r"shape \(161, 2599\); the kernel is validated only at \(256, 4096\) "
+                                                 r"and served at \(97, 1023\)"):
+        assert torch.equal(mse(p, t), _ref(p, t))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KgenFallbackWarning)
+        for shape in ((161, 2599), (285, 4607), (50, 60)):
+            p, t = _inputs(*shape)
+            assert torch.equal(mse(p, t), _ref(p, t)) and not _ran_kernel(mse, p, t)
 
 
 def test_dtype_outside_envelope_falls_back_once(mse):
@@ -363,8 +396,8 @@ def test_kernel_slower_than_torch_compile_runs_in_eager_calls_only(tmp_path, dir
     lines = str(described).splitlines()
     assert lines[1] == f"  eager calls: kernel {CODE_HASH} (2.00x eager, attempt {described.attempt})"
     assert lines[2] == f"  compiled calls: the reference; {described.compiled_reason}"
-    assert lines[3] == ("  inside: float32[256, 4096], float32[256, 4096] (any shape of the same rank, contiguous; "
-                        "sizes small); the reference's backward")
+    assert lines[3] == ("  inside: float32[256, 4096], float32[256, 4096] (at these shapes only, contiguous; served "
+                        "at sizes small, odd; correct at small, odd); the reference's backward")
 
 
 def test_cli_best_and_export_keep_slow_kernels_out(tmp_path, dirs):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, evaluate, judge, sandbox
+from pipeline import build, evaluate, judge, kernels, owncode, sandbox
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Flag, Verdict
@@ -66,6 +66,9 @@ CORRECT = [
     # (candidate, task, flags that must be set)
     ("torch_fallback.py", "mse", {Flag.no_custom_kernel}),
     ("hardcoded_size.py", "mse", {Flag.shape_specialized}),
+    # Pure PyTorch that rebinds the harness's profile function to claim all the time as its own: the
+    # flag is the parent's finding (nothing built), whatever the child's profile says.
+    ("profile_rebind.py", "mse", {Flag.no_custom_kernel}),
 ]
 
 
@@ -147,6 +150,10 @@ def test_correct_but_flagged(bench, tmp_path, name, task, flags):
     assert result.verdict is V.correct, describe(result)
     assert flags <= set(result.flags), describe(result)
     assert result.time_ms and result.time_ms > 0
+    if Flag.no_custom_kernel in flags:  # nothing was built: the parent's finding, not the child's claim
+        assert result.own_code is not None and result.own_code.holds_own is False, result.own_code
+        assert Flag.no_custom_kernel not in result.claimed_flags
+        assert result.shapes and not any(s.served for s in result.shapes), result.shapes
 
 
 def test_timer_patch_has_no_effect(bench, tmp_path):
@@ -291,8 +298,53 @@ def test_honest_cpp_kernel_is_correct_and_unflagged(bench, honest_build):
     result = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS)
     assert result.verdict is V.correct, describe(result)
     assert result.flags == [], describe(result)
+    assert result.own_code.holds_own is True and "mse(at::Tensor, at::Tensor)" in result.own_code.functions
+    # Every held-out size is recorded with the child's profile and times on both sides.
+    assert len(result.shapes) == len(result.sizes) - 1 and all(s.correct and s.own_ran for s in result.shapes)
+    assert all(s.time and s.eager and s.faster is not None for s in result.shapes), result.shapes
     assert result.speedup_eager is not None and result.speedup_eager > 0
     assert result.floor_fraction is not None and 0 < result.floor_fraction < 1
+
+
+def test_the_parent_reads_the_extension_itself(honest_build, tmp_path):
+    """The parent's look at a build: the candidate's function is found among pybind11's and torch's
+    glue; a folder holding only a link to torch's own library holds nothing of the candidate's (the
+    link is not followed), and neither does an empty one."""
+    import torch
+
+    own = owncode.inspect_build(honest_build, "cpu", "")
+    assert own.holds_own is True and own.functions == ["mse(at::Tensor, at::Tensor)"], own
+    assert not any("pybind11" in f or "PyInit" in f for f in own.functions)
+    torch_lib = next((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.so"))
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "ext.so").symlink_to(torch_lib)
+    assert owncode.inspect_build(tmp_path / "linked", "cpu", "").holds_own is False
+    assert owncode.inspect_build(tmp_path / "empty", "cpu", "").holds_own is False
+    assert owncode.inspect_build(tmp_path / "empty", "triton", "@triton.jit\ndef k(x):\n    pass\n").holds_own is True
+
+
+@pytest.fixture(scope="session")
+def hardwired_build(tmp_path_factory):
+    code = REDTEAM / "hardwired_size_fallback.py"
+    code_hash = hashlib.sha256(code.read_bytes()).hexdigest()[:16]
+    result = build.build(code, code_hash, tmp_path_factory.mktemp("builds"), timeout_s=600)
+    assert result.ok, result.log[-4000:]
+    return Path(result.build_dir)
+
+
+@pytest.mark.slow
+def test_a_kernel_hardwired_to_the_declared_size_is_served_there_alone(bench, hardwired_build):
+    """Its own kernel at 256 x 4096, PyTorch at every other size: right everywhere, so no held-out
+    trial fails. The child's profile at each held-out size says PyTorch did the work: flagged
+    shape_specialized (the child's claim, stored as such), and no held-out size is served."""
+    result = evaluate.evaluate(bench("mse"), REDTEAM / "hardwired_size_fallback.py", hardwired_build, SETTINGS)
+    assert result.verdict is V.correct, describe(result)
+    assert result.own_code.holds_own is True, result.own_code
+    assert Flag.shape_specialized in result.flags and Flag.shape_specialized in result.claimed_flags, describe(result)
+    assert Flag.no_custom_kernel not in result.flags, describe(result)
+    assert result.shapes and all(s.correct and s.own_ran is False and not s.served for s in result.shapes), result.shapes
+    task = tasks.discover(TASKS, ["mse"])[0]
+    assert kernels.served_inputs(kernels.task_file("mse", "mse.py", task.path.read_text()), result) == {}
 
 
 def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):

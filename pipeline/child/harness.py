@@ -177,6 +177,7 @@ class Evaluator:
         self.task = tasks.load_file(Path(job.task_path))
         self.modules: dict[str, Any] = {}
         self.candidate = None
+        self.others: dict[str, tuple[Any, Any]] = {}  # held-out size -> (model, module): Evaluator.at
         self.main = self.module(job.size)  # a broken task file fails here, before the candidate runs
         self.model = self.null_model()
         self.sets: list[list[Any]] = []
@@ -203,6 +204,17 @@ class Evaluator:
         """ModelNew at a size, called as forward plus backward in gradient mode."""
         model = tasks.make_model(module, self.candidate.ModelNew, init_seed, self.device)
         return ForwardBackward(model, init_seed) if self.job.grad else model
+
+    def at(self, size: str | dict[str, Any] | None):
+        """(model, task module) at a size: the main ones, or a ModelNew built once per held-out size
+        under the attempt's init seed (its trial, profile and timed block then call the same one)."""
+        if size is None or size == self.job.size:
+            return self.model, self.main
+        key = json.dumps(size, sort_keys=True)
+        if key not in self.others:  # the last size's only: the sizes are visited one after another
+            module = self.module(size)
+            self.others = {key: (self.candidate_model(module, self.init_seed), module)}
+        return self.others[key]
 
     def module(self, size: str | dict[str, Any]):
         key = json.dumps(size, sort_keys=True)
@@ -253,7 +265,8 @@ class Evaluator:
             return self.bound(req)
         if isinstance(req, P.Profile):
             try:
-                return P.ProfileDone(**profile(self.model, self.main, self.warm_seed, self.device, self.job.own_kernels))
+                model, module = self.at(req.size)
+                return P.ProfileDone(**profile(model, module, self.warm_seed, self.device, self.job.own_kernels))
             except Exception as exc:  # noqa: BLE001 - a profile that fails leaves the flag unset, not the verdict
                 return P.ProfileDone(error=f"{type(exc).__name__}: {_first_line(exc)}")
         raise ValueError(f"unexpected request {req.op}")
@@ -261,10 +274,7 @@ class Evaluator:
     def trial(self, req: P.Trial) -> P.TrialDone:
         import torch
 
-        module = self.module(req.size)
-        model = self.model
-        if req.size != self.job.size:
-            model = self.candidate_model(module, self.init_seed)
+        model, module = self.at(req.size)
         inputs = tasks.make_inputs(module, req.seed, req.variant, self.device)
         reseed(model, inputs, req.seed)
         self.poison()
@@ -285,19 +295,26 @@ class Evaluator:
     def timed(self, req: P.Timed) -> P.TimedDone:
         import torch
 
-        sets = self.block_sets(min(len(req.seeds), timing.input_sets(tasks.input_bytes(self.block_sets(1)[0]),
-                                                                            self.device)))
+        model, module = self.at(req.size)
+        if module is self.main:
+            sets = self.block_sets(min(len(req.seeds), timing.input_sets(tasks.input_bytes(self.block_sets(1)[0]),
+                                                                                self.device)))
+        else:  # a held-out size (pipeline.shapes): sets of its own, for this request only
+            first = tasks.make_inputs(module, 0, "base", self.device)
+            count = min(len(req.seeds), timing.input_sets(tasks.input_bytes(first), self.device))
+            sets = [first] + [tasks.make_inputs(module, 0, "base", self.device) for _ in range(count - 1)]
         headers: list[P.OutputHeader] = []
         with torch.no_grad():
-            times = timing.time_blocks(self.clock, lambda x: self.model(*x), sets, len(req.seeds),
+            times = timing.time_blocks(self.clock, lambda x: model(*x), sets, len(req.seeds),
                                        lambda first, count: req.seeds[first:first + count],
-                                       lambda x, seed: self.refill(x, seed),
+                                       lambda x, seed: self.refill(x, seed, model, module),
                                        lambda out: headers.append(P.put(self.outbox, len(headers), out)))
         return P.TimedDone(index=req.index, times_ms=times, outputs=headers)
 
-    def refill(self, inputs: list[Any], seed: int) -> None:
-        tasks.refill_inputs(inputs, self.main, seed, self.device)
-        reseed(self.model, inputs, seed)
+    def refill(self, inputs: list[Any], seed: int, model=None, module=None) -> None:
+        """New values for a set, at the main size or a held-out one (its model and module)."""
+        tasks.refill_inputs(inputs, module or self.main, seed, self.device)
+        reseed(model or self.model, inputs, seed)
 
     def bound(self, req: P.Bound) -> P.BoundDone:
         """Inputs (in place in the inbox, or made from a seed each), calls on each back to back, one

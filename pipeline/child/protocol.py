@@ -116,6 +116,8 @@ class Timed(Message):
     op: Literal["timed"] = "timed"
     index: int
     seeds: list[int]
+    size: str | dict[str, Any] | None = None
+    """A held-out size to time at (the ModelNew built for it); None: the main size."""
 
 
 class Bound(Message):
@@ -142,6 +144,8 @@ class Bound(Message):
 
 class Profile(Message):
     op: Literal["profile"] = "profile"
+    size: str | dict[str, Any] | None = None
+    """A held-out size to profile one call at; None: the main size."""
 
 
 class Finish(Message):
