@@ -81,11 +81,13 @@ def _check_sizes(cfg: Config) -> None:
     """Every chosen task has the config's size: one line naming the task otherwise, before the run
     opens its database or starts anything."""
     from .child import tasks
+    from .config import ConfigError
+    from .kernelbench import select_tasks
 
     try:
-        for task in tasks.discover(cfg.path(cfg.tasks.directory), cfg.tasks.names):
+        for task in select_tasks(cfg):
             tasks.check_size(task, cfg.tasks.size)
-    except tasks.TaskError as exc:
+    except (tasks.TaskError, ConfigError) as exc:
         raise KgenError(str(exc)) from None
 
 
