@@ -277,9 +277,9 @@ def _print_result(result: EvalResult, attempt_id: str | None, sized: dict[str, A
 
 
 def _register_inspection() -> None:
-    from . import inspect_cli
+    from . import inspect_cli, kbcompare
 
-    for command in (inspect_cli.best, inspect_cli.export, inspect_cli.report):
+    for command in (inspect_cli.best, inspect_cli.export, inspect_cli.report, kbcompare.kernelbench_baselines):
         main.add_command(command)
 
 

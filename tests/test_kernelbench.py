@@ -152,6 +152,14 @@ def test_a_batch_over_kernelbench_stores_level_and_problem(tmp_path):
     out = CliRunner().invoke(main, ["export", "--db", str(cfg.path(cfg.database))])
     exported = {r["task"]: (r["level"], r["problem"]) for r in map(json.loads, out.output.splitlines())}
     assert exported == {"19_ReLU": (1, 19), "12_Gemm_Multiply_LeakyReLU": (2, 12)}
+    # The baselines this cpu run stored, against the fake published JSON (KernelBench's format): the cpu
+    # has no back-to-back "plain" time, so its median is compared, and said to be.
+    out = CliRunner().invoke(main, ["kernelbench-baselines", str(CHECKOUT), "--db", str(cfg.path(cfg.database)),
+                                    "--json"])
+    eager = next(g for g in map(json.loads, out.output.splitlines()) if g["kind"] == "eager")
+    (relu,) = eager["matched"]
+    assert (relu["task"], relu["level"], relu["measure"], relu["kernelbench_ms"]) == ("19_ReLU", 1, "median", 1.0)
+    assert relu["ratio"] == relu["kgen_ms"] > 0
 
 
 def test_a_database_from_before_gets_the_columns(tmp_path):
