@@ -81,11 +81,13 @@ def _check_sizes(cfg: Config) -> None:
     """Every chosen task has the config's size: one line naming the task otherwise, before the run
     opens its database or starts anything."""
     from .child import tasks
+    from .config import ConfigError
+    from .kernelbench import select_tasks
 
     try:
-        for task in tasks.discover(cfg.path(cfg.tasks.directory), cfg.tasks.names):
+        for task in select_tasks(cfg):
             tasks.check_size(task, cfg.tasks.size)
-    except tasks.TaskError as exc:
+    except (tasks.TaskError, ConfigError) as exc:
         raise KgenError(str(exc)) from None
 
 
@@ -275,9 +277,9 @@ def _print_result(result: EvalResult, attempt_id: str | None, sized: dict[str, A
 
 
 def _register_inspection() -> None:
-    from . import inspect_cli
+    from . import inspect_cli, kbcompare
 
-    for command in (inspect_cli.best, inspect_cli.export, inspect_cli.report):
+    for command in (inspect_cli.best, inspect_cli.export, inspect_cli.report, kbcompare.kernelbench_baselines):
         main.add_command(command)
 
 

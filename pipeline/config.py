@@ -85,6 +85,20 @@ class ModelConfig(_Strict):
         return self
 
 
+def problem_range(item: int | str) -> tuple[int, int]:
+    """A `tasks.problems` item as an inclusive (first, last): 23 -> (23, 23), "19-40" -> (19, 40)."""
+    if isinstance(item, int) and not isinstance(item, bool):
+        first = last = item
+    else:
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", str(item))
+        if not match:
+            raise ValueError(f"{item!r} is not a problem id or range (such as 23 or \"19-40\")")
+        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+    if first < 1 or last < first:
+        raise ValueError(f"{item!r} is not a problem id or range: ids start at 1, a range runs upwards")
+    return first, last
+
+
 class TaskSelection(_Strict):
     """Which reference tasks to run, and at what size."""
 
@@ -96,6 +110,38 @@ class TaskSelection(_Strict):
     globals to override. A task without that size stops the run before it starts."""
     directory: str = "reference_tasks"
     """Folder of task files, relative to the config file."""
+    kernelbench: str | None = None
+    """A KernelBench checkout (or its KernelBench/ folder), relative to the config file: the tasks are
+    its levelN/ID_Name.py files instead of `directory`'s, each attempt stored with its level and
+    problem id (pipeline/kernelbench.py). `names` then matches file stems among the chosen files."""
+    levels: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
+    """With kernelbench: the levels to take (a levelN folder each)."""
+    problems: list[int | str] | None = None
+    """With kernelbench: problem ids (the number a file's name starts with), each a number or an
+    inclusive range such as "19-40"; None takes every problem of the chosen levels."""
+
+    @field_validator("levels")
+    @classmethod
+    def _level_numbers(cls, levels: list[int]) -> list[int]:
+        if any(level < 1 for level in levels):
+            raise ValueError(f"levels are numbered from 1, not {min(levels)}")
+        return list(dict.fromkeys(levels))
+
+    @field_validator("problems")
+    @classmethod
+    def _problem_form(cls, problems: list[int | str] | None) -> list[int | str] | None:
+        for item in problems or []:
+            problem_range(item)  # its ValueError names the item
+        return problems
+
+    @model_validator(mode="after")
+    def _source(self) -> "TaskSelection":
+        chosen = self.model_fields_set
+        if self.kernelbench is None and chosen & {"levels", "problems"}:
+            raise ValueError("levels and problems choose KernelBench files: set kernelbench (a checkout) too")
+        if self.kernelbench is not None and "directory" in chosen:
+            raise ValueError("give directory (a folder of task files) or kernelbench (a checkout), not both")
+        return self
 
     @field_validator("size")
     @classmethod

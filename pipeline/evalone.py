@@ -28,8 +28,11 @@ from .run import remember_baselines, resolve_backend
 def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
     if name.endswith(".py") or "/" in name:
         return tasks.load_file(Path(name))
-    directory = cfg.path(cfg.tasks.directory) if cfg else Path("reference_tasks")
-    return tasks.discover(directory, [name])[0]
+    if cfg is None:
+        return tasks.discover(Path("reference_tasks"), [name])[0]
+    from .kernelbench import find_task
+
+    return find_task(cfg, name)
 
 
 @dataclass
@@ -263,7 +266,7 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | Non
     task_id = db.upsert_task(job.task.name, str(job.task.path), job.task.source)
     attempt_id = db.save_attempt(run_id=run_id, task_id=task_id, task=job.task.name, model="(file)", sample=0,
                                  backend=job.backend, template="-", completion_id=None, code_hash=job.code_hash,
-                                 result=result, size=job.size_name)
+                                 result=result, size=job.size_name, level=job.task.level, problem=job.task.problem)
     db.finish_run(run_id, "done")
     db.close()
     return result, attempt_id

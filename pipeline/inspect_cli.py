@@ -24,7 +24,7 @@ from .tables import best_table
 
 evals_option = click.option("--evals", is_flag=True, help="Also `kgen eval` results (kept apart from batch runs).")
 
-BEST_KEYS = ("task", "backend", "device", "size", "time_ms", "eager_ms", "compile_ms", "floor_ms",
+BEST_KEYS = ("task", "level", "problem", "backend", "device", "size", "time_ms", "eager_ms", "compile_ms", "floor_ms",
              "speedup_eager", "speedup_compile", "floor_fraction", "model", "run", "attempt", "code_hash",
              "torch_version", "cuda_version", "turn", "generation")
 
@@ -48,14 +48,44 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
 @click.option("--backend", type=click.Choice(["cuda", "triton", "cpu"]), default=None, help="Only this backend.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--wide", is_flag=True, help="Every column (time, floor fraction, model, found at, run).")
-def best(db: str, task: str | None, backend: str | None, as_json: bool, wide: bool) -> None:
-    """The fastest verified attempt (correct, no flags) per task, backend, device and size."""
+@click.option("-p", "--fast-p", "ps", type=click.FloatRange(min=0), multiple=True, default=(2.0,), show_default=True,
+              help="A p for fast_p (repeat for more); fast_0 and fast_1 are always given.")
+@click.option("--metrics", "metrics_only", is_flag=True,
+              help="Only the per-level metrics (with --json: one object per level).")
+def best(db: str, task: str | None, backend: str | None, as_json: bool, wide: bool, ps: tuple[float, ...],
+         metrics_only: bool) -> None:
+    """The fastest verified attempt (correct, no flags) per task, backend, device and size, then
+    KernelBench's metrics per level, each task counted once by its best verified kernel:
+
+    \b
+    speedup: the baseline's time over the kernel's, timed side by side.
+    fast_0: the share of the level's tasks with a correct kernel.
+    fast_1: the share correct and faster than eager (speedup over eager above 1).
+    fast_p: the share correct with a speedup over eager above p (-p).
+    geomean: the geometric mean speedup of the correct kernels only (tasks without one left out),
+    over eager and over torch.compile.
+
+    A level's tasks are those with any stored attempt (of the chosen backend); "correct" is
+    verified: correct with no flag, trusted, timed on a fit device."""
+    from .kbmetrics import level_metrics
     from .leaderboard import best_rows, faster, p75_of
+    from .tables import metrics_table
 
     with _store(db) as store:
-        rows = [r for r in store.attempts(task=task, verdict="correct") if backend in (None, r["backend"])]
+        every = [r for r in store.attempts(task=task) if backend in (None, r["backend"])]
+        rows = [r for r in every if r["verdict"] == "correct"]
         board = best_rows(rows)
         p75 = p75_of(store, [r["id"] for r in board])
+    groups = level_metrics(every, tuple(dict.fromkeys(ps)))
+    if metrics_only:
+        if as_json:
+            for g in groups:
+                click.echo(json.dumps(g))
+        elif groups:
+            console(wide).print(metrics_table(groups, wide))
+        else:
+            click.echo("No attempt" + (f" for task {task}" if task else "") + ".")
+        return
     # Verified faster than eager / torch.compile by the library's rule (leaderboard.faster): the
     # fastest kernel may still be slower than either, and then the library runs the reference.
     beats = {r["id"]: (faster(r["time_ms"], p75.get(r["id"]), r["eager_ms"]),
@@ -68,7 +98,9 @@ def best(db: str, task: str | None, backend: str | None, as_json: bool, wide: bo
     if not board:
         click.echo("No verified attempt" + (f" for task {task}" if task else "") + ".")
         return
-    console(wide).print(best_table(board, beats, wide))
+    out = console(wide)
+    out.print(best_table(board, beats, wide))
+    out.print(metrics_table(groups, wide))
 
 
 def _columns(store) -> list[str]:
@@ -139,12 +171,16 @@ def _export_best(db: str, out_dir: str, generated: str) -> None:
 
 @click.command()
 @database_options
-@click.option("-o", "--output", default="report.html", show_default=True, help="The HTML file to write.")
+@click.option("-o", "--output", default=None, help="The file to write [default: report.html, or report.json].")
 @click.option("--run", "run_id", default=None, help="Only this run (an id; 'latest' for the newest batch run).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Write the numbers as JSON instead: per-level metrics, each task's best kernel, verdicts.")
 @evals_option
-def report(db: str, output: str, run_id: str | None, evals: bool) -> None:
-    """Write a self-contained HTML report: speedups per task, outcomes per model, fast_p curves."""
-    from .report import render
+def report(db: str, output: str | None, run_id: str | None, as_json: bool, evals: bool) -> None:
+    """Write a self-contained HTML report: KernelBench's metrics per level (fast_0, fast_1, fast_p,
+    geometric-mean speedups; `kgen best --help` defines them) and how speedups are spread, the best
+    kernels, every task's attempts, outcomes per model, fast_p curves."""
+    from .report import render, report_json
 
     with _store(db) as store:
         run_id = _run_id(store, run_id, evals)
@@ -153,5 +189,9 @@ def report(db: str, output: str, run_id: str | None, evals: bool) -> None:
         click.echo(nothing_matched("attempts", {"run": run_id, "database": db}).rstrip(".")
                    + "; no report written.")
         return
-    Path(output).write_text(render(rows, source=db, run=run_id))
+    output = output or ("report.json" if as_json else "report.html")
+    if as_json:
+        Path(output).write_text(json.dumps(report_json(rows, source=db, run=run_id), indent=1) + "\n")
+    else:
+        Path(output).write_text(render(rows, source=db, run=run_id))
     click.echo(f"wrote {output}: {len(rows)} attempts, {len({r['task'] for r in rows})} tasks")

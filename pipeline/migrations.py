@@ -259,3 +259,15 @@ def m008_run_kind(db: sqlite_utils.Database) -> None:
     if "kind" not in runs.columns_dict:
         runs.add_column("kind", str, not_null_default="batch")
         db.execute("UPDATE runs SET kind = 'eval' WHERE note LIKE 'kgen eval %'")
+
+
+@migration
+def m009_kernelbench(db: sqlite_utils.Database) -> None:
+    # The KernelBench level and problem id of an attempt's task (issue 28; pipeline/kernelbench.py), so
+    # metrics go per level and a result maps onto KernelBench's own tables. NULL: a task from a plain
+    # folder, or an attempt stored before this migration.
+    attempts = db["attempts"]
+    for column in ("level", "problem"):
+        if column not in attempts.columns_dict:
+            attempts.add_column(column, int)
+    attempts.create_index(["level", "problem"], if_not_exists=True)

@@ -19,15 +19,18 @@ from typing import Any
 import jinja2
 from plotly.offline import get_plotlyjs
 
+from .kbmetrics import best_per_task, level_label, level_metrics
 from .leaderboard import best_rows
 from .records import Verdict
-from .report_charts import (VERDICT_COLOURS, fast_p_figure, floor_speedup, search_figure, speedup_figure,
-                            verdict_figure)
+from .report_charts import (VERDICT_COLOURS, distribution_figure, fast_p_figure, floor_speedup, search_figure,
+                            speedup_figure, verdict_figure)
 
 MAX_BARS = 40  # correct attempts drawn per task chart, best first (the task's table lists every attempt)
+TASK_CHARTS = 20  # above this many tasks, no chart per task: each task's table is one click away instead
+REPORT_PS = (0.5, 0.8, 1.5, 2.0)  # fast_p's p in the per-level table, beside fast_0 and fast_1 (KernelBench's grid)
 ERROR_CHARS = 300  # an error cell shows this much of the error; `kgen show ID` has all of it
 
-__all__ = ["render", "report_data", "fast_p", "search_data", "floor_speedup", "MAX_BARS"]
+__all__ = ["render", "report_data", "report_json", "fast_p", "search_data", "floor_speedup", "MAX_BARS", "TASK_CHARTS"]
 
 
 def _nice_step(span: float, target: int = 5) -> float:
@@ -42,15 +45,15 @@ def _verdict_rank(verdict: str) -> int:
     return order.index(verdict) if verdict in order else len(order)
 
 
-def _task(task: str, mine: list[dict[str, Any]]) -> dict[str, Any]:
+def _task(task: str, mine: list[dict[str, Any]], chart: bool = True) -> dict[str, Any]:
     """One task: its correct attempts best first (numbered as in its chart), then every other attempt by
-    verdict, and the chart of the best MAX_BARS correct ones."""
+    verdict, and (with `chart`) the chart of the best MAX_BARS correct ones."""
     correct = sorted((r for r in mine if r["verdict"] == "correct"),
                      key=lambda r: (-(r["speedup_eager"] or 0.0), r["id"]))
     rest = sorted((r for r in mine if r["verdict"] != "correct"), key=lambda r: (_verdict_rank(r["verdict"]), r["id"]))
     listed = [{"rank": i, "row": r} for i, r in enumerate(correct, 1)] + [{"rank": None, "row": r} for r in rest]
     return {"name": task, "attempts": len(mine), "correct": correct, "listed": listed,
-            "figure": speedup_figure(correct[:MAX_BARS]) if correct else None,
+            "figure": speedup_figure(correct[:MAX_BARS]) if correct and chart else None,
             "cut": max(0, len(correct) - MAX_BARS)}
 
 
@@ -123,11 +126,40 @@ def search_data(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             "per_task": [{"task": t, "best": v} for t, v in per_task.items()], "conversations": len(threads)}
 
 
+def levels_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """KernelBench's metrics per level (pipeline.kbmetrics) and the chart of how each task's best
+    verified kernel's speedups are spread; tasks with none are counted beside it."""
+    best = best_per_task(rows)
+    kernels = [r for r in best.values() if r is not None]
+    eager = [r["speedup_eager"] for r in kernels if r.get("speedup_eager")]
+    compiled = [r["speedup_compile"] for r in kernels if r.get("speedup_compile")]
+    groups = level_metrics(rows, REPORT_PS)
+    for g in groups:
+        g["label"] = level_label(g)
+    return {"groups": groups, "ps": [f"{p:g}" for p in REPORT_PS], "tasks": len(best), "with_kernel": len(kernels),
+            "figure": distribution_figure(eager, compiled) if eager or compiled else None}
+
+
+def _task_order(rows: list[dict[str, Any]]) -> list[str]:
+    """Tasks by KernelBench level and problem id (plain-folder tasks after them), then name."""
+    keys: dict[str, tuple] = {}
+    for r in rows:
+        level, problem = r.get("level"), r.get("problem")
+        keys.setdefault(r["task"], (level is None, level or 0, problem or 0, r["task"]))
+    return sorted(keys, key=keys.__getitem__)
+
+
 def report_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
     search = search_data(rows)
+    order = _task_order(rows)
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_task.setdefault(r["task"], []).append(r)
+    charts = len(order) <= TASK_CHARTS
     return {"n": len(rows), "n_correct": sum(r["verdict"] == "correct" for r in rows),
             "models": sorted({r["model"] for r in rows}), "runs": sorted({r["run_id"] for r in rows}),
-            "tasks": [_task(t, [r for r in rows if r["task"] == t]) for t in sorted({r["task"] for r in rows})],
+            "levels": levels_data(rows), "task_charts": charts,
+            "tasks": [_task(t, by_task[t], charts) for t in order],
             "best": best_rows(rows), "verdicts": _verdicts(rows), "fast_p": fast_p(rows), "search": search,
             "search_figure": search_figure(search) if search else None}
 
@@ -150,6 +182,7 @@ def render(rows: list[dict[str, Any]], *, source: str = "", run: str | None = No
                              lstrip_blocks=True)
     env.filters["f"] = _fmt
     env.filters["error"] = _error
+    env.filters["pct"] = lambda v: "-" if v is None else f"{100 * v:.0f}%"
     # Each figure is written as JSON in a <script type="application/json"> block beside its <div>; the
     # page's one loop hands them to Plotly.newPlot. plotly's to_json writes < > & as \u escapes, so no
     # text inside can close the block.
@@ -157,4 +190,21 @@ def render(rows: list[dict[str, Any]], *, source: str = "", run: str | None = No
     env.globals["floor_speedup"] = floor_speedup
     return env.get_template("report.html.j2").render(
         d=report_data(rows), source=source, run=run, plotly_js=get_plotlyjs(),
-        generated=datetime.now(timezone.utc).isoformat(timespec="seconds"), max_bars=MAX_BARS)
+        generated=datetime.now(timezone.utc).isoformat(timespec="seconds"), max_bars=MAX_BARS,
+        task_charts=TASK_CHARTS)
+
+
+JSON_KEYS = ("task", "level", "problem", "backend", "device", "size", "time_ms", "eager_ms", "compile_ms",
+             "speedup_eager", "speedup_compile", "floor_fraction", "model", "id")
+
+
+def report_json(rows: list[dict[str, Any]], *, source: str = "", run: str | None = None) -> dict[str, Any]:
+    """The report's numbers without the page: KernelBench's metrics per level, each task's best verified
+    kernel (None where it has none), and attempts per verdict."""
+    best = best_per_task(rows)
+    return {"source": source, "run": run, "attempts": len(rows),
+            "levels": level_metrics(rows, REPORT_PS),
+            "tasks": [{"task": t, "attempts": sum(r["task"] == t for r in rows),
+                       "best": {k: best[t].get(k) for k in JSON_KEYS} if best[t] else None}
+                      for t in _task_order(rows)],
+            "verdicts": dict(Counter(r["verdict"] for r in rows))}

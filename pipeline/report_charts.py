@@ -173,3 +173,33 @@ def search_figure(search: dict[str, Any]) -> go.Figure | None:
     fig.update_yaxes(type="log", range=log_range(values, below=0.1),
                      title_text="best speedup over eager so far (log scale)", **LOG_TICKS)
     return fig
+
+
+def speedup_bins(speedups: list[float]) -> list[float]:
+    """Bin edges for a histogram of speedups: powers of 2 in half steps (0.71x, 1x, 1.41x, 2x, ...), one
+    edge at exactly 1x, from just below the smallest speedup to just above the largest."""
+    logs = [math.log2(v) for v in speedups if v and v > 0] + [0.0]
+    lo, hi = math.floor(2 * min(logs)), math.floor(2 * max(logs)) + 1
+    return [2 ** (k / 2) for k in range(lo, hi + 1)]
+
+
+def distribution_figure(eager: list[float], compiled: list[float]) -> go.Figure:
+    """How many tasks' best kernels fall in each speedup bin (speedup_bins), over eager and over
+    torch.compile side by side: one chart for any number of tasks."""
+    edges = speedup_bins(eager + compiled)
+    labels = [f"{a:.3g}-{b:.3g}x" for a, b in zip(edges, edges[1:])]
+    fig = go.Figure()
+    top = 1
+    for name, speedups, colour in (("over eager", eager, EAGER), ("over torch.compile", compiled, COMPILE)):
+        counts = [sum(a <= v < b for v in speedups) for a, b in zip(edges, edges[1:])]
+        top = max(top, *counts) if counts else top
+        fig.add_bar(x=labels, y=counts, name=name, marker_color=colour,
+                    hovertemplate="%{x} " + name + ": %{y} tasks<extra></extra>")
+    one = labels.index(f"{1:.3g}-{edges[edges.index(1.0) + 1]:.3g}x") if 1.0 in edges[:-1] else None
+    if one is not None:  # the boundary between slower and faster than the baseline
+        fig.add_vline(x=one - 0.5, line=dict(color="#888888", width=1, dash="dot"))
+    fig.update_layout(**_layout(360, barmode="group", bargap=0.15))
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=labels, range=[-0.5, len(labels) - 0.5],
+                     title_text="speedup of each task's best verified kernel (bins of x1.41)")
+    fig.update_yaxes(range=[0, top * 1.1], title_text="tasks")
+    return fig

@@ -58,7 +58,9 @@ def resolve_backend(requested: str, order: list[str] | tuple[str, ...] = ("cuda"
 
 
 def plan(cfg: Config, backend: str) -> list[Slot]:
-    task_files = tasks.discover(cfg.path(cfg.tasks.directory), cfg.tasks.names)
+    from .kernelbench import select_tasks
+
+    task_files = select_tasks(cfg)
     return [Slot(t, m, cfg.prompt_template, s, backend)
             for t in task_files for m in cfg.models for s in range(cfg.samples)]
 
@@ -290,7 +292,7 @@ class Runner:
             sample=slot.sample, backend=slot.backend, template=slot.template, completion_id=answer.completion_id,
             size=self._size_name(slot), code_hash=judged.code_hash, result=judged.result, turn=slot.turn,
             generation=slot.generation, parents=parents,
-            messages=answer.messages, feedback=feedback)
+            messages=answer.messages, feedback=feedback, level=slot.task.level, problem=slot.task.problem)
         self.on_event("stored", slot, judged.result)
         return attempt_id
 

@@ -292,7 +292,10 @@ class Store(StoreQueries):
         parents: list[str] | None = None,
         messages: list[dict[str, str]] | None = None,
         feedback: str | None = None,
+        level: int | None = None,
+        problem: int | None = None,
     ) -> str:
+        """Store one verdict; `level` and `problem`: the task's KernelBench level and problem id."""
         attempt_id = new_id()
         row = dict(
             id=attempt_id, run_id=run_id, task_id=task_id, task=task, model=model,
@@ -303,7 +306,7 @@ class Store(StoreQueries):
             confinement_json=result.confinement.model_dump_json() if result.confinement else None,
             result_json=result.model_dump_json(), device=result.device,
             torch_version=result.torch_version, cuda_version=result.cuda_version, size=size,
-            created_utc=_now(),
+            level=level, problem=problem, created_utc=_now(),
         )
         # The unique slot index turns REPLACE into "drop the old verdict for this slot",
         # so a re-evaluated slot keeps one row (under the new id).

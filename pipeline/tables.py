@@ -172,7 +172,8 @@ def attempts_table(rows: list[dict[str, Any]], wide: bool = False) -> AttemptsTa
     return AttemptsTable(rows, wide)
 
 
-HEADERS = {"fast_compile": "fast_\ncompile", "best x eager": "best\nx eager", "best x compile": "best\nx compile"}
+HEADERS = {"fast_compile": "fast_\ncompile", "best x eager": "best\nx eager", "best x compile": "best\nx compile",
+           "geomean x eager": "geomean\nx eager", "geomean x compile": "geomean\nx compile"}
 
 
 class Grid:
@@ -278,3 +279,35 @@ def best_table(board: list[dict[str, Any]], beats: dict[str, tuple[bool | None, 
             "run": r.get("run_id", r.get("run")), "attempt": r["id"],
         })
     return Grid(title, columns, rows, wide, names=("task", "device", "model"))
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def metrics_table(groups: list[dict[str, Any]], wide: bool = False) -> Grid:
+    """`kgen best`: KernelBench's metrics per level (pipeline.kbmetrics): tasks, fast_0, fast_1, fast_p
+    at each chosen p, geometric-mean speedups over eager and torch.compile. The setting (backend, size,
+    dtype, gradient mode) goes in the title where every group shares it; `wide` adds fast_p over
+    torch.compile."""
+    from .kbmetrics import level_label
+
+    shared = {k: v for k in ("backend", "size", "dtype") if (v := _constant(groups, k)) is not None}
+    title = "KernelBench metrics per level" + (
+        " (" + ", ".join(visible(v) for v in shared.values()) + ")" if shared else "")
+    ps = list(groups[0]["fast_p"]) if groups else []
+    columns = (["level"] + [k for k in ("backend", "size", "dtype") if k not in shared]
+               + ["tasks", "fast_0", "fast_1"] + [f"fast_{p}" for p in ps] + ["geomean x eager", "geomean x compile"])
+    if wide:
+        columns += ["fast_1 compile"] + [f"fast_{p} compile" for p in ps]
+    rows = []
+    for g in groups:
+        row = {"level": level_label(g) + (" (grad)" if g.get("grad") else ""), "backend": g["backend"],
+               "size": g["size"], "dtype": g["dtype"], "tasks": g["tasks"], "fast_0": _share(g["fast_0"]),
+               "fast_1": _share(g["fast_1"]), "geomean x eager": fmt(g["geomean_eager"]),
+               "geomean x compile": fmt(g["geomean_compile"]), "fast_1 compile": _share(g["fast_1_compile"])}
+        for p in ps:
+            row[f"fast_{p}"] = _share(g["fast_p"][p])
+            row[f"fast_{p} compile"] = _share(g["fast_p_compile"][p])
+        rows.append(row)
+    return Grid(title, columns, rows, wide, names=("level",))

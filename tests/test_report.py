@@ -109,6 +109,8 @@ def _marks(trace: dict) -> list[tuple[float, float]]:
         if trace.get("orientation") == "h":
             return [(x, y) for x, y in zip(xs, ys) if x is not None]
         assert "base" not in trace
+        if "width" not in trace:  # a bar per category (the per-level distribution): its top at its category
+            return [(x, y) for x, y in zip(xs, ys) if y is not None]
         width, offset = trace["width"], trace["offset"]
         return [p for x, y in zip(xs, ys) if y is not None for p in ((x + offset, y), (x + offset + width, y))]
     return [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
@@ -140,7 +142,7 @@ def test_every_chart_has_marks_inside_its_axes(page):
     tasks = sorted({r["task"] for r in page["rows"]})
     drawn = [t for t in tasks if t != "softmax"]
     assert sorted(figures) == sorted([f"chart-task-{tasks.index(t) + 1}" for t in drawn]
-                                     + ["chart-verdicts", "chart-fast-p", "chart-search"])
+                                     + ["chart-distribution", "chart-verdicts", "chart-fast-p", "chart-search"])
     for target, fig in figures.items():
         assert f'<div class="chart" id="{target}"' in page["html"], target
         layout, traces = fig["layout"], fig["data"]
@@ -150,6 +152,9 @@ def test_every_chart_has_marks_inside_its_axes(page):
             for x, y in _marks(trace):
                 if yaxis.get("type") == "category":  # outcomes: a stacked bar per model
                     assert y in yaxis["categoryarray"], (target, y)
+                    continue
+                if xaxis.get("type") == "category":  # the distribution: a bar of counts per speedup bin
+                    assert x in xaxis["categoryarray"] and _inside(y, yaxis["range"], False), (target, x, y)
                     continue
                 assert _inside(x, xaxis["range"], xaxis.get("type") == "log"), (target, trace["name"], x)
                 assert _inside(y, yaxis["range"], yaxis.get("type") == "log"), (target, trace["name"], y)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import math
+import re
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +38,29 @@ class TaskFile:
     name: str
     path: Path
     source: str
+    level: int | None = None
+    """KernelBench level, where the file sits at levelN/ID_Name.py (kernelbench_ids); else None."""
+    problem: int | None = None
+    """KernelBench problem id (the number before the file's first underscore) there; else None."""
 
     @property
     def sha(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+
+def kernelbench_ids(path: Path) -> tuple[int | None, int | None]:
+    """(level, problem) of a file laid out as KernelBench lays out its tasks (`level1/23_Softmax.py`:
+    level 1, problem 23); (None, None) for any other path."""
+    level = re.fullmatch(r"level(\d+)", path.parent.name)
+    problem = re.match(r"(\d+)_", path.name)
+    if level and problem:
+        return int(level.group(1)), int(problem.group(1))
+    return None, None
+
+
+def task_file(path: Path) -> TaskFile:
+    """The task at `path` (resolved), with its KernelBench level and problem where its path has them."""
+    return TaskFile(path.stem, path, path.read_text(), *kernelbench_ids(path))
 
 
 def discover(directory: Path, patterns: list[str]) -> list[TaskFile]:
@@ -56,14 +76,14 @@ def discover(directory: Path, patterns: list[str]) -> list[TaskFile]:
             known = ", ".join(p.stem for p in files) or "none"
             raise TaskError(f"tasks: '{pattern}' matches no file in {directory} (have: {known})")
         chosen += [p for p in hits if p not in chosen]
-    return [TaskFile(p.stem, p, p.read_text()) for p in chosen]
+    return [task_file(p) for p in chosen]
 
 
 def load_file(path: Path) -> TaskFile:
     path = Path(path).resolve()
     if not path.is_file():
         raise TaskError(f"{path}: no such task file")
-    return TaskFile(path.stem, path, path.read_text())
+    return task_file(path)
 
 
 def load_module(task: TaskFile, size: str | dict[str, Any] = DEFAULT_SIZE, dtype: str | None = None) -> types.ModuleType:
