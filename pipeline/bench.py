@@ -60,7 +60,8 @@ class TaskBench:
         ref = self.references.get(key)
         if ref is not None and ref.proc.poll() is None:
             return ref
-        ref = sandbox.start("pipeline.reference", [], 24 * 3600, {**compile_cache_env(), **(env or {})})
+        pinned = {"KGEN_CORES": sandbox.cpu_cores(self.settings.cpu_threads)} if self.device == "cpu" else {}
+        ref = sandbox.start("pipeline.reference", [], 24 * 3600, {**compile_cache_env(), **pinned, **(env or {})})
         ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
                   "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad,
                   "warm_compiler": self.settings.compile_baseline})
