@@ -641,3 +641,25 @@ def test_the_cpu_child_and_reference_are_pinned_to_cpu_threads_cores(bench):
     """The reference process (and so eager) runs on exactly the cores the child is held to."""
     ref = bench("mse")._reference(None)
     assert os.sched_getaffinity(ref.proc.pid) == set(sorted(os.sched_getaffinity(0))[:SETTINGS.cpu_threads])
+
+
+def test_the_cpu_floor_is_no_slower_than_a_warm_read_of_the_inputs(bench):
+    """The floor is the inputs' bytes over the bandwidth where they sit: on the cpu nothing is flushed
+    between calls, so a kernel may read them from cache. A warm read of that many bytes here, on one
+    thread, must not beat the floor (a 256 MB copy once put mse's at 0.80 ms, and an honest fused mse
+    at 0.65 ms, torch.compile too, was refused as impossible_timing)."""
+    import torch
+
+    b = bench("mse").baselines
+    buf = torch.ones(b.input_bytes // 4)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(SETTINGS.cpu_threads)
+    try:
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            buf.sum()
+            times.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        torch.set_num_threads(threads)
+    assert b.floor_ms <= min(times), f"floor {b.floor_ms:.4g} ms, a warm read {min(times):.4g} ms"
