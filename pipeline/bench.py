@@ -61,9 +61,12 @@ class TaskBench:
         if ref is not None and ref.proc.poll() is None:
             return ref
         ours, theirs = handover.pair()  # its expected values come as memfds over this socket
+        # On the cpu pinned to the cores the candidate's child gets (sandbox.cpu_cores): both sides
+        # of a speedup run on the same cores.
+        pinned = {"KGEN_CORES": sandbox.cpu_cores(self.settings.cpu_threads)} if self.device == "cpu" else {}
         try:
             ref = sandbox.start("pipeline.reference", ["--fd-socket", str(theirs.fileno())], 24 * 3600,
-                                {**compile_cache_env(), **(env or {})}, keep=(theirs.fileno(),))
+                                {**compile_cache_env(), **pinned, **(env or {})}, keep=(theirs.fileno(),))
         except BaseException:
             ours.close()
             raise

@@ -197,29 +197,40 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     for correctness only, and a device that went bad during the attempt marks its timing.
 
     A refusal that rests on the parent's clock alone (the child's times below its own estimate of a
-    call) stands only if a second evaluation, with a fresh child and fresh secrets, refuses too: on
-    a loaded machine every Bound request of an attempt can be slowed while the child's median call
-    is not (a fresh-clone CI run on the 2-core box refused the reference itself: 0.176 ms claimed,
-    0.758 measured, 0.215 the least allowed). Work done outside the timed calls is missing from
-    every evaluation alike, so a cheat is refused twice; the second costs only where the first
-    refused, and its verdict is the one kept, the first's refusal beside it (`first_refusal`)."""
-    first, clock_alone = _judge(bench, code_path, build_dir, settings, env, spares, watch)
+    call) is judged again, by a second evaluation with a fresh child and fresh secrets, whose clock
+    check decides on BOTH evaluations' evidence (pipeline.judge.pooled): the estimate is the fastest
+    Bound request of either (each less its own evaluation's calibration), the claim the median of
+    both evaluations' timed blocks. A second evaluation may confirm a refusal or overturn it on the
+    evidence of both, never hand a cheat a fresh draw: the refused evaluation's blocks still count,
+    and what the second adds are more requests to take the fastest of. A request can be slowed (a
+    loaded machine stalled every Bound request of one evaluation: a fresh-clone CI run refused the
+    reference itself, 0.176 ms claimed, 0.758 measured), never made faster than the work it must do,
+    so more of them only bring the estimate down to that work: an honest kernel refused by a load
+    spike gets through, and a clock that understates its work stays below its bound (once, the
+    first refused a clock claiming 0.56-0.60 of its time and the second, a fresh draw that forgot
+    the first, accepted it). The second costs only where the first refused; its verdict is kept,
+    the first's refusal beside it (`first_refusal`)."""
+    first, clock_alone, evidence = _judge(bench, code_path, build_dir, settings, env, spares, watch)
     if not clock_alone:
         return first
-    second, _ = _judge(bench, code_path, build_dir, settings, env, spares, watch)
+    second, _, _ = _judge(bench, code_path, build_dir, settings, env, spares, watch, prior=[evidence])
     return second.model_copy(update={"first_refusal": first.error,
                                      "eval_seconds": first.eval_seconds + second.eval_seconds})
 
 
 def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig, env: dict[str, str] | None,
-           spares: sandbox.Spares | None, watch: health.Watch | None) -> tuple[EvalResult, bool]:
-    """One evaluation, and whether its verdict rests on the parent's clock alone."""
+           spares: sandbox.Spares | None, watch: health.Watch | None,
+           prior: list | None = None) -> tuple[EvalResult, bool, Any]:
+    """One evaluation, whether its verdict rests on the parent's clock alone, and the evidence that
+    clock check took (pipeline.judge.Evidence; `prior`: an earlier evaluation's, pooled with it)."""
     from .session import Session
 
     started = time.monotonic()
     env = child_environment(bench.backend, env)
     plan = AttemptPlan.draw(bench)
     lane_env = lane_of(env)
+    if bench.device == "cpu" and "KGEN_CORES" not in env:  # the cores eager is timed on (sandbox.cpu_cores)
+        env = {**env, "KGEN_CORES": sandbox.cpu_cores(settings.cpu_threads)}
     # Seconds spent before the child's conversation starts, kept beside its phases (issue 14: where
     # an attempt's wall goes).
     before: dict[str, float] = {}
@@ -271,7 +282,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
                     own_kernels=backends.triton_kernels(Path(code_path).read_text()) if bench.backend == "triton" else [])
         inbox = P.Inbox(child.outbox_fd, at, set_size, sets) if plan.inbox else None
         session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env,
-                          inbox, inputs, timed=unfit is None, settings=settings)
+                          inbox, inputs, timed=unfit is None, settings=settings, prior=prior)
         session.digests = digests
         session.own = own
         try:
@@ -311,7 +322,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,
         "grad": bench.settings.grad, "dtype": bench.settings.dtype, "own_code": own,
         "eval_seconds": ended - started,
-        "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), clock_alone
+        "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), clock_alone, session.evidence
 
 
 def stage(child: sandbox.Child, task_path: Path, code_path: Path, build_dir: Path) -> tuple[str, str, str]:

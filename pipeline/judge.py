@@ -30,6 +30,7 @@ import numpy as np
 
 from .child.protocol import OutputHeader
 from .records import TrialResult, Verdict
+from .runqueue import Load
 
 # How far below the parent's estimate the child's per-call time may be. On a GPU the parent's
 # back-to-back estimate counts the host work of the candidate's forward, which the hold hides from
@@ -43,11 +44,16 @@ from .records import TrialResult, Verdict
 # team's cheats that understate 0.07-0.56. At 45% + 50 us a claim under 0.53 of a 2 ms estimate is
 # refused: every cheat's reading but the refill hook's highest (0.56, beside a memory-copying
 # neighbour), and no honest one. The estimate's calibration is its fastest request.
+# 35% since load is taken out of both sides (unloaded_ms; issue 27): at 45% a clock claiming 0.56-0.60
+# of its time passed one run in three; at 35%, beside load 6 on the 2-core box, it was refused in 3
+# of 4 (its claims read 0.53-0.60 of the estimate), while every bundled task's reference at "odd"
+# (tests/test_honest.py) and an honest fused mse (4 runs) were judged correct. The sweep over every
+# task and mode (scripts/cpu_bound_ratios.py) has not been rerun at 35%.
 # With the Bound requests replayed from CUDA graphs (pipeline.child.replays) the parent's clock
 # counts the device's work alone, cold L2 as in the child's timed calls: a claim below 0.65 of that,
 # less a microsecond, is refused, so a clock forged to half is refused down to calls of about 10 us
 # (the H100's readings: docs/benchmarks.md).
-BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cpu": (0.45, 0.05)}  # (relative, milliseconds)
+BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cpu": (0.35, 0.05)}  # (relative, milliseconds)
 # Where the forward cannot be replayed from a graph, the eager bound's 0.25 ms says little about
 # calls below this: a correct result is kept, untrusted (pipeline.evaluate).
 LOOSE_BELOW_MS = 0.5
@@ -196,6 +202,23 @@ class Window:
 
     ms: float
     calls: int
+    load: Load | None = None
+    """What the run queues took of it, and the child's time on a cpu in it (pipeline.runqueue)."""
+
+
+def unloaded_ms(window: Window, threads: int = 1) -> float:
+    """The window less what other processes took of it (cpu): its milliseconds less the run-queue
+    wait of the child's busiest thread and the parent's, but never below the child's time on a cpu
+    over the `threads` cores it is held to (pipeline.sandbox.cpu_cores). On a busy 2-core box the
+    child's clock counted the time others had its core, while the parent's estimate (the fastest
+    request, which fits between preemptions) did not: a forged clock claiming 30% of its work read
+    0.6 of the estimate and was judged correct. Taken out on both sides, they meet like for like.
+    No candidate lowers this below its work: a thread's wait is time it did not run, the busiest
+    thread's work is inside what is left, and work split over threads is inside their cpu time
+    over the cores; a thread that exits in the window takes its wait with it (nothing subtracted)."""
+    if window.load is None:
+        return window.ms
+    return max(window.ms - window.load.wait_ms, window.load.cpu_ms / max(1, threads), 0.0)
 
 
 def parent_estimate(calibration: list[Window], bounds: list[Window], device: str = "cuda") -> float | None:
@@ -213,11 +236,54 @@ def parent_estimate(calibration: list[Window], bounds: list[Window], device: str
     at times, and the median then put the estimate of the red team's forged clock (work of 3 ms a
     call) at 0.6 ms and let it through in one run of five (a CI run too). No null request can be
     faster than the work every request does, so the fastest is the least stalled."""
+    per_call = net_per_call(calibration, bounds, device)
+    return min(per_call) if per_call else None
+
+
+def net_per_call(calibration: list[Window], bounds: list[Window], device: str = "cuda", threads: int = 1) -> list[float]:
+    """Each Bound request's milliseconds a call less the calibration's (parent_estimate). On the cpu
+    both less what other processes took of them (unloaded_ms): a loaded box once stalled every null
+    request, the calibration came out high, the estimate low, and the red team's forged clock
+    claiming 30% of its time was judged correct."""
     if not calibration or not bounds:
-        return None
-    times = [w.ms for w in calibration]
-    base = min(times) if device == "cpu" else statistics.median(times)
-    return min(max(0.0, w.ms - base) / w.calls for w in bounds)
+        return []
+    if device == "cpu":
+        base = min(unloaded_ms(w, threads) for w in calibration)
+        return [max(0.0, unloaded_ms(w, threads) - base) / w.calls for w in bounds]
+    base = statistics.median(w.ms for w in calibration)
+    return [max(0.0, w.ms - base) / w.calls for w in bounds]
+
+
+def unloaded_means(blocks: list[tuple[list[float], Window]], device: str, threads: int = 1) -> list[float]:
+    """Each timed block's claimed mean call, on the cpu less the share of its window other processes
+    took (unloaded_ms), as the Bound requests it is checked against are. This only ever lowers a
+    claim the bound is checked on, never the time recorded."""
+    means = []
+    for claimed, window in blocks:
+        mean = statistics.fmean(claimed) if claimed else 0.0
+        if device == "cpu" and window.ms > 0:
+            mean *= unloaded_ms(window, threads) / window.ms
+        means.append(mean)
+    return means
+
+
+@dataclass
+class Evidence:
+    """What one evaluation's clock check rests on, kept so that a second evaluation decides on both
+    (pipeline.evaluate.evaluate): never a fresh draw that forgets the first."""
+
+    per_call: list[float]
+    """Each Bound request's net milliseconds a call (net_per_call)."""
+    means: list[float]
+    """Each timed block's claimed mean call, less what load took (unloaded_means)."""
+
+
+def pooled(evidence: list[Evidence]) -> tuple[float | None, float | None]:
+    """(the parent's estimate, the claim it is checked against) over every evaluation's evidence: the
+    fastest Bound request of any, and the median block mean of all."""
+    per_call = [x for e in evidence for x in e.per_call]
+    means = [x for e in evidence for x in e.means]
+    return (min(per_call) if per_call else None), (statistics.median(means) if means else None)
 
 
 def check_windows(blocks: list[tuple[list[float], Window]]) -> tuple[Verdict, str] | None:

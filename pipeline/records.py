@@ -184,7 +184,8 @@ class Baselines(Record):
     floor_ms: float | None = None
     """Bytes every input must be read, over the measured device bandwidth."""
     bandwidth_gbs: float | None = None
-    """The measured device bandwidth (read plus write bytes of a large copy, per second)."""
+    """The measured device bandwidth (the better of a copy's read plus write bytes and a read, per
+    second): of a large buffer on a GPU, of a warm one of the inputs' size on the cpu."""
     input_bytes: int = 0
     """Bytes of all inputs at the timed size."""
     eager_plain_ms: float | None = None

@@ -196,7 +196,7 @@ class Reference:
                         result["compiled_plain_ms"] = plain_ms(lambda: compiled(*inputs))
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
                 result["compile_error"] = _one_line(exc)
-        bandwidth = measure_bandwidth(self.device, clock)
+        bandwidth = measure_bandwidth(self.device, clock, result["input_bytes"])  # where the inputs sit
         result["bandwidth_gbs"] = bandwidth
         result["floor_ms"] = result["input_bytes"] / (bandwidth * 1e9) * 1e3
         send(result)

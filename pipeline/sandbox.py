@@ -392,6 +392,16 @@ def pin(pid: int, cores: str | None) -> None:
         pass
 
 
+def cpu_cores(threads: int) -> str:
+    """The cores a cpu-backend evaluation's child and reference process are held to: as many as the
+    threads eager and torch.compile are timed with (EvalConfig.cpu_threads), the first of ours. Both
+    sides of a speedup then get the same cores: an honest C++ mse spreading its work over both
+    cores of the 2-core box recorded 1.15x eager, timed on one thread, against its one-thread
+    twin's 0.65x. They take turns on them (the child is stopped while eager is timed)."""
+    cores = sorted(os.sched_getaffinity(0))
+    return ",".join(map(str, cores[:max(1, threads)]))
+
+
 def pin_all(pid: int, cores: str | None) -> None:
     """Move every thread of a running child onto `cores` (a spare taken for a lane). Threads it
     starts later inherit the mask of the thread that starts them; a thread started while we walk

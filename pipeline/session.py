@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, judge, owncode, shapes
+from . import backends, judge, owncode, runqueue, shapes
 from .judge import Expected, Window
 from .child import protocol as P
 from .bench import TaskBench, _seed, lane_of
@@ -28,7 +28,7 @@ PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
 class Session:
     def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: P.Outbox,
                  spares, env: dict[str, str], inbox: P.Inbox | None = None, inputs: dict[str, int] | None = None,
-                 timed: bool = True, settings=None):
+                 timed: bool = True, settings=None, prior: list[judge.Evidence] | None = None):
         self.bench, self.child, self.plan, self.expected, self.outbox = bench, child, plan, expected, outbox
         self.spares, self.env = spares, env
         self.timed_too = timed  # False on a device unfit to time (pipeline.health): correctness only
@@ -51,8 +51,11 @@ class Session:
         self.loose_bound: str | None = None  # why a correct result is kept untrusted (its bound says too little)
         self.timed: list[tuple[list[float], Window]] = []
         self.estimate: float | None = None
-        # The verdict rests on the parent's estimate alone (pipeline.evaluate confirms it once).
+        self.load = runqueue.Load()  # the last window's (ask)
+        # The verdict rests on the parent's estimate alone (pipeline.evaluate judges again, on both).
         self.clock_alone = False
+        self.prior = prior or []  # an earlier evaluation's evidence, which the clock check pools with ours
+        self.evidence: judge.Evidence | None = None
         self.eager: list[float] = []  # the reference's eager calls, timed between the candidate's blocks
         self.compiled: list[float] = []  # and its torch.compile calls, where the baseline compiled
         b = bench.baselines
@@ -93,17 +96,23 @@ class Session:
         # its core; 1.0 ms against 0.48 for mse's eight sets), a third of the estimate on the 2-core
         # box, more under load, and an honest kernel was refused (a fresh-clone CI run). A child
         # that will not stop gets the write inside the window, as before.
+        # What other processes take of the window (pipeline.runqueue): the child's threads' account
+        # from before it is stopped (a stopped thread waits on no run queue), ours from the clock's start.
+        child_before = runqueue.threads(self.child.proc.pid)
         stopped = self.child.pause() if reveal else None
+        parent_before = runqueue.own()
         sent = time.monotonic()
         for i, data in enumerate(reveal or []):
             self.inbox.write(i, data)
         if stopped is not None:
+            parent_before = runqueue.own()
             sent = time.monotonic()
             self.child.resume(stopped)
         if request is not None:
             self.child.send(request)
         try:
             reply, at = self.child.reply(sent + limit)
+            parent_after = runqueue.own()
         except TimeoutError:
             if sent + limit >= self.child.deadline:
                 raise Ended(None) from None  # the child's own deadline: finalize() names it
@@ -115,6 +124,7 @@ class Session:
             raise Ended(EvalResult(verdict=Verdict.protocol_error, error=f"while waiting for {what}: {exc}")) from None
         if reply is None:
             raise Ended(None)
+        self.load = runqueue.between((child_before, parent_before), (runqueue.threads(self.child.proc.pid), parent_after))
         if isinstance(reply, P.Failed):
             raise Ended(self.failed(reply, what))
         index = getattr(request, "index", None)
@@ -175,7 +185,7 @@ class Session:
             reply, ms = self.ask(self.bound_request(-1 - i, [_seed() for _ in range(calls)]), P.BoundDone,
                                  "calibration", noise)
             if i:
-                self.calibration.append(Window(ms, calls))
+                self.calibration.append(Window(ms, calls, self.load))
         if plan.replays:  # the same, replayed from CUDA graphs of the null model
             for i in range(CALIBRATION_BLOCKS + 1):
                 reply, ms = self.ask(P.Bound(index=-100 - i, seeds=[_seed() for _ in range(calls)], replays=plan.replays,
@@ -291,12 +301,15 @@ class Session:
                 return problem
         finally:
             bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
+        threads = self.settings.cpu_threads if bench.device == "cpu" else 1
         if self.replay_windows and not self.bound_windows:
-            self.estimate = judge.parent_estimate(self.replay_calibration, self.replay_windows, bench.device)
+            per_call = judge.net_per_call(self.replay_calibration, self.replay_windows, bench.device)
             kind = "cuda_graph"
         else:
-            self.estimate = judge.parent_estimate(self.calibration, self.bound_windows, bench.device)
+            per_call = judge.net_per_call(self.calibration, self.bound_windows, bench.device, threads)
             kind = bench.device
+        self.evidence = judge.Evidence(per_call, judge.unloaded_means(self.timed, bench.device, threads))
+        self.estimate, claim = judge.pooled(self.prior + [self.evidence])
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
         b = bench.baselines
@@ -305,7 +318,7 @@ class Session:
                     f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
         if (problem := judge.check_windows(self.timed)):
             return problem
-        problem = judge.check_estimate(kind, median, self.estimate)
+        problem = judge.check_estimate(kind, claim if claim is not None else median, self.estimate)
         if self.graph_failed and median < judge.LOOSE_BELOW_MS:
             self.loose_bound = (f"its forward could not be replayed from a CUDA graph ({self.graph_failed[:160]}), so the "
                                 f"parent's bound says little below {judge.LOOSE_BELOW_MS} ms a call")
@@ -325,7 +338,7 @@ class Session:
                 return Verdict.protocol_error, f"timed block {j}: {len(reply.outputs)} outputs for {len(seeds)} calls"
             if not all(np.isfinite(t) and t > 0 for t in reply.times_ms):
                 return Verdict.impossible_timing, "a timed call reported a non-positive or non-finite time"
-            self.timed.append((list(reply.times_ms), Window(ms, len(seeds))))
+            self.timed.append((list(reply.times_ms), Window(ms, len(seeds), self.load)))
             if (problem := self.check_block(f"timed{j}", "timed call", j * len(seeds), reply.outputs)):
                 return problem
             at = self.spent("timing_checks", at)
@@ -357,7 +370,7 @@ class Session:
                 at = self.spent("timing_bounds", at)
                 if len(reply.outputs) != len(bound_seeds):
                     return Verdict.protocol_error, f"bound block {k}: {len(reply.outputs)} outputs for {len(bound_seeds)}"
-                self.bound_windows.append(Window(ms, len(bound_seeds)))
+                self.bound_windows.append(Window(ms, len(bound_seeds), self.load))
                 if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
                     return problem
                 at = self.spent("timing_checks", at)

@@ -71,9 +71,9 @@ def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypa
     evaluations = []
     real_judge, real_send = evaluate._judge, sandbox.Child.send
 
-    def judge_counted(*args):
+    def judge_counted(*args, **kwargs):
         evaluations.append(1)
-        return real_judge(*args)
+        return real_judge(*args, **kwargs)
 
     def send(self, message):
         if isinstance(message, P.Bound) and message.index >= 0 and len(evaluations) == 1:

@@ -665,3 +665,53 @@ def test_trickled_reply_times_out_on_schedule(bench, tmp_path, monkeypatch):
     assert result.verdict is V.timeout, describe(result)
     assert len(started) == 1
     assert settings.timeout_s - 0.5 <= ended - started[0] <= settings.timeout_s + 4, ended - started[0]
+
+
+# ---- unequal cores (issue 27): both sides of a speedup get the same cores ------------------------
+
+
+def test_a_kernel_on_every_core_is_held_to_eager_s_threads(bench, honest_build, tmp_path):
+    """omp_all_cores.py spreads honest_cpp.py's loop over every core with std::thread while eager is
+    timed on cpu_threads (1) threads. The child is held to that many cores (sandbox.cpu_cores), so
+    its threads share that one core (unpinned on the 2-core box: 1.15x against its twin's 0.65x).
+    What is asserted is the cores it could run on; the speedups are printed: two evaluations apart on
+    a busy shared box (load 6) read 0.47x and 0.78x for the twin and this alike, so their ratio is
+    measured over ten runs each (scripts/cpu_judge_probe.py, docs/benchmarks.md), not here."""
+    code = REDTEAM / "omp_all_cores.py"
+    built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], tmp_path / "builds", timeout_s=600)
+    assert built.ok, built.log[-4000:]
+    twin = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS)
+    spread = evaluate.evaluate(bench("mse"), code, Path(built.build_dir), SETTINGS)
+    assert twin.verdict is V.correct and spread.verdict is V.correct, (describe(twin), describe(spread))
+    cores = [int(n[1]) for n in notes(spread) if n[0] == "cores"]
+    assert cores and cores[-1] == SETTINGS.cpu_threads, f"the child could run on {cores} cores: {describe(spread)}"
+    ratio = spread.eager_ratio.median / twin.eager_ratio.median
+    print(f"spread {spread.eager_ratio.median:.3g}x, twin {twin.eager_ratio.median:.3g}x, ratio {ratio:.3g}")
+
+
+def test_the_cpu_child_and_reference_are_pinned_to_cpu_threads_cores(bench):
+    """The reference process (and so eager) runs on exactly the cores the child is held to."""
+    ref = bench("mse")._reference(None)
+    assert os.sched_getaffinity(ref.proc.pid) == set(sorted(os.sched_getaffinity(0))[:SETTINGS.cpu_threads])
+
+
+def test_the_cpu_floor_is_no_slower_than_a_warm_read_of_the_inputs(bench):
+    """The floor is the inputs' bytes over the bandwidth where they sit: on the cpu nothing is flushed
+    between calls, so a kernel may read them from cache. A warm read of that many bytes here, on one
+    thread, must not beat the floor (a 256 MB copy once put mse's at 0.80 ms, and an honest fused mse
+    at 0.65 ms, torch.compile too, was refused as impossible_timing)."""
+    import torch
+
+    b = bench("mse").baselines
+    buf = torch.ones(b.input_bytes // 4)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(SETTINGS.cpu_threads)
+    try:
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            buf.sum()
+            times.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        torch.set_num_threads(threads)
+    assert b.floor_ms <= min(times), f"floor {b.floor_ms:.4g} ms, a warm read {min(times):.4g} ms"

@@ -28,7 +28,7 @@ L2_FLUSH_BYTES = 256 << 20  # twice the largest L2 of current parts
 # Bound request, and that gap was room for a cheat.)
 SIDE_WORK_RATIO, SIDE_WORK_MS = 1.5, 0.05  # busy-until-idle over events, beyond sync latency
 HOLD_MS = 1.0  # covers torch.compile's cold launch path (90-260 us) and most host stalls
-TIMING_VERSION = "6"  # part of the baseline cache key: a change of method invalidates cached times
+TIMING_VERSION = "7"  # part of the baseline cache key: a change of method invalidates cached times
 # Timed calls come in blocks of this many input sets, each filled with fresh values before the block:
 # only a block's first call follows the refill (whose host-side work leaves the launch path cold and
 # cost torch.compile's Python wrapper 50-250 us a call on the H100), and every call is timed, so
@@ -218,21 +218,32 @@ def hold_ms(clock: Clock, ms: float = HOLD_MS, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def measure_bandwidth(device: str, clock: Clock | None = None) -> float:
-    """Device memory bandwidth in GB/s: the better of a large copy (read plus write bytes) and a
-    large read-only reduction, median of several repeats. The floor is inputs' bytes over this.
-    Pass the caller's `clock` to reuse its flush buffer and hold rather than build a second one."""
+def measure_bandwidth(device: str, clock: Clock | None = None, nbytes: int | None = None) -> float:
+    """Device memory bandwidth in GB/s: the better of a copy (read plus write bytes) and a read-only
+    reduction. The floor is inputs' bytes over this.
+    Pass the caller's `clock` to reuse its flush buffer and hold rather than build a second one.
+
+    On a GPU, of a large buffer (1 GB), median of several repeats: every timed call there starts
+    from a flushed L2. On the cpu nothing is flushed (a call runs on the inputs its block just
+    wrote), so the floor is measured where the data sits: with `nbytes` (the task's input bytes), a
+    buffer of that size, warm, and the fastest of many repeats, with the threads the caller times
+    with. A 256 MB copy (10 GB/s on the 2-core box) put mse's 8.4 MB floor at 0.80 ms, and an honest
+    fused mse at 0.65 ms, torch.compile too, was refused as impossible_timing."""
     clock = clock or Clock(device)
+    cached = not clock.cuda and nbytes is not None
     numel = (1 << 30) // 4 if clock.cuda else (256 << 20) // 4
     if clock.cuda:
         free, _ = torch.cuda.mem_get_info()
         numel = min(numel, int(free * 0.2) // 4)
+    if cached:
+        numel = max(1024, nbytes // 4)
     src = torch.ones(numel, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     copies, reads = [], []
-    for _ in range(7):
+    for _ in range(30 if cached else 7):
         ms, _ = clock.time_call(lambda: dst.copy_(src))
         copies.append(2 * numel * 4 / (ms / 1e3) / 1e9)
         ms, _ = clock.time_call(lambda: src.sum())
         reads.append(numel * 4 / (ms / 1e3) / 1e9)
-    return max(statistics.median(copies), statistics.median(reads))
+    pick = max if cached else statistics.median  # the cache's best, which no honest read beats
+    return max(pick(copies), pick(reads))

@@ -1,0 +1,83 @@
+"""Probe: the cpu judge, again and again, on one candidate: idle or beside two busy loops.
+
+    python scripts/cpu_judge_probe.py CANDIDATE [--runs 10] [--load none|spin] [--factor F]
+
+CANDIDATE: a file under tests/redteam (honest_fast_mse.py, honest_cpp.py, omp_all_cores.py, ...), or
+`clock-F`: tests/redteam/clock_instance_patch.py claiming F of each call's real time. mse at the
+tests' "small" size, the red team's settings. Each line: the verdict, the recorded and the claimed
+(less what load took) times against the parent's estimate, the speedup over eager, whether it was
+judged twice (`*`), and the run-queue wait the parent saw. For issue 27 items 6-8 (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from pipeline import build, evaluate  # noqa: E402
+from pipeline.child import tasks  # noqa: E402
+import test_redteam as R  # noqa: E402
+
+
+def spin(seconds: float) -> None:
+    end = time.time() + seconds
+    while time.time() < end:
+        pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("candidate")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--load", choices=["none", "spin"], default="none")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kgen-probe-"))
+    if args.candidate.startswith("clock-"):
+        code = work / "clock.py"
+        code.write_text((R.REDTEAM / "clock_instance_patch.py").read_text().replace(
+            "return ms * 0.3, out", f"return ms * {float(args.candidate[6:])}, out"))
+        build_dir = work / "build"
+        build_dir.mkdir()
+    else:
+        code = R.REDTEAM / args.candidate
+        result = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], work / "builds", timeout_s=600)
+        assert result.ok, result.log[-2000:]
+        build_dir = Path(result.build_dir)
+    others = [multiprocessing.Process(target=spin, args=(7200,), daemon=True)
+              for _ in range(2 if args.load == "spin" else 0)]
+    for p in others:
+        p.start()
+    task = tasks.discover(R.TASKS, ["mse"])[0]
+    bench = evaluate.prepare(task, "small", "cpu", R.SETTINGS)
+    print(f"{args.candidate} load={args.load} loadavg={os.getloadavg()[0]:.2f} floor={bench.baselines.floor_ms:.4g} ms "
+          f"({bench.baselines.bandwidth_gbs:.0f} GB/s) eager={bench.baselines.eager.median_ms:.4g} ms", flush=True)
+    verdicts = []
+    try:
+        for i in range(args.runs):
+            r = evaluate.evaluate(bench, code, build_dir, R.SETTINGS)
+            verdicts.append(r.verdict.value)
+            real = R.real_ms(r)
+            est = r.wall_ms_per_call
+            ratio = f"{r.time_ms / est:.2f}" if r.time_ms and est else "-"
+            speed = f"{r.eager_ratio.median:.2f}x" if r.eager_ratio else "-"
+            print(f"{i:2d} {r.verdict.value:17s}{'*' if r.first_refusal else ' '} time {r.time_ms} est {est} "
+                  f"time/est {ratio} eager {speed} real {real} loadavg {os.getloadavg()[0]:.2f}"
+                  f"{' | ' + (r.error or '')[:160] if r.verdict.value != 'correct' else ''}", flush=True)
+    finally:
+        bench.close()
+        for p in others:
+            p.terminate()
+    print("verdicts:", {v: verdicts.count(v) for v in set(verdicts)})
+
+
+if __name__ == "__main__":
+    main()
