@@ -88,6 +88,7 @@ class AttemptPlan:
     # with its digests' seed, and the replays whose digests are checked, chosen in secret.
     replays: int = 0
     digest_seeds: list[int] = field(default_factory=list)
+    factor_seeds: list[int] = field(default_factory=list)  # revealed only in each request's Play
     replay_checks: list[list[int]] = field(default_factory=list)
 
     @staticmethod
@@ -122,14 +123,15 @@ class AttemptPlan:
         if bench.device.startswith("cuda") and not s.grad and bench.settings.replay_bound:
             plan.replays = replay_count(fastest_ms(bench))
             plan.digest_seeds = [_seed() for _ in bounds]
+            plan.factor_seeds = [_seed() for _ in bounds]
             plan.replay_checks = [sorted(rng.sample(range(plan.replays), min(REPLAY_CHECKS, plan.replays)))
                                   for _ in bounds]
         return plan
 
     def digest_items(self) -> list[dict[str, Any]]:
         """The replayed Bound calls whose digests the reference computes (pipeline.child.replays)."""
-        return [{"key": f"bound{b}@{r}", "seeds": self.bounds[b], "replay": r, "digest_seed": self.digest_seeds[b]}
-                for b, checks in enumerate(self.replay_checks) for r in checks]
+        return [{"key": f"bound{b}@{r}", "seeds": self.bounds[b], "replay": r, "digest_seed": self.digest_seeds[b],
+                 "factor_seed": self.factor_seeds[b]} for b, checks in enumerate(self.replay_checks) for r in checks]
 
     def specs(self) -> dict[str, dict[str, Any]]:
         """What the reference computes for this attempt: every checked output, and on the inbox path

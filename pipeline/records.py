@@ -288,6 +288,9 @@ class EvalResult(Record):
     first_refusal: str | None = None
     """Where this verdict is a second evaluation's: the first one's refusal, which rested on the
     parent's clock alone and so was not kept without a second (pipeline.evaluate.evaluate)."""
+    bound_note: str | None = None
+    """How the parent measured its bound on the child's times (on a GPU: replayed from CUDA graphs,
+    or eager requests and why); not stored."""
     wall_ms_per_call: float | None = None
     """The parent's own estimate of one call: its clock around blocks of back-to-back calls on fresh
     inputs, less what the same blocks cost with a null model before the candidate was imported."""

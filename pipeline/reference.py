@@ -92,13 +92,14 @@ class Reference:
             self.models[key] = (module, self.wrap(m32, init_seed), self.wrap(m64, init_seed, module.__kgen_dtype__ or torch.float32))
         return self.models[key]
 
-    def digest(self, size: str, init_seed: int, seeds: list[int], replay: int, digest_seed: int) -> dict[str, float]:
+    def digest(self, size: str, init_seed: int, seeds: list[int], replay: int, digest_seed: int,
+               factor_seed: int) -> dict[str, float]:
         """A replayed Bound call's expected digest (pipeline.child.replays) from the float64 output for
         the replay's own inputs, and its scale: sum |w| (|ref| + mean |ref|), which bounds how far an
         output within the elementwise tolerance can move the digest."""
         module, _, m64 = self.models_for(size, init_seed)
         with torch.no_grad():
-            out = m64(*_as64(replays.inputs_for(module, seeds, replay, self.device)))
+            out = m64(*_as64(replays.inputs_for(module, seeds, replay, factor_seed, self.device)))
         out = out.double().reshape(-1)
         w = replays.weights(out.numel(), digest_seed, self.device).double()
         mag = out.abs()
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             for item in request["items"]:
                 send({"event": "digest", "key": item["key"],
                       **ref.digest(request["size"], request["init_seed"], item["seeds"], item["replay"],
-                                   item["digest_seed"])})
+                                   item["digest_seed"], item["factor_seed"])})
             ref.release()
         elif request["op"] == "release":
             ref.release()

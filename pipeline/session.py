@@ -49,6 +49,7 @@ class Session:
         self.digests: dict[str, dict[str, Any]] = {}
         self.graph_failed: str | None = None
         self.loose_bound: str | None = None  # why a correct result is kept untrusted (its bound says too little)
+        self.bound_note: str | None = None  # how the parent's bound was measured (EvalResult.bound_note)
         self.timed: list[tuple[list[float], Window]] = []
         self.estimate: float | None = None
         self.load = runqueue.Load()  # the last window's (ask)
@@ -147,6 +148,8 @@ class Session:
             calls = None
         elif isinstance(request, (P.Timed, P.Bound)):
             calls = request.calls if isinstance(request, P.Bound) else len(request.seeds)
+        elif isinstance(request, P.Play):
+            calls = self.plan.replays
         elif isinstance(request, P.Setup):
             calls = request.warmup
         elif isinstance(request, P.Trial):
@@ -188,11 +191,12 @@ class Session:
                 self.calibration.append(Window(ms, calls, self.load))
         if plan.replays:  # the same, replayed from CUDA graphs of the null model
             for i in range(CALIBRATION_BLOCKS + 1):
-                reply, ms = self.ask(P.Bound(index=-100 - i, seeds=[_seed() for _ in range(calls)], replays=plan.replays,
-                                             digest_seed=_seed()), P.BoundDone, "calibration")
-                if reply.graph_error:
-                    self.graph_failed = f"the null model could not be replayed: {reply.graph_error}"
+                ready, _ = self.ask(P.Bound(index=-100 - i, seeds=[_seed() for _ in range(calls)], replays=plan.replays,
+                                            digest_seed=_seed()), P.BoundReady, "calibration")
+                if ready.graph_error:
+                    self.graph_failed = f"the null model could not be replayed: {ready.graph_error}"
                     break
+                reply, ms = self.ask(P.Play(index=-100 - i, factor_seed=_seed()), P.BoundDone, "calibration")
                 if i:
                     self.replay_calibration.append(Window(ms, plan.replays))
         self.part("startup_calibration")
@@ -254,7 +258,8 @@ class Session:
     def finalize(self, result: EvalResult | None, code: int, log: str) -> EvalResult:
         if result is None:
             result = ended_early(self.child, code, log, self.step).model_copy(update={"trials": list(self.judged)})
-        update: dict[str, Any] = {"confinement": self.confinement, "output": log[-4000:] or None}
+        update: dict[str, Any] = {"confinement": self.confinement, "output": log[-4000:] or None,
+                                  "bound_note": self.bound_note}
         if self.estimate is not None:
             update["wall_ms_per_call"] = self.estimate
         if result.verdict is not Verdict.correct and not result.detail:
@@ -381,11 +386,14 @@ class Session:
         forward could not be captured (the eager request follows, and the bound is loose from here);
         else the verdict of a checked replay whose digest is wrong."""
         plan = self.plan
-        reply, ms = self.ask(P.Bound(index=k, seeds=seeds, replays=plan.replays, digest_seed=plan.digest_seeds[k]),
-                             P.BoundDone, f"bound block {k}")
-        if reply.graph_error:
-            self.graph_failed = reply.graph_error
+        ready, _ = self.ask(P.Bound(index=k, seeds=seeds, replays=plan.replays, digest_seed=plan.digest_seeds[k]),
+                            P.BoundReady, f"bound block {k}")
+        if ready.graph_error:
+            self.graph_failed = ready.graph_error
+            self.bound_note = f"eager Bound requests: the forward could not be captured ({ready.graph_error[:200]})"
             return None
+        # Timed alone: the capture, which costs milliseconds that vary, stays out of the window.
+        reply, ms = self.ask(P.Play(index=k, factor_seed=plan.factor_seeds[k]), P.BoundDone, f"bound block {k}")
         if len(reply.digests) != plan.replays:
             return Verdict.protocol_error, f"bound block {k}: {len(reply.digests)} digests for {plan.replays} replays"
         tol = judge.tolerance_for(self.bench.tolerance, self.bench.settings.dtype, None)
@@ -397,6 +405,7 @@ class Session:
                 return (Verdict.mismatch, f"bound block {k}, replayed call {r}: its digest {reply.digests[r]:.6g} is not "
                         f"the reference's {want['digest']:.6g}: the work of a call was skipped or wrong")
         self.replay_windows.append(Window(ms, plan.replays))
+        self.bound_note = f"replayed from CUDA graphs, {plan.replays} calls a request"
         return True
 
     def eager_block(self, calls: int, first: bool) -> None:

@@ -96,7 +96,7 @@ static void leave_spinner() {  // from a host thread, 1 ms after the call (after
         if (!left) cudaStreamCreateWithFlags(&left, cudaStreamNonBlocking);
         int sms = 0;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-        spin_for<<<sms * 4, 256, 0, left>>>(40ull * 1000 * 1000);
+        spin_for<<<sms * 4, 256, 0, left>>>(5ull * 1000 * 1000);  // over the eager block that follows
     }).detach();
 }
 
@@ -259,9 +259,9 @@ def test_redteam_cuda(name, built, bench):
         assert verdict.speedup_eager and verdict.speedup_eager > 0
     if name == "leftover_spinner" and verdict.verdict is Verdict.correct:
         honest = evaluate.evaluate(bench, *_built_pair(built, "honest"), SETTINGS)
-        ratio = verdict.speedup_eager / honest.speedup_eager
         print(f"REDTEAM leftover_spinner speedup {verdict.speedup_eager:.3f} vs honest {honest.speedup_eager:.3f}")
-        assert 1 / 1.3 <= ratio <= 1.3, (verdict.speedup_eager, honest.speedup_eager)
+        # What it left behind slowed eager, timed beside it, no further than the reference's probe allows.
+        assert verdict.speedup_eager <= 1.3 * honest.speedup_eager, (verdict.speedup_eager, honest.speedup_eager)
     if name == "timer_patch":
         # The patch changed nothing the harness calls: the time is real, and the work is PyTorch's.
         assert Flag.no_custom_kernel in verdict.flags
@@ -334,7 +334,8 @@ def test_a_clock_forged_to_half_is_refused_at_every_call_length(built, size):
         bench.close()
     for name, r in results:
         print(f"\nREDTEAM {name}@{size}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
-              f"ratio={r.time_ms / r.wall_ms_per_call if r.time_ms and r.wall_ms_per_call else None} error={r.error}")
+              f"ratio={r.time_ms / r.wall_ms_per_call if r.time_ms and r.wall_ms_per_call else None} error={r.error} "
+              f"bound={r.bound_note}")
     for name, r in results:
         if name == "honest":
             assert r.verdict is Verdict.correct and r.trusted, (r.error, r.untrusted_reason)

@@ -181,6 +181,7 @@ class Evaluator:
         self.main = self.module(job.size)  # a broken task file fails here, before the candidate runs
         self.model = self.null_model()
         self.sets: list[list[Any]] = []
+        self.captured = None  # a Bound request's graphs, waiting for their Play
 
     def null_model(self):
         """Zeros of the reference's shape; in gradient mode with zero gradients of every floating
@@ -263,6 +264,8 @@ class Evaluator:
             return self.timed(req)
         if isinstance(req, P.Bound):
             return self.bound(req)
+        if isinstance(req, P.Play):
+            return self.play(req)
         if isinstance(req, P.Profile):
             try:
                 model, module = self.at(req.size)
@@ -316,7 +319,7 @@ class Evaluator:
         tasks.refill_inputs(inputs, module or self.main, seed, self.device)
         reseed(model or self.model, inputs, seed)
 
-    def bound(self, req: P.Bound) -> P.BoundDone:
+    def bound(self, req: P.Bound) -> P.BoundDone | P.BoundReady:
         """Inputs (in place in the inbox, or made from a seed each), calls on each back to back, one
         device sync, then the outputs: the parent's clock around this request bounds the calls' time
         (pipeline.judge). Nothing here copies the inputs, so nothing here is work a candidate could
@@ -346,17 +349,24 @@ class Evaluator:
         return P.BoundDone(index=req.index, outputs=headers)
 
 
-    def bound_replays(self, req: P.Bound) -> P.BoundDone:
-        """A Bound request from CUDA graphs (pipeline.child.replays); a forward that cannot be
-        captured is said so, and nothing is replayed."""
+    def bound_replays(self, req: P.Bound) -> P.BoundReady:
+        """Capture a Bound request's CUDA graphs (pipeline.child.replays) for the Play that follows;
+        a forward that cannot be captured is said so."""
         import math
 
-        numel = math.prod(self.job.out_shape)
+        self.captured = None
         try:
-            digests = replays.replay(self.model, self.main, req.seeds, req.replays, req.digest_seed, numel, self.device)
+            self.captured = replays.Captured(self.model, self.main, req.seeds, req.replays, req.digest_seed,
+                                             math.prod(self.job.out_shape), self.device)
         except Exception as exc:  # noqa: BLE001 - the parent falls back to eager requests
-            return P.BoundDone(index=req.index, outputs=[], graph_error=f"{type(exc).__name__}: {_first_line(exc)}")
-        return P.BoundDone(index=req.index, outputs=[], digests=digests)
+            return P.BoundReady(index=req.index, graph_error=f"{type(exc).__name__}: {_first_line(exc)}")
+        return P.BoundReady(index=req.index)
+
+    def play(self, req: P.Play) -> P.BoundDone:
+        if self.captured is None:
+            raise ValueError("a Play with no captured Bound request")
+        captured, self.captured = self.captured, None
+        return P.BoundDone(index=req.index, outputs=[], digests=captured.play(req.factor_seed))
 
 
 def serve(fd: int, evaluator: Evaluator, read_request) -> None:

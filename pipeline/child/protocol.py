@@ -132,14 +132,22 @@ class Bound(Message):
     """Or this many calls on the sets the parent wrote into the inbox, read there in place (cpu,
     where making the values costs ten times the call and would drown it in the parent's clock)."""
     replays: int = 0
-    """Or (cuda) this many replays of CUDA graphs of the forward, one per set of `seeds`, round-robin,
-    each on inputs of its own (pipeline.child.replays); the reply carries each replay's digest."""
+    """Or (cuda) capture CUDA graphs of the forward, one per set of `seeds`, for this many replays
+    (pipeline.child.replays), and answer BoundReady; the replays run at the Play that follows."""
     digest_seed: int = 0
     """The seed of the digests' weights (with `replays`)."""
 
     @property
     def calls(self) -> int:
         return self.replays or self.inbox or len(self.seeds)
+
+
+class Play(Message):
+    """Replay the graphs the last Bound request captured, each replay's factor drawn from
+    `factor_seed` (revealed now), one sync, the digests: the parent times this request alone."""
+    op: Literal["play"] = "play"
+    index: int
+    factor_seed: int
 
 
 class Profile(Message):
@@ -163,7 +171,7 @@ class BuildJob(Message):
     candidate's module is imported."""
 
 
-Request = Annotated[Union[Init, Job, Import, Setup, Trial, Timed, Bound, Profile, Finish, BuildJob],
+Request = Annotated[Union[Init, Job, Import, Setup, Trial, Timed, Bound, Play, Profile, Finish, BuildJob],
                     Field(discriminator="op")]
 REQUEST = TypeAdapter(Request)
 
@@ -268,14 +276,20 @@ class TimedDone(Message):
     outputs: list[OutputHeader]
 
 
+class BoundReady(Message):
+    """The graphs of a Bound request with `replays` are captured (or could not be: `graph_error`)."""
+    event: Literal["bound_ready"] = "bound_ready"
+    index: int
+    graph_error: str | None = None
+    """Why the forward could not be captured; no Play follows."""
+
+
 class BoundDone(Message):
     event: Literal["bound_done"] = "bound_done"
     index: int
     outputs: list[OutputHeader]
     digests: list[float] = Field(default_factory=list)
-    """With `replays`: each replay's digest, in order (claims the parent checks against the reference's)."""
-    graph_error: str | None = None
-    """With `replays`: why the forward could not be captured (nothing was replayed)."""
+    """After a Play: each replay's digest, in order (claims the parent checks against the reference's)."""
 
 
 class ProfileDone(Message):
@@ -293,7 +307,8 @@ class BuildDone(Message):
     error: str | None = None
 
 
-Reply = Annotated[Union[Ready, Imported, Failed, SetupDone, TrialDone, TimedDone, BoundDone, ProfileDone, BuildDone],
+Reply = Annotated[Union[Ready, Imported, Failed, SetupDone, TrialDone, TimedDone, BoundReady, BoundDone, ProfileDone,
+                        BuildDone],
                   Field(discriminator="event")]
 REPLY = TypeAdapter(Reply)
 

@@ -3,14 +3,18 @@ down to calls of about 10 us (issue 27).
 
 A Bound request made of eager calls costs the candidate's host work too (Python, launches): an
 honest 11 us kernel cost 110 us a call on the parent's clock on the H100, so the bound needed 0.25
-ms of slack and said nothing about short calls. Here the harness captures the model's forward once
-per input set into a CUDA graph and replays the graphs back to back: the host launches one graph a
-replay, and the parent's clock around the request measures the device's work. Each replay, in the
-graph:
+ms of slack and said nothing about short calls. Here a request comes in two steps. `capture` (not
+timed): the harness captures the model's forward once per input set into a CUDA graph. `play`
+(timed by the parent): the harness writes each replay's factor, drawn from a seed that arrives only
+with this step, into a table on the device, replays the graphs back to back (the host launches one
+graph a replay) and syncs; the parent's clock around it measures the device's work. Capturing
+inside the window cost milliseconds that varied from request to request, and put the H200's
+estimate of a 10 us call anywhere from 0 to 6 us. Each replay, in the graph:
 
-1. a counter on the device steps, and each float input of domain real or positive is rewritten as its
-   set's base values times 1 + 0.05 sin(0.7 c + k) (c the replay's number from 1, k its set): no two
-   replays see the same values, so a kernel that caches by content recomputes every time;
+1. each float input of domain real or positive is rewritten as its set's base values times the
+   replay's factor (1 +- 0.05, from the table, by a counter on the device): no two replays see the
+   same values, and none can be known before `play`, so a kernel that caches by content recomputes
+   every time and nothing can be computed ahead while the capture is not timed;
 2. the L2 is flushed (a 256 MB fill), as before each of the child's timed calls;
 3. the forward runs;
 4. a digest of its output, sum(output x weights) with weights drawn from the request's secret seed,
@@ -21,12 +25,13 @@ output for the same inputs, `inputs_for`): a replay whose work was skipped has t
 forward that cannot be captured (a host sync, a stream the graph does not know) fails the request;
 the parent then falls back to eager Bound requests and says its bound is loose (pipeline.session).
 
-`inputs_for` and `scale` are what the reference process uses to make a replay's inputs: the same
-ops on the same device, so the values are the child's bit for bit.
+`inputs_for` and `factor` are what the reference process uses to make a replay's inputs: the same
+values and ops on the same device, so the inputs are the child's bit for bit.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any, Callable
 
 import torch
@@ -38,22 +43,24 @@ AMPLITUDE = 0.05
 PERTURBED = ("real", "positive")  # a positive factor keeps both domains
 
 
-def scale(replay: int, k: int, device: str) -> torch.Tensor:
-    """The factor replay number `replay` (from 0) of set `k` applies, as the graph computes it."""
-    count = torch.tensor(float(replay + 1), device=device, dtype=torch.float32)
-    return 1 + AMPLITUDE * torch.sin(count * 0.7 + k)
+def factor(factor_seed: int, replay: int) -> float:
+    """Replay number `replay`'s factor (from 0): 1 +- AMPLITUDE, from the request's `play` seed."""
+    return 1.0 + AMPLITUDE * (2.0 * random.Random(f"{factor_seed}:{replay}").random() - 1.0)
+
+
+def table(factor_seed: int, replays: int, device: str) -> torch.Tensor:
+    return torch.tensor([factor(factor_seed, r) for r in range(replays)], dtype=torch.float32, device=device)
 
 
 def _perturbed(x: Any, domain: str) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and domain.partition(":")[0] in PERTURBED
 
 
-def inputs_for(module, seeds: list[int], replay: int, device: str) -> list[Any]:
+def inputs_for(module, seeds: list[int], replay: int, factor_seed: int, device: str) -> list[Any]:
     """Replay `replay`'s inputs of a request whose sets come from `seeds` (the reference's copy)."""
-    k = replay % len(seeds)
-    inputs = tasks.make_inputs(module, seeds[k], "base", device)
-    factor = scale(replay, k, device)
-    return [x * factor.to(x.dtype) if _perturbed(x, d) else x
+    inputs = tasks.make_inputs(module, seeds[replay % len(seeds)], "base", device)
+    f = torch.tensor([factor(factor_seed, replay)], dtype=torch.float32, device=device)
+    return [x * f.to(x.dtype) if _perturbed(x, d) else x
             for x, d in zip(inputs, tasks.domains(module, len(inputs)))]
 
 
@@ -85,45 +92,56 @@ def _clean_capture(device: str) -> None:
         pass
 
 
-def replay(model: Callable[..., Any], module, seeds: list[int], replays: int, digest_seed: int,
-           out_numel: int, device: str) -> list[float]:
-    """Capture the forward once per input set, replay `replays` times round-robin, one device sync,
-    and the digest of every replay. Raises where the forward cannot be captured."""
-    sets = [tasks.make_inputs(module, seed, "base", device) for seed in seeds]
-    doms = tasks.domains(module, len(sets[0]))
-    bases = [[x.clone() if _perturbed(x, d) else None for x, d in zip(inputs, doms)] for inputs in sets]
-    w = weights(out_numel, digest_seed, device)
-    digests = torch.zeros(replays, dtype=torch.float32, device=device)
-    count = torch.zeros((), dtype=torch.float32, device=device)
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # capture wants every lazy initialisation (cuBLAS's too) done before it
-        for inputs in sets:
-            out = model(*inputs)
-            if not isinstance(out, torch.Tensor):
-                raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
-            digest(out, w)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graphs = []
-    try:
-        for k, (inputs, base) in enumerate(zip(sets, bases)):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                count.add_(1.0)
-                factor = 1 + AMPLITUDE * torch.sin(count * 0.7 + k)
-                for x, b in zip(inputs, base):
-                    if b is not None:
-                        torch.mul(b, factor.to(b.dtype), out=x)
-                flush.fill_(1.0)
+class Captured:
+    """A request's graphs, captured and waiting for `play`."""
+
+    def __init__(self, model: Callable[..., Any], module, seeds: list[int], replays: int, digest_seed: int,
+                 out_numel: int, device: str):
+        self.replays, self.device = replays, device
+        sets = [tasks.make_inputs(module, seed, "base", device) for seed in seeds]
+        doms = tasks.domains(module, len(sets[0]))
+        bases = [[x.clone() if _perturbed(x, d) else None for x, d in zip(inputs, doms)] for inputs in sets]
+        w = weights(out_numel, digest_seed, device)
+        self.digests = torch.zeros(replays, dtype=torch.float32, device=device)
+        self.table = torch.ones(replays, dtype=torch.float32, device=device)
+        self.count = torch.zeros((), dtype=torch.long, device=device)
+        flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # capture wants every lazy initialisation (cuBLAS's too) done before it
+            for inputs in sets:
                 out = model(*inputs)
-                digests.index_copy_(0, (count - 1).long().view(1), digest(out, w).view(1))
-            graphs.append(graph)
-    except Exception:
-        _clean_capture(device)
-        raise
-    for r in range(replays):
-        graphs[r % len(graphs)].replay()
-    torch.cuda.synchronize()
-    return digests.tolist()
+                if not isinstance(out, torch.Tensor):
+                    raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
+                digest(out, w)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.graphs = []
+        try:
+            for inputs, base in zip(sets, bases):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    at = self.count.view(1)
+                    f = self.table.index_select(0, at)
+                    for x, b in zip(inputs, base):
+                        if b is not None:
+                            torch.mul(b, f.to(b.dtype), out=x)
+                    flush.fill_(1.0)
+                    out = model(*inputs)
+                    self.digests.index_copy_(0, at, digest(out, w).view(1))
+                    self.count.add_(1)
+                self.graphs.append(graph)
+        except Exception:
+            _clean_capture(device)
+            raise
+        self.keep = (sets, bases, w, flush)  # what the graphs read and write lives as long as they do
+        torch.cuda.synchronize()
+
+    def play(self, factor_seed: int) -> list[float]:
+        """The factors from `factor_seed`, then every replay round-robin, one device sync, the digests."""
+        self.table.copy_(table(factor_seed, self.replays, self.device))
+        self.count.zero_()
+        for r in range(self.replays):
+            self.graphs[r % len(self.graphs)].replay()
+        torch.cuda.synchronize()
+        return self.digests.tolist()
