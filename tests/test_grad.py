@@ -240,8 +240,10 @@ def test_library_trains_through_the_verified_backward(bench, builds, tmp_path):
                              builds_dir=builds["grad_honest_huber"].parent, grad=True)
         assert huber.entry is not None and huber.entry.envelope.backward and huber.entry.grad
         assert huber.entry.envelope.sizes == r.sizes
-        p = torch.rand(97, 1023, requires_grad=True)  # a shape of the same rank, not the one timed
-        t = torch.rand(97, 1023)
+        # The size it was timed at: a held-out size is served only where its own kernel ran there and
+        # was measured faster (issue 27), which the honest C++ huber need not be on two cores.
+        p = torch.rand(256, 4096, requires_grad=True)
+        t = torch.rand(256, 4096)
         out = huber(p, t)
         assert type(out.grad_fn).__name__ == "_HuberBackward", type(out.grad_fn)  # the kernel's own Function
         out.backward()

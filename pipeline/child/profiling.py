@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import tasks
+from .grad import reseed
 
 
 def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> dict[str, Any]:
@@ -20,6 +21,7 @@ def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> 
     from torch.profiler import profile as torch_profile
 
     inputs = tasks.make_inputs(module, warm_seed, "base", device)
+    reseed(model, inputs, warm_seed)  # gradient mode: the call's upstream, from the same seed
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch.no_grad(), torch_profile(activities=activities) as prof:
