@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from typing import Any
 import click
 from rich.text import Text
 
-from .cliopts import KgenError, console, database_options, load, nothing_matched, open_store, resolve_run
+from .cliopts import (KgenError, check_filters, console, database_options, load, nothing_matched, open_store,
+                      resolve_run)
 from .config import Config
 from .plain import visible
 from .records import EvalResult
@@ -50,8 +52,12 @@ def _config(config: str | None) -> Config:
 @click.option("--new", "fresh", is_flag=True, help="Start a new run instead of resuming the same plan.")
 @click.option("--retry-errors", is_flag=True, help="Redo slots whose model call failed.")
 @click.option("--wide", is_flag=True, help="Every column in the summary table.")
-def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_errors: bool, wide: bool) -> None:
-    """Run the batch in the config: resume it if the same plan ran before."""
+@click.option("--demo", is_flag=True, help="Run the bundled demo (recorded completions, the seven loss tasks, "
+              "small sizes) from any folder, storing into the database here.")
+def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_errors: bool, wide: bool,
+        demo: bool) -> None:
+    """Run the batch in the config: resume it if the same plan ran before. Ctrl-C stops it (exit 130)
+    and says the command that resumes it."""
     from .backends import BackendError
     from .child.tasks import TaskError
     from .llm import ProviderError
@@ -59,7 +65,7 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
     from .run import Runner
     from .tables import run_summary
 
-    cfg = _config(config)
+    cfg = _demo_config(config, db) if demo else _config(config)
     _check_sizes(cfg)
     store = open_store(db, must_exist=False)
     out = console(wide)
@@ -70,11 +76,76 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
         raise KgenError(str(exc)) from None
     try:
         with progress:
-            run_id = asyncio.run(runner.run(fresh=fresh, retry_errors=retry_errors))
+            run_id = _run_loop(runner.run(fresh=fresh, retry_errors=retry_errors))
     except TaskError as exc:  # a task that cannot run here (a size too big for the device, say)
         raise KgenError(f"{exc} (the run's other attempts are stored; it is marked failed)") from None
+    except KeyboardInterrupt:  # Ctrl-C: what is stored stays; the same command resumes the run
+        if getattr(runner, "run_id", None):
+            store.finish_run(runner.run_id, "interrupted")
+        resume = _resume_command(config, db, backend, retry_errors, demo)
+        click.echo(f"Interrupted: the attempts so far are stored; resume with: {resume}", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Now, not after the builds and evaluations under way: their worker threads wait on sandboxed
+        # children (in sessions of their own, so the terminal's SIGINT missed them), which die with
+        # this process (PR_SET_PDEATHSIG); a normal exit would join those threads first (35 s and more).
+        os._exit(130)
     for part in run_summary(store, run_id, runner.backend, wide):
         out.print(part)
+
+
+def _run_loop(coro):
+    """asyncio.run without its Ctrl-C handling: that cancels the run's tasks and waits for them and for
+    the executor's threads (a build under way, a whole run where a task swallowed the cancellation);
+    here SIGINT raises KeyboardInterrupt in this thread at once, as it does outside asyncio."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(coro)
+    except KeyboardInterrupt:  # the loop is left as it is: `run` exits at once
+        loop = None
+        raise
+    finally:
+        if loop is not None:  # as asyncio.run ends
+            try:
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+
+def _demo_config(config: str | None, db: str) -> Config:
+    """The bundled demo's config (pipeline.bundled): its tasks, prompts and recorded completions read
+    where kgen is installed; the database, generated code and builds go where this folder's commands
+    look for them (--db or ./config.yaml's, else db/, generated/ and builds/ here)."""
+    from . import bundled
+
+    here = load(config)
+    demo = load(str(bundled.path(bundled.DEMO_CONFIG)))
+    return demo.model_copy(update={
+        "database": str(Path(db).resolve()),
+        "generated_dir": str((here.path(here.generated_dir) if here else Path("generated")).resolve()),
+        "build_dir": str((here.path(here.build_dir) if here else Path("builds")).resolve())})
+
+
+def _resume_command(config: str | None, db: str, backend: str | None, retry_errors: bool, demo: bool) -> str:
+    """The `kgen run` that resumes this one: the same config, database and backend, without --new."""
+    import shlex
+
+    from .cliopts import DEFAULT_CONFIG, find_database
+
+    words = ["kgen", "run"] + (["--demo"] if demo else [])
+    if config and config != DEFAULT_CONFIG:
+        words += ["-c", config]
+    if str(find_database(None, config)) != db:
+        words += ["--db", db]
+    words += (["--backend", backend] if backend else []) + (["--retry-errors"] if retry_errors else [])
+    return shlex.join(words)
 
 
 def _check_sizes(cfg: Config) -> None:
@@ -109,6 +180,7 @@ def attempts(db, run_id, task, model, verdict, flag, turn, evals, limit, wide, a
     from .tables import attempts_table
 
     with open_store(db) as store:
+        check_filters(store, db, task=task, model=model, verdict=verdict, flag=flag)
         run_id = resolve_run(store, run_id, evals)
         rows = store.attempts(run=run_id, task=task, model=model, verdict=verdict, flag=flag, limit=limit,
                               turn=None if turn is None else turn - 1, evals=evals)
@@ -161,7 +233,8 @@ def show(attempt_id: str, config: str | None, db: str, full: bool) -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--task", "task_name", required=True, help="A task name in the task folder, or a task file path.")
 @click.option("--backend", type=click.Choice(["cuda", "triton", "cpu", "auto"]), default="auto", show_default=True)
-@click.option("--size", default=None, help="A size the task declares (small, odd, default); default: the config's.")
+@click.option("--size", default=None, help="A size the task declares (small, odd, default); default: the config's, "
+              "or with no config file the bundled demo's (small).")
 @database_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--no-store", is_flag=True, help="Do not record the result in the database.")
@@ -177,6 +250,7 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
     The result is stored as a run of its own, kept apart from batch runs: `kgen best` and the
     library leave it out; `kgen attempts`, `export` and `report` include it with --evals (or --run
     naming its run)."""
+    _check_source(path)
     sized: dict[str, Any] = {}
     echo = lambda line: click.echo(line, err=True)  # noqa: E731
     served = None if local else _ask_server(path, task_name, backend, size, config, db, no_store, grad, dtype, echo)
@@ -187,8 +261,13 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
     else:
         from .evalone import evaluate_file
 
+        if not no_store:  # a database that cannot be written is one line now, not after the build
+            open_store(db, must_exist=False).close()
+        cfg = load(config)
+        if cfg is None and size is None:  # no config file: judged as the bundled demo judges (pipeline.bundled)
+            size = _demo_config(None, db).tasks.size
         try:
-            result, attempt_id = evaluate_file(Path(path), task_name, backend, size, load(config), store=not no_store,
+            result, attempt_id = evaluate_file(Path(path), task_name, backend, size, cfg, store=not no_store,
                                                on_size=lambda name, dims: sized.update(size=name, size_dims=dims),
                                                notice=echo, grad=grad, dtype=dtype, db_path=Path(db))
         except ValueError as exc:  # sizes.SizeError among them: a size the task lacks, or too big to fit
@@ -198,6 +277,32 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
     else:
         _print_result(result, attempt_id, sized, db)
     sys.exit(0 if result.verdict.value == "correct" else 1)
+
+
+def _check_source(path: str) -> None:
+    """A file that cannot compile, or binds no ModelNew, is one line naming the user's file (and line),
+    here in a fraction of a second: judged, it would be built and loaded first, and its error would
+    name the hashed copy under generated/. Any binding of the name counts (a class, an assignment,
+    an import), so no file the evaluator could load is refused."""
+    import ast
+
+    try:
+        text = Path(path).read_text()
+        compile(text, path, "exec", dont_inherit=True)
+    except UnicodeDecodeError as exc:
+        raise KgenError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except SyntaxError as exc:
+        shown = f": {visible(exc.text.strip())}" if exc.text and exc.text.strip() else ""  # model-written text
+        raise KgenError(f"{path}:{exc.lineno}: {exc.msg}{shown}") from None
+    except ValueError as exc:  # a NUL byte in the source
+        raise KgenError(f"{path}: {exc}") from None
+    for node in ast.walk(ast.parse(text, path)):
+        if (getattr(node, "name", None) == "ModelNew"  # class, def
+                or (isinstance(node, ast.Name) and node.id == "ModelNew" and isinstance(node.ctx, ast.Store))
+                or (isinstance(node, ast.alias) and "ModelNew" in (node.asname, node.name.rsplit(".", 1)[-1], "*"))
+                or (isinstance(node, ast.Constant) and node.value == "ModelNew")):  # globals()["ModelNew"] = ...
+            return
+    raise KgenError(f"{path}: defines no ModelNew (the nn.Module class kgen builds and judges)")
 
 
 def _ask_server(path, task_name, backend, size, config, db, no_store, grad, dtype, echo):

@@ -32,6 +32,32 @@ class KgenError(click.ClickException):
         click.echo(f"Error: {self.message}", err=True)
 
 
+class KgenUsageError(click.UsageError):
+    """A bad option value, shown as one line (exit 2, as click's own usage errors), without the usage."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"Error: {self.message}", err=True)
+
+
+def check_filters(store, db: str, **given: Any) -> None:
+    """Each filter given (task, model, verdict, flag; None: not given) names something that can match:
+    a verdict or flag kgen has, a task or model the database holds. Otherwise one line listing the
+    valid ones, so a typo never reads as "No attempts match"."""
+    from .records import Flag, Verdict
+
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name in ("verdict", "flag"):
+            valid, where = [v.value for v in (Verdict if name == "verdict" else Flag)], ""
+        else:
+            valid, where = store.names(name), f" in {db}"
+        if value not in valid:
+            shown = ", ".join(repr(v) for v in valid) if valid else "none yet"
+            raise KgenUsageError(f"Invalid value for '--{name}': {value!r} is not a {name}{where} "
+                                 f"(valid: {shown}).")
+
+
 def config_file(config: str | None) -> str | None:
     """The config file in use: the one named (which must exist), else ./config.yaml where there is one."""
     if config is not None:
@@ -87,7 +113,7 @@ def open_store(db: str | Path, must_exist: bool = True):
     if must_exist and not Path(db).is_file():
         raise KgenError(f"{db}: no database (run `kgen run` first, or pass --db)")
     try:
-        return Store.open(db)
+        return Store.open(db, reader=must_exist)  # a command that only reads still can where it cannot write
     except StoreError as exc:
         raise KgenError(str(exc)) from None
 

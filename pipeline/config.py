@@ -109,7 +109,8 @@ class TaskSelection(_Strict):
     its KGEN_SIZES), a name with overrides such as small(batch_size=64), or a mapping of module
     globals to override. A task without that size stops the run before it starts."""
     directory: str = "reference_tasks"
-    """Folder of task files, relative to the config file."""
+    """Folder of task files, relative to the config file (left out: reference_tasks/ there, else the
+    bundled ones)."""
     kernelbench: str | None = None
     """A KernelBench checkout (or its KernelBench/ folder), relative to the config file: the tasks are
     its levelN/ID_Name.py files instead of `directory`'s, each attempt stored with its level and
@@ -285,7 +286,7 @@ class Config(_Strict):
     prompt_template: str = "one_shot.j2"
     """A template file in the prompts folder."""
     prompts_dir: str = "prompts"
-    """Folder of prompt templates, relative to the config file."""
+    """Folder of prompt templates, relative to the config file (left out: prompts/ there, else the bundled ones)."""
     samples: int = Field(default=1, ge=1, le=1000)
     """Completions asked per task and model."""
     backend: Literal["cuda", "triton", "cpu", "auto"] = "auto"
@@ -346,6 +347,15 @@ def parse_config(data: Any, base_dir: Path, source: str = "config") -> Config:
         msg = err["msg"].removeprefix("Value error, ")
         raise ConfigError(f"{source}: {_loc(err)}: {msg}") from None
     cfg.base_dir = base_dir
+    # Left at their defaults, the task and prompt folders are the bundled ones where the config's
+    # folder has none of its own: a config written anywhere, kgen installed from a wheel.
+    from . import bundled
+
+    if "prompts_dir" not in cfg.model_fields_set and not cfg.path(cfg.prompts_dir).is_dir():
+        cfg.prompts_dir = str(bundled.path("prompts"))
+    if (cfg.tasks.kernelbench is None and "directory" not in cfg.tasks.model_fields_set
+            and not cfg.path(cfg.tasks.directory).is_dir()):
+        cfg.tasks.directory = str(bundled.path("reference_tasks"))
     return cfg
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import build as build_stage
-from . import backends, evaluate, health, sandbox
+from . import backends, bundled, evaluate, health, sandbox
 from .child import memory, sizes, tasks
 from .config import Config, EvalConfig
 from .records import BuildResult, EvalResult, Verdict
@@ -29,7 +29,7 @@ def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
     if name.endswith(".py") or "/" in name:
         return tasks.load_file(Path(name))
     if cfg is None:
-        return tasks.discover(Path("reference_tasks"), [name])[0]
+        return tasks.discover(bundled.path("reference_tasks"), [name])[0]
     from .kernelbench import find_task
 
     return find_task(cfg, name)

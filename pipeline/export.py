@@ -86,7 +86,7 @@ def export_best(db: str | Path, out_dir: str | Path, *, generated_dir: str | Pat
     db, out_dir, generated_dir = Path(db), Path(out_dir), Path(generated_dir)
     if not db.is_file():
         raise LibraryError(f"{db}: no database")
-    store = Store.open(db)
+    store = Store.open(db, reader=True)
     try:
         groups: dict[tuple, list[dict]] = {}
         for row in store.attempts(verdict="correct"):

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from .cliopts import console, database_options, nothing_matched, open_store, resolve_run
+from .cliopts import check_filters, console, database_options, nothing_matched, open_store, resolve_run
 from .tables import best_table
 
 evals_option = click.option("--evals", is_flag=True, help="Also `kgen eval` results (kept apart from batch runs).")
@@ -72,6 +72,7 @@ def best(db: str, task: str | None, backend: str | None, as_json: bool, wide: bo
     from .tables import metrics_table
 
     with _store(db) as store:
+        check_filters(store, db, task=task)
         every = [r for r in store.attempts(task=task) if backend in (None, r["backend"])]
         rows = [r for r in every if r["verdict"] == "correct"]
         board = best_rows(rows)
@@ -131,6 +132,7 @@ def export(db: str, config: str | None, fmt: str, output: str, run_id: str | Non
         _export_best(db, best_dir, generated or str(cfg.path(cfg.generated_dir) if cfg else "generated"))
         return
     with _store(db) as store:
+        check_filters(store, db, verdict=verdict)
         run_id = _run_id(store, run_id, evals)
         rows = store.attempts(run=run_id, verdict=verdict, evals=evals)
         columns = _columns(store)

@@ -51,7 +51,6 @@ from .selection import Choice, Description, description, from_db, from_export, h
 __all__ = ["load", "functional", "describe", "export_best", "LibraryError", "KgenFallbackWarning", "KgenModule",
            "Description"]
 
-DEFAULT_DB = Path("db/kgen.db")
 _lock = threading.RLock()
 _KERNELS: dict[str, types.ModuleType] = {}  # kernel source sha256 -> imported module
 _OPS: dict[str, Any] = {}                    # op name -> torch.ops packet
@@ -332,15 +331,33 @@ def _own_rng(backend: str):
     return torch.random.fork_rng(devices=devices)
 
 
+def _locate(config, db, generated_dir, builds_dir) -> tuple[Path, Path, Path]:
+    """The database, generated code and builds, found as the CLI finds them (pipeline.cliopts): each
+    as given, else the config's (`config`, else ./config.yaml where there is one) resolved against the
+    config file's folder, else db/kgen.db, generated/ and builds/ here."""
+    from .cliopts import KgenError, config_file, find_database, load as load_cfg
+
+    try:
+        cfg = load_cfg(config_file(None if config is None else str(config)))
+        db = Path(db) if db else find_database(None, None if config is None else str(config))
+    except KgenError as exc:
+        raise LibraryError(exc.message) from None
+    if not db.is_file() and cfg is None:
+        raise LibraryError(f"{db}: no database, and no ./config.yaml here to name one "
+                           "(pass config= or db=, or export_dir=)")
+    return (db, Path(generated_dir) if generated_dir else cfg.path(cfg.generated_dir) if cfg else Path("generated"),
+            Path(builds_dir) if builds_dir else cfg.path(cfg.build_dir) if cfg else Path("builds"))
+
+
 def _plan(task: str, db, export_dir, backend: str | None, generated_dir, builds_dir, grad: bool | None,
-          dtype: str) -> tuple[Choice, Any, torch.nn.Module, list[tuple[str, str]], str, str]:
+          dtype: str, config=None) -> tuple[Choice, Any, torch.nn.Module, list[tuple[str, str]], str, str]:
     """load() up to importing the kernel: the choice, the task module, the reference and the reasons."""
     backend, kind = here(backend)
     if export_dir is not None:
         choice = from_export(task, Path(export_dir), backend, kind, grad, dtype)
     else:
-        choice = from_db(task, Path(db) if db else DEFAULT_DB, backend, kind, Path(generated_dir),
-                         Path(builds_dir), grad, dtype)
+        db, generated_dir, builds_dir = _locate(config, db, generated_dir, builds_dir)
+        choice = from_db(task, db, backend, kind, generated_dir, builds_dir, grad, dtype)
     module = tasks.load_module(task_file(task, f"{task}.py", choice.task_source), parse_size(choice.size), dtype)
     with _own_rng(backend):
         reference = tasks.make_model(module, module.Model, 0, "cpu")
@@ -355,11 +372,14 @@ def _plan(task: str, db, export_dir, backend: str | None, generated_dir, builds_
 
 
 def load(task: str, *, db: str | Path | None = None, export_dir: str | Path | None = None,
-         backend: str | None = None, generated_dir: str | Path = "generated",
-         builds_dir: str | Path = "builds", grad: bool | None = None, dtype: str = "float32") -> KgenModule:
+         backend: str | None = None, generated_dir: str | Path | None = None,
+         builds_dir: str | Path | None = None, grad: bool | None = None, dtype: str = "float32",
+         config: str | Path | None = None) -> KgenModule:
     """A module for `task` backed by its best verified kernel for this device, torch and backend.
 
-    From an export when export_dir is given (no database needed), else from the database. Only a
+    From an export when export_dir is given (no database needed), else from the database, found as
+    the CLI finds it: `db`, else the database of `config` (a config file; default ./config.yaml where
+    there is one) relative to that file, as are its generated code and builds. Only a
     kernel verified faster than eager is used (leaderboard.faster), and in calls torch.compile traces
     only one also faster than torch.compile. Outside the kernel's envelope, with no verified kernel,
     none faster, or with KGEN_DISABLE=1, calls run the reference Model, with one KgenFallbackWarning
@@ -369,7 +389,7 @@ def load(task: str, *, db: str | Path | None = None, export_dir: str | Path | No
     module.describe() says which kernel runs where, and why not.
     """
     choice, module, reference, reasons, backend, kind = _plan(task, db, export_dir, backend, generated_dir,
-                                                              builds_dir, grad, dtype)
+                                                              builds_dir, grad, dtype, config)
     # torch.compile, tracing the reference (the fallback inside a compiled caller), imports the
     # module its forward's globals name: make that name importable, one per load (sizes differ).
     module.__name__ = f"{module.__name__}_{next(_LOADS)}"
@@ -402,12 +422,14 @@ def load(task: str, *, db: str | Path | None = None, export_dir: str | Path | No
 
 
 def describe(task: str, *, db: str | Path | None = None, export_dir: str | Path | None = None,
-             backend: str | None = None, generated_dir: str | Path = "generated", builds_dir: str | Path = "builds",
-             grad: bool | None = None, dtype: str = "float32") -> Description:
+             backend: str | None = None, generated_dir: str | Path | None = None,
+             builds_dir: str | Path | None = None, grad: bool | None = None, dtype: str = "float32",
+             config: str | Path | None = None) -> Description:
     """Which kernel load(task, ...) would run in eager and in compiled calls, and why the reference
     runs where it does, without importing or building anything (a kernel that then fails to build
     runs the reference: the loaded module's describe() says so). print() it for a few lines."""
-    choice, _, _, reasons, backend, kind = _plan(task, db, export_dir, backend, generated_dir, builds_dir, grad, dtype)
+    choice, _, _, reasons, backend, kind = _plan(task, db, export_dir, backend, generated_dir, builds_dir, grad, dtype,
+                                                 config)
     return description(choice, backend, kind, dtype, reasons, loaded=choice.entry is not None)
 
 

@@ -36,6 +36,12 @@ def migrate(db: sqlite_utils.Database) -> None:
             )
 
 
+def pending(db: sqlite_utils.Database) -> list[str]:
+    """The migrations `db` has not had, by name (reading only: for a database opened read-only)."""
+    applied = {row["name"] for row in db[_APPLIED].rows} if _APPLIED in db.table_names() else set()
+    return [fn.__name__ for fn in MIGRATIONS if fn.__name__ not in applied]
+
+
 def _fts(db: sqlite_utils.Database, table: str, columns: list[str]) -> None:
     # Triggers keep the index current without the store having to remember to update it.
     if not db[table].detect_fts():

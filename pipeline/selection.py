@@ -98,7 +98,7 @@ def from_db(task: str, db: Path, backend: str, kind: str, generated: Path, build
 
     if not db.is_file():
         raise LibraryError(f"{db}: no database (run `kgen run`, or pass export_dir=)")
-    store = Store.open(db)
+    store = Store.open(db, reader=True)
     try:
         newest = store.attempts(task=task, limit=1)
         if not newest:

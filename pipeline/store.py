@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 import sqlite3
 import threading
 import time
+import urllib.parse
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 
-from pipeline.migrations import migrate
+from pipeline.migrations import migrate, pending
 from pipeline.records import BuildResult, Completion, EvalResult, summary_fields
 # StoreError is defined beside the queries only because they raise it too and store_queries.py
 # cannot import this module; pipeline.store.StoreError stays its public name.
@@ -89,6 +91,43 @@ def _check_file(path: Path) -> None:
         raise StoreError(f"{path}: not a kgen database (not an SQLite file)")
 
 
+def _unwritable(path: Path) -> str | None:
+    """Why the database at `path` cannot be written (its folder, or the file itself), or None.
+    os.access answers as the kernel would for this process: a read-only mount is refused even to
+    root, a mode bit only to others. SQLite needs the folder too: it writes a journal beside the file."""
+    folder = path.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"its folder {folder} is not writable"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "the file is read-only"
+    return None
+
+
+def _open_read_only(path: Path) -> sqlite_utils.Database:
+    """`path` opened read-only, for a database whose file or folder cannot be written. mode=ro reads
+    a WAL database only where SQLite can still create or reach its -shm beside it; where it cannot,
+    immutable=1 reads the file as it stands (nothing can be writing it, in a folder no one can write)."""
+    uri = "file:" + urllib.parse.quote(str(path.resolve()))
+    for query in ("mode=ro", "mode=ro&immutable=1"):
+        conn = sqlite3.connect(f"{uri}?{query}", uri=True, check_same_thread=False)
+        try:
+            db = sqlite_utils.Database(conn)
+            if "_kgen_migrations" not in db.table_names():
+                raise StoreError(f"{path}: not a kgen database")
+            missing = pending(db)
+            if missing:
+                raise StoreError(f"{path}: read-only, and its schema is older than this kgen's (it lacks "
+                                 f"{missing[0]}): open it once where it can be written")
+            return db
+        except sqlite3.OperationalError as e:
+            conn.close()
+            failure = e
+        except BaseException:
+            conn.close()
+            raise
+    raise StoreError(f"{path}: cannot read the database read-only ({failure})")
+
+
 class Store(StoreQueries):
     """One kgen database file. Safe to share between threads of one process. The read-side
     queries (attempts, attempt, chain, archive, slot_history, run_summary, ...) are inherited
@@ -100,13 +139,22 @@ class Store(StoreQueries):
         self._lock = threading.RLock()
 
     @classmethod
-    def open(cls, path: str | Path) -> Store:
+    def open(cls, path: str | Path, reader: bool = False) -> Store:
+        """The database at `path`, created where missing. A `reader` (a command that only reads)
+        opens an existing file read-only where it or its folder cannot be written; anything else
+        that cannot write there is one line naming the path and why."""
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"{path}: cannot create its folder ({e.strerror or e})") from None
         _check_file(path)
+        unwritable = _unwritable(path)
+        if unwritable and reader and path.is_file():
+            return cls(_open_read_only(path), path)
+        if unwritable:
+            raise StoreError(f"{path}: cannot write the database: {unwritable} (commands that only read it, "
+                             "such as kgen best and kgen attempts, still can)")
         # check_same_thread=False: the Store's own lock serialises use across threads.
         conn = sqlite3.connect(str(path), check_same_thread=False)
         try:

@@ -77,6 +77,14 @@ class StoreQueries:
     # attempts
 
     @_locked
+    def names(self, column: str) -> list[str]:
+        """The distinct tasks or models (`column`) of every stored attempt: what --task and --model
+        can match, so a misspelt one is an error rather than "No attempts match"."""
+        if column not in ("task", "model"):
+            raise ValueError(f"names: {column!r} is not task or model")
+        return [r[column] for r in self.db.query(f"SELECT DISTINCT {column} FROM attempts ORDER BY 1")]
+
+    @_locked
     def attempt_slots(self, run_id: str) -> set[tuple[str, str, str, int, str]]:
         rows = self.db.query(
             "SELECT task, model, template, sample, backend FROM attempts WHERE run_id = ?",

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -53,6 +56,11 @@ def _config(tmp: Path, database: str = "db/other.db") -> Path:
     path.write_text(yaml.safe_dump({"models": [{"name": "m", "provider": "replay", "replay_file": "none.jsonl"}],
                                     "database": database, "generated_dir": "gen"}))
     return path
+
+
+def _env() -> dict[str, str]:
+    """This checkout's kgen for a subprocess, wherever it runs."""
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def _invoke(*args, **kwargs):
@@ -139,10 +147,13 @@ def test_readers_find_the_database_the_same_way(filled, monkeypatch):
 
 def test_an_empty_result_says_nothing_matched(filled):
     cfg = filled["config"]
-    table = _invoke("attempts", "-c", cfg, "--task", "nothing", "--verdict", "correct")
-    assert table.exit_code == 0 and table.output == "No attempts match task nothing, verdict correct.\n"
-    as_json = _invoke("attempts", "-c", cfg, "--task", "nothing", "--json")
-    assert as_json.stdout == "" and as_json.stderr == "No attempts match task nothing.\n"
+    # Values the database knows, that no attempt has together: nothing matched (an unknown value is an
+    # error: test_an_unknown_filter_value_is_one_line_listing_the_valid_ones).
+    table = _invoke("attempts", "-c", cfg, "--task", "cross_entropy", "--verdict", "mismatch")
+    assert table.exit_code == 0 and table.output == "No attempts match task cross_entropy, verdict mismatch.\n"
+    as_json = _invoke("attempts", "-c", cfg, "--model", "qwen2.5-coder-32b-instruct", "--verdict", "correct", "--json")
+    assert as_json.stdout == "" and as_json.stderr == (
+        "No attempts match model qwen2.5-coder-32b-instruct, verdict correct.\n")
     report = _invoke("report", "-c", cfg, "--run", filled["run"], "-o", filled["dir"] / "r.html")
     assert report.exit_code == 0 and report.output.startswith("wrote ")
     with Store.open(filled["db"]) as store:
@@ -150,7 +161,27 @@ def test_an_empty_result_says_nothing_matched(filled):
     empty = _invoke("report", "-c", cfg, "--run", empty_run, "-o", filled["dir"] / "e.html")
     assert empty.output == f"No attempts match run {empty_run}; no report written.\n"
     assert not (filled["dir"] / "e.html").exists()
-    assert _invoke("best", "-c", cfg, "--task", "nothing").output == "No verified attempt for task nothing.\n"
+    assert _invoke("best", "-c", cfg, "--task", "cross_entropy", "--backend", "cuda").output == (
+        "No verified attempt for task cross_entropy.\n")
+
+
+@pytest.mark.parametrize("args, valid", [
+    (["attempts", "--verdict", "nosuch"], "'extract_failed', 'build_failed',"),
+    (["attempts", "--flag", "no_kernel"], "'no_custom_kernel', 'shape_specialized'"),
+    (["attempts", "--task", "cross_entropi"], "'cross_entropy'"),
+    (["attempts", "--model", "qwen"], "'(file)', 'qwen2.5-coder-32b-instruct', 'replay-demo'"),
+    (["best", "--task", "cross_entropi"], "'cross_entropy'"),
+    (["export", "--verdict", "nosuch"], "'correct'"),
+])
+def test_an_unknown_filter_value_is_one_line_listing_the_valid_ones(filled, args, valid):
+    # The installed command, as a user types it: exit status 2 (a usage error), one line on stderr.
+    result = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "-c", str(filled["config"])],
+                            capture_output=True, text=True, cwd=filled["dir"], env=_env())
+    option, value = args[1], args[2]
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"Error: Invalid value for '{option}': '{value}' is not a {option[2:]}")
+    assert valid in result.stderr
 
 
 def test_eval_results_stay_out_of_best_export_and_report_unless_asked(filled):

@@ -97,8 +97,10 @@ def test_best_filters_and_table(db):
     assert "best verified kernels" in table.output
     assert re.search(r"mse .*2\.5 .*2 ", table.output) and re.search(r"hinge .*0\.5 .*0\.4 ", table.output)
     assert "cuda" not in table.output
-    empty = _invoke(best, "--db", db["path"], "--task", "nothing")
-    assert empty.output == "No verified attempt for task nothing.\n"
+    empty = _invoke(best, "--db", db["path"], "--task", "mse", "--backend", "triton")
+    assert empty.output == "No verified attempt for task mse.\n"
+    unknown = _invoke(best, "--db", db["path"], "--task", "nothing")  # a typo is not "nothing verified"
+    assert unknown.exit_code == 2 and "'nothing' is not a task" in unknown.output
 
 
 @pytest.mark.parametrize("command", [best, export, report])

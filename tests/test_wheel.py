@@ -1,0 +1,77 @@
+"""kgen as a user gets it: a wheel built from this tree, installed without -e into a fresh venv, run
+from an empty folder. An editable install (CI's) reads the checkout, so it cannot see a subpackage or
+a bundled file missing from the wheel; this can."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The user's own kernel for mse, in plain PyTorch: judged correct (flagged no_custom_kernel) with no
+# C++ build, so the test's minutes go to the install and the evaluator, not a compiler.
+CANDIDATE = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean((predictions - targets) ** 2)
+'''
+
+
+def _venv(where: Path) -> Path:
+    """A fresh venv that sees this interpreter's packages (torch and the other dependencies) through a
+    .pth, not its kgen: an editable install's finder is a .pth of its own, which Python runs only in a
+    site folder, never in one a .pth names. (`venv --system-site-packages` would see the base
+    interpreter's packages, not this venv's.)"""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    purelib = Path(subprocess.run([str(where / "bin" / "python"), "-c", "import sysconfig; "
+                                   "print(sysconfig.get_paths()['purelib'])"],
+                                  check=True, capture_output=True, text=True).stdout.strip())
+    (purelib / "_kgen_test_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return where / "bin"
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_judges_from_an_empty_folder(tmp_path):
+    wheels = tmp_path / "wheels"
+    # Offline where this venv has setuptools (the build backend pyproject names); else pip fetches it.
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(wheels), str(ROOT)],
+                   check=True, cwd=tmp_path)
+    (wheel,) = wheels.glob("kgen-*.whl")
+    bin_dir = _venv(tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # --force-reinstall: the new venv sees this one's kgen (an editable install's record) and
+    # would otherwise call the wheel installed already.
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(bin_dir / "python"), "install", "-q", "--no-deps",
+                    "--force-reinstall", str(wheel)], check=True, env=env)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    where = subprocess.run([str(bin_dir / "python"), "-c", "import pipeline.evaluate, pipeline.child.harness; "
+                            "from pipeline import bundled; print(bundled.ROOT); "
+                            "print(all(bundled.path(p).exists() for p in ('reference_tasks/mse.py', "
+                            "'prompts/one_shot.j2', 'fixtures/replay/demo.jsonl', 'config.yaml')))"],
+                           cwd=empty, env=env, capture_output=True, text=True)
+    assert where.returncode == 0, where.stderr
+    root, found = where.stdout.split()
+    assert Path(root).is_relative_to(tmp_path / "venv"), root  # the wheel's copy, not this checkout
+    assert found == "True"
+
+    (empty / "candidate.py").write_text(CANDIDATE)
+    judged = subprocess.run([str(bin_dir / "kgen"), "eval", "candidate.py", "--task", "mse", "--backend", "cpu",
+                             "--json"], cwd=empty, env=env, capture_output=True, text=True, timeout=240)
+    assert judged.returncode == 0, judged.stdout + judged.stderr[-3000:]
+    result = json.loads(judged.stdout.splitlines()[-1])
+    assert result["verdict"] == "correct" and result["size"] == "small", result
+    assert (empty / "db" / "kgen.db").is_file()  # stored where this folder's commands look
