@@ -56,7 +56,17 @@ def test_the_reference_as_its_own_candidate_is_correct_in_gradient_mode(name, tm
 def test_the_reference_as_its_own_candidate_is_correct_on_the_gpu(name, size, tmp_path):
     """The same on a GPU, at the short size and at KernelBench's (the task file as written)."""
     result = judge_the_reference(name, size, "cuda", tmp_path)
-    print(f"HONEST {name} {size} {result.verdict.value} claim {result.time_ms} parent {result.wall_ms_per_call}")
+    print(f"HONEST {name} {size} {result.verdict.value} claim {result.time_ms} parent {result.wall_ms_per_call} "
+          f"trusted {result.trusted} bound {result.bound_note}")
+    assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TASKS)
+def test_the_reference_as_its_own_candidate_is_correct_in_gradient_mode_on_the_gpu(name, tmp_path):
+    """Forward plus backward on a GPU under each call's secret upstream gradient."""
+    result = judge_the_reference(name, "odd", "cuda", tmp_path, SETTINGS.model_copy(update={"grad": True}))
+    print(f"HONEST {name} grad {result.verdict.value} claim {result.time_ms} parent {result.wall_ms_per_call}")
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
 
 
