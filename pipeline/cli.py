@@ -262,7 +262,12 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
         from .evalone import evaluate_file
 
         if not no_store:  # a database that cannot be written is one line now, not after the build
-            open_store(db, must_exist=False).close()
+            from .store import StoreError, check_writable
+
+            try:
+                check_writable(Path(db))
+            except StoreError as exc:
+                raise KgenError(str(exc)) from None
         cfg = load(config)
         if cfg is None and size is None:  # no config file: judged as the bundled demo judges (pipeline.bundled)
             size = _demo_config(None, db).tasks.size

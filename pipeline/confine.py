@@ -21,7 +21,6 @@ database, generated code and builds live, is never a path it can read).
 
 from __future__ import annotations
 
-import functools
 import glob
 import json
 import os
@@ -68,14 +67,18 @@ def _blockers(paths: list[str]) -> dict[str, set[str]]:
     return found
 
 
-@functools.cache
 def _python_paths() -> tuple[str, ...]:
     """Python, its standard library and packages; never the project folder (the database's)."""
     project = os.path.abspath(PACKAGE_ROOT)
+    # Never the working directory: `python -m` puts it first on sys.path, and a user's project folder,
+    # its database included, is where kgen is run from (the red team read it through a build child).
+    cwd = os.path.abspath(os.getcwd())
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
     for p in sys.path:
-        if p and os.path.isdir(p) and os.path.abspath(p) != project and not project.startswith(os.path.abspath(p) + os.sep):
-            paths.add(os.path.abspath(p))
+        q = os.path.abspath(p) if p else ""
+        if q and os.path.isdir(q) and q not in (project, cwd) and not project.startswith(q + os.sep) \
+                and not cwd.startswith(q + os.sep):
+            paths.add(q)
     return tuple(sorted(paths))
 
 

@@ -103,6 +103,18 @@ def _unwritable(path: Path) -> str | None:
     return None
 
 
+def check_writable(path: Path) -> None:
+    """StoreError where the database at `path` could not be created or written; creates nothing (a
+    command that then stops on bad input leaves no folder behind)."""
+    if path.exists():
+        reason = _unwritable(path)
+    else:
+        folder = next((p for p in path.parents if p.exists()), None)
+        reason = None if folder is not None and os.access(folder, os.W_OK | os.X_OK) else f"its folder {folder} is not writable"
+    if reason:
+        raise StoreError(f"{path}: cannot write the database: {reason}")
+
+
 def _open_read_only(path: Path) -> sqlite_utils.Database:
     """`path` opened read-only, for a database whose file or folder cannot be written. mode=ro reads
     a WAL database only where SQLite can still create or reach its -shm beside it; where it cannot,

@@ -17,7 +17,9 @@ LEAKS = []
 
 # 1. Secrets in our own environment.
 for name, value in os.environ.items():
-    if name.endswith(("_KEY", "_TOKEN", "SECRET")) or "SECRET" in name or name.startswith("KGEN_"):
+    # KGEN_CORES and KGEN_LANDLOCK are the sandbox's own settings (its cores, Landlock on or off), no secret.
+    if name.endswith(("_KEY", "_TOKEN", "SECRET")) or "SECRET" in name or (
+            name.startswith("KGEN_") and name not in ("KGEN_CORES", "KGEN_LANDLOCK")):
         LEAKS.append(f"env {name}")
 
 # 2. The parent's environment through /proc (same uid, so only Landlock's ptrace scoping stops it).
