@@ -177,6 +177,9 @@ class Progress:
         elif stage == "evaluated":
             self._count("eval", done=1, failed=info.verdict is not Verdict.correct)
             self._event("judged", slot, _verdict(info))
+        elif stage == "error":  # an attempt that raised: not stored, the run fails at its end
+            self._count("eval", done=1, failed=True)
+            self._event("error", slot, f"{type(info).__name__}: {short_error(str(info))}")
         elif stage == "stored":
             self._count("attempt", done=1, failed=info.verdict is not Verdict.correct)
             self._event("stored", slot, info.verdict.value)

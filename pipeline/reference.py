@@ -375,8 +375,13 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     send({"event": "block", "times_ms": block()})
             except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs its ratio, not the run
-                if not compiled:
-                    raise  # eager failing is the reference's own fault, as it always was
+                held_out = bool(request.get("held_out"))
+                if not (compiled or held_out):
+                    raise  # eager failing at the main size is the reference's own fault, as it always was
+                if held_out:  # a held-out size (pipeline.shapes), e.g. out of memory beside the paused child:
+                    ref.release()  # its flag goes unmeasured; the attempt and this process go on
+                    if ref.device.startswith("cuda"):
+                        torch.cuda.empty_cache()
                 send({"event": "block_failed", "error": _one_line(exc)})
         elif request["op"] == "expect":
             for spec in request["specs"]:

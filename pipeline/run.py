@@ -199,7 +199,11 @@ class Runner:
             prompt_id, messages = self.first_prompt(slot)
             answer = await self.generate(slot, prompt_id, messages)
             if answer is not None:
-                verdict = await self.judge(slot, answer)
+                try:
+                    verdict = await self.judge(slot, answer)
+                except Exception as exc:
+                    self.on_event("error", slot, exc)  # not stored: a resume does it again
+                    raise
                 self.store_attempt(slot, answer, verdict)
         finally:
             self._one_done(slot.task.name)

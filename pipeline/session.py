@@ -63,6 +63,7 @@ class Session:
         self.compile_beside = bool(b and b.compiled and self.settings.compile_baseline)
         self.lane = lane_of(env)
         self.own = None  # the parent's look at the built code (pipeline.owncode), set by evaluate
+        self.block_error: str | None = None  # why the reference's last failed block failed
 
     # ---- the conversation ----------------------------------------------------------------------
 
@@ -433,10 +434,11 @@ class Session:
         the main size or `size`; None when it reports the block failed."""
         bench = self.bench
         msgs = bench.request({"op": "time_block", "size": bench.size if size is None else size,
-                              "init_seed": self.plan.init_seed,
+                              "held_out": size is not None, "init_seed": self.plan.init_seed,
                               "seeds": [_seed() for _ in range(calls)], "compiled": compiled,
                               "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, self.lane)
-        if any(m.get("event") == "block_failed" for m in msgs):
+        if (failed := [m for m in msgs if m.get("event") == "block_failed"]):
+            self.block_error = failed[0].get("error")
             return None
         for m in msgs:
             if m.get("event") == "block" and m.get("busy") and "after_ms" in m["busy"]:

@@ -19,7 +19,7 @@ import random
 from typing import Any
 
 from . import owncode
-from .bench import _seed
+from .bench import EvaluationError, _seed
 from .child import protocol as P
 from .child.timing import BLOCK, summarize_blocks
 from .leaderboard import faster
@@ -78,9 +78,16 @@ def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms:
         wall += ms
         session.child.pause()  # what the candidate left running must not slow eager (as Session.eager_block)
         try:
-            eager.extend(session.reference_block(len(seeds), first=b == 0, compiled=False, size=trial.size) or [])
+            block = session.reference_block(len(seeds), first=b == 0, compiled=False, size=trial.size)
+            why = session.block_error
+        except EvaluationError as exc:  # the reference died there; the next request starts it again
+            block, why = None, str(exc)[-300:]
         finally:
             session.child.resume()
+        if block is None:
+            run.error = f"eager at {label} was not timed: {why}"
+            return run
+        eager.extend(block)
     if not times or len(eager) != len(times):
         run.error = f"eager at {label} was not timed"
         return run
