@@ -53,7 +53,11 @@ from .runqueue import Load
 # counts the device's work alone, cold L2 as in the child's timed calls: a claim below 0.65 of that,
 # less a microsecond, is refused, so a clock forged to half is refused down to calls of about 10 us
 # (the H100's readings: docs/benchmarks.md).
-BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cpu": (0.35, 0.05)}  # (relative, milliseconds)
+# In gradient mode on the cpu the Bound calls draw their upstream gradients inside the window and the
+# null model's calibration does not, so the estimate counts that draw too: an honest huber reference
+# read 0.55 of it (a full-suite run, 2026-11-26) and was refused at 35%. There the slack stays 45%.
+BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cpu": (0.35, 0.05),
+               "cpu_grad": (0.45, 0.05)}  # (relative, milliseconds)
 # Where the forward cannot be replayed from a graph, the eager bound's 0.25 ms says little about
 # calls below this: a correct result is kept, untrusted (pipeline.evaluate).
 LOOSE_BELOW_MS = 0.5

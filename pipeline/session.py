@@ -313,7 +313,7 @@ class Session:
             kind = "cuda_graph"
         else:
             per_call = judge.net_per_call(self.calibration, self.bound_windows, bench.device, threads)
-            kind = bench.device
+            kind = "cpu_grad" if bench.device == "cpu" and bench.settings.grad else bench.device
         self.evidence = judge.Evidence(per_call, judge.unloaded_means(self.timed, bench.device, threads))
         self.estimate, claim = judge.pooled(self.prior + [self.evidence])
         times = [t for claimed, _ in self.timed for t in claimed]
