@@ -28,15 +28,14 @@ import stat
 import sys
 from pathlib import Path
 
+from .child import landlock
 from .child import protocol as P
 
 JAIL = str(Path(__file__).resolve().parent / "child" / "jail.py")
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 NOBODY = 65534
-SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt")
-# Of /proc, only the system-wide files libraries read and (added by the jail) the child's own entry.
-PROC_READ = ("cpuinfo", "meminfo", "stat", "loadavg", "uptime", "version", "filesystems", "devices",
-             "modules", "swaps", "sys", "driver")
+# The system and /proc files a child may read (the child's own /proc entry the jail adds).
+SYSTEM_READ, PROC_READ = landlock.SYSTEM_READ, landlock.PROC_READ
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # Folders every process may write that outlive an attempt: each child gets fresh, empty ones.
 SCRATCH_MASKS = ("/tmp", "/var/tmp", "/dev/shm")

@@ -33,12 +33,7 @@ from .profiling import profile, warm_profiler
 from .timing import Clock
 
 
-SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt")
-# Of /proc, only the system-wide files libraries read (CPU and memory info, kernel settings, the
-# NVIDIA driver's) and this process's own entry. Never all of /proc: Landlock does not stop reading
-# another process's /proc/PID/environ, so the parent's or the user's shell's API keys would leak.
-PROC_READ = ("cpuinfo", "meminfo", "stat", "loadavg", "uptime", "version", "filesystems", "devices",
-             "modules", "swaps", "sys", "driver")
+SYSTEM_READ, PROC_READ = landlock.SYSTEM_READ, landlock.PROC_READ
 
 
 def proc_paths() -> list[str]:
