@@ -2,7 +2,7 @@
 (reference start-up and baselines per task; the child's start-up, trials, timing, profile, other
 sizes), as medians over the batch's attempts. Used by `STEP=batch` in gpu_check.sh (issue 14).
 
-    python3 scripts/batch_phases.py db/batch.db
+    python3 bench/batch_phases.py db/batch.db
 """
 
 from __future__ import annotations

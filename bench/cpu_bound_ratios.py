@@ -6,7 +6,7 @@ mse: the child's median call over the parent's own estimate of a call (`claim/es
 refuses below (1 - rel) - abs/est of it (pipeline.judge.BOUND_SLACK); a `*` marks a result that was
 judged twice (its first evaluation refused on the parent's clock alone).
 
-    python scripts/cpu_bound_ratios.py --runs 2 --load none|spin|copy
+    python bench/cpu_bound_ratios.py --runs 2 --load none|spin|copy
 
 `--load` runs two processes beside it for the whole probe: `spin` (busy loops) or `copy` (numpy
 copies of 64 MB, the memory traffic of a neighbour). Logs: docs/device-logs/2026-11-26b-cpu-bound-*.
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from pipeline import evaluate  # noqa: E402
+from pipeline.judge import evaluate  # noqa: E402
 from pipeline.child import tasks  # noqa: E402
 import test_redteam as R  # noqa: E402  (the red team's settings, candidates and real_ms)
 

@@ -1,6 +1,6 @@
 """Probe: the cpu judge, again and again, on one candidate: idle or beside two busy loops.
 
-    python scripts/cpu_judge_probe.py CANDIDATE [--runs 10] [--load none|spin] [--factor F]
+    python bench/cpu_judge_probe.py CANDIDATE [--runs 10] [--load none|spin] [--factor F]
 
 CANDIDATE: a file under tests/redteam (honest_fast_mse.py, honest_cpp.py, omp_all_cores.py, ...), or
 `clock-F`: tests/redteam/clock_instance_patch.py claiming F of each call's real time. mse at the
@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from pipeline import build, evaluate  # noqa: E402
+from pipeline.build import build
+from pipeline.judge import evaluate  # noqa: E402
 from pipeline.child import tasks  # noqa: E402
 import test_redteam as R  # noqa: E402
 

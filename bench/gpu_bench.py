@@ -8,15 +8,16 @@ from __future__ import annotations
 import json
 import os
 
-from pipeline import evaluate, sandbox
-from pipeline.child import tasks
+from pipeline.judge import evaluate
+from pipeline import sandbox
+from pipeline.child import HARNESS, tasks
 from pipeline.config import load_config
-from pipeline.store import Store
+from pipeline.store.store import Store
 
 cfg = load_config("config-h100.yaml")
 store = Store.open(cfg.path(cfg.database))
 rows = []
-spares = sandbox.Spares("pipeline.child.harness", ["eval"])  # as a GPU lane of `kgen run` does
+spares = sandbox.Spares(HARNESS, ["eval"])  # as a GPU lane of `kgen run` does
 for task in tasks.discover(cfg.path(cfg.tasks.directory), os.environ.get("BENCH_TASKS", "*").split()):
     best = [a for a in store.attempts(task=task.name, verdict="correct") if a["backend"] == "cuda"]
     if not best:

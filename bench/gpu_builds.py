@@ -7,7 +7,7 @@ precompiled headers, the .cu against torch/types.h) and `plain` (the candidate's
 (fixtures/replay/demo.jsonl) and any completions in --seeds DIR (*.txt), each extracted by kgen's own
 extractor.
 
-    python3 scripts/gpu_builds.py [--seeds .seeds] [--modes light,fast,plain] [--alone light=99,fast=3,plain=0]
+    python3 bench/gpu_builds.py [--seeds .seeds] [--modes light,fast,plain] [--alone light=99,fast=3,plain=0]
 
 Every build runs in its own fresh folder through pipeline.build, as a batch runs it (no GPU visible,
 the lanes' architecture named, MAX_JOBS = cores / concurrent builds)."""
@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import build, extract, headers  # noqa: E402
+from pipeline.build import build, headers
+from pipeline.generate import extract  # noqa: E402
 
 
 def candidates(seeds: Path | None) -> list[tuple[str, str]]:
@@ -67,7 +68,7 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
                              split=mode != "light-serial", spares=spares)
         row = dict(label=label, name=name, mode=mode, at_once=at_once, seconds=round(result.seconds, 1),
                    ok=result.ok, headers=result.headers,
-                   # The build child's own line in its log (pipeline/nvcc_split.py): a note, not a measurement of ours.
+                   # The build child's own line in its log (pipeline/build/nvcc_split.py): a note, not a measurement of ours.
                    nvcc=[ln.split("steps ", 1)[1] for ln in result.log.splitlines() if ln.startswith("[kgen-nvcc]")])
         print("BUILD", json.dumps(row), flush=True)
         if not result.ok:

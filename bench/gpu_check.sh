@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Everything the H100 must show, in one call on the device machine (see docs/benchmarks.md):
-#   STEP=known  the known kernels (scripts/gpu_known.py), at a call's start and end: they must agree
+#   STEP=known  the known kernels (bench/gpu_known.py), at a call's start and end: they must agree
 #   STEP=tests  the CUDA red team (tests/test_gpu.py) and honest references on every task (tests/test_honest.py)
 #   STEP=runA / runB  `kgen run -c config-h100.yaml` into db/h100-A.db or -B.db (fresh baselines each)
-#   STEP=compare  runA against runB, attempt by attempt (scripts/gpu_compare.py)
+#   STEP=compare  runA against runB, attempt by attempt (bench/gpu_compare.py)
 #   STEP=refine  `kgen run -c config-refine.yaml` at KernelBench sizes on cuda, then per turn (search_turns.py)
 #   STEP=run    `kgen run -c config-h100.yaml` (KernelBench sizes, cuda backend; resumes if cut off)
 #   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
@@ -16,11 +16,11 @@
 #               served2, ...: judged by a `kgen serve` started before the first of them
 #   STEP=nvcc   where a CUDA build's seconds go: nvcc's phases, g++ on main.cpp (gpu_probe_nvcc.py)
 #   STEP=grad   forward-plus-backward kernels (fixtures/grad/) in gradient mode, float32 and bfloat16, and a
-#               training loop through pipeline.library against plain PyTorch (scripts/gpu_grad.py)
+#               training loop through pipeline.library against plain PyTorch (bench/gpu_grad.py)
 #   STEP=triton the Triton backend's red team compiled by Triton's JIT on the GPU (tests/test_triton.py)
 #   STEP=ray    unpack the carried Ray (.ray/, see docs/benchmarks.md) and start it once
 #   STEP=lanes  config-batch.yaml's distinct candidates, pass by pass (LANE_PASSES: cold, local1, local2,
-#               ray1, ray2: executor and GPUs), each GPU's utilisation sampled; scripts/gpu_lanes.py
+#               ray1, ray2: executor and GPUs), each GPU's utilisation sampled; bench/gpu_lanes.py
 #   STEP=probe  eager and torch.compile baselines under several timing protocols (gpu_probe_compile.py)
 #   STEP=noise  run-to-run variance of a copy, eager and compiled references, with GPU clocks sampled
 # Logs go to $OUT (the device tool brings them back).
@@ -38,7 +38,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 for step in ${STEP:-tests run bench}; do
   case $step in
     known) for g in $(nvidia-smi --query-gpu=index --format=csv,noheader); do
-             CUDA_VISIBLE_DEVICES=$g python3 scripts/gpu_known.py "$(date +%T) gpu$g" 2>&1 | tee -a "$OUT/known.log" | grep KNOWN
+             CUDA_VISIBLE_DEVICES=$g python3 bench/gpu_known.py "$(date +%T) gpu$g" 2>&1 | tee -a "$OUT/known.log" | grep KNOWN
            done ;;
     ray) mkdir -p /tmp/site && tar -C /tmp/site -xJf .ray/ray-stripped.tar.xz \
            && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .ray/*.whl
@@ -67,7 +67,7 @@ while time.monotonic() < end: x = torch.tanh(x @ x); torch.cuda.synchronize()' &
            kill $smi ${hog}
            echo "$pass" >> db/lanes-passes.txt
          done
-         python3 scripts/gpu_lanes.py db/batch.db "$OUT" $(cat db/lanes-passes.txt) 2>&1 | tee -a "$OUT/lanes.log"
+         python3 bench/gpu_lanes.py db/batch.db "$OUT" $(cat db/lanes-passes.txt) 2>&1 | tee -a "$OUT/lanes.log"
          cp db/batch.db "$OUT/batch.db" ;;
     runA|runB) tag=${step#run}
          sed "s#db/h100-ab.db#db/h100-$tag.db#" config-h100-ab.yaml > "config-h100-$tag.yaml"
@@ -78,19 +78,19 @@ while time.monotonic() < end: x = torch.tanh(x @ x); torch.cuda.synchronize()' &
          start=$(date +%s)
          timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100-refine.yaml 2>&1 | tee "$OUT/refine.log" | tail -25
          echo "refine wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/refine.log"
-         python3 scripts/search_turns.py db/h100-refine.db 2>&1 | tee "$OUT/refine_turns.log"
+         python3 bench/search_turns.py db/h100-refine.db 2>&1 | tee "$OUT/refine_turns.log"
          cp db/h100-refine.db "$OUT/h100-refine.db" ;;
     builds) for i in 1 2; do  # what a build child pays before any compiler runs: torch's import, no GPU visible
               s=$(date +%s%N); CUDA_VISIBLE_DEVICES= python3 -c 'import torch.utils.cpp_extension'
               echo "STARTUP import torch.utils.cpp_extension: $(( ($(date +%s%N) - s) / 1000000 )) ms" | tee -a "$OUT/builds-startup.log"
             done
-            timeout ${BUILD_LIMIT:-480} python3 scripts/gpu_builds.py ${BUILD_ARGS:-} $( [ -d .seeds ] && echo --seeds .seeds ) 2>&1 \
+            timeout ${BUILD_LIMIT:-480} python3 bench/gpu_builds.py ${BUILD_ARGS:-} $( [ -d .seeds ] && echo --seeds .seeds ) 2>&1 \
               | tee "$OUT/builds.log" | grep -E "^BUILD|PCH|candidates|^[a-z]+-(alone|x)|builds|SKIP" ;;
     grad) db=${GRAD_DB:-$OUT/grad.db}  # GRAD_DB: a carried database of an earlier call's attempts, added to
-          timeout ${GRAD_LIMIT:-420} python3 scripts/gpu_grad.py --db "$db" ${GRAD_ARGS:-} 2>&1 | tee "$OUT/grad.log" \
+          timeout ${GRAD_LIMIT:-420} python3 bench/gpu_grad.py --db "$db" ${GRAD_ARGS:-} 2>&1 | tee "$OUT/grad.log" \
               | grep -E "^(BUILD|GRAD|TRAIN)|Traceback|Error"
           [ "$db" = "$OUT/grad.db" ] || cp "$db" "$OUT/grad.db" ;;
-    evalwall) python3 -c "import json; from pipeline import extract
+    evalwall) python3 -c "import json; from pipeline.generate import extract
 e = [json.loads(l) for l in open('fixtures/replay/demo.jsonl') if json.loads(l)['backend'] == 'cuda'][0]
 open('/tmp/cand_mse.py', 'w').write(extract.extract(e['text']).code)"
          for pass in ${EVALWALL_PASSES:-build cached cached-cold-compile-cache cached2}; do
@@ -105,10 +105,10 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
            { echo "== $pass"; cat "/tmp/evalwall-$pass.json"; } >> "$OUT/evalwall-json.txt"
          done
          [ -n "${srv:-}" ] && { kill $srv; wait $srv; srv=; } ;;
-    nvcc) timeout ${PROBE_LIMIT:-300} python3 scripts/gpu_probe_nvcc.py 2>&1 | tee "$OUT/probe_nvcc.log" | grep -v "^$" ;;
+    nvcc) timeout ${PROBE_LIMIT:-300} python3 bench/gpu_probe_nvcc.py 2>&1 | tee "$OUT/probe_nvcc.log" | grep -v "^$" ;;
     triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/triton.log" \
               | grep -E "TRITON|passed|failed|Error" ;;
-    compare) python3 scripts/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
+    compare) python3 bench/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
     tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_honest.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|HONEST|passed|failed|Error"
            { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; ps -eo pid,ppid,stat,etime,args; } > "$OUT/after_tests_processes.txt"
            # A pytest stopped by TEST_LIMIT can leave its children's GPU memory behind for a while:
@@ -121,16 +121,16 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
     run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100.yaml ${RUN_ARGS:-} 2>&1 | tee "$OUT/run.log" | tail -40
          kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"
          cp db/h100.db "$OUT/h100.db" ;;
-    bench) python3 scripts/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;
-    probe2) timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_timing.py 2>&1 | tee "$OUT/probe2.log" ;;
-    ab) python3 scripts/gpu_profiler_ab.py 2>&1 | tee "$OUT/ab.log" ;;
-    probe3) timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_refill.py 2>&1 | tee "$OUT/probe3.log" ;;
-    probe) timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_compile.py 2>&1 | tee "$OUT/probe.log" ;;
-    library) python3 scripts/gpu_library.py 2>&1 | tee "$OUT/library.log" ;;
+    bench) python3 bench/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;
+    probe2) timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_timing.py 2>&1 | tee "$OUT/probe2.log" ;;
+    ab) python3 bench/gpu_profiler_ab.py 2>&1 | tee "$OUT/ab.log" ;;
+    probe3) timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_refill.py 2>&1 | tee "$OUT/probe3.log" ;;
+    probe) timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_compile.py 2>&1 | tee "$OUT/probe.log" ;;
+    library) python3 bench/gpu_library.py 2>&1 | tee "$OUT/library.log" ;;
     noise) nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
              --format=csv,noheader -lms 200 > "$OUT/clocks.csv" &
            smi=$!
-           timeout ${PROBE_LIMIT:-400} python3 scripts/gpu_probe_noise.py 2>&1 | tee "$OUT/noise.log" | tail -45
+           timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_noise.py 2>&1 | tee "$OUT/noise.log" | tail -45
            kill $smi ;;
     batch) nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util.csv" &
            smi=$!
@@ -140,7 +140,7 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
            echo "batch wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/batch.log"
            kill $smi
            db=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['database'])" "$cfg")
-           python3 scripts/batch_phases.py "$db" | tee -a "$OUT/batch.log"
+           python3 bench/batch_phases.py "$db" | tee -a "$OUT/batch.log"
            # sqlite's backup, not cp: a copy of the main file alone leaves out what is still in the WAL
            python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
              "$db" "$OUT/batch-$(basename "$db")" ;;

@@ -2,14 +2,14 @@
 completions are the same in both): each correct kernel's time and eager timed beside it, and how far
 the second run is from the first.
 
-    python scripts/gpu_compare.py db/h100-start.db db/h100-end.db
+    python bench/gpu_compare.py db/h100-start.db db/h100-end.db
 """
 
 from __future__ import annotations
 
 import sys
 
-from pipeline.store import Store
+from pipeline.store.store import Store
 
 
 def best(path: str) -> dict[tuple, dict]:

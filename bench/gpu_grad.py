@@ -2,8 +2,8 @@
 with eager and torch.compile doing forward plus backward timed side by side; then a training-style
 loop (forward, backward, SGD step) through pipeline.library against the same loop in plain PyTorch.
 
-    python3 scripts/gpu_grad.py --backend cuda                       # fixtures/grad/{task}_cuda.py
-    python3 scripts/gpu_grad.py --backend cpu --tasks huber --dtypes float32   # a dry run on the CPU
+    python3 bench/gpu_grad.py --backend cuda                       # fixtures/grad/{task}_cuda.py
+    python3 bench/gpu_grad.py --backend cpu --tasks huber --dtypes float32   # a dry run on the CPU
 
 Prints one GRAD line per task and dtype, one TRAIN line per loop; the attempts go into a fresh
 SQLite file (--db), from which the library loads them, as a user's would."""
@@ -24,10 +24,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import build, evaluate, library  # noqa: E402
+from pipeline.build import build
+from pipeline.judge import evaluate
+from pipeline.library import replay as library  # noqa: E402
 from pipeline.child import tasks  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
-from pipeline.store import Store  # noqa: E402
+from pipeline.store.store import Store  # noqa: E402
 
 SIZES = {"mse": "batch_size=2048,input_shape=(4096,)", "huber": "batch_size=2048,input_shape=(4096,)",
          "hinge": "batch_size=4096,input_shape=(4096,)"}
@@ -82,7 +84,7 @@ def main() -> int:
         built = dict(pool.map(one, names))
     store = Store.open(db_path)
     run_id = store.start_run("{}", "[]", args.backend, args.backend, torch.__version__, torch.version.cuda,
-                             note="scripts/gpu_grad.py")
+                             note="bench/gpu_grad.py")
     for dtype in [d for d in args.dtypes.split(",") if d]:
         settings = cfg.evaluation.model_copy(update={"grad": True, "dtype": dtype})
         for t in names:

@@ -2,7 +2,7 @@
 disagree by more than 2%, no number from that call is trusted. Each is timed with the evaluator's own
 clock (flushed, behind the hold, median of 30). Prints one JSON line.
 
-    python scripts/gpu_known.py LABEL
+    python bench/gpu_known.py LABEL
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 attempts per hour and each GPU's busy fraction; then every pass against the first, attempt by
 attempt (the same completions): verdicts that differ, and how far the kernel's time moved.
 
-    python scripts/gpu_lanes.py DB OUT LABEL...
+    python bench/gpu_lanes.py DB OUT LABEL...
 
 The passes are the DB's runs in start order, named by LABEL; OUT/util-LABEL.csv holds nvidia-smi's
 samples for that pass (timestamp, index, utilization.gpu; every 0.5 s).
@@ -17,7 +17,7 @@ from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 
-from pipeline.store import Store
+from pipeline.store.store import Store
 
 
 def busy(path: Path) -> dict[str, float]:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import torch
 
-from pipeline import evaluate, library
+from pipeline.judge import evaluate
+from pipeline.library import replay as library
 from pipeline.child import tasks, timing
 from pipeline.config import load_config
 from pipeline.leaderboard import best_rows
-from pipeline.store import Store
+from pipeline.store.store import Store
 from pipeline.child.timing import Clock
 
 cfg = load_config("config-h100.yaml")

@@ -3,8 +3,8 @@ honest kernel, phase by phase, in one process (no sandbox, no parent): the child
 replayed as they are (inputs from a seed per call, the calls, one sync, each output put into an
 outbox memfd), each phase timed with the wall clock.
 
-    python3 scripts/gpu_probe_bound.py --task mse --dtype bfloat16          # fixtures/grad/mse_cuda.py
-    python3 scripts/gpu_probe_bound.py --backend cpu --task huber --size small --dtype float32
+    python3 bench/gpu_probe_bound.py --task mse --dtype bfloat16          # fixtures/grad/mse_cuda.py
+    python3 bench/gpu_probe_bound.py --backend cpu --task huber --size small --dtype float32
 
 Why: on the H100 the parent's clock put honest forward-plus-backward kernels at 1.7-2.1 ms a call
 against 0.06-0.1 ms claimed (docs/benchmarks.md, tenth session), in some attempts and not others.
@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import build  # noqa: E402
+from pipeline.build import build  # noqa: E402
 from pipeline.child import protocol as P  # noqa: E402
 from pipeline.child import tasks  # noqa: E402
 from pipeline.child.grad import ForwardBackward, Grads  # noqa: E402

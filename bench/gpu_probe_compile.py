@@ -116,7 +116,7 @@ def main() -> None:
               f"{r['clock']:>9.3f}{r['clock_async']:>9.3f}{r['cpu_us']:>8.0f}")
 
     # The same baselines through the sandboxed reference process that `kgen run` uses.
-    from pipeline import evaluate
+    from pipeline.judge import evaluate
     from pipeline.config import load_config
 
     settings = load_config(os.path.join(ROOT, "config-h100.yaml")).evaluation

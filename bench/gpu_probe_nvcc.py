@@ -3,7 +3,7 @@ completion through pipeline.build (fast headers), then re-run its two compile co
 ninja file by hand, timed, and nvcc once more with --time (per phase: cudafe++, cicc, ptxas, the
 host compiler), with the fast include folder and without it.
 
-    python3 scripts/gpu_probe_nvcc.py"""
+    python3 bench/gpu_probe_nvcc.py"""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import build, extract  # noqa: E402
+from pipeline.build import build
+from pipeline.generate import extract  # noqa: E402
 
 
 def main() -> int:

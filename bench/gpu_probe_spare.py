@@ -7,7 +7,7 @@ the seconds to import torch, to initialise CUDA, for a first tensor, for the fir
 and a second one. Then the known mse and a 4096 matmul are timed with the evaluator's clock alone,
 and while fresh processes start CUDA and the profiler in a loop on other cores, alternating.
 
-    python3 scripts/gpu_probe_spare.py
+    python3 bench/gpu_probe_spare.py
 """
 
 from __future__ import annotations

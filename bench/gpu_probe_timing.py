@@ -115,7 +115,7 @@ def part2() -> None:
 
 def part3() -> None:
     """The reference process's stages, with and without the compile baseline."""
-    from pipeline import evaluate
+    from pipeline.judge import evaluate
     from pipeline.config import load_config
 
     settings = load_config(ROOT / "config-h100.yaml").evaluation

@@ -7,14 +7,15 @@ from __future__ import annotations
 import os
 import statistics
 
-from pipeline import evaluate, sandbox
-from pipeline.child import tasks
+from pipeline.judge import evaluate
+from pipeline import sandbox
+from pipeline.child import HARNESS, tasks
 from pipeline.config import load_config
-from pipeline.store import Store
+from pipeline.store.store import Store
 
 cfg = load_config("config-h100.yaml")
 store = Store.open(cfg.path(cfg.database))
-spares = sandbox.Spares("pipeline.child.harness", ["eval"])
+spares = sandbox.Spares(HARNESS, ["eval"])
 for task in tasks.discover(cfg.path(cfg.tasks.directory), os.environ.get("AB_TASKS", "cross_entropy kl_div").split()):
     best = [a for a in store.attempts(task=task.name, verdict="correct") if a["backend"] == "cuda"]
     a = min(best, key=lambda r: r["time_ms"])

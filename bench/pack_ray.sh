@@ -3,7 +3,7 @@
 # (79 MB) is over what a call carries, so it travels unpacked, without the parts kgen never imports
 # (Java jars, the dashboard's web client, rllib, data, serve, tune, train), as one .tar.xz (28 MB),
 # with the four packages Ray needs that the image lacks (unzip, not zipfile: the servers need their exec bits).
-#     bash scripts/pack_ray.sh        then carry ".ray"
+#     bash bench/pack_ray.sh        then carry ".ray"
 set -euo pipefail
 VERSION=${RAY_VERSION:-2.60.0}
 where=$(mktemp -d)

@@ -1,6 +1,6 @@
-"""Which layer of the jail (pipeline/confine.py) stops CUDA from starting: each layer alone, then all.
+"""Which layer of the jail (pipeline/sandbox/confine.py) stops CUDA from starting: each layer alone, then all.
 
-    python3 scripts/probe_jail_cuda.py      (on the device machine; prints one line a variant)
+    python3 bench/probe_jail_cuda.py      (on the device machine; prints one line a variant)
 """
 import json
 import os
@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pipeline import confine  # noqa: E402
+from pipeline.sandbox import confine  # noqa: E402
 
 CODE = "import torch; torch.cuda.init(); print('CUDA', torch.cuda.device_count(), torch.empty(1, device='cuda').item())"
 print(subprocess.run(["ls", "-l", "/dev/"], capture_output=True, text=True).stdout)

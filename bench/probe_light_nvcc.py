@@ -2,7 +2,7 @@
 a one-off probe, docs/benchmarks.md): seconds each, whether each builds, and whether the two objects
 hold the same device code (the .nv_fatbin section, byte for byte) and the same exported host symbols.
 
-    python3 scripts/probe_light_nvcc.py [--seeds ../shared/seeds] [--stubs DIR] [--arch 9.0]
+    python3 bench/probe_light_nvcc.py [--seeds ../shared/seeds] [--stubs DIR] [--arch 9.0]
 
 Sources: the first CUDA completion of each task in fixtures/replay/demo.jsonl, and each seed file
 given. One nvcc at a time. On a machine whose torch is the CPU build (no GPU needed: nvcc only
@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import extract, headers  # noqa: E402
+from pipeline.generate import extract
+from pipeline.build import headers  # noqa: E402
 
 
 def sources(seeds: Path | None) -> dict[str, str]:

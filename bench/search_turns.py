@@ -1,6 +1,6 @@
 """Per turn of a search run: correct %, fast_1, fast_compile, best speedup, and where the seconds went.
 
-    python scripts/search_turns.py db/h100-refine.db [RUN_ID]
+    python bench/search_turns.py db/h100-refine.db [RUN_ID]
 
 The conversation figures are kgen report's (pipeline.report.search_data: each conversation's best so
 far after the turn). Seconds are summed over the turn's attempts: the model call (completions.seconds,
@@ -15,8 +15,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from pipeline.report import search_data
-from pipeline.store import Store
+from pipeline.report.page import search_data
+from pipeline.store.store import Store
 
 
 def main(db: str, run_id: str | None = None) -> None:

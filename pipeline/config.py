@@ -114,7 +114,7 @@ class TaskSelection(_Strict):
     kernelbench: str | None = None
     """A KernelBench checkout (or its KernelBench/ folder), relative to the config file: the tasks are
     its levelN/ID_Name.py files instead of `directory`'s, each attempt stored with its level and
-    problem id (pipeline/kernelbench.py). `names` then matches file stems among the chosen files."""
+    problem id (pipeline/run/kernelbench.py). `names` then matches file stems among the chosen files."""
     levels: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
     """With kernelbench: the levels to take (a levelN folder each)."""
     problems: list[int | str] | None = None
@@ -223,7 +223,7 @@ class EvalConfig(_Strict):
                                        "netns", "not_root"]] = Field(
         default_factory=lambda: ["filesystem", "network", "seccomp", "private_tmp", "before_exec", "not_root"])
     """What the parent must have set on the candidate's child, and checked, for a result to be
-    trusted (pipeline/confine.py, Confinement); a result below it keeps its verdict but is stored as
+    trusted (pipeline/sandbox/confine.py, Confinement); a result below it keeps its verdict but is stored as
     untrusted, with the reason. `before_exec`: set before the interpreter started, so on every thread."""
 
 
@@ -250,7 +250,7 @@ class Target(_Strict):
 
 class SearchConfig(_Strict):
     """How kgen searches: one shot per slot, a refining conversation per slot, or an evolving
-    archive per task (pipeline.search)."""
+    archive per task (pipeline.run.search)."""
 
     strategy: Literal["single", "refine", "evolve"] = "single"
     """single: one prompt, one verdict per slot. refine: the verdict becomes the next user turn, up
@@ -305,7 +305,7 @@ class Config(_Strict):
     build_workers: int = Field(default=0, ge=0, le=256)
     """Parallel builds; 0 sizes the pool to the machine's cores and memory."""
     fast_builds: bool = True
-    """Build against kgen's precompiled subset of torch's headers (pipeline/headers.py), falling back
+    """Build against kgen's precompiled subset of torch's headers (pipeline/build/headers.py), falling back
     to torch/extension.h as written for a candidate that needs more; false: always as written."""
     executor: Literal["local", "ray"] = "local"
     """local: subprocesses on this machine. ray: builds and evaluations as Ray tasks."""

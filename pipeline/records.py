@@ -118,7 +118,7 @@ class BuildResult(Record):
     """True when a previous successful build of the same hash was reused."""
     headers: Literal["light", "fast", "plain"] = "plain"
     """light: the .cu files against kgen's light ATen header, main.cpp as in fast; fast: against
-    kgen's precompiled subset of torch's headers (pipeline/headers.py); plain: against
+    kgen's precompiled subset of torch's headers (pipeline/build/headers.py); plain: against
     torch/extension.h as written (fast builds off, or after the faster builds failed)."""
 
 
@@ -162,7 +162,7 @@ class Timing(Record):
 
 class Ratio(Record):
     """A speedup taken pair by pair: each of the candidate's timed blocks against the reference's
-    block timed right after it (pipeline.session.Session.eager_block)."""
+    block timed right after it (pipeline.judge.session.Session.eager_block)."""
 
     median: float
     """Median over the pairs of the reference block's mean over the candidate block's mean."""
@@ -196,7 +196,7 @@ class Baselines(Record):
 
 
 class OwnCode(Record):
-    """The parent's own look at what a candidate built (pipeline.owncode): the extension files in its
+    """The parent's own look at what a candidate built (pipeline.judge.owncode): the extension files in its
     build folder and, for Triton, the @triton.jit functions in its source. It can show that there is
     no code of the candidate's own (then `no_custom_kernel` is the parent's finding); code it finds
     may still never run, which only the child's profile says (a claim)."""
@@ -258,7 +258,7 @@ class EvalResult(Record):
     """Marks beside a correct verdict: the parent's findings and the child's claims alike."""
     claimed_flags: list[Flag] = Field(default_factory=list)
     """Those of `flags` raised on the child's own report (its profile), not on anything the parent
-    checked; the rest are the parent's findings (pipeline.owncode.flags_for)."""
+    checked; the rest are the parent's findings (pipeline.judge.owncode.flags_for)."""
     own_code: OwnCode | None = None
     """The parent's look at the built code (None: rows from before it, or no build folder)."""
     shapes: list[ShapeRun] = Field(default_factory=list)
@@ -287,7 +287,7 @@ class EvalResult(Record):
     """Eager, compile and floor on the same device."""
     first_refusal: str | None = None
     """Where this verdict is a second evaluation's: the first one's refusal, which rested on the
-    parent's clock alone and so was not kept without a second (pipeline.evaluate.evaluate)."""
+    parent's clock alone and so was not kept without a second (pipeline.judge.evaluate.evaluate)."""
     bound_note: str | None = None
     """How the parent measured its bound on the child's times (on a GPU: replayed from CUDA graphs,
     or eager requests and why); not stored."""
@@ -304,7 +304,7 @@ class EvalResult(Record):
     untrusted_reason: str | None = None
     """Why it is not trusted."""
     device_unfit: str | None = None
-    """Why the device was not fit to time around this attempt (pipeline.health): its timing, if it
+    """Why the device was not fit to time around this attempt (pipeline.judge.health): its timing, if it
     has one, is not trusted, it is kept out of `best`, and a resume on a fit device re-times it."""
     device: str = ""
     """Device name the attempt ran on."""

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from pipeline.records import Baselines, EvalResult, Timing, Verdict
-from pipeline.store import Store
+from pipeline.store.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

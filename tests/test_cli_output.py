@@ -21,12 +21,12 @@ import yaml
 from click.testing import CliRunner
 from rich.console import Console
 
-from pipeline.cli import main
-from pipeline.progress import Progress, RunStart
+from pipeline.cli.main import main
+from pipeline.cli.progress import Progress, RunStart
 from pipeline.records import Baselines, BuildResult, Completion, EvalResult, Flag, Timing, Usage, Verdict
-from pipeline.show import render_attempt
-from pipeline.store import Store
-from pipeline.tables import attempts_table, best_table, run_summary, short_error
+from pipeline.cli.show import render_attempt
+from pipeline.store.store import Store
+from pipeline.cli.tables import attempts_table, best_table, run_summary, short_error
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = ["run", "attempts", "show", "eval", "best", "export", "report"]
@@ -323,7 +323,7 @@ def test_a_resumed_run_shows_its_stored_attempts_not_0_of_0(tmp_path):
     import asyncio
 
     from pipeline.config import load_config
-    from pipeline.run import Runner
+    from pipeline.run.batch import Runner
 
     replay = tmp_path / "replay.jsonl"
     replay.write_text(json.dumps({"task": "mse", "backend": "cpu", "text": "none"}) + "\n")

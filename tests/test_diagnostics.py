@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pipeline.diagnostics import MESSAGE_CAP, SOURCE_CAP, Diagnostic, compiler_errors
+from pipeline.generate.diagnostics import MESSAGE_CAP, SOURCE_CAP, Diagnostic, compiler_errors
 
 # C++ as a candidate writes it: tabs in one line (gcc echoes tabs expanded), a one-line declaration.
 CPP = """\

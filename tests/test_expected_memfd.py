@@ -1,6 +1,6 @@
 """Issue 27 item 2: an attempt's expected values (and the cpu's inbox inputs) never exist where a
 child could open them. The reference hands them to the parent as sealed memfds over a Unix socket
-(pipeline.reference.sealed_memfd, sandbox.Child.fd_socket); no path names them, and a candidate's
+(pipeline.judge.reference.sealed_memfd, sandbox.Child.fd_socket); no path names them, and a candidate's
 child inherits no descriptor of them. A child that escaped its sandbox once read them from the
 kgen-expected-* folder under /tmp and returned them as its answers."""
 
@@ -12,8 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline import evaluate, sandbox
-from pipeline.child import tasks
+from pipeline.judge import evaluate
+from pipeline import sandbox
+from pipeline.child import HARNESS, tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict
 
@@ -52,7 +53,7 @@ def _harness_children() -> list[int]:
                 cmdline = f.read()
         except OSError:
             continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == os.getpid() and b"pipeline.child.harness" in cmdline:
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == os.getpid() and HARNESS.encode() in cmdline:
             found.append(int(entry.name))
     return found
 

@@ -3,7 +3,7 @@ import textwrap
 
 import pytest
 
-from pipeline.extract import extract, save
+from pipeline.generate.extract import extract, save
 
 FINAL = """\
 import torch

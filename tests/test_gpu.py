@@ -1,6 +1,6 @@
 """The CUDA red team: adversarial candidates built with nvcc and judged on a real GPU.
 
-Skipped without CUDA (CI); run on the device machine by scripts/gpu_check.sh.
+Skipped without CUDA (CI); run on the device machine by bench/gpu_check.sh.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, evaluate, health
+from pipeline.build import build
+from pipeline.judge import evaluate, health
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.leaderboard import is_verified
@@ -198,7 +199,7 @@ CASES = {
     "forged_clock": (0, FORGED_CLOCK, {Verdict.correct, Verdict.impossible_timing}),
     "forged_half": (0, FORGED_HALF, {Verdict.correct, Verdict.impossible_timing}),
     # Work left on the GPU after a block, running while the child is stopped and eager is timed:
-    # the reference's own probe (pipeline.reference.IdleProbe) waits it out or refuses.
+    # the reference's own probe (pipeline.judge.reference.IdleProbe) waits it out or refuses.
     "leftover_spinner": (6, CALL, {Verdict.correct, Verdict.impossible_timing}),
 }
 
@@ -215,7 +216,7 @@ def _write(tmp: Path, name: str) -> tuple[Path, str]:
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
     """All candidates built in parallel (they share source text, but each hash gets its own dir), as
-    a batch builds them: the .cu against the light ATen header (pipeline/headers.py)."""
+    a batch builds them: the .cu against the light ATen header (pipeline/build/headers.py)."""
     tmp = tmp_path_factory.mktemp("redteam_cuda")
     files = {name: _write(tmp, name) for name in CASES}
     with ThreadPoolExecutor(len(files)) as pool:
@@ -390,7 +391,7 @@ def test_two_lanes_share_a_batch_and_an_unfit_gpu_is_retired(built):
     and a trusted timing from the first GPU."""
     import asyncio
 
-    from pipeline.executor import LocalExecutor, visible_gpus
+    from pipeline.run.executor import LocalExecutor, visible_gpus
 
     gpus = visible_gpus()
     notices: list[str] = []
@@ -429,7 +430,7 @@ def test_the_parent_reads_free_gpu_memory_from_the_driver_without_a_cuda_context
     free bytes through nvidia-smi (health.gpu_free_bytes), not through torch: a CUDA context in
     the parent would hold GPU memory beside every timed kernel. Checked here in a fresh process,
     against torch's own figure read afterwards."""
-    probe = ("import torch; from pipeline import health; free = health.gpu_free_bytes(None); "
+    probe = ("import torch; from pipeline.judge import health; free = health.gpu_free_bytes(None); "
              "ctx = torch.cuda.is_initialized(); torch_free, _ = torch.cuda.mem_get_info(0); "
              "print(free, ctx, torch_free)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, evaluate
+from pipeline.build import build
+from pipeline.judge import evaluate
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Verdict as V
@@ -204,7 +205,7 @@ def _as_stored(r: EvalResult) -> EvalResult:
 
 def _store(tmp_path: Path, name: str, task: str, result: EvalResult) -> tuple[Path, Path]:
     """The attempt in a fresh database and its source under generated/, as a run would leave them."""
-    from pipeline.store import Store
+    from pipeline.store.store import Store
 
     source = (REDTEAM / f"{name}.py").read_text()
     code_hash = hashlib.sha256(source.encode()).hexdigest()[:16]
@@ -228,7 +229,7 @@ def test_library_trains_through_the_verified_backward(bench, builds, tmp_path):
 
     import torch
 
-    from pipeline import library
+    from pipeline.library import replay as library
 
     r = judge(bench, builds, "grad_honest_huber", "huber", GRAD)
     assert r.verdict is V.correct, describe(r)
@@ -269,7 +270,7 @@ def test_library_trains_through_the_verified_backward(bench, builds, tmp_path):
 def test_library_says_once_when_a_forward_only_kernel_trains(bench, builds, tmp_path):
     import torch
 
-    from pipeline import library
+    from pipeline.library import replay as library
 
     r = judge(bench, builds, "huber_forward_only", "huber", BASE)
     assert r.verdict is V.correct, describe(r)

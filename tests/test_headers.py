@@ -1,4 +1,4 @@
-"""Fast builds (pipeline/headers.py): real g++ builds of C++ candidates on the cpu backend, against
+"""Fast builds (pipeline/build/headers.py): real g++ builds of C++ candidates on the cpu backend, against
 kgen's precompiled subset of torch's headers, with the fallback to torch/extension.h as written.
 
 The precompiled headers live in the user's cache (KGEN_CACHE_DIR, else ~/.cache/kgen), like the rest
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import build, headers
+from pipeline.build import build, headers
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Device fitness (pipeline.health): the rule, an attempt on a device that stopped being fit, and the
+"""Device fitness (pipeline.judge.health): the rule, an attempt on a device that stopped being fit, and the
 resume that re-times it. On the cpu the probe is real (the reference process measures bandwidth);
 a device that "went bad" is one whose run-start figure it can no longer reach."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import evaluate, health
+from pipeline.judge import evaluate, health
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
-from pipeline.health import Probe
+from pipeline.judge.health import Probe
 from pipeline.leaderboard import is_verified
 from pipeline.records import Verdict
 from test_run import RIGHT, replay, run, write_config

@@ -1,6 +1,6 @@
 """An eager block the reference fails (or dies in) at a held-out size costs that size's timing, not
 the attempt. On the H100 batch (docs/benchmarks.md, eighteenth session, call 11) huber's reference
-failed there every attempt: the EvaluationError left pipeline.evaluate, no attempt was judged or
+failed there every attempt: the EvaluationError left pipeline.judge.evaluate, no attempt was judged or
 stored, and each next attempt waited about 17 s for a new reference process (210 s for eight)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import evaluate
+from pipeline.judge import evaluate
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict

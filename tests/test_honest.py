@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import evaluate
+from pipeline.judge import evaluate
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Flag, Verdict
@@ -38,7 +38,7 @@ def judge_the_reference(name: str, size: str, device: str, tmp_path: Path, setti
 def test_the_reference_as_its_own_candidate_is_correct(name, tmp_path):
     result = judge_the_reference(name, "odd", "cpu", tmp_path)
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
-    # The reference is PyTorch's own ops: no code of its own was built, the parent's finding (pipeline.owncode).
+    # The reference is PyTorch's own ops: no code of its own was built, the parent's finding (pipeline.judge.owncode).
     assert result.time_ms > 0 and result.flags == [Flag.no_custom_kernel], result.flags
 
 

@@ -11,10 +11,10 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from pipeline.inspect_cli import best, export, report
+from pipeline.cli.inspect import best, export, report
 from pipeline.leaderboard import best_rows, is_verified, rank_key
 from pipeline.records import Baselines, EvalResult, Flag, Timing, Verdict
-from pipeline.store import Store
+from pipeline.store.store import Store
 
 def _timing(ms: float) -> Timing:
     return Timing(median_ms=ms, p25_ms=ms, p75_ms=ms, n=20)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.kbcompare import compare, load_published, published_dir
+from pipeline.cli.main import main
+from pipeline.cli.kbcompare import compare, load_published, published_dir
 from pipeline.records import Baselines, Timing
-from pipeline.store import Store
+from pipeline.store.store import Store
 
 CHECKOUT = Path(__file__).resolve().parent / "kernelbench"
 H100 = "NVIDIA H100 80GB HBM3"

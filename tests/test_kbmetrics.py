@@ -11,11 +11,11 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.kbmetrics import level_metrics
+from pipeline.cli.main import main
+from pipeline.report.kbmetrics import level_metrics
 from pipeline.records import Baselines, EvalResult, Flag, Timing, Verdict
-from pipeline.report import render
-from pipeline.store import Store
+from pipeline.report.page import render
+from pipeline.store.store import Store
 
 
 def _timing(ms: float) -> Timing:

@@ -15,12 +15,12 @@ import sqlite_utils
 import yaml
 from click.testing import CliRunner
 
-from pipeline.cli import main
+from pipeline.cli.main import main
 from pipeline.config import ConfigError, load_config, parse_config
-from pipeline.kernelbench import find_task, select_tasks
-from pipeline.migrations import MIGRATIONS
-from pipeline.run import Runner
-from pipeline.store import Store
+from pipeline.run.kernelbench import find_task, select_tasks
+from pipeline.store.migrations import MIGRATIONS
+from pipeline.run.batch import Runner
+from pipeline.store.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKOUT = ROOT / "tests" / "kernelbench"

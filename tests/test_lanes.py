@@ -5,7 +5,7 @@ test_two_lanes_share_a_batch_and_an_unfit_gpu_is_retired; here the pool itself, 
 
 import asyncio
 
-from pipeline.lanes import LaneFailed, Lanes
+from pipeline.run.lanes import LaneFailed, Lanes
 
 
 def test_a_failed_lane_is_retired_and_its_job_goes_to_another():

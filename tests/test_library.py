@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import library
-from pipeline.export import LOCK, MANIFEST
-from pipeline.kernels import KernelEntry
-from pipeline.library import KgenFallbackWarning, LibraryError
+from pipeline.library import replay as library
+from pipeline.library.export import LOCK, MANIFEST
+from pipeline.library.kernels import KernelEntry
+from pipeline.library.replay import KgenFallbackWarning, LibraryError
 from pipeline.records import Baselines, EvalResult, Flag, ShapeRun, Timing, TrialResult, Verdict
-from pipeline.store import Store
+from pipeline.store.store import Store
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def _timing(ms: float) -> Timing:
     return Timing(median_ms=ms, p25_ms=ms, p75_ms=ms, n=20)
 
 
-# Held-out sizes as pipeline.shapes records them: correct, its own kernel ran, faster than eager.
+# Held-out sizes as pipeline.judge.shapes records them: correct, its own kernel ran, faster than eager.
 SERVED_ODD = [ShapeRun(size="odd", correct=True, own_ran=True, time=_timing(0.05), eager=_timing(0.1), faster=True)]
 
 
@@ -145,7 +145,7 @@ def test_matches_reference_on_fresh_inputs(mse):
 
 def test_held_out_sizes_are_served_only_where_its_own_kernel_ran_and_was_faster(tmp_path, dirs):
     """Correct at every held-out size is not enough (issue 27): the kernel is used at a held-out size
-    only where its own kernel ran there and it was measured faster than eager (pipeline.shapes);
+    only where its own kernel ran there and it was measured faster than eager (pipeline.judge.shapes);
     elsewhere, and at any shape no trial saw, the reference runs."""
     shapes = [ShapeRun(size="odd", correct=True, own_ran=True, time=_timing(0.05), eager=_timing(0.1), faster=True),
               ShapeRun(size="batch_size=161,input_shape=(2599,)", correct=True, own_ran=False, time=_timing(0.05),
@@ -311,7 +311,7 @@ def test_missing_database_is_one_clear_error(tmp_path):
 def test_cli_export_best_skips_a_missing_source(tmp_path, dirs):
     from click.testing import CliRunner
 
-    from pipeline.inspect_cli import export
+    from pipeline.cli.inspect import export
 
     db = _db(tmp_path / "kgen.db")
     with Store.open(db) as store:  # a faster verified attempt whose source is not on disk
@@ -403,7 +403,7 @@ def test_kernel_slower_than_torch_compile_runs_in_eager_calls_only(tmp_path, dir
 def test_cli_best_and_export_keep_slow_kernels_out(tmp_path, dirs):
     from click.testing import CliRunner
 
-    from pipeline.inspect_cli import best, export
+    from pipeline.cli.inspect import best, export
 
     slow, eager_only = _db(tmp_path / "slow.db", **SLOW), _db(tmp_path / "eager_only.db", **EAGER_ONLY)
     for db, beats, word in ((slow, [False, False], "no"), (eager_only, [True, False], "eager"),
@@ -444,7 +444,7 @@ def test_records_without_verdicts_use_the_median_only_margin():
     """An export written before the rule (kgen_export 1) has no quartile and no verdicts: its median
     speedup must be at least MEDIAN_ONLY_SPEEDUP."""
     from pipeline.leaderboard import MEDIAN_ONLY_SPEEDUP, faster
-    from pipeline.selection import speed_reasons
+    from pipeline.library.selection import speed_reasons
 
     assert faster(1.0, None, MEDIAN_ONLY_SPEEDUP) is True and faster(1.0, None, 1.05) is False
     assert faster(1.0, 0.99, 1.0) is True and faster(1.0, 1.0, 1.0) is False and faster(1.0, 0.5, None) is None

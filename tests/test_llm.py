@@ -6,8 +6,7 @@ import pytest
 
 from chat_server import Failure, Reply, serve
 from pipeline.config import ModelConfig, Sampling
-from pipeline.llm import (ChatRequest, OpenAIProvider, ProviderError, ReplayProvider,
-                          make_provider)
+from pipeline.generate.llm import ChatRequest, OpenAIProvider, ProviderError, ReplayProvider, make_provider
 from pipeline.records import Completion
 
 MESSAGES = [{"role": "system", "content": "You write kernels."},

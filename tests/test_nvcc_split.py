@@ -1,4 +1,4 @@
-"""nvcc's steps with host and device side by side (pipeline/nvcc_split.py), against nvcc itself on
+"""nvcc's steps with host and device side by side (pipeline/build/nvcc_split.py), against nvcc itself on
 real .cu files. nvcc only compiles here, so no GPU is needed; without nvcc these are skipped."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import nvcc_split
+from pipeline.build import nvcc_split
 
 NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="no nvcc on this machine")

@@ -1,4 +1,4 @@
-"""Prompt rendering (prompts/one_shot.j2 through pipeline.prompts) and the demo replay fixture."""
+"""Prompt rendering (prompts/one_shot.j2 through pipeline.generate.prompts) and the demo replay fixture."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.extract import extract
-from pipeline.prompts import PromptError, TaskFacts, example_paths, messages, render, task_facts
+from pipeline.generate.extract import extract
+from pipeline.generate.prompts import PromptError, TaskFacts, example_paths, messages, render, task_facts
 from pipeline.child.tasks import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,7 +225,7 @@ def test_replay_provider_serves_the_fixture_in_order():
     import asyncio
 
     from pipeline.config import ModelConfig
-    from pipeline.llm import ChatRequest, ReplayProvider
+    from pipeline.generate.llm import ChatRequest, ReplayProvider
 
     provider = ReplayProvider(ModelConfig(name="demo", provider="replay", replay_file=str(FIXTURE)), ROOT)
     recorded = [e for e in _fixture() if e["task"] == "kl_div" and e["backend"] == "cuda"]
@@ -266,7 +266,7 @@ def test_gradient_mode_without_an_example_for_the_backend_is_one_clear_error(tmp
 
 
 # --------------------------------------------------------------------------------------------
-# notes chosen by what the task is (pipeline.prompts.task_facts)
+# notes chosen by what the task is (pipeline.generate.prompts.task_facts)
 
 # KernelBench level-1 files as KernelBench writes them: no KGEN_SIZES, no KGEN_DOMAINS.
 KERNELBENCH = {
@@ -397,7 +397,7 @@ def test_a_task_the_meta_device_cannot_run_gets_only_the_neutral_notes(tmp_path)
 
 
 def test_the_evolve_prompt_gets_the_same_task_notes(tmp_path):
-    from pipeline.feedback import ParentView, render_evolve
+    from pipeline.generate.feedback import ParentView, render_evolve
 
     gemm = _kernelbench(tmp_path, "gemm")
     parents = [ParentView(code="class ModelNew: pass", time_ms=1.0)]

@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from pipeline import judge
+from pipeline.judge import judge
 from pipeline.child import protocol as P
-from pipeline.judge import Window
+from pipeline.judge.judge import Window
 
 
 def _memfd(outbox_bytes: int, inbox_bytes: int) -> tuple[int, int]:
@@ -149,7 +149,7 @@ def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_to
     import numpy as np
 
     from pipeline.child import tasks
-    from pipeline.reference import Reference, _parts
+    from pipeline.judge.reference import Reference, _parts
 
     task_path = Path(__file__).resolve().parent.parent / "reference_tasks" / "triplet.py"
     ref = Reference({"task_path": str(task_path), "device": "cpu", "grad": True, "dtype": "float32"})
@@ -182,7 +182,7 @@ def test_load_is_taken_out_of_both_sides_and_never_below_the_child_s_work():
     than the child's time on a cpu over its cores. A loaded box slowed the timed blocks' claims and
     not the fastest Bound request, and a clock claiming 30% read 0.6 of the estimate; taken out of
     both, it reads 0.3. A candidate that makes its own threads wait cannot go below its cpu time."""
-    from pipeline.runqueue import Load
+    from pipeline.judge.runqueue import Load
 
     calibration = [Window(0.9, 1, Load(cpu_ms=0.8, wait_ms=0.0)), Window(5.0, 1, Load(cpu_ms=0.8, wait_ms=4.2))]
     bounds = [Window(6.0, 1, Load(cpu_ms=2.9, wait_ms=3.1))]  # every request stalled: 3 ms of work

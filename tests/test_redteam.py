@@ -21,8 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, evaluate, judge, kernels, owncode, sandbox
-from pipeline.child import tasks
+from pipeline.build import build
+from pipeline.judge import evaluate, judge, owncode
+from pipeline.library import kernels
+from pipeline import sandbox
+from pipeline.child import HARNESS, tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Flag, Verdict
 
@@ -226,7 +229,7 @@ def test_a_hang_costs_the_step_limit_its_baseline_gives_not_the_whole_timeout(be
 _SNOOP_RUNNER = """
 import json, sys
 from pathlib import Path
-from pipeline import evaluate
+from pipeline.judge import evaluate
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 settings = EvalConfig.model_validate_json(sys.argv[3])
@@ -353,7 +356,7 @@ def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
     one that is never used is killed on close."""
     from pipeline import sandbox
 
-    spares = sandbox.Spares("pipeline.child.harness", ["eval"])
+    spares = sandbox.Spares(HARNESS, ["eval"])
     try:
         first = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
         spares.refill = False
@@ -364,7 +367,7 @@ def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
     assert first.verdict is V.correct and second.verdict is V.correct, describe(second)
     assert second.phases["startup"] < 0.5 * first.phases["startup"], (first.phases, second.phases)
     assert left == [], "a spare was started after the last one was taken without refill"
-    unused = sandbox.Spares("pipeline.child.harness", ["eval"], refill=False)
+    unused = sandbox.Spares(HARNESS, ["eval"], refill=False)
     unused.spawn(evaluate.child_environment("cpu"), evaluate.spare_init("cpu", SETTINGS))
     waiting = [child for queue in unused._waiting.values() for child, _ in queue]
     unused.close()
@@ -422,7 +425,7 @@ def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest
         pytest.skip("needs two cores")
     lane, own = cores[0], cores[-1]
     env = evaluate.child_environment("cpu", {"KGEN_CORES": str(lane)})
-    spares = sandbox.Spares("pipeline.child.harness", ["eval"], cores=str(own))
+    spares = sandbox.Spares(HARNESS, ["eval"], cores=str(own))
     try:
         spares.spawn(env, evaluate.spare_init("cpu", SETTINGS))
         queue = list(spares._waiting[frozenset(env.items())])
@@ -460,7 +463,7 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
     assert result.verdict is V.impossible_timing, \
         f"recorded {result.time_ms} ms for calls that took {real:.4g} ms (parent's bound " \
         f"{lower_bound(result) if result.wall_ms_per_call else None}): {describe(result)}"
-    # Refused on the parent's clock alone, it was judged twice (pipeline.evaluate.evaluate) and both
+    # Refused on the parent's clock alone, it was judged twice (pipeline.judge.evaluate.evaluate) and both
     # refused; below the bandwidth floor (a measured bound of another kind), once.
     if "bandwidth floor" in (result.error or ""):
         assert result.first_refusal is None, describe(result)
@@ -550,7 +553,7 @@ LOG_SETTINGS = SETTINGS.model_copy(update={"trials": 2, "timed_calls": 4, "profi
 _EVAL_RUNNER = """
 import sys
 from pathlib import Path
-from pipeline import evaluate
+from pipeline.judge import evaluate
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 settings = EvalConfig.model_validate_json(sys.argv[2])
@@ -661,7 +664,7 @@ def test_trickled_reply_times_out_on_schedule(bench, tmp_path, monkeypatch):
 
     def start(module, *args, **kwargs):
         child = real_start(module, *args, **kwargs)
-        if module == evaluate.HARNESS:  # the candidate's child, not a reference process
+        if module == HARNESS:  # the candidate's child, not a reference process
             started.append(child.started)
         return child
 
@@ -683,7 +686,7 @@ def test_a_kernel_on_every_core_is_held_to_eager_s_threads(bench, honest_build, 
     its threads share that one core (unpinned on the 2-core box: 1.15x against its twin's 0.65x).
     What is asserted is the cores it could run on; the speedups are printed: two evaluations apart on
     a busy shared box (load 6) read 0.47x and 0.78x for the twin and this alike, so their ratio is
-    measured over ten runs each (scripts/cpu_judge_probe.py, docs/benchmarks.md), not here."""
+    measured over ten runs each (bench/cpu_judge_probe.py, docs/benchmarks.md), not here."""
     code = REDTEAM / "omp_all_cores.py"
     built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], tmp_path / "builds", timeout_s=600)
     assert built.ok, built.log[-4000:]

@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 from markupsafe import escape
 
-from pipeline.inspect_cli import report
+from pipeline.cli.inspect import report
 from pipeline.records import Baselines, EvalResult, Flag, Timing, Verdict
-from pipeline.report import render, report_data
-from pipeline.store import Store
+from pipeline.report.page import render, report_data
+from pipeline.store.store import Store
 
 # Text a model, a task file or a candidate could send: markup for HTML, for plotly's pseudo-HTML and for rich.
 EVIL_MODEL = '<script>alert("model")</script><b>bold</b> [red]x[/x]'

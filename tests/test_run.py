@@ -22,11 +22,11 @@ import yaml
 from click.testing import CliRunner
 
 from chat_server import Failure, Reply, serve
-from pipeline.cli import main
-from pipeline.health import descendants
+from pipeline.cli.main import main
+from pipeline.judge.health import descendants
 from pipeline.config import load_config
-from pipeline.run import Runner
-from pipeline.store import Store
+from pipeline.run.batch import Runner
+from pipeline.store.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -180,7 +180,7 @@ def test_nothing_kgen_started_outlives_a_kgen_killed_with_sigkill(tmp_path):
     assert child, "no candidate child started"
     time.sleep(5)  # past loading and import: spinning in its warm-up call
     started = descendants(proc.pid)
-    assert any(b"pipeline.reference" in _cmdline(pid) for pid in started)
+    assert any(b"pipeline.judge.reference" in _cmdline(pid) for pid in started)
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10

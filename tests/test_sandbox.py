@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, sandbox
-from pipeline.child import landlock
+from pipeline.build import build
+from pipeline import sandbox
+from pipeline.child.jail import landlock
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = {
@@ -112,7 +113,7 @@ def test_landlock_confines_the_child(tmp_path, secrets):
 
 @pytest.mark.skipif(landlock.abi_version() == 0, reason="Landlock is not available on this kernel")
 def test_the_jail_holds_on_every_thread_from_before_the_interpreter(tmp_path, secrets):
-    """The jail (pipeline/confine.py) confines the process before Python starts: a thread started
+    """The jail (pipeline/sandbox/confine.py) confines the process before Python starts: a thread started
     first thing, before the probe does anything else, is as confined as the main thread; the
     parent's own check of the child says so (uid, seccomp, namespaces), not the child."""
     outside = tmp_path / "outside.txt"
@@ -208,7 +209,7 @@ def test_stale_lock_is_removed_before_building(tmp_path):
 
 
 def test_core_plan_keeps_builds_off_the_lanes_timing_cores():
-    from pipeline.executor import core_plan
+    from pipeline.run.executor import core_plan
 
     assert core_plan(1, list(range(16))) == ([[0, 1]], list(range(2, 16)))
     assert core_plan(2, list(range(8))) == ([[0, 1], [2, 3]], [4, 5, 6, 7])

@@ -1,4 +1,4 @@
-"""Search (pipeline.search): refine and evolve against the local OpenAI-compatible test server, whose
+"""Search (pipeline.run.search): refine and evolve against the local OpenAI-compatible test server, whose
 scripted model (tests/search_model.py) fixes only what the judge's feedback shows it."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from chat_server import serve
 from search_model import MSE_BROKEN_LINE, answer
 from test_run import ROOT, _count, run
 
-from pipeline import feedback
-from pipeline.cli import main
-from pipeline.diagnostics import Diagnostic
+from pipeline.generate import feedback
+from pipeline.cli.main import main
+from pipeline.generate.diagnostics import Diagnostic
 from pipeline.records import Baselines, EvalResult, Flag, Timing, TrialResult, Verdict
 
 TASKS = ("cosine", "cross_entropy", "hinge", "huber", "kl_div", "mse", "triplet")
@@ -88,7 +88,7 @@ def test_feedback_shows_what_a_model_can_act_on_and_nothing_secret():
 def test_a_template_that_names_an_unknown_variable_is_an_error():
     import pytest
 
-    from pipeline.prompts import PromptError
+    from pipeline.generate.prompts import PromptError
 
     with pytest.raises(PromptError, match="undefined"):
         feedback.render("one_shot.j2", PROMPTS, EvalResult(verdict=Verdict.correct))

@@ -20,9 +20,9 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from pipeline import serve
-from pipeline.cli import main
-from pipeline.store import Store
+from pipeline.run import serve
+from pipeline.cli.main import main
+from pipeline.store.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -186,7 +186,7 @@ def test_a_kept_bench_is_retired_when_old_and_when_others_crowd_it_out(tmp_path)
     and a new one is opened (its held-out shapes drawn again, as for a new run), and past
     max_benches the oldest is closed. Each closed bench's reference process has ended."""
     from pipeline.config import load_config
-    from pipeline.evalone import Warm, evaluate_file
+    from pipeline.run.single import Warm, evaluate_file
 
     config = _config(tmp_path)
     cfg = load_config(config)

@@ -7,18 +7,9 @@ import threading
 
 import pytest
 
-from pipeline.migrations import MIGRATIONS
-from pipeline.records import (
-    Baselines,
-    BuildResult,
-    Completion,
-    EvalResult,
-    Flag,
-    Timing,
-    Usage,
-    Verdict,
-)
-from pipeline.store import Store, StoreError, new_id
+from pipeline.store.migrations import MIGRATIONS
+from pipeline.records import Baselines, BuildResult, Completion, EvalResult, Flag, Timing, Usage, Verdict
+from pipeline.store.store import Store, StoreError, new_id
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import evaluate
+from pipeline.judge import evaluate
 from pipeline.child import memory, sizes, tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict
@@ -142,7 +142,7 @@ import time  # noqa: E402
 import yaml  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from pipeline.cli import main  # noqa: E402
+from pipeline.cli.main import main  # noqa: E402
 from pipeline.config import ConfigError, parse_config  # noqa: E402
 
 KERNELBENCH_NO_SIZES = '''
@@ -324,7 +324,7 @@ def test_kgen_eval_json_reports_and_stores_the_size_that_ran(tmp_path):
     assert out["verdict"] == "correct", result.output
     assert out["size"] == "small(batch_size=16,in_features=64)"  # derived: already small, as written
     assert out["size_dims"] == {"batch_size": 16, "in_features": 64, "out_features": 32}
-    from pipeline.store import Store
+    from pipeline.store.store import Store
 
     assert Store.open(tmp_path / "db" / "kgen.db").attempt(out["id"])["size"] == out["size"]
 
@@ -357,7 +357,7 @@ def test_kgen_eval_grad_and_dtype_flags_reach_the_judge_and_the_database(tmp_pat
 def test_a_gpu_without_a_driver_figure_is_not_refused_on_the_cpu_s_memory(monkeypatch, tmp_path):
     """On a GPU the parent passes the driver's free bytes; where nvidia-smi cannot say (none on the
     path), the check is skipped rather than held to the host's memory, and torch opens no context."""
-    from pipeline import health
+    from pipeline.judge import health
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi here
     assert health.gpu_free_bytes("0") is None

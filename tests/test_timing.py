@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import evaluate
-from pipeline.handover import close_all
+from pipeline.judge import evaluate
+from pipeline.judge.handover import close_all
 from pipeline.child import tasks
 from pipeline.config import EvalConfig, cache_root
 from pipeline.records import Verdict
@@ -202,7 +202,7 @@ def test_torch_compile_is_timed_side_by_side_too(tmp_path, monkeypatch):
 
 def test_the_reference_warms_its_compiler_beside_expect_and_keeps_inductors_header(tmp_path):
     """Where torch.compile is timed, a reference process compiles a probe in a thread from its start
-    (pipeline.reference.CompilerWarmup): `expect` is served beside it (answered before the warm-up
+    (pipeline.judge.reference.CompilerWarmup): `expect` is served beside it (answered before the warm-up
     ends), while `settle`, which the parent sends before its child's calibration, waits for it, so
     nothing is timed beside it. Inductor's precompiled header for cpu kernels lands in the reference's
     temp folder in kgen's cache (KGEN_CACHE_DIR, as the suite's builds), where the next reference

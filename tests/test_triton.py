@@ -12,10 +12,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from pipeline import backends, build, evaluate, prompts
+from pipeline import backends
+from pipeline.build import build
+from pipeline.judge import evaluate
+from pipeline.generate import prompts
 from pipeline.child import tasks
 from pipeline.child.profiling import torch_kernel
-from pipeline.cli import main
+from pipeline.cli.main import main
 from pipeline.config import EvalConfig
 from pipeline.records import Flag, Verdict
 
@@ -178,8 +181,8 @@ def test_kgen_run_on_the_triton_backend(tmp_path):
     import asyncio
 
     from pipeline.config import load_config
-    from pipeline.run import Runner
-    from pipeline.store import Store
+    from pipeline.run.batch import Runner
+    from pipeline.store.store import Store
 
     answers = {"honest": candidate("honest"), "partial_read": candidate("partial_read")}
     replay = tmp_path / "replay.jsonl"
@@ -210,7 +213,7 @@ def test_kgen_run_on_the_triton_backend(tmp_path):
 def test_triton_builds_precompile_no_torch_headers():
     """A Triton candidate compiles no C++: its builds never wait for kgen's precompiled headers (on
     the H100 a Triton batch spent its first 34 s making them), while cuda and cpu builds still use them."""
-    from pipeline.executor import LocalExecutor
+    from pipeline.run.executor import LocalExecutor
 
     assert LocalExecutor("triton").fast["fast"] is False
     assert LocalExecutor("cpu").fast["fast"] is True

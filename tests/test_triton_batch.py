@@ -20,8 +20,8 @@ import pytest
 
 from pipeline import backends
 from pipeline.config import load_config
-from pipeline.extract import extract
-from pipeline.llm import ChatRequest, ReplayProvider
+from pipeline.generate.extract import extract
+from pipeline.generate.llm import ChatRequest, ReplayProvider
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLAY = ROOT / "fixtures" / "replay"

@@ -58,7 +58,7 @@ def test_wheel_installs_and_judges_from_an_empty_folder(tmp_path):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    where = subprocess.run([str(bin_dir / "python"), "-c", "import pipeline.evaluate, pipeline.child.harness; "
+    where = subprocess.run([str(bin_dir / "python"), "-c", "import pipeline.judge.evaluate, pipeline.child.harness; "
                             "from pipeline import bundled; print(bundled.ROOT); "
                             "print(all(bundled.path(p).exists() for p in ('reference_tasks/mse.py', "
                             "'prompts/one_shot.j2', 'fixtures/replay/demo.jsonl', 'config.yaml')))"],

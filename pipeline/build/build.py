@@ -14,10 +14,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import headers, sandbox
-from .config import cache_root
-from .child import protocol
-from .records import BuildResult
+from . import headers
+from .. import sandbox
+from ..config import cache_root
+from ..child import HARNESS, protocol
+from ..records import BuildResult
 
 
 def build_dir_for(builds_root: Path, code_hash: str) -> Path:
@@ -57,13 +58,13 @@ def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
           max_jobs: int | None = None, extra_env: dict[str, str] | None = None, fast: bool = True,
           cuda: bool = False, notice: Callable[[str], None] | None = None, light: bool = True,
           split: bool = True, spares: Spares | None = None) -> BuildResult:
-    """Build with the fast headers (pipeline/headers.py) where `fast` and they can be made here, a
+    """Build with the fast headers (pipeline/build/headers.py) where `fast` and they can be made here, a
     CUDA candidate's .cu files first against the light ATen header; each build that fails (not a
     timeout) is done again from a clean folder with the next, slower headers, down to torch's own,
     whose result and log stand, so the faster routes never cost a candidate its build. `cuda`: the
     candidates are CUDA extensions (main.cpp then has CUDA's include paths, which the PCH must match).
-    `light`: False skips the light header (scripts/gpu_builds.py measures the builds without it).
-    `split`: nvcc's host and device steps side by side in the faster routes (pipeline/nvcc_split.py)
+    `light`: False skips the light header (bench/gpu_builds.py measures the builds without it).
+    `split`: nvcc's host and device steps side by side in the faster routes (pipeline/build/nvcc_split.py)
     where the build has SPLIT_CORES cores; the last route, torch's own headers, runs nvcc as torch does.
     `spares`: build children started ahead with torch imported (Spares), taken where one waits."""
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
@@ -100,7 +101,7 @@ def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
 # against 16.9-18.3 s not: split only where each build has three cores.
 SPLIT_CORES = 3
 
-FELL_BACK = "[kgen] built"  # how _after's note begins: summary_line skips it, scripts/gpu_builds.py prints it
+FELL_BACK = "[kgen] built"  # how _after's note begins: summary_line skips it, bench/gpu_builds.py prints it
 
 
 def _after(failed: list[str], built_with: str = "") -> str:
@@ -163,7 +164,7 @@ def start_child(env: dict[str, str], timeout_s: float) -> sandbox.Child:
     and waits for its BuildJob with torch imported."""
     headers_root = cache_root() / "headers"
     headers_root.mkdir(parents=True, exist_ok=True)  # a rule needs the folder before the first build makes it
-    return sandbox.start("pipeline.child.harness", ["build"], timeout_s, env,
+    return sandbox.start(HARNESS, ["build"], timeout_s, env,
                          jail=sandbox.Jail(read=(str(headers_root),), out=True, gpu=False))
 
 

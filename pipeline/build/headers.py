@@ -36,10 +36,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .config import cache_root
+from ..config import cache_root
 
 SHIM = """\
-// kgen's fast torch/extension.h (pipeline/headers.py): torch/types.h (ATen, tensors, options)
+// kgen's fast torch/extension.h (pipeline/build/headers.py): torch/types.h (ATen, tensors, options)
 // and, for g++, torch/python.h (the binding); not torch/all.h, the C++ frontend (nn, optim, data).
 // A .cu built with KGEN_LIGHT_ATEN gets kgen_light.h beside it instead (LIGHT_OPS).
 #pragma once
@@ -57,7 +57,7 @@ SHIM = """\
 # text, so the folder shadows that header too: a .cu built light gets kgen_light.h, anything else
 # torch's own (found next on the include path: the folder comes first, torch's folders after it).
 TYPES_SHIM = """\
-// kgen's torch/types.h (pipeline/headers.py): torch's own, or kgen_light.h in a .cu built light.
+// kgen's torch/types.h (pipeline/build/headers.py): torch's own, or kgen_light.h in a .cu built light.
 #pragma once
 #if defined(__CUDACC__) && defined(KGEN_LIGHT_ATEN)
 #include "kgen_light.h"
@@ -103,7 +103,7 @@ def light_header() -> str | None:
     if start < 0 or end < start or not all((include / h).is_file() for h in LIGHT_BASE):
         return None
     ops = [f"ATen/ops/{op}.h" for op in LIGHT_OPS if (include / "ATen" / "ops" / f"{op}.h").is_file()]
-    lines = ["// kgen's light ATen for .cu files (pipeline/headers.py, LIGHT_OPS); from torch " + torch.__version__,
+    lines = ["// kgen's light ATen for .cu files (pipeline/build/headers.py, LIGHT_OPS); from torch " + torch.__version__,
              "#pragma once", "#ifndef AT_PER_OPERATOR_HEADERS", "#define AT_PER_OPERATOR_HEADERS", "#endif",
              "#include <optional>", *[f"#include <{h}>" for h in (*LIGHT_BASE, *ops)]]
     return "\n".join(lines) + "\n" + text[start + 1:end] + NOT_AT + "} // namespace torch\n"

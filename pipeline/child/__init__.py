@@ -2,9 +2,18 @@
 
 The harness imports the candidate; tasks (input generation from a seed) and sizes, timing, the hold
 and the protocol run beside it and can be read or rebound by it. So nothing here is believed by the
-parent on its word: the parent (pipeline.evaluate and pipeline.judge) checks every value in the
-candidate's outputs against a float64 reference and bounds every time with its own clock.
+parent on its word: the parent (pipeline.judge) checks every value in the candidate's outputs
+against a float64 reference and bounds every time with its own clock.
 
-Nothing in this package imports from the parent's side (store, config, llm, run, evaluate, judge,
-records): tests/test_boundary.py checks that rule.
+May import: nothing (pipeline.child's own modules only: never store, config, llm, run, judge or
+records, which the candidate could reach through sys.modules; tests/test_boundary.py checks it).
 """
+
+from pathlib import Path
+
+HARNESS = __name__ + ".harness"
+"""The module every candidate's child runs (`python -m`): the one spelling of its path."""
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+"""The folder that holds the pipeline package: the child imports kgen from here and nowhere else."""
+JAIL = str(Path(__file__).resolve().parent / "jail" / "jail.py")
+"""The jail, run by path before the child's interpreter starts (pipeline.sandbox.confine)."""

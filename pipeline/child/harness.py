@@ -25,8 +25,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import landlock, replays, tasks, timing
-from .seccomp import die_with_parent, forbid_setsid
+from .jail import landlock
+from . import replays, tasks, timing
+from .jail.seccomp import die_with_parent, forbid_setsid
 from . import protocol as P
 from .grad import ForwardBackward, GradError, Grads, reseed
 from .profiling import profile, warm_profiler
@@ -81,7 +82,7 @@ def load_prebuilt_only() -> None:
 
 
 def _light_fits(sources: Any) -> bool:
-    """Whether a load_inline call's .cu sources may get the light ATen header (pipeline/headers.py):
+    """Whether a load_inline call's .cu sources may get the light ATen header (pipeline/build/headers.py):
     there are some, and none mentions requires_grad (where torch's factories and ATen's differ)."""
     sources = [sources] if isinstance(sources, str) else list(sources or [])
     return bool(sources) and all(isinstance(s, str) and "requires_grad" not in s for s in sources)
@@ -89,8 +90,8 @@ def _light_fits(sources: Any) -> bool:
 
 def _split_nvcc(ce: Any) -> str:
     """The nvcc command ninja runs for a .cu: nvcc's own steps, host and device side by side
-    (pipeline/nvcc_split.py, a file of the standard library alone, run without site packages)."""
-    script = Path(__file__).resolve().parent.parent / "nvcc_split.py"
+    (pipeline/build/nvcc_split.py, a file of the standard library alone, run without site packages)."""
+    script = Path(__file__).resolve().parent.parent / "build" / "nvcc_split.py"
     return shlex.join([sys.executable, "-I", "-S", str(script), ce._join_cuda_home("bin", "nvcc")])
 
 
@@ -98,10 +99,10 @@ def import_candidate(code_path: str, force_verbose_build: bool = False, headers:
                      split: bool = False):
     if force_verbose_build:
         # The build log must hold the compiler's full text, whatever `verbose` the candidate passed.
-        # With `headers` (the parent's fast-build folder, pipeline/headers.py) first on the include
+        # With `headers` (the parent's fast-build folder, pipeline/build/headers.py) first on the include
         # path, <torch/extension.h> is its smaller, precompiled one; the candidate's text is unchanged.
         # With `light`, a .cu gets the light ATen header instead of torch/types.h (same folder).
-        # With `split`, nvcc's host and device steps run side by side (pipeline/nvcc_split.py).
+        # With `split`, nvcc's host and device steps run side by side (pipeline/build/nvcc_split.py).
         import torch.utils.cpp_extension as ce
 
         original = ce.load_inline
@@ -130,7 +131,7 @@ def import_candidate(code_path: str, force_verbose_build: bool = False, headers:
 
 def run_build(fd: int, code_path: str) -> int:
     # The build dir (TORCH_EXTENSIONS_DIR) is this code's own, written by this build alone.
-    # The fast-build headers are read here and never written (pipeline/headers.py).
+    # The fast-build headers are read here and never written (pipeline/build/headers.py).
     headers = os.environ.get("KGEN_HEADERS", "")
     confinement = apply_limits(None, True, [code_path, *([headers] if headers else [])],
                                [os.environ.get("TORCH_EXTENSIONS_DIR", "")])
@@ -297,7 +298,7 @@ class Evaluator:
         if module is self.main:
             sets = self.block_sets(min(len(req.seeds), timing.input_sets(tasks.input_bytes(self.block_sets(1)[0]),
                                                                                 self.device)))
-        else:  # a held-out size (pipeline.shapes): sets of its own, for this request only
+        else:  # a held-out size (pipeline.judge.shapes): sets of its own, for this request only
             first = tasks.make_inputs(module, 0, "base", self.device)
             count = min(len(req.seeds), timing.input_sets(tasks.input_bytes(first), self.device))
             sets = [first] + [tasks.make_inputs(module, 0, "base", self.device) for _ in range(count - 1)]

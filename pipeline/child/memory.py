@@ -3,7 +3,7 @@ nothing allocated) and the memory a device has free.
 
 `check_memory(module, device)` refuses, before anything is allocated, a size whose inputs (with
 weights and output where the meta device can tell) times MEMORY_FACTOR exceed the memory available.
-On a GPU the parent passes the free bytes the driver reports (pipeline.health.gpu_free_bytes):
+On a GPU the parent passes the free bytes the driver reports (pipeline.judge.health.gpu_free_bytes):
 asking torch would open a CUDA context in the parent.
 
 Like every module in pipeline/child, it must not import store, config or llm (the candidate's process

@@ -196,7 +196,7 @@ class Confinement(Message):
     uid: int = -1
     """The uid the child runs as."""
     before_exec: bool = False
-    """Landlock and seccomp were set before the interpreter started (pipeline/child/jail.py), so every
+    """Landlock and seccomp were set before the interpreter started (pipeline/child/jail/jail.py), so every
     thread of the process holds them, including those torch or a driver started before the import."""
     netns: bool = False
     """A network namespace of its own: no address of the host, its loopback included, is reachable."""
@@ -204,7 +204,7 @@ class Confinement(Message):
     """Folders seen fresh and empty in the child's mount namespace, but for what it needs (/tmp,
     /dev/shm, a 0700 home holding Python)."""
     set_by: str = "child"
-    """"parent": set by the parent's jail and checked by the parent (pipeline/confine.py); "child": the
+    """"parent": set by the parent's jail and checked by the parent (pipeline/sandbox/confine.py); "child": the
     child's own report, never enough for trust."""
     detail: str = ""
     """Why a layer is missing, where the parent knows."""

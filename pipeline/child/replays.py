@@ -30,7 +30,7 @@ estimate reads 0.3-0.7 of an honest call there and a clock forged to half is not
 The parent compares the digests of replays it chose in secret with the reference's (its float64
 output for the same inputs, `inputs_for`): a replay whose work was skipped has the wrong digest. A
 forward that cannot be captured (a host sync, a stream the graph does not know) fails the request;
-the parent then falls back to eager Bound requests and says its bound is loose (pipeline.session).
+the parent then falls back to eager Bound requests and says its bound is loose (pipeline.judge.session).
 
 `inputs_for` and `factor` are what the reference process uses to make a replay's inputs: the same
 values and ops on the same device, so the inputs are the child's bit for bit.

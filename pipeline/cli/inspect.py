@@ -6,7 +6,7 @@
     kgen report --output report.html --run latest
 
 Registered on the `main` group in cli.py; everything here only reads the database, which each
-command finds the same way (-c/--config, --db: pipeline.cliopts). `kgen eval` results are left out
+command finds the same way (-c/--config, --db: pipeline.cli.options). `kgen eval` results are left out
 unless --evals (or --run naming their run) asks for them.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from .cliopts import check_filters, console, database_options, nothing_matched, open_store, resolve_run
+from .options import check_filters, console, database_options, nothing_matched, open_store, resolve_run
 from .tables import best_table
 
 evals_option = click.option("--evals", is_flag=True, help="Also `kgen eval` results (kept apart from batch runs).")
@@ -67,8 +67,8 @@ def best(db: str, task: str | None, backend: str | None, as_json: bool, wide: bo
 
     A level's tasks are those with any stored attempt (of the chosen backend); "correct" is
     verified: correct with no flag, trusted, timed on a fit device."""
-    from .kbmetrics import level_metrics
-    from .leaderboard import best_rows, faster, p75_of
+    from ..report.kbmetrics import level_metrics
+    from ..leaderboard import best_rows, faster, p75_of
     from .tables import metrics_table
 
     with _store(db) as store:
@@ -125,7 +125,7 @@ def _columns(store) -> list[str]:
 def export(db: str, config: str | None, fmt: str, output: str, run_id: str | None, verdict: str | None,
            evals: bool, best_dir: str | None, generated: str | None) -> None:
     """Write stored attempts as JSONL or CSV, or (--best DIR) the best kernels as a package."""
-    from .cliopts import load
+    from .options import load
 
     if best_dir is not None:
         cfg = load(config)
@@ -152,8 +152,8 @@ def export(db: str, config: str | None, fmt: str, output: str, run_id: str | Non
 
 
 def _export_best(db: str, out_dir: str, generated: str) -> None:
-    from .kernels import LibraryError
-    from .export import export_best
+    from ..library.kernels import LibraryError
+    from ..library.export import export_best
 
     if not Path(db).is_file():
         raise click.ClickException(f"{db}: no database (run `kgen run` first, or pass --db)")
@@ -182,7 +182,7 @@ def report(db: str, output: str | None, run_id: str | None, as_json: bool, evals
     """Write a self-contained HTML report: KernelBench's metrics per level (fast_0, fast_1, fast_p,
     geometric-mean speedups; `kgen best --help` defines them) and how speedups are spread, the best
     kernels, every task's attempts, outcomes per model, fast_p curves."""
-    from .report import render, report_json
+    from ..report.page import render, report_json
 
     with _store(db) as store:
         run_id = _run_id(store, run_id, evals)

@@ -6,7 +6,7 @@
     kgen eval prompts/examples/cpu_model_new.py --task prompts/examples/model.py --backend cpu
     kgen serve                    # keep a warm evaluator: later `kgen eval`s take seconds
 
-Every command that reads or writes the database takes -c/--config and --db (pipeline.cliopts).
+Every command that reads or writes the database takes -c/--config and --db (pipeline.cli.options).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from typing import Any
 import click
 from rich.text import Text
 
-from .cliopts import (KgenError, check_filters, console, database_options, load, nothing_matched, open_store,
-                      resolve_run)
-from .config import Config
+from .options import KgenError, check_filters, console, database_options, load, nothing_matched, open_store, resolve_run
+from ..config import Config
 from .plain import visible
-from .records import EvalResult
+from ..records import EvalResult
 from .tables import fmt as _fmt
 
 
@@ -58,11 +57,11 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
         demo: bool) -> None:
     """Run the batch in the config: resume it if the same plan ran before. Ctrl-C stops it (exit 130)
     and says the command that resumes it."""
-    from .backends import BackendError
-    from .child.tasks import TaskError
-    from .llm import ProviderError
+    from ..backends import BackendError
+    from ..child.tasks import TaskError
+    from ..generate.llm import ProviderError
     from .progress import Progress
-    from .run import Runner
+    from ..run.batch import Runner
     from .tables import run_summary
 
     cfg = _demo_config(config, db) if demo else _config(config)
@@ -123,7 +122,7 @@ def _demo_config(config: str | None, db: str) -> Config:
     """The bundled demo's config (pipeline.bundled): its tasks, prompts and recorded completions read
     where kgen is installed; the database, generated code and builds go where this folder's commands
     look for them (--db or ./config.yaml's, else db/, generated/ and builds/ here)."""
-    from . import bundled
+    from .. import bundled
 
     here = load(config)
     demo = load(str(bundled.path(bundled.DEMO_CONFIG)))
@@ -137,7 +136,7 @@ def _resume_command(config: str | None, db: str, backend: str | None, retry_erro
     """The `kgen run` that resumes this one: the same config, database and backend, without --new."""
     import shlex
 
-    from .cliopts import DEFAULT_CONFIG, find_database
+    from .options import DEFAULT_CONFIG, find_database
 
     words = ["kgen", "run"] + (["--demo"] if demo else [])
     if config and config != DEFAULT_CONFIG:
@@ -151,9 +150,9 @@ def _resume_command(config: str | None, db: str, backend: str | None, retry_erro
 def _check_sizes(cfg: Config) -> None:
     """Every chosen task has the config's size: one line naming the task otherwise, before the run
     opens its database or starts anything."""
-    from .child import tasks
-    from .config import ConfigError
-    from .kernelbench import select_tasks
+    from ..child import tasks
+    from ..config import ConfigError
+    from ..run.kernelbench import select_tasks
 
     try:
         for task in select_tasks(cfg):
@@ -208,7 +207,7 @@ def show(attempt_id: str, config: str | None, db: str, full: bool) -> None:
 
     ATTEMPT_ID is an id from `kgen attempts` (a unique prefix will do), or 'latest' for the newest."""
     from .show import render_attempt
-    from .store import StoreError
+    from ..store.store import StoreError
 
     with open_store(db) as store:
         if attempt_id == "latest":
@@ -259,10 +258,10 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
         if served.size:
             sized = {"size": served.size, "size_dims": served.size_dims or {}}
     else:
-        from .evalone import evaluate_file
+        from ..run.single import evaluate_file
 
         if not no_store:  # a database that cannot be written is one line now, not after the build
-            from .store import StoreError, check_writable
+            from ..store.store import StoreError, check_writable
 
             try:
                 check_writable(Path(db))
@@ -312,7 +311,7 @@ def _check_source(path: str) -> None:
 
 def _ask_server(path, task_name, backend, size, config, db, no_store, grad, dtype, echo):
     """The server's reply with a verdict, or None where this process judges the file itself."""
-    from .serve import ServerGone, ask
+    from ..run.serve import ServerGone, ask
 
     if task_name.endswith(".py") or "/" in task_name:  # a task file: the server's folder is not ours
         task_name = str(Path(task_name).resolve())
@@ -341,8 +340,8 @@ def serve(config: str | None, db: str) -> None:
     The task's reference process (its compiler warm, its baselines measured) and the next
     candidate's child are kept between evaluations, as in a batch; `kgen eval` for the same database
     and config hands its file here. Only the user's own processes with the token this command writes
-    under the kgen cache may ask (pipeline.serve)."""
-    from .serve import serve as run_server
+    under the kgen cache may ask (pipeline.run.serve)."""
+    from ..run.serve import serve as run_server
 
     try:
         run_server(load(config), config, Path(db), lambda line: click.echo(visible(line)))
@@ -352,7 +351,7 @@ def serve(config: str | None, db: str) -> None:
 
 def eval_json(result: EvalResult, attempt_id: str | None, sized: dict[str, Any] | None = None) -> dict[str, Any]:
     """The verdict's fields; with `sized`, also the size that ran (`size`) and its `size_dims`."""
-    from .records import summary_fields
+    from ..records import summary_fields
 
     out = summary_fields(result)
     out["flags"] = [f.value for f in result.flags]
@@ -387,7 +386,7 @@ def _print_result(result: EvalResult, attempt_id: str | None, sized: dict[str, A
 
 
 def _register_inspection() -> None:
-    from . import inspect_cli, kbcompare
+    from . import inspect as inspect_cli, kbcompare
 
     for command in (inspect_cli.best, inspect_cli.export, inspect_cli.report, kbcompare.kernelbench_baselines):
         main.add_command(command)

@@ -43,7 +43,7 @@ def check_filters(store, db: str, **given: Any) -> None:
     """Each filter given (task, model, verdict, flag; None: not given) names something that can match:
     a verdict or flag kgen has, a task or model the database holds. Otherwise one line listing the
     valid ones, so a typo never reads as "No attempts match"."""
-    from .records import Flag, Verdict
+    from ..records import Flag, Verdict
 
     for name, value in given.items():
         if value is None:
@@ -69,7 +69,7 @@ def config_file(config: str | None) -> str | None:
 
 def load(config: str | None):
     """The parsed config, or None where no config file is in use; a bad file is one line."""
-    from .config import ConfigError, load_config
+    from ..config import ConfigError, load_config
 
     if config is None:
         return None
@@ -108,7 +108,7 @@ def database_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def open_store(db: str | Path, must_exist: bool = True):
     """The Store at `db`. Store.open would create an empty database: where the file is missing and
     `must_exist`, that is a one-line error instead, so a typo never looks like "no results"."""
-    from .store import Store, StoreError
+    from ..store.store import Store, StoreError
 
     if must_exist and not Path(db).is_file():
         raise KgenError(f"{db}: no database (run `kgen run` first, or pass --db)")

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgres
 from rich.text import Text
 
 from .plain import visible
-from .records import EvalResult, Verdict
+from ..records import EvalResult, Verdict
 from .tables import short_error
 
 # What a first build costs, from docs/benchmarks.md: the bundled demo's 13 C++ builds took 11.5 min
@@ -167,7 +167,7 @@ class Progress:
             self._count("build", grow=1)
         elif stage == "built":
             self._count("build", done=1, failed=not info.ok)
-            from .build import summary_line
+            from ..build.build import summary_line
 
             self._event("built", slot, f"built in {info.seconds:.0f} s" if info.ok else
                         f"build {'timed out' if info.timed_out else 'failed'} after {info.seconds:.0f} s: "
@@ -191,7 +191,7 @@ class Progress:
             self._line("reference", f"{slot.task.name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in info.items()))
         elif stage == "released" and not self.live:  # its attempts are over: its memory goes back
             self._line("reference", f"{info}: closed, the task's attempts are over")
-        elif stage == "lane":  # a lane taken out of service (pipeline.lanes)
+        elif stage == "lane":  # a lane taken out of service (pipeline.run.lanes)
             self._say(str(info), style="yellow")
 
     def _event(self, what: str, slot: Any, text: str) -> None:

@@ -2,7 +2,7 @@
 
 Everything a model, a candidate or a compiler wrote is shown literally (plain.literal: never rich
 markup, control characters written out as escapes). A failed build's compiler errors come first,
-located in the candidate's file (pipeline.diagnostics), before the log with its Python traceback."""
+located in the candidate's file (pipeline.generate.diagnostics), before the log with its Python traceback."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.syntax import Syntax
 
-from .diagnostics import compiler_errors
+from ..generate.diagnostics import compiler_errors
 from .plain import literal, visible
 from .tables import short_error
 

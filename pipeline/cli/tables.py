@@ -286,11 +286,11 @@ def _share(value: float | None) -> str:
 
 
 def metrics_table(groups: list[dict[str, Any]], wide: bool = False) -> Grid:
-    """`kgen best`: KernelBench's metrics per level (pipeline.kbmetrics): tasks, fast_0, fast_1, fast_p
+    """`kgen best`: KernelBench's metrics per level (pipeline.report.kbmetrics): tasks, fast_0, fast_1, fast_p
     at each chosen p, geometric-mean speedups over eager and torch.compile. The setting (backend, size,
     dtype, gradient mode) goes in the title where every group shares it; `wide` adds fast_p over
     torch.compile."""
-    from .kbmetrics import level_label
+    from ..report.kbmetrics import level_label
 
     shared = {k: v for k in ("backend", "size", "dtype") if (v := _constant(groups, k)) is not None}
     title = "KernelBench metrics per level" + (

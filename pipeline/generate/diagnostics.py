@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from .records import Record
+from ..records import Record
 
 MESSAGE_CAP = 300
 SOURCE_CAP = 200

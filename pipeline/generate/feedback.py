@@ -1,4 +1,4 @@
-"""A verdict as the next user turn of a search (pipeline.search), and a child's prompt with parents.
+"""A verdict as the next user turn of a search (pipeline.run.search), and a child's prompt with parents.
 
     text = feedback.render(cfg.search.feedback_template, prompts_dir, result, diagnostics, turn=0, max_turns=4)
 
@@ -15,10 +15,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .child.protocol import ProfileDone
+from ..child.protocol import ProfileDone
 from .diagnostics import Diagnostic
 from .prompts import render_file
-from .records import EvalResult, Flag, Record, TrialResult, Verdict
+from ..records import EvalResult, Flag, Record, TrialResult, Verdict
 
 # One line per verdict: what it means and where to look.
 HINTS: dict[Verdict, str] = {

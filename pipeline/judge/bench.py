@@ -1,5 +1,5 @@
 """A task's bench: its reference process (one per lane, kept alive for the run), its baselines and
-the sizes every correct candidate is also run at. The attempt itself is pipeline.evaluate's.
+the sizes every correct candidate is also run at. The attempt itself is pipeline.judge.evaluate's.
 
     bench = prepare(task, "small", "cpu", settings)   # open_bench, then measure_baselines
     bench.expect(init_seed, specs)                    # an attempt's expected outputs, in float64 memfds
@@ -14,12 +14,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import backends, handover, health, sandbox
-from .child import memory, sizes, tasks
-from .child.timing import TIMING_VERSION, calls_for
-from .config import EvalConfig, cache_root
+from .. import backends, sandbox
+from . import handover, health
+from ..child import memory, sizes, tasks
+from ..child.timing import TIMING_VERSION, calls_for
+from ..config import EvalConfig, cache_root
 from .judge import Expected
-from .records import Baselines, Timing
+from ..records import Baselines, Timing
 
 
 class EvaluationError(RuntimeError):
@@ -65,7 +66,7 @@ class TaskBench:
         # of a speedup run on the same cores.
         pinned = {"KGEN_CORES": sandbox.cpu_cores(self.settings.cpu_threads)} if self.device == "cpu" else {}
         try:
-            ref = sandbox.start("pipeline.reference", ["--fd-socket", str(theirs.fileno())], 24 * 3600,
+            ref = sandbox.start("pipeline.judge.reference", ["--fd-socket", str(theirs.fileno())], 24 * 3600,
                                 {**compile_cache_env(), **pinned, **(env or {})}, keep=(theirs.fileno(),))
         except BaseException:
             ours.close()
@@ -109,7 +110,7 @@ class TaskBench:
     def expect(self, init_seed: int, specs: dict[str, dict[str, Any]],
                env: dict[str, str] | None = None) -> tuple[dict[str, Expected], dict[str, int]]:
         """Expected outputs for this attempt's seeds, whole, and the packed inputs the specs ask for
-        (`"inputs": True`): sealed memfds the reference handed over (pipeline.handover), the caller's
+        (`"inputs": True`): sealed memfds the reference handed over (pipeline.judge.handover), the caller's
         to close and never to pass on; no file holds them (a child that escaped its sandbox read them there)."""
         msgs = self.request({"op": "expect", "init_seed": init_seed,
                              "specs": [{"key": k, **v} for k, v in specs.items()]}, self.settings.timeout_s * 2, env)
@@ -169,7 +170,7 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
             env: dict[str, str] | None = None, watch: health.Watch | None = None) -> TaskBench:
     """Start the task's reference process and get its baselines (from `cached_baselines(key)` when
     it has them); the bench then serves every attempt of the task in this run. With `watch`, the
-    device is checked before and after they are measured (pipeline.health)."""
+    device is checked before and after they are measured (pipeline.judge.health)."""
     return measure_baselines(open_bench(task, size, backend, settings, env), cached_baselines, env, watch)
 
 
@@ -197,7 +198,7 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
                       settle: bool = True) -> TaskBench:
     """The bench's baselines: from `cached_baselines(key)` when it has them, else timed now by its
     reference process (see `prepare`). With `settle`, cached ones also wait for the reference's
-    compiler warm-up (pipeline.reference.CompilerWarmup): in a batch, another task's candidate may
+    compiler warm-up (pipeline.judge.reference.CompilerWarmup): in a batch, another task's candidate may
     be timed on this lane as soon as this returns, and must not share the cpu with it. `kgen eval`,
     alone on its machine, leaves it running beside its `expect` (its session settles before the
     child's calibration)."""

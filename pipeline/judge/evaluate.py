@@ -1,5 +1,5 @@
 """The parent's side of evaluation: the candidate's child, and the session between it and the task's
-reference process (pipeline.bench) that ends in a verdict (pipeline.judge decides each check).
+reference process (pipeline.judge.bench) that ends in a verdict (pipeline.judge decides each check).
 
     bench = prepare(task, "small", "cpu", settings)          # one reference process per task and run
     result = evaluate(bench, code_path, build_dir, settings)  # one fresh sandboxed child per attempt
@@ -24,16 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import backends, health, owncode, sandbox, shapes
-from .child import protocol as P
-from .child import tasks
-from .child.timing import BLOCK, summarize_blocks
-from .config import EvalConfig
-from .records import EvalResult, Flag, Ratio, Timing, TrialResult, Verdict
-# The task's bench (reference process, baselines) lives in pipeline.bench; its names are part of this
+from .. import backends, sandbox
+from . import health, owncode, shapes
+from ..child import HARNESS
+from ..child import protocol as P
+from ..child import tasks
+from ..child.timing import BLOCK, summarize_blocks
+from ..config import EvalConfig
+from ..records import EvalResult, Flag, Ratio, Timing, TrialResult, Verdict
+# The task's bench (reference process, baselines) lives in pipeline.judge.bench; its names are part of this
 # stage's public face, where the executor, `kgen eval` and the scripts have always found them.
-from .bench import (EvaluationError, TaskBench, _seed, _tail, baseline_key, device_for, lane_of,  # noqa: F401
-                    measure_baselines, open_bench, prepare, timed_count)
+from .bench import EvaluationError, TaskBench, _seed, _tail, baseline_key, device_for, lane_of, measure_baselines, open_bench, prepare, timed_count
 
 EVALUATOR_VERSION = "2"
 # Null-model Bound requests before import: what a block costs besides the calls. Fifteen, not five:
@@ -68,7 +69,6 @@ BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
 # making the values in the child (torch's normal_, about 7 ms per million values on one core) costs
 # ten times an mse call, and its noise would drown the calls in the parent's clock.
 INBOX_BYTES = 1 << 30
-HARNESS = "pipeline.child.harness"
 
 
 @dataclass
@@ -236,7 +236,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
     # Seconds spent before the child's conversation starts, kept beside its phases (issue 14: where
     # an attempt's wall goes).
     before: dict[str, float] = {}
-    # The parent's own look at the built code, before any of it runs (pipeline.owncode).
+    # The parent's own look at the built code, before any of it runs (pipeline.judge.owncode).
     mark = time.monotonic()
     own = owncode.inspect_build(build_dir, bench.backend, Path(code_path).read_text())
     before["own_code"] = round(time.monotonic() - mark, 3)
@@ -246,7 +246,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
     try:
         # The expected values first: the reference computes them beside its compiler's warm-up,
         # which the health check (timed) waits for; in a fresh `kgen eval` that warm-up is 10-11 s.
-        # They come as memfds only this process holds (pipeline.bench.TaskBench.expect): no path
+        # They come as memfds only this process holds (pipeline.judge.bench.TaskBench.expect): no path
         # names them, and sandbox.start passes a child only its own descriptors.
         mark = time.monotonic()
         expected, inputs = bench.expect(plan.init_seed, plan.specs(), lane_env)

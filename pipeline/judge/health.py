@@ -14,7 +14,7 @@ that ran while it went bad keeps its verdict with its timing marked (EvalResult.
 baselines measured on it are not cached, and a resume on a fit device re-times those attempts.
 
 On the cpu backend nothing is checked here: a loaded machine is the normal case there, and the
-candidate and its baselines are timed side by side instead (pipeline.session).
+candidate and its baselines are timed side by side instead (pipeline.judge.session).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ parent's clock:
   calls on each back to back, syncs and writes the outputs. The harness copies nothing in that
   window, so nothing in the calibrated part is work a candidate could skip; what is left is the
   calls' own time. A refusal on this bound alone is confirmed by a second evaluation before it
-  stands (pipeline.evaluate.evaluate).
+  stands (pipeline.judge.evaluate.evaluate).
 
 The child's flushed, held per-call times refine the parent's estimate (they exclude host launch
 work and warm caches); they may not fall below it by more than BOUND_SLACK.
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .child.protocol import OutputHeader
-from .records import TrialResult, Verdict
+from ..child.protocol import OutputHeader
+from ..records import TrialResult, Verdict
 from .runqueue import Load
 
 # How far below the parent's estimate the child's per-call time may be. On a GPU the parent's
@@ -48,7 +48,7 @@ from .runqueue import Load
 # of its time passed one run in three; at 35%, beside load 6 on the 2-core box, it was refused in 3
 # of 4 (its claims read 0.53-0.60 of the estimate), while every bundled task's reference at "odd"
 # (tests/test_honest.py) and an honest fused mse (4 runs) were judged correct. The sweep over every
-# task and mode (scripts/cpu_bound_ratios.py) has not been rerun at 35%.
+# task and mode (bench/cpu_bound_ratios.py) has not been rerun at 35%.
 # With the Bound requests replayed from CUDA graphs (pipeline.child.replays) the parent's clock
 # counts the device's work alone, cold L2 as in the child's timed calls: a claim below 0.65 of that,
 # less a microsecond, is refused, so a clock forged to half is refused down to calls of about 10 us
@@ -59,7 +59,7 @@ from .runqueue import Load
 BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cpu": (0.35, 0.05),
                "cpu_grad": (0.45, 0.05)}  # (relative, milliseconds)
 # Where the forward cannot be replayed from a graph, the eager bound's 0.25 ms says little about
-# calls below this: a correct result is kept, untrusted (pipeline.evaluate).
+# calls below this: a correct result is kept, untrusted (pipeline.judge.evaluate).
 LOOSE_BELOW_MS = 0.5
 # A replayed call's digest (sum of output x weights, in float32) against the reference's: within the
 # elementwise tolerance's reach (its scale is sum |w| (|ref| + mean |ref|)), plus float32's summing.
@@ -70,7 +70,7 @@ UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's 
 @dataclass(frozen=True)
 class Expected:
     """The reference's output for one call: metadata, and its full float64 values in a sealed memfd
-    (pipeline.reference.sealed_memfd) that only the parent holds; it closes `fd` when the attempt ends."""
+    (pipeline.judge.reference.sealed_memfd) that only the parent holds; it closes `fd` when the attempt ends."""
 
     shape: list[int]
     numel: int
@@ -183,7 +183,7 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         max_abs = float(diff.max()) if diff.size else 0.0
         max_rel = max_abs / max(float(mag.max()) if mag.size else 0.0, 1e-30)
         if not bool(np.all(diff <= bound)):
-            # The one element the feedback may show (pipeline.feedback): the furthest past its bound.
+            # The one element the feedback may show (pipeline.generate.feedback): the furthest past its bound.
             worst = int(np.argmax(diff - bound))
             index = [int(i) for i in np.unravel_index(worst, tuple(shape))] if shape else []
             prefix = "" if label == "output" else f"{label}: "
@@ -207,7 +207,7 @@ class Window:
     ms: float
     calls: int
     load: Load | None = None
-    """What the run queues took of it, and the child's time on a cpu in it (pipeline.runqueue)."""
+    """What the run queues took of it, and the child's time on a cpu in it (pipeline.judge.runqueue)."""
 
 
 def unloaded_ms(window: Window, threads: int = 1) -> float:
@@ -274,7 +274,7 @@ def unloaded_means(blocks: list[tuple[list[float], Window]], device: str, thread
 @dataclass
 class Evidence:
     """What one evaluation's clock check rests on, kept so that a second evaluation decides on both
-    (pipeline.evaluate.evaluate): never a fresh draw that forgets the first."""
+    (pipeline.judge.evaluate.evaluate): never a fresh draw that forgets the first."""
 
     per_call: list[float]
     """Each Bound request's net milliseconds a call (net_per_call)."""

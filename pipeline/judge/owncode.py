@@ -22,8 +22,8 @@ import stat
 import subprocess
 from pathlib import Path
 
-from . import backends
-from .records import Flag, OwnCode, ShapeRun, TrialResult
+from .. import backends
+from ..records import Flag, OwnCode, ShapeRun, TrialResult
 
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
 MAX_FILES = 16  # extension files read; a build folder is written by the candidate's build child

@@ -1,13 +1,13 @@
 """The reference process: expected outputs in float64 and baseline timings, in a process that never
 imported candidate code, so a candidate that patches torch cannot move them.
 
-    python -m pipeline.reference --result-fd N      (requests arrive as JSON lines on stdin)
+    python -m pipeline.judge.reference --result-fd N      (requests arrive as JSON lines on stdin)
 
 It lives for a task's whole run on the parent's side: `baselines` once, then one `expect` per
 attempt, with that attempt's own seeds. Where torch.compile is timed, a thread warms the compiler up
 at start (CompilerWarmup) while the process serves `expect`; every op that times anything, and
 `settle`, waits for it first. Expected outputs go, in full and as float64, into memfds (anonymous
-memory, sealed once written) handed to the parent over a Unix socket and closed here (pipeline.handover):
+memory, sealed once written) handed to the parent over a Unix socket and closed here (pipeline.judge.handover):
 no path names them, and the parent passes them to no child. It compares them with the candidate's
 outputs value by value.
 """
@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from .child import replays, tasks
-from .child.grad import ForwardBackward, Grads, reseed
-from .child.seccomp import die_with_parent
-from .child.protocol import pack_set, write_line
-from .child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
+from ..child import replays, tasks
+from ..child.grad import ForwardBackward, Grads, reseed
+from ..child.jail.seccomp import die_with_parent
+from ..child.protocol import pack_set, write_line
+from ..child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 from .handover import give, sealed_memfd
 
 
@@ -146,7 +146,7 @@ class Reference:
         if self.clock is None:
             self.clock = Clock(self.device)
         with torch.no_grad():
-            # The attempt's first block, or the first at a held-out size (pipeline.shapes): sets of
+            # The attempt's first block, or the first at a held-out size (pipeline.judge.shapes): sets of
             # that size, and the warm-up the candidate had.
             if self.sets is None or self.sets_size != json.dumps(size, sort_keys=True):
                 self.sets = tasks.block_sets(module, tasks.make_inputs(module, seeds[0], "base", self.device), self.device)
@@ -320,7 +320,7 @@ class IdleProbe:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pipeline.reference")
+    parser = argparse.ArgumentParser(prog="pipeline.judge.reference")
     parser.add_argument("--result-fd", type=int, required=True)
     parser.add_argument("--fd-socket", type=int, help="a Unix socket to the parent: expected values' memfds go there")
     args = parser.parse_args(argv)
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                 held_out = bool(request.get("held_out"))
                 if not (compiled or held_out):
                     raise  # eager failing at the main size is the reference's own fault, as it always was
-                if held_out:  # a held-out size (pipeline.shapes), e.g. out of memory beside the paused child:
+                if held_out:  # a held-out size (pipeline.judge.shapes), e.g. out of memory beside the paused child:
                     ref.release()  # its flag goes unmeasured; the attempt and this process go on
                     if ref.device.startswith("cuda"):
                         torch.cuda.empty_cache()

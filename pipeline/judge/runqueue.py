@@ -3,7 +3,7 @@ candidate forges.
 
 /proc/<pid>/task/<tid>/schedstat holds, per thread, nanoseconds on a cpu and nanoseconds runnable but
 waiting on a run queue. The parent reads them for the child's threads and its own around each
-request it times (pipeline.session.Session.ask), outside the window (a read costs tens of
+request it times (pipeline.judge.session.Session.ask), outside the window (a read costs tens of
 microseconds a thread), and pipeline.judge.unloaded_ms takes the load out of the window.
 """
 

@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, judge, owncode, runqueue, shapes
+from .. import backends
+from . import judge, owncode, runqueue, shapes
 from .judge import Expected, Window
-from .child import protocol as P
+from ..child import protocol as P
 from .bench import TaskBench, _seed, lane_of
 from .evaluate import CALIBRATION_BLOCKS, Ended, EvalResult, ended_early, pair_ratios, summarize
-from .records import TrialResult, Verdict
+from ..records import TrialResult, Verdict
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
 PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
@@ -31,7 +32,7 @@ class Session:
                  timed: bool = True, settings=None, prior: list[judge.Evidence] | None = None):
         self.bench, self.child, self.plan, self.expected, self.outbox = bench, child, plan, expected, outbox
         self.spares, self.env = spares, env
-        self.timed_too = timed  # False on a device unfit to time (pipeline.health): correctness only
+        self.timed_too = timed  # False on a device unfit to time (pipeline.judge.health): correctness only
         self.settings = settings or bench.settings  # this evaluation's (its limits may differ from the bench's)
         self.inbox, self.inputs = inbox, inputs or {}
         self.phases: dict[str, float] = {}
@@ -53,7 +54,7 @@ class Session:
         self.timed: list[tuple[list[float], Window]] = []
         self.estimate: float | None = None
         self.load = runqueue.Load()  # the last window's (ask)
-        # The verdict rests on the parent's estimate alone (pipeline.evaluate judges again, on both).
+        # The verdict rests on the parent's estimate alone (pipeline.judge.evaluate judges again, on both).
         self.clock_alone = False
         self.prior = prior or []  # an earlier evaluation's evidence, which the clock check pools with ours
         self.evidence: judge.Evidence | None = None
@@ -62,7 +63,7 @@ class Session:
         b = bench.baselines
         self.compile_beside = bool(b and b.compiled and self.settings.compile_baseline)
         self.lane = lane_of(env)
-        self.own = None  # the parent's look at the built code (pipeline.owncode), set by evaluate
+        self.own = None  # the parent's look at the built code (pipeline.judge.owncode), set by evaluate
         self.block_error: str | None = None  # why the reference's last failed block failed
 
     # ---- the conversation ----------------------------------------------------------------------
@@ -98,7 +99,7 @@ class Session:
         # its core; 1.0 ms against 0.48 for mse's eight sets), a third of the estimate on the 2-core
         # box, more under load, and an honest kernel was refused (a fresh-clone CI run). A child
         # that will not stop gets the write inside the window, as before.
-        # What other processes take of the window (pipeline.runqueue): the child's threads' account
+        # What other processes take of the window (pipeline.judge.runqueue): the child's threads' account
         # from before it is stopped (a stopped thread waits on no run queue), ours from the clock's start.
         child_before = runqueue.threads(self.child.proc.pid)
         stopped = self.child.pause() if reveal else None
@@ -119,7 +120,7 @@ class Session:
             if sent + limit >= self.child.deadline:
                 raise Ended(None) from None  # the child's own deadline: finalize() names it
             raise Ended(EvalResult(verdict=Verdict.timeout, error=f"no reply in {limit:.1f} s while waiting for "
-                                   f"{what} (the limit for that step: pipeline.session.Session.limit)",
+                                   f"{what} (the limit for that step: pipeline.judge.session.Session.limit)",
                                    trials=list(self.judged))) from None
         except P.ProtocolError as exc:
             self.child.kill()
@@ -172,12 +173,12 @@ class Session:
         plan, bench = self.plan, self.bench
         self.child.send(job)
         ready, _ = self.ask(None, P.Ready, "loading the task")
-        # What the parent set and checked itself (pipeline/confine.py); the child's own report
+        # What the parent set and checked itself (pipeline/sandbox/confine.py); the child's own report
         # (ready.confinement) is a claim, kept only where no jail ran.
         self.confinement = self.child.confinement() if self.child.policy is not None else ready.confinement
         self.part("startup_ready")
         calls = len(plan.bounds[0])
-        # The reference's compiler warm-up (pipeline.reference.CompilerWarmup) has ended before the
+        # The reference's compiler warm-up (pipeline.judge.reference.CompilerWarmup) has ended before the
         # calibration, so that it sees the machine the timed blocks will.
         bench.request({"op": "settle"}, bench.settings.timeout_s, self.lane)
         self.part("startup_settle")
@@ -237,7 +238,7 @@ class Session:
         for trial in plan.trials[len(main):]:
             try:
                 shape_results.append(self.trial(trial))
-                if shape_results[-1].ok:  # whose code ran there, and how fast (pipeline.shapes)
+                if shape_results[-1].ok:  # whose code ran there, and how fast (pipeline.judge.shapes)
                     shape_runs.append(shapes.held_out(self, trial, shape_results[-1], interpreted))
             except Ended as ended:  # a kernel that fails at another size is flagged, not rejected
                 error = ended.result.error if ended.result else f"no result at {trial.size}"

@@ -20,10 +20,10 @@ from typing import Any
 
 from . import owncode
 from .bench import EvaluationError, _seed
-from .child import protocol as P
-from .child.timing import BLOCK, summarize_blocks
-from .leaderboard import faster
-from .records import ShapeRun, Timing, TrialResult
+from ..child import protocol as P
+from ..child.timing import BLOCK, summarize_blocks
+from ..leaderboard import faster
+from ..records import ShapeRun, Timing, TrialResult
 
 SHAPE_BLOCKS = 3  # timed blocks of BLOCK calls per held-out size, each followed by an eager block
 
@@ -45,7 +45,7 @@ def draw(trials: list[P.Trial], main_size) -> tuple[dict[int, list[list[int]]], 
 
 
 def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms: float | None) -> ShapeRun:
-    """One held-out size whose trial passed (`session`: pipeline.session.Session, mid-conversation).
+    """One held-out size whose trial passed (`session`: pipeline.judge.session.Session, mid-conversation).
     An Ended raised here ends the held-out sizes as a failed trial there would."""
     label = passed.variant.split("@", 1)[1]
     run = ShapeRun(size=label, correct=True)
@@ -58,7 +58,7 @@ def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms:
         run.own_ran = None if claim is None else not claim
         run.torch_fraction = prof.torch_fraction
     if not session.timed_too:
-        run.error = "the device was not fit to time (pipeline.health): not timed"
+        run.error = "the device was not fit to time (pipeline.judge.health): not timed"
         return run
     times: list[float] = []
     eager: list[float] = []

@@ -30,10 +30,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from .kernels import (EVALUATOR_VERSION, KernelEntry, LibraryError, _Record, device_kind, entry_from_attempt,
-                      sha256_text)
-from .leaderboard import is_verified, not_faster_reason, rank_key
-from .child.tasks import TaskError
+from .kernels import EVALUATOR_VERSION, KernelEntry, LibraryError, _Record, device_kind, entry_from_attempt, sha256_text
+from ..leaderboard import is_verified, not_faster_reason, rank_key
+from ..child.tasks import TaskError
 
 LOCK = "kgen.lock"
 MANIFEST = "manifest.json"
@@ -81,7 +80,7 @@ def _prepare(out_dir: Path) -> None:
 
 def export_best(db: str | Path, out_dir: str | Path, *, generated_dir: str | Path = "generated") -> Manifest:
     """Write the best verified kernel faster than eager per task, device kind and torch version into `out_dir`."""
-    from .store import Store
+    from ..store.store import Store
 
     db, out_dir, generated_dir = Path(db), Path(out_dir), Path(generated_dir)
     if not db.is_file():

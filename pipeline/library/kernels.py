@@ -5,7 +5,7 @@
 
 The envelope is what the evaluator actually exercised: the device kind, the input dtypes and the
 shapes at the size the attempt was run at, and at each held-out size where the kernel was verified
-correct, its own kernel ran (the child's profile, pipeline.shapes) and it was measured faster than
+correct, its own kernel ran (the child's profile, pipeline.judge.shapes) and it was measured faster than
 eager (`served`). The library runs a kernel only inside it; the export writes it to manifest.json.
 """
 
@@ -19,10 +19,10 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from .child import tasks
-from .child.sizes import DEFAULT_SIZE
-from .leaderboard import faster
-from .records import Flag
+from ..child import tasks
+from ..child.sizes import DEFAULT_SIZE
+from ..leaderboard import faster
+from ..records import Flag
 
 # The evaluate.EVALUATOR_VERSION the kernels in this tree were judged by; kept here so that the
 # library does not import the evaluator (and its sandbox) into a user's process.

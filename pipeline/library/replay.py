@@ -20,7 +20,7 @@ Set KGEN_DISABLE=1 to run every reference instead.
 
 The library only accelerates: a kernel is used only where it was verified faster than eager on this
 device kind, torch, dtype and mode, and in calls that torch.compile traces only where it was also
-verified faster than torch.compile (leaderboard.faster is the rule; pipeline/selection.py applies
+verified faster than torch.compile (leaderboard.faster is the rule; pipeline/library/selection.py applies
 it). Otherwise the reference runs; load() warns once when a kernel is left out as slower, and
 describe(task) (or module.describe()) says which kernel runs where, and why not.
 """
@@ -42,8 +42,8 @@ from typing import Any, Callable
 
 import torch
 
-from .backends import GPU_BACKENDS
-from .child import tasks
+from ..backends import GPU_BACKENDS
+from ..child import tasks
 from .export import export_best
 from .kernels import KernelEntry, LibraryError, outside, parse_size, sha256_text, task_file
 from .selection import Choice, Description, description, from_db, from_export, here
@@ -64,14 +64,14 @@ class KgenFallbackWarning(UserWarning):
 @contextlib.contextmanager
 def _prebuilt(build_dir: Path):
     """Where kgen's build stage already built this kernel, load that binary (the one the evaluator
-    verified) and never build again: a fast build (pipeline/headers.py) compiled with an include
+    verified) and never build again: a fast build (pipeline/build/headers.py) compiled with an include
     path this process does not add, so torch would see other flags and rebuild it from nothing, a
     minute on the H100. As the evaluation child does (pipeline.child.prebuilt), torch imports what is
     there; for this import only."""
     if not any(build_dir.glob("*/*.so")):
         yield
         return
-    from .child.prebuilt import load_only
+    from ..child.prebuilt import load_only
 
     with load_only():
         yield
@@ -332,10 +332,10 @@ def _own_rng(backend: str):
 
 
 def _locate(config, db, generated_dir, builds_dir) -> tuple[Path, Path, Path]:
-    """The database, generated code and builds, found as the CLI finds them (pipeline.cliopts): each
+    """The database, generated code and builds, found as the CLI finds them (pipeline.cli.options): each
     as given, else the config's (`config`, else ./config.yaml where there is one) resolved against the
     config file's folder, else db/kgen.db, generated/ and builds/ here."""
-    from .cliopts import KgenError, config_file, find_database, load as load_cfg
+    from ..cli.options import KgenError, config_file, find_database, load as load_cfg
 
     try:
         cfg = load_cfg(config_file(None if config is None else str(config)))

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import torch
 
-from .backends import GPU_BACKENDS
+from ..backends import GPU_BACKENDS
 from .export import open_export, task_row_of
-from .kernels import (Envelope, KernelEntry, LibraryError, _Record, device_kind, entry_from_attempt,
-                      sha256_text)
-from .leaderboard import faster, is_verified, not_faster_reason, rank_key
+from .kernels import Envelope, KernelEntry, LibraryError, _Record, device_kind, entry_from_attempt, sha256_text
+from ..leaderboard import faster, is_verified, not_faster_reason, rank_key
 
 # Reasons that send every call to the reference, whatever the call's inputs.
 BLOCKING = ("disabled", "parameters", "import", "no_kernel", "slower")
@@ -94,7 +93,7 @@ def _slower(slow: list[tuple[KernelEntry, str]]) -> tuple[str, str]:
 
 def from_db(task: str, db: Path, backend: str, kind: str, generated: Path, builds: Path,
             grad: bool | None = None, dtype: str = "float32") -> Choice:
-    from .store import Store
+    from ..store.store import Store
 
     if not db.is_file():
         raise LibraryError(f"{db}: no database (run `kgen run`, or pass export_dir=)")
@@ -222,7 +221,7 @@ class Description(_Record):
 def _envelope_text(env: Envelope) -> str:
     args = [f"{i.dtype}[{', '.join(map(str, i.shape or []))}]" if i.kind == "tensor" else f"{i.kind} {i.value!r}"
             for i in env.inputs]
-    served = [env.sizes[0] if env.sizes else "its timed size", *env.served]  # pipeline.shapes
+    served = [env.sizes[0] if env.sizes else "its timed size", *env.served]  # pipeline.judge.shapes
     grad = "its own verified backward" if env.backward else "the reference's backward"
     return (f"{', '.join(args)} (at these shapes only, contiguous; served at sizes {', '.join(served)}; "
             f"correct at {', '.join(env.sizes)}); {grad}")

@@ -1,4 +1,4 @@
-"""The report's charts, as plotly figures (pipeline/report.py puts them on the page).
+"""The report's charts, as plotly figures (pipeline/report/page.py puts them on the page).
 
 Why plotly rather than matplotlib's inline SVG: a report is opened to ask "which attempt is that bar?",
 and plotly answers on hover (model, attempt id, size, numbers) at no cost to the layout; its figure JSON
@@ -17,7 +17,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from .records import Verdict
+from ..records import Verdict
 
 # One fixed colour per verdict, so a colour means the same thing in every report.
 VERDICT_COLOURS = {

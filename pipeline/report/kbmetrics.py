@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from .leaderboard import is_verified, rank_key
+from ..leaderboard import is_verified, rank_key
 
 SETTING = ("backend", "size", "dtype", "grad")  # with the level, what a group of tasks shares
 

@@ -20,10 +20,9 @@ import jinja2
 from plotly.offline import get_plotlyjs
 
 from .kbmetrics import best_per_task, level_label, level_metrics
-from .leaderboard import best_rows
-from .records import Verdict
-from .report_charts import (VERDICT_COLOURS, distribution_figure, fast_p_figure, floor_speedup, search_figure,
-                            speedup_figure, verdict_figure)
+from ..leaderboard import best_rows
+from ..records import Verdict
+from .charts import VERDICT_COLOURS, distribution_figure, fast_p_figure, floor_speedup, search_figure, speedup_figure, verdict_figure
 
 MAX_BARS = 40  # correct attempts drawn per task chart, best first (the task's table lists every attempt)
 TASK_CHARTS = 20  # above this many tasks, no chart per task: each task's table is one click away instead
@@ -127,7 +126,7 @@ def search_data(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def levels_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """KernelBench's metrics per level (pipeline.kbmetrics) and the chart of how each task's best
+    """KernelBench's metrics per level (pipeline.report.kbmetrics) and the chart of how each task's best
     verified kernel's speedups are spread; tasks with none are counted beside it."""
     best = best_per_task(rows)
     kernels = [r for r in best.values() if r is not None]

@@ -19,16 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import build as build_stage
-from . import backends, diagnostics, evaluate, extract, prompts
-from .diagnostics import Diagnostic
-from .child import sizes, tasks
-from .config import Config, ModelConfig
+from ..build import build as build_stage
+from .. import backends
+from ..generate import diagnostics, extract, prompts
+from ..judge import evaluate
+from ..generate.diagnostics import Diagnostic
+from ..child import sizes, tasks
+from ..config import Config, ModelConfig
 from .executor import Executor, make_executor
-from .llm import ChatRequest, Provider, make_provider
-from .progress import RunStart
-from .records import BuildResult, Completion, EvalResult, Verdict
-from .store import Store
+from ..generate.llm import ChatRequest, Provider, make_provider
+from ..cli.progress import RunStart
+from ..records import BuildResult, Completion, EvalResult, Verdict
+from ..store.store import Store
 
 MEMORY_WAIT_S = 2.0  # between a reference's tries for memory that other tasks' references give back
 
@@ -146,7 +148,7 @@ class Runner:
         redo = self._redo(run_id, retry_errors)
         todo = [s for s in self.slots if s.key not in done or s.key in redo]
         single = self.cfg.search.strategy == "single"
-        # A search stores several attempts per slot and plans each turn as it comes (pipeline.search).
+        # A search stores several attempts per slot and plans each turn as it comes (pipeline.run.search).
         stored = len(self.slots) - len(todo) if single else len(self.store.attempts(run=run_id))
         self.on_event("started", None, RunStart(
             run_id=run_id, resumed=resumed, tasks=len({s.task.name for s in self.slots}),
@@ -163,7 +165,7 @@ class Runner:
         try:
             if self.cfg.search.strategy == "single":
                 work = [self._attempt(s) for s in todo]
-            else:  # a search resumes inside each conversation: every slot goes in (pipeline.search)
+            else:  # a search resumes inside each conversation: every slot goes in (pipeline.run.search)
                 from . import search
                 work = search.plan(self, self.slots)
             results = await asyncio.gather(*work, return_exceptions=True)

@@ -1,6 +1,6 @@
 """Where builds and evaluations run: local processes, or a Ray cluster.
 
-Either way the unit of work is the same sandboxed child (pipeline.build / pipeline.evaluate); the
+Either way the unit of work is the same sandboxed child (pipeline.build / pipeline.judge.evaluate); the
 executor only decides where that child starts and how many run at once. Results come back to the
 driver, which alone writes the database.
 
@@ -17,13 +17,15 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from . import build as build_stage
-from . import evaluate as evaluate_stage
-from . import backends, health, sandbox
+from ..build import build as build_stage
+from ..judge import evaluate as evaluate_stage
+from .. import backends, sandbox
+from ..judge import health
 from .lanes import LaneFailed, Lanes
-from .config import Config, EvalConfig
-from .records import BuildResult, EvalResult
-from .child.tasks import TaskFile
+from ..config import Config, EvalConfig
+from ..records import BuildResult, EvalResult
+from ..child import HARNESS, PACKAGE_ROOT
+from ..child.tasks import TaskFile
 
 
 class Executor(Protocol):
@@ -130,8 +132,8 @@ class LocalExecutor:
         self.pool: Lanes[str | None] = Lanes(list(gpus) or [None], notice, name=lambda gpu: f"GPU {gpu}")
         # Not on the cpu backend: a spare loading torch would share the cores with a timed kernel. On
         # GPU lanes with cores to spare, spares start CUDA and the profiler ahead on the build cores.
-        self.spares = sandbox.Spares("pipeline.child.harness", ["eval"], cores=self.early_cores) if gpus else None
-        # Each GPU is checked fit to time around every attempt (pipeline.health).
+        self.spares = sandbox.Spares(HARNESS, ["eval"], cores=self.early_cores) if gpus else None
+        # Each GPU is checked fit to time around every attempt (pipeline.judge.health).
         self.watches = {gpu: health.Watch(gpu) for gpu in gpus}
 
     @property
@@ -206,7 +208,7 @@ class _RayLane:
         self.gpu = gpu or None
         self.env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
         self.watch = health.Watch(gpu) if gpu else None
-        self.spares = sandbox.Spares("pipeline.child.harness", ["eval"]) if gpu else None
+        self.spares = sandbox.Spares(HARNESS, ["eval"]) if gpu else None
         self.benches: dict[tuple, evaluate_stage.TaskBench] = {}
 
     def name(self) -> str:
@@ -253,7 +255,7 @@ class RayExecutor:
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                         [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}})
+                         [PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")])}})
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0)) if backends.on_gpu(backend) else 0
         count = max(1, gpus) if backends.on_gpu(backend) else max(1, int(resources.get("CPU", 1)) // 2)
@@ -266,7 +268,7 @@ class RayExecutor:
         # Builds get no GPU from Ray, and build_env hides any the node has.
         self._build = ray.remote(num_cpus=1, num_gpus=0, max_retries=0)(build_stage.build)
         self.build_env = build_stage.build_env(["0"] * gpus)
-        # Each node precompiles its own headers (pipeline/headers.py) in its first build.
+        # Each node precompiles its own headers (pipeline/build/headers.py) in its first build.
         self.fast = dict(fast=backends.fast_builds(backend, fast_builds), cuda=backend == "cuda")
 
     @property

@@ -18,9 +18,9 @@ import fnmatch
 import re
 from pathlib import Path
 
-from .child import tasks
-from .child.tasks import TaskFile
-from .config import Config, ConfigError, problem_range
+from ..child import tasks
+from ..child.tasks import TaskFile
+from ..config import Config, ConfigError, problem_range
 
 
 def checkout_levels(cfg: Config) -> tuple[Path, dict[int, Path]]:

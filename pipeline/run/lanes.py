@@ -2,7 +2,7 @@
 
 A lane is one GPU (local executor) or one Ray actor holding one GPU; on the cpu backend, the
 machine. A lane runs one child at a time, so nothing else computes on its device while it times.
-After each job the lane says whether its device is still fit (pipeline.health): a lane found unfit
+After each job the lane says whether its device is still fit (pipeline.judge.health): a lane found unfit
 is retired for the rest of the run with one message, and the job it was doing goes to another lane,
 so its verdict and timing come from a device that is fit. The last lane is never retired: with
 nowhere else to go, its jobs keep the correctness verdict and their timing is marked unfit, as on a

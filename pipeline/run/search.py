@@ -3,7 +3,7 @@
     work = search.plan(runner, runner.slots)   # coroutines: one per conversation (refine) or task (evolve)
 
 refine: the first prompt is the template's; after each attempt its verdict, rendered by the
-feedback template (pipeline.feedback), becomes the next user turn, until `max_turns` or the target.
+feedback template (pipeline.generate.feedback), becomes the next user turn, until `max_turns` or the target.
 evolve: generation 0 asks `population` children from the plain prompt; each later child's prompt
 shows one to three parents from the task's archive (its correct, trusted, timed kernels), and a
 child that fails gets `fix_turns` refine turns. Every turn is an attempt judged by the same
@@ -24,12 +24,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import extract, feedback
-from .config import Target
-from .records import Verdict, summary_fields
+from ..generate import extract, feedback
+from ..config import Target
+from ..records import Verdict, summary_fields
 
 if TYPE_CHECKING:
-    from .run import Runner, Slot
+    from .batch import Runner, Slot
 
 # What an earlier answer keeps in the conversation when only its summary line stays. The answer
 # itself is its ModelNew code block (the prose around it helps nobody in a later turn), capped so

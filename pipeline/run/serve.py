@@ -4,7 +4,7 @@ Alone, a `kgen eval` pays every time for what a batch pays once per task: import
 the task's reference process and warming its compiler, measuring baselines, starting the candidate's
 child (on a GPU: CUDA and the profiler). For a build already stored that was 34-39 s of wall on the
 H100 (docs/benchmarks.md, twelfth session). `kgen serve` keeps all of it between evaluations
-(pipeline.evalone.Warm), and `kgen eval` hands its candidate over when a server for its database is
+(pipeline.run.single.Warm), and `kgen eval` hands its candidate over when a server for its database is
 listening.
 
     kgen serve &                                  # one per database; Ctrl-C or SIGTERM ends it
@@ -41,8 +41,8 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .config import Config, cache_root
-from .records import EvalResult
+from ..config import Config, cache_root
+from ..records import EvalResult
 
 MAX_REQUEST = 16 << 20  # bytes of a request line: the candidate's code travels in it
 READ_DEADLINE_S = 10.0  # for a client's request line, once its peer is checked
@@ -116,7 +116,7 @@ def serve(cfg: Config | None, config: str | None, db_path: Path, say: Callable[[
     for the server is refused while its own evaluation runs; admitted requests are judged one at a
     time, in order, by one long-lived thread (the children it starts die with the thread that
     started them: pipeline.child.harness.die_with_parent)."""
-    from .evalone import Warm
+    from .single import Warm
 
     sock_path, token_path = address(db_path)
     sock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +186,7 @@ def peer(conn: socket.socket) -> tuple[int, int]:
 
 def refused_peer(conn: socket.socket) -> str | None:
     """Why this peer may not ask anything (read before any byte of it), or None."""
-    from .health import descendants
+    from ..judge.health import descendants
 
     pid, uid = peer(conn)
     if uid != os.getuid():
@@ -259,7 +259,7 @@ def _admit_one(conn: socket.socket, token: str, config: str | None, admitted: qu
 
 def _judge(conn: socket.socket, request: EvalRequest, cfg: Config | None, db_path: Path, warm,
            say: Callable[[str], None]) -> None:
-    from .evalone import evaluate_file
+    from .single import evaluate_file
 
     sized: dict = {}
     started = time.monotonic()

@@ -1,7 +1,7 @@
 """`kgen eval`: judge one candidate file written anywhere, with the same evaluator as a batch.
 
 Alone, each evaluation starts everything it needs and ends it. Given a `Warm` (what `kgen serve`
-keeps, pipeline.serve), the task's bench (its reference process, warm compiler and baselines), the
+keeps, pipeline.run.serve), the task's bench (its reference process, warm compiler and baselines), the
 next candidate's child and the lane's health watch outlive the evaluation, as they do in a batch.
 """
 
@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import build as build_stage
-from . import backends, bundled, evaluate, health, sandbox
-from .child import memory, sizes, tasks
-from .config import Config, EvalConfig
-from .records import BuildResult, EvalResult, Verdict
-from .bench import TaskBench
-from .run import remember_baselines, resolve_backend
+from ..build import build as build_stage
+from .. import backends, bundled, sandbox
+from ..judge import evaluate, health
+from ..child import HARNESS, memory, sizes, tasks
+from ..config import Config, EvalConfig
+from ..records import BuildResult, EvalResult, Verdict
+from ..judge.bench import TaskBench
+from .batch import remember_baselines, resolve_backend
 
 
 def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
@@ -45,7 +46,7 @@ class Warm:
     max_age_s: float = 1800.0
     max_benches: int = 4
     benches: dict[str, tuple[TaskBench, float]] = field(default_factory=dict)  # key -> (bench, opened at)
-    spares: sandbox.Spares = field(default_factory=lambda: sandbox.Spares("pipeline.child.harness", ["eval"],
+    spares: sandbox.Spares = field(default_factory=lambda: sandbox.Spares(HARNESS, ["eval"],
                                                                           refill=False))
     watches: dict[str, health.Watch] = field(default_factory=dict)
 
@@ -134,7 +135,7 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     # Kept warm, a spare waits already (started after the last evaluation) and the next is started
     # once this one is over.
     spares = warm.spares if warm else (
-        sandbox.Spares("pipeline.child.harness", ["eval"], refill=False) if backends.on_gpu(backend) else None)
+        sandbox.Spares(HARNESS, ["eval"], refill=False) if backends.on_gpu(backend) else None)
     child_env, init = evaluate.child_environment(backend), evaluate.spare_init(backend, settings)
     if spares:
         spares.spawn(child_env, init)
@@ -220,7 +221,7 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | Non
     """evaluate_file once its inputs are checked: build, judge, store (db_path None: not stored)."""
     import torch
 
-    from .store import Store
+    from ..store.store import Store
 
     db = Store.open(db_path) if db_path else None
     started = time.monotonic()

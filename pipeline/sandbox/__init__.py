@@ -3,7 +3,7 @@
 The child gets: a fresh process group (so a timeout kills everything it spawned), an environment
 built from an allow-list (no API keys, tokens or database paths), its own temporary working
 directory, and, for a candidate's child (`jail`), confinement the parent sets before the child's
-interpreter starts (pipeline/confine.py, pipeline/child/jail.py): namespaces, Landlock, nobody's
+interpreter starts (pipeline/sandbox/confine.py, pipeline/child/jail/jail.py): namespaces, Landlock, nobody's
 uid, seccomp, on every thread. The parent stages what the child reads (code, task file, built
 extension) into the child's own job/ folder (Child.stage); it never names a path of the project.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import confine
-from .child import protocol
+from ..child import PACKAGE_ROOT, protocol
 
 # Variables a compiler, CUDA or torch needs; everything else (keys, tokens, KGEN_*, proxies) stays out.
 ENV_ALLOW = (
@@ -39,7 +39,6 @@ ENV_ALLOW = (
 )
 LOG_TAIL = 200_000  # bytes of a child's log the parent reads: nvcc can print megabytes of warnings
 OUTBOX_BYTES = 1 << 31  # a spare's outbox (virtual: pages cost memory only when the child writes them)
-PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 # glibc hands large blocks back to the system when freed (mmap above a threshold that adapts, and
@@ -78,11 +77,11 @@ class Child:
     messages: list[dict[str, Any]] = field(default_factory=list)
     timed_out: bool = False
     policy: dict | None = None
-    """The jail's policy (pipeline/confine.py), None for a process of the parent's side."""
+    """The jail's policy (pipeline/sandbox/confine.py), None for a process of the parent's side."""
     status_fd: int | None = None
     _confinement: protocol.Confinement | None = None
     handover: Any = None
-    """The reference process's: the parent's end of its socket for memfds (pipeline.handover)."""
+    """The reference process's: the parent's end of its socket for memfds (pipeline.judge.handover)."""
 
     @property
     def job_dir(self) -> Path:
@@ -309,7 +308,7 @@ def session_members(sid: int, with_state: bool = False) -> list:
 
 @dataclass(frozen=True)
 class Jail:
-    """Confine the child before its interpreter starts (pipeline/confine.py); its workdir is laid
+    """Confine the child before its interpreter starts (pipeline/sandbox/confine.py); its workdir is laid
     out as confine's docstring says."""
 
     read: tuple[str, ...] = ()

@@ -5,7 +5,7 @@ the parent then checks for itself.
     argv = jail_command(policy, status_fd, [python, "-s", "-m", module, ...])   # sandbox.start
     confinement = verified(pid, status_line, policy)                            # after the jail ran
 
-The jail itself (pipeline/child/jail.py) applies the policy in the child's process and execs the
+The jail itself (pipeline/child/jail/jail.py) applies the policy in the child's process and execs the
 real command: a network namespace, a mount namespace where /tmp, /dev/shm and every folder that an
 unprivileged uid could not cross are fresh and empty but for what the child needs, Landlock rules,
 the uid `nobody`, the seccomp filter. Every thread the interpreter, torch or a driver starts
@@ -28,11 +28,10 @@ import stat
 import sys
 from pathlib import Path
 
-from .child import landlock
-from .child import protocol as P
+from ..child.jail import landlock
+from ..child import JAIL, PACKAGE_ROOT
+from ..child import protocol as P
 
-JAIL = str(Path(__file__).resolve().parent / "child" / "jail.py")
-PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 NOBODY = 65534
 # The system and /proc files a child may read (the child's own /proc entry the jail adds).
 SYSTEM_READ, PROC_READ = landlock.SYSTEM_READ, landlock.PROC_READ
@@ -120,7 +119,7 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
         for folder, names in sorted(_blockers([*read, *write]).items(), key=lambda kv: len(kv[0])):
             masks.append((folder, "0711", sorted(names)))
     # On a GPU its own /proc entry is writable: the CUDA driver writes there as it starts (and fails
-    # with error 304 where it cannot: scripts/probe_jail_cuda.py, docs/benchmarks.md); it is the
+    # with error 304 where it cannot: bench/probe_jail_cuda.py, docs/benchmarks.md); it is the
     # process's own, and nothing there reaches another process.
     return {"rules": rules, "uid": uid, "netns": True, "memlock": True, "masks": masks,
             "own_proc": "write" if gpu else "read",

@@ -221,7 +221,7 @@ def m004_device_unfit(db: sqlite_utils.Database) -> None:
 
 @migration
 def m005_search(db: sqlite_utils.Database) -> None:
-    # Search (pipeline.search): an attempt is one turn of a conversation or one child of a
+    # Search (pipeline.run.search): an attempt is one turn of a conversation or one child of a
     # generation, so a slot holds several rows; the unique slot index grows those two columns.
     # parents: JSON list of the attempt ids it was prompted with; messages_json: exactly what was
     # sent; feedback: the user turn its verdict became (what the next turn was told).
@@ -240,7 +240,7 @@ def m005_search(db: sqlite_utils.Database) -> None:
 
 @migration
 def m006_build_headers(db: sqlite_utils.Database) -> None:
-    # Which torch headers a build compiled against (fast or plain, pipeline/headers.py); NULL for
+    # Which torch headers a build compiled against (fast or plain, pipeline/build/headers.py); NULL for
     # builds from before fast builds existed, which were all plain.
     if "headers" not in db["builds"].columns_dict:
         db["builds"].add_column("headers", str)
@@ -269,7 +269,7 @@ def m008_run_kind(db: sqlite_utils.Database) -> None:
 
 @migration
 def m009_kernelbench(db: sqlite_utils.Database) -> None:
-    # The KernelBench level and problem id of an attempt's task (issue 28; pipeline/kernelbench.py), so
+    # The KernelBench level and problem id of an attempt's task (issue 28; pipeline/run/kernelbench.py), so
     # metrics go per level and a result maps onto KernelBench's own tables. NULL: a task from a plain
     # folder, or an attempt stored before this migration.
     attempts = db["attempts"]

@@ -26,11 +26,11 @@ from typing import Any
 
 import sqlite_utils
 
-from pipeline.migrations import migrate, pending
+from pipeline.store.migrations import migrate, pending
 from pipeline.records import BuildResult, Completion, EvalResult, summary_fields
 # StoreError is defined beside the queries only because they raise it too and store_queries.py
 # cannot import this module; pipeline.store.StoreError stays its public name.
-from pipeline.store_queries import StoreError, StoreQueries, _build, _completion, _locked
+from pipeline.store.queries import StoreError, StoreQueries, _build, _completion, _locked
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
 

@@ -21,7 +21,7 @@ _REFER, _TRUNCATE, _IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 _NET_BIND_TCP, _NET_CONNECT_TCP = 1, 2
 _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1, 2
 
-# What a confined child may read of the system: the jail's policy (pipeline/confine.py) and the
+# What a confined child may read of the system: the jail's policy (pipeline/sandbox/confine.py) and the
 # harness's own second layer (harness.readable_paths) both use these.
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt")
 # Of /proc, only the system-wide files libraries read (CPU and memory info, kernel settings, the

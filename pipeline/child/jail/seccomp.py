@@ -1,4 +1,4 @@
-"""Process-wide guards set before any candidate code: stdlib only, so the jail (pipeline.child.jail)
+"""Process-wide guards set before any candidate code: stdlib only, so the jail (pipeline.child.jail.jail)
 can load this file before it execs the interpreter, and the harness and the reference can too.
 
 - die_with_parent: SIGKILL when the kgen process that started us dies;
