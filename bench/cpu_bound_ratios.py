@@ -3,7 +3,7 @@
 For every bundled task at the tests' two cpu sizes ("small", "odd"), forward and in gradient mode,
 the reference itself as the candidate (`class ModelNew(Model)`), and the red team's timing cheats on
 mse: the child's median call over the parent's own estimate of a call (`claim/est`). The judge
-refuses below (1 - rel) - abs/est of it (pipeline.judge.BOUND_SLACK); a `*` marks a result that was
+refuses below (1 - rel) - abs/est of it (pipeline.judge.judge.BOUND_SLACK); a `*` marks a result that was
 judged twice (its first evaluation refused on the parent's clock alone).
 
     python bench/cpu_bound_ratios.py --runs 2 --load none|spin|copy
@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from pipeline.judge import evaluate  # noqa: E402
+from pipeline.judge.bench import prepare
 from pipeline.child import tasks  # noqa: E402
 import test_redteam as R  # noqa: E402  (the red team's settings, candidates and real_ms)
 
@@ -80,7 +81,7 @@ def main() -> None:
                 task = tasks.discover(R.TASKS, [name])[0]
                 honest = task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n"
                 for size in ("small", "odd"):
-                    bench = evaluate.prepare(task, size, "cpu", settings)
+                    bench = prepare(task, size, "cpu", settings)
                     try:
                         rows = [ratio(judge(bench, None, honest, settings)) for _ in range(args.runs)]
                     finally:
@@ -88,7 +89,7 @@ def main() -> None:
                     print(f"honest {'grad' if grad else 'fwd ':4} {name:14} {size:6} "
                           f"eager {bench.baselines.eager.median_ms:7.3f} ms  " + "  ".join(rows), flush=True)
         task = tasks.discover(R.TASKS, ["mse"])[0]
-        bench = evaluate.prepare(task, "small", "cpu", R.SETTINGS)
+        bench = prepare(task, "small", "cpu", R.SETTINGS)
         mild = (R.REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n")
         try:
             for cheat in CHEATS:

@@ -25,6 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from pipeline.build import build
 from pipeline.judge import evaluate  # noqa: E402
+from pipeline.judge.bench import prepare
 from pipeline.child import tasks  # noqa: E402
 import test_redteam as R  # noqa: E402
 
@@ -58,7 +59,7 @@ def main() -> None:
     for p in others:
         p.start()
     task = tasks.discover(R.TASKS, ["mse"])[0]
-    bench = evaluate.prepare(task, "small", "cpu", R.SETTINGS)
+    bench = prepare(task, "small", "cpu", R.SETTINGS)
     print(f"{args.candidate} load={args.load} loadavg={os.getloadavg()[0]:.2f} floor={bench.baselines.floor_ms:.4g} ms "
           f"({bench.baselines.bandwidth_gbs:.0f} GB/s) eager={bench.baselines.eager.median_ms:.4g} ms", flush=True)
     verdicts = []

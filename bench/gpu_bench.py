@@ -9,6 +9,7 @@ import json
 import os
 
 from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
 from pipeline import sandbox
 from pipeline.child import HARNESS, tasks
 from pipeline.config import load_config
@@ -27,7 +28,7 @@ for task in tasks.discover(cfg.path(cfg.tasks.directory), os.environ.get("BENCH_
     runs, ref_phases = [], []
     for _ in range(int(os.environ.get("EVALS", "3"))):
         # Baselines come from the run's cache (measured fresh in that run); the candidate is timed anew.
-        bench = evaluate.prepare(task, cfg.tasks.size, "cuda", cfg.evaluation, store.get_baseline)
+        bench = prepare(task, cfg.tasks.size, "cuda", cfg.evaluation, store.get_baseline)
         ref_phases.append(bench.phases)
         result = evaluate.evaluate(bench, code, cfg.path(cfg.build_dir) / a["code_hash"], cfg.evaluation,
                                    spares=spares)

@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.build import build
 from pipeline.judge import evaluate
-from pipeline.library import replay as library  # noqa: E402
+from pipeline.judge.bench import prepare
+from pipeline import library  # noqa: E402
 from pipeline.child import tasks  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.store.store import Store  # noqa: E402
@@ -93,7 +94,7 @@ def main() -> int:
             task = tasks.discover(ROOT / "reference_tasks", [t])[0]
             size = (CPU_SIZES if args.backend == "cpu" else SIZES)[t]
             s = time.monotonic()
-            bench = evaluate.prepare(task, size, args.backend, settings)
+            bench = prepare(task, size, args.backend, settings)
             try:
                 r = evaluate.evaluate(bench, sources[t][1], Path(built[t].build_dir), settings)
             finally:

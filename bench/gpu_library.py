@@ -9,7 +9,8 @@ import json
 import torch
 
 from pipeline.judge import evaluate
-from pipeline.library import replay as library
+from pipeline.judge.bench import timed_count
+from pipeline import library
 from pipeline.child import tasks, timing
 from pipeline.config import load_config
 from pipeline.leaderboard import best_rows
@@ -27,7 +28,7 @@ for best in best_rows([a for a in store.attempts() if a["backend"] == "cuda"]):
     op = library.load(best["task"], db=db, backend="cuda", generated_dir=cfg.path(cfg.generated_dir),
                       builds_dir=cfg.path(cfg.build_dir))
     inputs = tasks.make_inputs(module, 1, "base", "cuda")
-    calls = evaluate.timed_count(cfg.evaluation, best["eager_ms"], best["compile_ms"])  # as the evaluator timed it
+    calls = timed_count(cfg.evaluation, best["eager_ms"], best["compile_ms"])  # as the evaluator timed it
 
     def median_ms(fn) -> float:
         with torch.no_grad():

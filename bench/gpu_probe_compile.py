@@ -117,13 +117,14 @@ def main() -> None:
 
     # The same baselines through the sandboxed reference process that `kgen run` uses.
     from pipeline.judge import evaluate
+    from pipeline.judge.bench import prepare
     from pipeline.config import load_config
 
     settings = load_config(os.path.join(ROOT, "config-h100.yaml")).evaluation
     for task in tasks.discover(__import__("pathlib").Path(ROOT) / "reference_tasks",
                                os.environ.get("PROBE_REF", "mse cross_entropy").split()):
         t0 = time.perf_counter()
-        bench = evaluate.prepare(task, "default", "cuda", settings)
+        bench = prepare(task, "default", "cuda", settings)
         b = bench.baselines
         print(f"reference process {task.name}: eager {b.eager.median_ms:.3f} compile "
               f"{b.compiled.median_ms if b.compiled else float('nan'):.3f} floor {b.floor_ms:.3f} "

@@ -116,13 +116,14 @@ def part2() -> None:
 def part3() -> None:
     """The reference process's stages, with and without the compile baseline."""
     from pipeline.judge import evaluate
+    from pipeline.judge.bench import prepare
     from pipeline.config import load_config
 
     settings = load_config(ROOT / "config-h100.yaml").evaluation
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
     for compile_baseline in (True, False):
         s = settings.model_copy(update={"compile_baseline": compile_baseline})
-        bench = evaluate.prepare(task, "default", "cuda", s)
+        bench = prepare(task, "default", "cuda", s)
         print(f"reference mse compile_baseline={compile_baseline}: cumulative seconds {bench.phases}", flush=True)
 
 

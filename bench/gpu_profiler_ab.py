@@ -8,6 +8,7 @@ import os
 import statistics
 
 from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
 from pipeline import sandbox
 from pipeline.child import HARNESS, tasks
 from pipeline.config import load_config
@@ -20,7 +21,7 @@ for task in tasks.discover(cfg.path(cfg.tasks.directory), os.environ.get("AB_TAS
     best = [a for a in store.attempts(task=task.name, verdict="correct") if a["backend"] == "cuda"]
     a = min(best, key=lambda r: r["time_ms"])
     code = cfg.path(cfg.generated_dir) / f"{a['code_hash']}.py"
-    bench = evaluate.prepare(task, cfg.tasks.size, "cuda", cfg.evaluation, store.get_baseline)
+    bench = prepare(task, cfg.tasks.size, "cuda", cfg.evaluation, store.get_baseline)
     times: dict[bool, list[float]] = {True: [], False: []}
     for profile in (True, False, True, False):
         settings = cfg.evaluation.model_copy(update={"profile": profile})

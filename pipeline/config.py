@@ -209,7 +209,7 @@ class EvalConfig(_Strict):
     is compared with float64 autograd of the reference, and the baselines time the same."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """The dtype inputs and weights are cast to; in bfloat16 and float16 the tolerance comes from the
-    reference's own error in that dtype against float64 (pipeline.judge.tolerance_for)."""
+    reference's own error in that dtype against float64 (pipeline.judge.judge.tolerance_for)."""
     check_shapes: bool = True
     """Also check the candidate at the task's other sizes, to flag shape-specialized kernels."""
     profile: bool = True
@@ -370,3 +370,28 @@ def load_config(path: str | Path) -> Config:
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
     return parse_config(data, path.resolve().parent, str(path))
+
+
+# Where kgen finds its config and database when not told: the CLI (pipeline.cli.options) and the
+# library (pipeline.library.replay) both ask here, so `kgen best` and library.load() read one database.
+DEFAULT_CONFIG = "config.yaml"
+DEFAULT_DATABASE = "db/kgen.db"
+
+
+def config_file(config: str | None) -> str | None:
+    """The config file in use: the one named (which must exist), else ./config.yaml where there is one."""
+    if config is not None:
+        if not Path(config).is_file():
+            raise ConfigError(f"-c {config}: no such config file")
+        return config
+    return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None
+
+
+def find_database(db: str | None, config: str | None) -> Path:
+    """--db, else the config's `database` (relative to the config file), else that of ./config.yaml,
+    else db/kgen.db."""
+    if db:
+        return Path(db)
+    path = config_file(config)
+    cfg = load_config(path) if path else None
+    return cfg.path(cfg.database) if cfg else Path(DEFAULT_DATABASE)

@@ -22,7 +22,8 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from pipeline.cli.main import main
-from pipeline.cli.progress import Progress, RunStart
+from pipeline.cli.progress import Progress
+from pipeline.run.events import RunStart
 from pipeline.records import Baselines, BuildResult, Completion, EvalResult, Flag, Timing, Usage, Verdict
 from pipeline.cli.show import render_attempt
 from pipeline.store.store import Store

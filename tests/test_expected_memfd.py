@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
 from pipeline import sandbox
 from pipeline.child import HARNESS, tasks
 from pipeline.config import EvalConfig
@@ -112,7 +113,7 @@ def test_expected_values_are_in_no_file_and_no_childs_descriptor(tmp_path, monke
     build_dir = tmp_path / "build"
     build_dir.mkdir()
     task = tasks.discover(TEST_TASKS, ["big_add"])[0]
-    bench = evaluate.prepare(task, "small", "cpu", SETTINGS)
+    bench = prepare(task, "small", "cpu", SETTINGS)
     results = []
     try:
         worker = threading.Thread(target=lambda: results.append(evaluate.evaluate(bench, code, build_dir, SETTINGS)))

@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.build import build
 from pipeline.judge import evaluate, health
+from pipeline.judge.bench import prepare
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.leaderboard import is_verified
@@ -228,7 +229,7 @@ def built(tmp_path_factory):
 @pytest.fixture(scope="session")
 def bench():
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    return evaluate.prepare(task, "small", "cuda", SETTINGS)
+    return prepare(task, "small", "cuda", SETTINGS)
 
 
 def _gpu_idle(bench=None) -> bool:
@@ -302,7 +303,7 @@ def test_forged_clock_is_refused_at_kernelbench_size(built):
     parent's bound; the honest kernel's time sits inside it."""
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
     settings = SETTINGS.model_copy(update={"compile_baseline": False, "check_shapes": False})
-    big = evaluate.prepare(task, "default", "cuda", settings)
+    big = prepare(task, "default", "cuda", settings)
     try:
         results = {name: evaluate.evaluate(big, built[name][0], Path(built[name][1].build_dir), settings)
                    for name in ("honest", "forged_clock")}
@@ -327,7 +328,7 @@ def test_a_clock_forged_to_half_is_refused_at_every_call_length(built, size):
     impossible_timing, from calls of a few microseconds to KernelBench's size."""
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
     settings = SETTINGS.model_copy(update={"compile_baseline": False, "check_shapes": False})
-    bench = evaluate.prepare(task, CALL_SIZES[size], "cuda", settings)
+    bench = prepare(task, CALL_SIZES[size], "cuda", settings)
     try:
         results = [(name, evaluate.evaluate(bench, built[name][0], Path(built[name][1].build_dir), settings))
                    for name in ("honest", "forged_half", "honest", "forged_half")]

@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.build import build
 from pipeline.judge import evaluate
+from pipeline.judge.bench import TaskBench, prepare
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Verdict as V
@@ -48,12 +49,12 @@ def builds(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bench():
-    cache: dict[tuple, evaluate.TaskBench] = {}
+    cache: dict[tuple, TaskBench] = {}
 
-    def get(task: str, settings: EvalConfig) -> evaluate.TaskBench:
+    def get(task: str, settings: EvalConfig) -> TaskBench:
         key = (task, settings.grad, settings.dtype)
         if key not in cache:
-            cache[key] = evaluate.prepare(tasks.discover(ROOT / "reference_tasks", [task])[0], "small", "cpu", settings)
+            cache[key] = prepare(tasks.discover(ROOT / "reference_tasks", [task])[0], "small", "cpu", settings)
         return cache[key]
 
     yield get
@@ -229,7 +230,7 @@ def test_library_trains_through_the_verified_backward(bench, builds, tmp_path):
 
     import torch
 
-    from pipeline.library import replay as library
+    from pipeline import library
 
     r = judge(bench, builds, "grad_honest_huber", "huber", GRAD)
     assert r.verdict is V.correct, describe(r)
@@ -270,7 +271,7 @@ def test_library_trains_through_the_verified_backward(bench, builds, tmp_path):
 def test_library_says_once_when_a_forward_only_kernel_trains(bench, builds, tmp_path):
     import torch
 
-    from pipeline.library import replay as library
+    from pipeline import library
 
     r = judge(bench, builds, "huber_forward_only", "huber", BASE)
     assert r.verdict is V.correct, describe(r)

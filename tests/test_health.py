@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.judge import evaluate, health
+from pipeline.judge.bench import prepare
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.judge.health import Probe
@@ -43,7 +44,7 @@ def test_unfit_reason(probe, start, device, words):
 @pytest.fixture(scope="module")
 def bench():
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    b = evaluate.prepare(task, "small", "cpu", SETTINGS)
+    b = prepare(task, "small", "cpu", SETTINGS)
     yield b
     b.close()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict
@@ -76,7 +77,7 @@ def test_reference_failing_at_a_held_out_size_keeps_the_attempt(tmp_path, die):
     code.write_text(CANDIDATE)
     build_dir = tmp_path / "build"
     build_dir.mkdir()
-    bench = evaluate.prepare(tasks.load_file(task_path), "small", "cpu", SETTINGS)
+    bench = prepare(tasks.load_file(task_path), "small", "cpu", SETTINGS)
     try:
         result = evaluate.evaluate(bench, code, build_dir, SETTINGS)
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Flag, Verdict
@@ -27,7 +28,7 @@ def judge_the_reference(name: str, size: str, device: str, tmp_path: Path, setti
     code = tmp_path / "cand.py"
     code.write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")
     (tmp_path / "build").mkdir()
-    bench = evaluate.prepare(task, size, device, settings)
+    bench = prepare(task, size, device, settings)
     try:
         return evaluate.evaluate(bench, code, tmp_path / "build", settings)
     finally:

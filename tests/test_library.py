@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.library import replay as library
+from pipeline import library
 from pipeline.library.export import LOCK, MANIFEST
 from pipeline.library.kernels import KernelEntry
-from pipeline.library.replay import KgenFallbackWarning, LibraryError
+from pipeline.library.replay import KgenFallbackWarning, LibraryError, import_kernel
 from pipeline.records import Baselines, EvalResult, Flag, ShapeRun, Timing, TrialResult, Verdict
 from pipeline.store.store import Store
 
@@ -100,7 +100,7 @@ def dirs(tmp_path_factory):
     generated, builds = root / "generated", root / "builds"
     generated.mkdir()
     (generated / f"{CODE_HASH}.py").write_text(KERNEL)
-    library.import_kernel(KERNEL, CODE_HASH, generated / f"{CODE_HASH}.py", builds / CODE_HASH)
+    import_kernel(KERNEL, CODE_HASH, generated / f"{CODE_HASH}.py", builds / CODE_HASH)
     return {"generated_dir": generated, "builds_dir": builds}
 
 

@@ -178,7 +178,7 @@ def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_to
 
 
 def test_load_is_taken_out_of_both_sides_and_never_below_the_child_s_work():
-    """pipeline.judge.unloaded_ms: a window less the run-queue wait the kernel counted, never less
+    """pipeline.judge.judge.unloaded_ms: a window less the run-queue wait the kernel counted, never less
     than the child's time on a cpu over its cores. A loaded box slowed the timed blocks' claims and
     not the fastest Bound request, and a clock claiming 30% read 0.6 of the estimate; taken out of
     both, it reads 0.3. A candidate that makes its own threads wait cannot go below its cpu time."""
@@ -199,7 +199,7 @@ def test_load_is_taken_out_of_both_sides_and_never_below_the_child_s_work():
 
 
 def test_a_second_evaluation_decides_on_both_evaluations_evidence():
-    """pipeline.judge.pooled: the fastest Bound request of either evaluation, the median block of
+    """pipeline.judge.judge.pooled: the fastest Bound request of either evaluation, the median block of
     both. A cheat refused once (its claims at 0.58 of its work) is not accepted by a second draw
     whose requests read faster: its first blocks still count, and more requests only bring the
     estimate down to the work. An honest kernel whose first evaluation was stalled gets through."""

@@ -23,6 +23,7 @@ import pytest
 
 from pipeline.build import build
 from pipeline.judge import evaluate, judge, owncode
+from pipeline.judge.bench import TaskBench, measure_baselines, open_bench, prepare
 from pipeline.library import kernels
 from pipeline import sandbox
 from pipeline.child import HARNESS, tasks
@@ -78,12 +79,12 @@ CORRECT = [
 @pytest.fixture(scope="session")
 def bench():
     """One reference process per task for the whole session."""
-    cache: dict[str, evaluate.TaskBench] = {}
+    cache: dict[str, TaskBench] = {}
 
-    def get(name: str) -> evaluate.TaskBench:
+    def get(name: str) -> TaskBench:
         if name not in cache:
             task = tasks.discover(TEST_TASKS if (TEST_TASKS / f"{name}.py").exists() else TASKS, [name])[0]
-            cache[name] = evaluate.prepare(task, "small", "cpu", SETTINGS)
+            cache[name] = prepare(task, "small", "cpu", SETTINGS)
         return cache[name]
 
     yield get
@@ -120,7 +121,7 @@ def real_ms(result: EvalResult) -> float | None:
 
 
 def lower_bound(result: EvalResult) -> float:
-    """The parent's stated lower bound on a recorded time (pipeline.judge.BOUND_SLACK, cpu)."""
+    """The parent's stated lower bound on a recorded time (pipeline.judge.judge.BOUND_SLACK, cpu)."""
     rel, abs_ms = judge.BOUND_SLACK["cpu"]
     return result.wall_ms_per_call * (1 - rel) - abs_ms
 
@@ -230,11 +231,12 @@ _SNOOP_RUNNER = """
 import json, sys
 from pathlib import Path
 from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 settings = EvalConfig.model_validate_json(sys.argv[3])
 task = tasks.discover(Path(sys.argv[1]), ["mse"])[0]
-bench = evaluate.prepare(task, "small", "cpu", settings)
+bench = prepare(task, "small", "cpu", settings)
 result = evaluate.evaluate(bench, Path(sys.argv[2]), Path(sys.argv[4]), settings)
 print("RESULT " + result.model_dump_json())
 bench.close()
@@ -399,13 +401,13 @@ def test_a_reference_started_off_the_lane_moves_to_it(honest_build):
         pytest.skip("needs two cores")
     lane, own = {"KGEN_CORES": str(cores[0])}, {"KGEN_CORES": str(cores[-1])}
     task = tasks.discover(TASKS, ["mse"])[0]
-    opened = evaluate.open_bench(task, "small", "cpu", SETTINGS, own)
+    opened = open_bench(task, "small", "cpu", SETTINGS, own)
     try:
         ref = next(iter(opened.references.values()))
         before = [c for pid in sandbox.session_members(ref.proc.pid) for c in _thread_cores(pid)]
         opened.move_reference(own, lane)
         after = [c for pid in sandbox.session_members(ref.proc.pid) for c in _thread_cores(pid)]
-        evaluate.measure_baselines(opened, env=lane)
+        measure_baselines(opened, env=lane)
         result = evaluate.evaluate(opened, REDTEAM / "honest_cpp.py", honest_build, SETTINGS, env=lane)
         serving = list(opened.references.values())
     finally:
@@ -473,7 +475,7 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
 
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
     """The same patch reporting 85% of the real time is accepted, and the test of the stated bound:
-    what is recorded is no lower than the parent's estimate x (1 - 0.45) - 0.05 ms (pipeline.judge.BOUND_SLACK)."""
+    what is recorded is no lower than the parent's estimate x (1 - 0.45) - 0.05 ms (pipeline.judge.judge.BOUND_SLACK)."""
     code = tmp_path / "forged_time_blocks.py"
     code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
     result = run(bench, "", "mse", tmp_path, code=code)
@@ -554,10 +556,11 @@ _EVAL_RUNNER = """
 import sys
 from pathlib import Path
 from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 settings = EvalConfig.model_validate_json(sys.argv[2])
-bench = evaluate.prepare(tasks.discover(Path(sys.argv[1]), ["mse"])[0], "small", "cpu", settings)
+bench = prepare(tasks.discover(Path(sys.argv[1]), ["mse"])[0], "small", "cpu", settings)
 for code, build_dir in zip(sys.argv[3::2], sys.argv[4::2]):
     print("RESULT " + evaluate.evaluate(bench, Path(code), Path(build_dir), settings).model_dump_json(), flush=True)
 bench.close()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
 from pipeline.child import memory, sizes, tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict
@@ -122,7 +123,7 @@ def test_a_dropped_in_kernelbench_task_with_weights_runs_unchanged(tmp_path):
     (tmp_path / "41_Linear_ReLU_Scale.py").write_text(KERNELBENCH_LEVEL2)
     task = tasks.discover(tmp_path, ["41_*"])[0]
     settings = EvalConfig(trials=3, timed_calls=5, timed_ms=0, warmup_calls=1, compile_baseline=False, timeout_s=120)
-    bench = evaluate.prepare(task, "default", "cpu", settings)
+    bench = prepare(task, "default", "cpu", settings)
     assert bench.size_name == "default" and bench.baselines is not None
     for code, verdict in ((SAME_WEIGHTS, Verdict.correct), (OTHER_WEIGHTS, Verdict.mismatch)):
         path = tmp_path / f"cand_{verdict.value}.py"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.judge import evaluate
+from pipeline.judge import evaluate, judge
+from pipeline.judge.bench import open_bench, prepare
 from pipeline.judge.handover import close_all
 from pipeline.child import tasks
 from pipeline.config import EvalConfig, cache_root
@@ -55,13 +56,13 @@ def test_the_speedup_is_taken_pair_by_pair():
     those ratios; blocks that do not line up give no ratio rather than a wrong one."""
     candidate = [[1.0] * 4, [2.0] * 4, [1.5] * 4, [3.0, 3.0, 3.0, 3.0]]
     eager = [1.1] * 4 + [2.2] * 4 + [1.65] * 4 + [3.0, 3.3, 3.6, 3.3]  # drift moves both sides of a pair alike
-    r = evaluate.pair_ratios(candidate, eager)
+    r = judge.pair_ratios(candidate, eager)
     assert r.pairs == 4 and r.median == pytest.approx(1.1) and r.p25 == pytest.approx(1.1) and r.p75 == pytest.approx(1.1)
-    r = evaluate.pair_ratios([[1.0, 1.0], [2.0, 2.0]], [2.0, 2.0, 2.0, 2.0])
+    r = judge.pair_ratios([[1.0, 1.0], [2.0, 2.0]], [2.0, 2.0, 2.0, 2.0])
     assert (r.median, r.pairs) == (1.5, 2)  # 2.0 and 1.0
-    assert evaluate.pair_ratios([[1.0] * 4], [1.0] * 3) is None  # the blocks do not line up
-    assert evaluate.pair_ratios([[1.0] * 4], [1.0] * 8) is None
-    assert evaluate.pair_ratios([], []) is None
+    assert judge.pair_ratios([[1.0] * 4], [1.0] * 3) is None  # the blocks do not line up
+    assert judge.pair_ratios([[1.0] * 4], [1.0] * 8) is None
+    assert judge.pair_ratios([], []) is None
 
 
 def test_a_short_task_is_timed_with_more_calls_on_both_sides(tmp_path):
@@ -75,7 +76,7 @@ def test_a_short_task_is_timed_with_more_calls_on_both_sides(tmp_path):
     counts = {}
     for target in (0.0, 10_000.0):  # off, then far more milliseconds than 24 small calls take
         settings = EvalConfig(timed_ms=target, **common)
-        bench = evaluate.prepare(task, "small", "cpu", settings)
+        bench = prepare(task, "small", "cpu", settings)
         try:
             result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
         finally:
@@ -112,7 +113,7 @@ def test_the_ratio_is_taken_side_by_side_and_survives_a_loaded_machine(tmp_path)
     tolerance, idle or loaded, is judged a second time: one outlier from a noisy host passes, a
     bias fails both."""
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=32)
-    bench = evaluate.prepare(task, "small", "cpu", settings)
+    bench = prepare(task, "small", "cpu", settings)
     ratios: dict[str, list[float]] = {"idle": [], "loaded": []}
     spun = wall = 0.0
     try:
@@ -156,7 +157,7 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     refused as impossible_timing. Either way it gains nothing."""
     task, code, settings = _mse_setup(tmp_path, (Path(__file__).parent / "redteam" / "slow_the_eager_side.py").read_text(),
                                       timed_calls=48, timed_ms=60)
-    bench = evaluate.prepare(task, "small", "cpu", settings)
+    bench = prepare(task, "small", "cpu", settings)
     try:
         result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
     finally:
@@ -182,7 +183,7 @@ def test_torch_compile_is_timed_side_by_side_too(tmp_path, monkeypatch):
     its compile caches in KGEN_CACHE_DIR, where the next reference process finds them."""
     monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / "cache"))
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, compile_baseline=True, timeout_s=300, timed_calls=8)
-    bench = evaluate.prepare(task, "small", "cpu", settings)
+    bench = prepare(task, "small", "cpu", settings)
     try:
         assert bench.baselines.compiled is not None
         result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
@@ -212,7 +213,7 @@ def test_the_reference_warms_its_compiler_beside_expect_and_keeps_inductors_head
     spec = {"key": "a", "size": "small", "seed": 7, "variant": "base"}
     seen: list[dict[Path, int]] = []
     for process in range(2):
-        bench = evaluate.open_bench(task, "small", "cpu", settings)
+        bench = open_bench(task, "small", "cpu", settings)
         try:
             started = time.monotonic()
             found = bench.request({"op": "expect", "init_seed": 3, "specs": [spec]}, 120)
@@ -238,7 +239,7 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
     CPU_BOUND_MS of calls at eager's speed, so what a request costs besides its calls is spread
     over them; longer calls keep one call a request (evaluate.CPU_SHORT_MS)."""
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=16)
-    bench = evaluate.prepare(task, "odd", "cpu", settings)
+    bench = prepare(task, "odd", "cpu", settings)
     try:
         assert evaluate.cpu_bound_calls(bench.baselines.eager.median_ms) > 1
         for _ in range(2):

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from pipeline import backends
 from pipeline.build import build
 from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
 from pipeline.generate import prompts
 from pipeline.child import tasks
 from pipeline.child.profiling import torch_kernel
@@ -101,7 +102,7 @@ def _write(tmp: Path, name: str) -> tuple[Path, str]:
 @pytest.fixture(scope="module")
 def bench():
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    bench = evaluate.prepare(task, "odd", "triton", SETTINGS)  # 97 x 1023: the interpreter is slow
+    bench = prepare(task, "odd", "triton", SETTINGS)  # 97 x 1023: the interpreter is slow
     yield bench
     bench.close()
 

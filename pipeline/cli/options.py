@@ -21,8 +21,7 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
-DEFAULT_CONFIG = "config.yaml"
-DEFAULT_DATABASE = "db/kgen.db"
+from ..config import DEFAULT_CONFIG
 
 
 class KgenError(click.ClickException):
@@ -59,12 +58,13 @@ def check_filters(store, db: str, **given: Any) -> None:
 
 
 def config_file(config: str | None) -> str | None:
-    """The config file in use: the one named (which must exist), else ./config.yaml where there is one."""
-    if config is not None:
-        if not Path(config).is_file():
-            raise KgenError(f"-c {config}: no such config file")
-        return config
-    return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None
+    """The config file in use (pipeline.config.config_file); a -c naming no file is one line."""
+    from ..config import ConfigError, config_file as find
+
+    try:
+        return find(config)
+    except ConfigError as exc:
+        raise KgenError(str(exc)) from None
 
 
 def load(config: str | None):
@@ -80,11 +80,14 @@ def load(config: str | None):
 
 
 def find_database(db: str | None, config: str | None) -> Path:
-    """--db, else the config's database, else the default (see the module's docstring)."""
-    if db:
-        return Path(db)
-    cfg = load(config_file(config))
-    return cfg.path(cfg.database) if cfg else Path(DEFAULT_DATABASE)
+    """--db, else the config's database, else the default (pipeline.config.find_database, which the
+    library asks too); a bad config is one line."""
+    from ..config import ConfigError, find_database as find
+
+    try:
+        return find(db, config)
+    except ConfigError as exc:
+        raise KgenError(str(exc)) from None
 
 
 def database_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from rich.console import Console
@@ -25,6 +24,7 @@ from rich.text import Text
 
 from .plain import visible
 from ..records import EvalResult, Verdict
+from ..run.events import RunStart
 from .tables import short_error
 
 # What a first build costs, from docs/benchmarks.md: the bundled demo's 13 C++ builds took 11.5 min
@@ -34,25 +34,6 @@ BUILD_COST = {
            "very first build also precompiles torch's headers (about a minute)",
     "cuda": "a CUDA extension (nvcc through load_inline) takes about 20-100 s to build",
 }
-
-
-@dataclass(frozen=True)
-class RunStart:
-    """What a run is about to do: the first thing Progress reports."""
-
-    run_id: str
-    resumed: bool
-    tasks: int
-    models: int
-    samples: int
-    backend: str
-    strategy: str
-    stored: int
-    """Attempts of this run already in the database (a resume does not redo them)."""
-    todo: int
-    """Slots still to do (a search's later turns come on top)."""
-    build_workers: int | None = None
-    """Builds at once, where the executor says."""
 
 
 STAGES = (("model", "model answers"), ("build", "builds"), ("eval", "evaluations"), ("attempt", "attempts stored"))

@@ -155,7 +155,7 @@ class ParentView(Record):
 
 
 def parent_view(row: dict[str, Any], code: str) -> ParentView:
-    """An archive row (pipeline.store.Store.archive) and its code, rounded as the timing view is."""
+    """An archive row (pipeline.store.store.Store.archive) and its code, rounded as the timing view is."""
     return ParentView(code=code, time_ms=_r(row["time_ms"]), speedup_eager=_r(row.get("speedup_eager"), 3),
                       speedup_compile=_r(row.get("speedup_compile"), 3),
                       floor_percent=_r(100 * row["floor_fraction"], 3) if row.get("floor_fraction") else None,

@@ -17,8 +17,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import signal
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,20 +27,14 @@ from . import health, owncode, shapes
 from ..child import HARNESS
 from ..child import protocol as P
 from ..child import tasks
-from ..child.timing import BLOCK, summarize_blocks
+from ..child.timing import BLOCK
 from ..config import EvalConfig
-from ..records import EvalResult, Flag, Ratio, Timing, TrialResult, Verdict
-# The task's bench (reference process, baselines) lives in pipeline.judge.bench; its names are part of this
-# stage's public face, where the executor, `kgen eval` and the scripts have always found them.
-from .bench import EvaluationError, TaskBench, _seed, _tail, baseline_key, device_for, lane_of, measure_baselines, open_bench, prepare, timed_count
+from ..records import EvalResult, Verdict
+from .bench import TaskBench, _seed, device_for, lane_of
+from .session import Ended, Session
 
 EVALUATOR_VERSION = "2"
-# Null-model Bound requests before import: what a block costs besides the calls. Fifteen, not five:
-# on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five did the
-# fastest was as slow as the candidate's own requests, so the estimate said nothing and the red
-# team's forged clock was judged correct (two fresh-clone CI runs of four); each costs a few ms.
-CALIBRATION_BLOCKS = 15
-BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (pipeline.judge.parent_estimate)
+BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (judge.parent_estimate)
 # On the cpu, Bound requests of one call each: with three spinning processes a core, a request of
 # four 2.4 ms calls was always preempted (the fastest of five read 5.5 ms a call) and an honest kernel
 # was refused; a one-call request fits between preemptions often enough for its fastest to count.
@@ -170,15 +162,6 @@ def cpu_bound_calls(eager_ms: float | None) -> int:
     return max(2, min(CPU_BOUND_MAX_CALLS, math.ceil(CPU_BOUND_MS / eager_ms)))
 
 
-class Ended(Exception):
-    """The session is over before a verdict on the calls: the child failed, broke the protocol, timed
-    out or died. Carries the verdict."""
-
-    def __init__(self, result: EvalResult | None):
-        super().__init__(result.error if result else "the child ended")
-        self.result = result
-
-
 def child_environment(backend: str, env: dict[str, str] | None = None) -> dict[str, str]:
     """What a candidate's child gets in its environment besides the allow-list (sandbox), and the
     key its spare is kept under: `env` adds to it (a lane's CUDA_VISIBLE_DEVICES)."""
@@ -200,7 +183,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
 
     A refusal that rests on the parent's clock alone (the child's times below its own estimate of a
     call) is judged again, by a second evaluation with a fresh child and fresh secrets, whose clock
-    check decides on BOTH evaluations' evidence (pipeline.judge.pooled): the estimate is the fastest
+    check decides on BOTH evaluations' evidence (pipeline.judge.judge.pooled): the estimate is the fastest
     Bound request of either (each less its own evaluation's calibration), the claim the median of
     both evaluations' timed blocks. A second evaluation may confirm a refusal or overturn it on the
     evidence of both, never hand a cheat a fresh draw: the refused evaluation's blocks still count,
@@ -224,8 +207,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
            spares: sandbox.Spares | None, watch: health.Watch | None,
            prior: list | None = None) -> tuple[EvalResult, bool, Any]:
     """One evaluation, whether its verdict rests on the parent's clock alone, and the evidence that
-    clock check took (pipeline.judge.Evidence; `prior`: an earlier evaluation's, pooled with it)."""
-    from .session import Session
+    clock check took (pipeline.judge.judge.Evidence; `prior`: an earlier evaluation's, pooled with it)."""
 
     started = time.monotonic()
     env = child_environment(bench.backend, env)
@@ -352,34 +334,3 @@ def _trust(result: EvalResult, settings: EvalConfig) -> EvalResult:
         return result.model_copy(update={"trusted": False, "untrusted_reason":
                                          f"confinement below what the config requires: no {', '.join(missing)}"})
     return result
-
-
-def ended_early(child: sandbox.Child, code: int, log: str, what: str) -> EvalResult:
-    if child.timed_out:
-        return EvalResult(verdict=Verdict.timeout, error=f"killed after {child.deadline - child.started:.0f} s "
-                          f"while waiting for {what}", detail=log[-4000:])
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        return EvalResult(verdict=Verdict.crashed, error=f"child killed by {name} before {what}", detail=log[-4000:])
-    return EvalResult(verdict=Verdict.crashed, error=f"child exited with status {code} before {what}: {_tail(log, 1)}",
-                      detail=log[-4000:])
-
-
-def summarize(times: list[float]) -> Timing:
-    return Timing(**summarize_blocks(times))
-
-
-def pair_ratios(blocks: list[list[float]], reference: list[float]) -> Ratio | None:
-    """The reference's block means over the candidate's, pair by pair: `reference` holds the
-    reference's calls block after block, as many a block as the candidate's block beside it."""
-    ratios, start = [], 0
-    for block in blocks:
-        theirs = reference[start:start + len(block)]
-        start += len(block)
-        if len(theirs) != len(block) or not block or min(block) <= 0:
-            return None  # the blocks do not line up: no pairs to take
-        ratios.append(statistics.fmean(theirs) / statistics.fmean(block))
-    if not ratios or start != len(reference):
-        return None
-    s = summarize_blocks(ratios, 1)  # blocks of one: the ratios' own median and quartiles
-    return Ratio(median=s["median_ms"], p25=s["p25_ms"], p75=s["p75_ms"], pairs=len(ratios))

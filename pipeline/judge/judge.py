@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..child.protocol import OutputHeader
-from ..records import TrialResult, Verdict
+from ..child.timing import summarize_blocks
+from ..records import Ratio, Timing, TrialResult, Verdict
 from .runqueue import Load
 
 # How far below the parent's estimate the child's per-call time may be. On a GPU the parent's
@@ -316,3 +317,23 @@ def digest_ok(digest: float, want: float, scale: float, tol: float) -> bool:
     """A replayed Bound call's digest against the reference's (pipeline.child.replays): an output
     within the elementwise tolerance moves the digest by at most tol x scale."""
     return bool(np.isfinite(digest)) and abs(digest - want) <= (tol + DIGEST_SUM_EPS) * scale + 1e-30
+
+
+def summarize(times: list[float]) -> Timing:
+    return Timing(**summarize_blocks(times))
+
+
+def pair_ratios(blocks: list[list[float]], reference: list[float]) -> Ratio | None:
+    """The reference's block means over the candidate's, pair by pair: `reference` holds the
+    reference's calls block after block, as many a block as the candidate's block beside it."""
+    ratios, start = [], 0
+    for block in blocks:
+        theirs = reference[start:start + len(block)]
+        start += len(block)
+        if len(theirs) != len(block) or not block or min(block) <= 0:
+            return None  # the blocks do not line up: no pairs to take
+        ratios.append(statistics.fmean(theirs) / statistics.fmean(block))
+    if not ratios or start != len(reference):
+        return None
+    s = summarize_blocks(ratios, 1)  # blocks of one: the ratios' own median and quartiles
+    return Ratio(median=s["median_ms"], p25=s["p25_ms"], p75=s["p75_ms"], pairs=len(ratios))

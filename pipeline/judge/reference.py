@@ -41,7 +41,7 @@ def _as64(inputs: list[Any]) -> list[Any]:
 def _errs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     """How far `a` (PyTorch in the run's dtype) lands from `b` (float64), from one difference: the
     largest |a - b| over the largest |b|, and the same in the judge's elementwise metric
-    (pipeline.judge.compare), the largest |a - b| / (|b| + the part's mean |b|), infinite where an
+    (pipeline.judge.judge.compare), the largest |a - b| / (|b| + the part's mean |b|), infinite where an
     element of an all-zero part is not zero."""
     if a.numel() == 0:
         return 0.0, 0.0
@@ -131,7 +131,7 @@ class Reference:
         values = torch.cat([t.detach().reshape(-1).to(device="cpu", dtype=torch.float64) for _, t in parts]).numpy()
         meta["values_fd"] = sealed_memfd("kgen-expected", values)
         # How far PyTorch's own run dtype lands from float64 here, part by part: evidence for the
-        # tolerance, and in bfloat16 and float16 the tolerance itself (pipeline.judge.tolerance_for).
+        # tolerance, and in bfloat16 and float16 the tolerance itself (pipeline.judge.judge.tolerance_for).
         errs, own = map(list, zip(*(_errs(a, b) for (_, a), (_, b) in zip(parts32, parts))))
         return {**meta, "shape": list(ref.shape), "numel": len(values),
                 "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": errs[0],

@@ -4,7 +4,7 @@ candidate forges.
 /proc/<pid>/task/<tid>/schedstat holds, per thread, nanoseconds on a cpu and nanoseconds runnable but
 waiting on a run queue. The parent reads them for the child's threads and its own around each
 request it times (pipeline.judge.session.Session.ask), outside the window (a read costs tens of
-microseconds a thread), and pipeline.judge.unloaded_ms takes the load out of the window.
+microseconds a thread), and pipeline.judge.judge.unloaded_ms takes the load out of the window.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def between(before: tuple[dict[int, tuple[int, int]], tuple[int, int]],
             after: tuple[dict[int, tuple[int, int]], tuple[int, int]]) -> Load:
     """The load of a window from snapshots (threads(child), own()) taken before and after it. A thread
     that exited inside the window is missing from `after`: its time on a cpu and its wait are lost,
-    which can only make the window read more loaded-free (pipeline.judge.unloaded_ms), never less."""
+    which can only make the window read more loaded-free (pipeline.judge.judge.unloaded_ms), never less."""
     (was, parent_was), (now, parent_now) = before, after
     deltas = [(cpu - was.get(tid, (0, 0))[0], wait - was.get(tid, (0, 0))[1]) for tid, (cpu, wait) in now.items()]
     busiest = max(deltas, default=(0, 0))

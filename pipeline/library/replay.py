@@ -332,16 +332,17 @@ def _own_rng(backend: str):
 
 
 def _locate(config, db, generated_dir, builds_dir) -> tuple[Path, Path, Path]:
-    """The database, generated code and builds, found as the CLI finds them (pipeline.cli.options): each
+    """The database, generated code and builds, found as the CLI finds them (pipeline.config.find_database): each
     as given, else the config's (`config`, else ./config.yaml where there is one) resolved against the
     config file's folder, else db/kgen.db, generated/ and builds/ here."""
-    from ..cli.options import KgenError, config_file, find_database, load as load_cfg
+    from ..config import ConfigError, config_file, find_database, load_config
 
     try:
-        cfg = load_cfg(config_file(None if config is None else str(config)))
-        db = Path(db) if db else find_database(None, None if config is None else str(config))
-    except KgenError as exc:
-        raise LibraryError(exc.message) from None
+        path = config_file(None if config is None else str(config))
+        cfg = load_config(path) if path else None
+        db = Path(db) if db else find_database(None, path)
+    except ConfigError as exc:
+        raise LibraryError(str(exc)) from None
     if not db.is_file() and cfg is None:
         raise LibraryError(f"{db}: no database, and no ./config.yaml here to name one "
                            "(pass config= or db=, or export_dir=)")

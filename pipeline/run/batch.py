@@ -15,43 +15,23 @@ import asyncio
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ..build import build as build_stage
 from .. import backends
 from ..generate import diagnostics, extract, prompts
-from ..judge import evaluate
-from ..generate.diagnostics import Diagnostic
+from ..judge.bench import TaskBench, baseline_key
 from ..child import sizes, tasks
 from ..config import Config, ModelConfig
 from .executor import Executor, make_executor
 from ..generate.llm import ChatRequest, Provider, make_provider
-from ..cli.progress import RunStart
-from ..records import BuildResult, Completion, EvalResult, Verdict
+from .events import RunStart
+from .work import Answer, Judged, Slot
+from ..records import BuildResult, EvalResult, Verdict
 from ..store.store import Store
 
 MEMORY_WAIT_S = 2.0  # between a reference's tries for memory that other tasks' references give back
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One planned attempt."""
-
-    task: tasks.TaskFile
-    model: ModelConfig
-    template: str
-    sample: int
-    backend: str
-    turn: int = 0
-    """Which turn of its conversation (refine, or an evolve child's fixes); 0 for single."""
-    generation: int = 0
-    """Which generation of its task's archive (evolve); 0 otherwise."""
-
-    @property
-    def key(self) -> tuple[str, str, str, int, str]:
-        return (self.task.name, self.model.name, self.template, self.sample, self.backend)
 
 
 def resolve_backend(requested: str, order: list[str] | tuple[str, ...] = ("cuda", "cpu")) -> tuple[str, bool]:
@@ -85,24 +65,6 @@ def cache_key(model: ModelConfig, messages: list[dict[str, str]], sample: int, b
     if turn and model.provider == "replay":  # a replay file answers by turn too
         parts["turn"] = turn
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A model's answer to one prompt, as stored."""
-
-    completion_id: str
-    completion: Completion
-    messages: list[dict[str, str]]
-
-
-@dataclass(frozen=True)
-class Judged:
-    """What the pipeline made of an answer: the verdict, the hash of the code it judged, the compiler's errors."""
-
-    result: EvalResult
-    code_hash: str | None = None
-    diagnostics: list[Diagnostic] = field(default_factory=list)
 
 
 class Runner:
@@ -323,11 +285,11 @@ class Runner:
             self.on_event("built", slot, result)
             return result
 
-    async def _bench(self, slot: Slot) -> evaluate.TaskBench:
+    async def _bench(self, slot: Slot) -> TaskBench:
         """The task's reference, computed once per run and task, the first time an attempt needs it."""
         name = slot.task.name
         if name not in self.benches:
-            async def prepare() -> evaluate.TaskBench:
+            async def prepare() -> TaskBench:
                 known = self.store.all_baselines()
                 while True:
                     try:
@@ -356,9 +318,9 @@ def _close_bench(pending: asyncio.Future) -> bool:
     return False
 
 
-def remember_baselines(store: Store, bench: evaluate.TaskBench) -> None:
+def remember_baselines(store: Store, bench: TaskBench) -> None:
     """Cache a task's baselines under their key, so later runs on the same device skip timing them
     (never ones measured on a device that was not fit to time)."""
     if bench.baselines and not bench.suspect:
-        store.save_baseline(evaluate.baseline_key(bench), bench.task.name, bench.size_name,
+        store.save_baseline(baseline_key(bench), bench.task.name, bench.size_name,
                             bench.env["device_name"], bench.env["torch_version"], bench.baselines.model_dump_json())

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from ..build import build as build_stage
+from ..judge import bench as bench_stage
 from ..judge import evaluate as evaluate_stage
 from .. import backends, sandbox
 from ..judge import health
@@ -35,9 +36,9 @@ class Executor(Protocol):
     async def build(self, code_path: Path, code_hash: str, builds_root: Path, timeout_s: float) -> BuildResult: ...
 
     async def prepare(self, task: TaskFile, size: Any, backend: str, settings: EvalConfig,
-                      known_baselines: dict[str, str]) -> evaluate_stage.TaskBench: ...
+                      known_baselines: dict[str, str]) -> bench_stage.TaskBench: ...
 
-    async def evaluate(self, bench: evaluate_stage.TaskBench, code_path: Path, build_dir: Path,
+    async def evaluate(self, bench: bench_stage.TaskBench, code_path: Path, build_dir: Path,
                        settings: EvalConfig) -> EvalResult: ...
 
     def close(self) -> None: ...
@@ -99,7 +100,7 @@ def _lane_job(fn, watch: health.Watch | None, discard=None):
     return result
 
 
-def _close(bench: evaluate_stage.TaskBench) -> None:
+def _close(bench: bench_stage.TaskBench) -> None:
     bench.close()
 
 
@@ -166,7 +167,7 @@ class LocalExecutor:
 
     async def prepare(self, task, size, backend, settings, known_baselines):
         if not self.early_cores or len(self.pool) != 1:
-            return await self._on_lane(evaluate_stage.prepare, task, size, backend, settings, known_baselines.get,
+            return await self._on_lane(bench_stage.prepare, task, size, backend, settings, known_baselines.get,
                                        key=task.name, discard=_close)
         # One GPU lane with cores to spare: the task's reference process starts now, off the lane, on
         # the build cores (Python, torch, CUDA and the compiler's warm-up: a task switch put 47-51 s
@@ -174,11 +175,11 @@ class LocalExecutor:
         # for the baselines, the only part that is timed.
         lane = self.pool.live[0]
         started_with = {"CUDA_VISIBLE_DEVICES": lane, "KGEN_CORES": self.early_cores}
-        bench = await asyncio.to_thread(evaluate_stage.open_bench, task, size, backend, settings, started_with)
+        bench = await asyncio.to_thread(bench_stage.open_bench, task, size, backend, settings, started_with)
 
         def baselines(env, watch):
-            bench.move_reference(started_with, evaluate_stage.lane_of(env) or {})
-            return evaluate_stage.measure_baselines(bench, known_baselines.get, env, watch)
+            bench.move_reference(started_with, bench_stage.lane_of(env) or {})
+            return bench_stage.measure_baselines(bench, known_baselines.get, env, watch)
 
         try:
             return await self._on_lane(baselines, key=task.name, discard=_close)
@@ -209,7 +210,7 @@ class _RayLane:
         self.env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
         self.watch = health.Watch(gpu) if gpu else None
         self.spares = sandbox.Spares(HARNESS, ["eval"]) if gpu else None
-        self.benches: dict[tuple, evaluate_stage.TaskBench] = {}
+        self.benches: dict[tuple, bench_stage.TaskBench] = {}
 
     def name(self) -> str:
         return f"GPU {self.gpu}" if self.gpu else f"actor {os.getpid()}"
@@ -218,7 +219,7 @@ class _RayLane:
         return self.watch.failure if self.watch else None
 
     def prepare(self, task, size, backend, settings, known_baselines):
-        bench = evaluate_stage.prepare(task, size, backend, settings, known_baselines.get, self.env, self.watch)
+        bench = bench_stage.prepare(task, size, backend, settings, known_baselines.get, self.env, self.watch)
         self.benches[(str(task.path), bench.size_name)] = bench
         return bench, self._failure()
 

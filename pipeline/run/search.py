@@ -22,14 +22,33 @@ import dataclasses
 import random
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..generate import extract, feedback
-from ..config import Target
+from ..config import Config, Target
 from ..records import Verdict, summary_fields
+from ..store.store import Store
 
-if TYPE_CHECKING:
-    from .batch import Runner, Slot
+from .work import Answer, Judged, Slot
+
+class Driver(Protocol):
+    """What a search needs of the batch that drives it (pipeline.run.batch.Runner is one): its config,
+    store and run, and one step each to ask, judge and store a turn."""
+
+    cfg: Config
+    store: Store
+    run_id: str
+    on_event: Callable[[str, Slot | None, Any], None]
+
+    def first_prompt(self, slot: Slot, text: str | None = None) -> tuple[str, list[dict[str, str]]]: ...
+
+    async def generate(self, slot: Slot, prompt_id: str, messages: list[dict[str, str]]) -> Answer | None: ...
+
+    async def judge(self, slot: Slot, answer: Answer) -> Judged: ...
+
+    def store_attempt(self, slot: Slot, answer: Answer, judged: Judged, parents: list[str] | None = None,
+                      feedback: str | None = None) -> str: ...
+
 
 # What an earlier answer keeps in the conversation when only its summary line stays. The answer
 # itself is its ModelNew code block (the prose around it helps nobody in a later turn), capped so
@@ -89,7 +108,7 @@ def reached(target: Target, row: dict[str, Any]) -> bool:
     return all(row.get(k) is not None and row[k] >= v for k, v in wanted.items())
 
 
-async def converse(runner: Runner, slot: Slot, prompt_id: str, first: list[dict[str, str]], max_turns: int,
+async def converse(runner: Driver, slot: Slot, prompt_id: str, first: list[dict[str, str]], max_turns: int,
                    done: Callable[[dict[str, Any]], bool], parents: list[str] | None = None) -> None:
     """One conversation: turns from where the store left it until `done` says so or turns run out."""
     cfg = runner.cfg.search
@@ -120,7 +139,7 @@ async def converse(runner: Runner, slot: Slot, prompt_id: str, first: list[dict[
         exchanges.append(Exchange(answer_text(answer.completion.text), text, summary_line(turn, row)))
 
 
-async def refine(runner: Runner, slot: Slot) -> None:
+async def refine(runner: Driver, slot: Slot) -> None:
     prompt_id, first = runner.first_prompt(slot)
     target = runner.cfg.search.target
     await converse(runner, slot, prompt_id, first, runner.cfg.search.max_turns, lambda row: reached(target, row))
@@ -135,7 +154,7 @@ def choose_parents(archive: list[dict[str, Any]], k: int, rng: random.Random) ->
     return [archive[0]] + rng.sample(rest, min(k - 1, len(rest)))
 
 
-async def evolve(runner: Runner, base: Slot) -> None:
+async def evolve(runner: Driver, base: Slot) -> None:
     """Generations of children for one task (and model, template, backend)."""
     cfg, store = runner.cfg.search, runner.store
     prompts_dir = runner.cfg.path(runner.cfg.prompts_dir)
@@ -161,7 +180,7 @@ async def evolve(runner: Runner, base: Slot) -> None:
         await asyncio.gather(*children)
 
 
-def plan(runner: Runner, slots: list[Slot]) -> list[Coroutine[Any, Any, None]]:
+def plan(runner: Driver, slots: list[Slot]) -> list[Coroutine[Any, Any, None]]:
     """The work of a search run: a conversation per slot (refine), or one evolution per task, model,
     template and backend (evolve: `samples` gives way to the population)."""
     if runner.cfg.search.strategy == "refine":

@@ -19,6 +19,7 @@ from typing import Callable
 from ..build import build as build_stage
 from .. import backends, bundled, sandbox
 from ..judge import evaluate, health
+from ..judge.bench import device_for, measure_baselines, open_bench
 from ..child import HARNESS, memory, sizes, tasks
 from ..config import Config, EvalConfig
 from ..records import BuildResult, EvalResult, Verdict
@@ -115,7 +116,7 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     backend, gpu = resolve_backend(backend, cfg.auto_backends if cfg else ("cuda", "cpu"))
     if backend == "cuda" and not gpu:
         raise ValueError("--backend cuda: no CUDA device is visible on this machine")
-    device = evaluate.device_for(backend)
+    device = device_for(backend)
     memory.check_memory(module, device, health.gpu_free_bytes(None) if device == "cuda" else None)
     if on_size:
         on_size(size_name, sizes.size_dims(module))
@@ -198,7 +199,7 @@ def _build_beside_reference(job: FileJob, db, notice: Callable[[str], None] | No
             extra_env=build_stage.build_env(["0"] if backends.on_gpu(job.backend) else []),
             fast=job.fast_builds, cuda=job.backend == "cuda", notice=notice)
         try:
-            bench = kept or evaluate.open_bench(job.task, job.size, job.backend, job.settings,
+            bench = kept or open_bench(job.task, job.size, job.backend, job.settings,
                                                 memory_checked=True)  # evaluate_file did
         except BaseException:
             if building:
@@ -241,7 +242,7 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | Non
         ended = False
         try:
             if bench.baselines is None:
-                evaluate.measure_baselines(bench, db.get_baseline if db else None, watch=watch, settle=False)
+                measure_baselines(bench, db.get_baseline if db else None, watch=watch, settle=False)
                 if db:
                     remember_baselines(db, bench)
             if spares:  # CUDA starts while the expected values are made

@@ -3,14 +3,16 @@
 The child gets: a fresh process group (so a timeout kills everything it spawned), an environment
 built from an allow-list (no API keys, tokens or database paths), its own temporary working
 directory, and, for a candidate's child (`jail`), confinement the parent sets before the child's
-interpreter starts (pipeline/sandbox/confine.py, pipeline/child/jail/jail.py): namespaces, Landlock, nobody's
-uid, seccomp, on every thread. The parent stages what the child reads (code, task file, built
+interpreter starts (confine.py here, pipeline/child/jail/jail.py): namespaces, Landlock, nobody's uid,
+seccomp, on every thread. The parent stages what the child reads (code, task file, built
 extension) into the child's own job/ folder (Child.stage); it never names a path of the project.
 
 What the parent reads back is hostile: replies go through pipeline.child.protocol.Reader (an
 absolute deadline, a line limit); the log is read through the parent's own descriptor of the file it
 created, never by path (the child can replace the path with a link, a FIFO or a sparse giant), and
 only its last LOG_TAIL bytes.
+
+May import: core, child.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Store's read side: queries over stored attempts (a listing, one attempt with everything
 that explains it, a search conversation's turns, the archive of verified kernels, an attempt's
-lineage) and per-run counts and spending, as a mixin that pipeline.store.Store inherits.
+lineage) and per-run counts and spending, as a mixin that pipeline.store.store.Store inherits.
 
 StoreError, the lock decorator and the row decoders are here too: both halves of the Store use
 them, and this module cannot import store.py, which imports it. Use it through Store.

@@ -29,7 +29,7 @@ import sqlite_utils
 from pipeline.store.migrations import migrate, pending
 from pipeline.records import BuildResult, Completion, EvalResult, summary_fields
 # StoreError is defined beside the queries only because they raise it too and store_queries.py
-# cannot import this module; pipeline.store.StoreError stays its public name.
+# cannot import this module; pipeline.store.store.StoreError stays its public name.
 from pipeline.store.queries import StoreError, StoreQueries, _build, _completion, _locked
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
