@@ -53,7 +53,7 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
     jobs = max(1, (os.cpu_count() or 1) // at_once)
     # As a batch or a search builds: the next build's child starts, torch imported, while one builds.
     # Not in a mode that ends in -cold or -serial (the builds before spares).
-    spares = build.Spares(at_once) if not mode.endswith(("-cold", "-serial")) else None
+    spares = build.BuildSpares(at_once) if not mode.endswith(("-cold", "-serial")) else None
     if spares:
         spares.fill(env, wait=True)  # as in a batch under way; the lone builds' next ones start as each builds
 
@@ -72,7 +72,7 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
                    nvcc=[ln.split("steps ", 1)[1] for ln in result.log.splitlines() if ln.startswith("[kgen-nvcc]")])
         print("BUILD", json.dumps(row), flush=True)
         if not result.ok:
-            print("  ", build.summary_line(result)[:200], flush=True)
+            print("  ", build.failure_line(result)[:200], flush=True)
         elif result.headers != mode.split("-")[0]:  # fell back: the note says why the faster route failed
             print("  ", [ln for ln in result.log.splitlines() if ln.startswith(build.FELL_BACK)][-1:], flush=True)
         return row

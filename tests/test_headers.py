@@ -124,7 +124,7 @@ def test_a_candidate_the_fast_headers_cannot_build_is_built_as_written(tmp_path)
     assert result.ok, result.log[-2000:]
     assert result.headers == "plain"
     assert "built with torch/extension.h as written, after a build with kgen's fast headers (failed in" in result.log
-    assert "nn::functional" not in build.summary_line(result)  # the log is the plain build's, which passed
+    assert "nn::functional" not in build.failure_line(result)  # the log is the plain build's, which passed
 
 
 def test_a_build_child_cannot_write_the_shared_headers(tmp_path):

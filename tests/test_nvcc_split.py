@@ -97,7 +97,7 @@ def test_a_plan_it_does_not_know_is_nvccs_to_run(tmp_path):
 
 
 def test_the_dry_run_plan_is_read_by_role():
-    # nvcc 13.0's dry run for one .cu and one architecture, cut to what plan() reads.
+    # nvcc 13.0's dry run for one .cu and one architecture, cut to what read_dry_run() reads.
     dry = "\n".join([
         "#$ _NVVM_BRANCH_=nvvm", "#$ CICC_PATH=/cuda/nvvm/bin", '#$ LIBRARIES=  "-L/cuda/lib"',
         '#$ gcc -E -x c++ -D__CUDACC__ "k.cu" -o "/t/x-5_k.cpp4.ii"',
@@ -109,12 +109,12 @@ def test_the_dry_run_plan_is_read_by_role():
         '#$ rm /t/x-3_k.fatbin',
         '#$ gcc -D__CUDA_ARCH__=900 -c -x c++ "/t/x-6_k.cudafe1.cpp" -o "k.o"',
     ])
-    assignments, steps, other = nvcc_split.plan(dry)
+    assignments, steps, other = nvcc_split.read_dry_run(dry)
     assert assignments[1] == "CICC_PATH=/cuda/nvvm/bin" and other == []
     assert steps["host_pre"].endswith('"/t/x-5_k.cpp4.ii"') and steps["device_pre"].endswith('"/t/x-7_k.cpp1.ii"')
     assert nvcc_split.own_id(steps["cicc"], "/t/x-4_k.module_id") == \
         '"$CICC_PATH/cicc" -arch compute_90 --gen_module_id_file --module_id_file_name "/t/x-4_k.module_id.cicc" "/t/x-7_k.cpp1.ii" -o "/t/x-6_k.ptx"'
     # Dependency files are a step nvcc does itself: such a plan is nvcc's to run.
-    assert nvcc_split.plan(dry.replace("#$ rm", "#$ -- Filter Dependencies -- > k.o.d\n#$ rm")) is None
+    assert nvcc_split.read_dry_run(dry.replace("#$ rm", "#$ -- Filter Dependencies -- > k.o.d\n#$ rm")) is None
     # A second device chain (two architectures) too.
-    assert nvcc_split.plan(dry.replace("#$ rm", '#$ ptxas -arch=sm_80 "a.ptx" -o "b.cubin"\n#$ rm')) is None
+    assert nvcc_split.read_dry_run(dry.replace("#$ rm", '#$ ptxas -arch=sm_80 "a.ptx" -o "b.cubin"\n#$ rm')) is None

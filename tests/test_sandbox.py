@@ -184,7 +184,7 @@ def test_failed_build_keeps_the_compiler_error(tmp_path):
     assert not result.ok and not result.timed_out
     assert "error:" in result.log
     assert "expected primary-expression" in result.log, result.log[-3000:]  # g++'s own words
-    assert "error" in build.summary_line(result).lower()
+    assert "error" in build.failure_line(result).lower()
 
 
 def test_stale_lock_is_removed_before_building(tmp_path):
@@ -289,7 +289,7 @@ class ModelNew:
 
 
 def test_a_build_child_started_ahead_builds_confined_as_a_fresh_one(tmp_path, secrets):
-    """build.Spares: a child that imported torch before its build was known gets the build's
+    """build.BuildSpares: a child that imported torch before its build was known gets the build's
     variables from the job, then confines itself (Landlock, seccomp, its pinned cores) before the
     candidate's module runs; the secrets in the parent's environment never reach it."""
     core = sorted(os.sched_getaffinity(0))[-1]
@@ -297,7 +297,7 @@ def test_a_build_child_started_ahead_builds_confined_as_a_fresh_one(tmp_path, se
     code = tmp_path / "spare.py"
     code.write_text(f"OUTSIDE = {str(outside)!r}\n" + SPARE_CANDIDATE)
     env = {"KGEN_CORES": str(core)}
-    spares = build.Spares(1)
+    spares = build.BuildSpares(1)
     try:
         spares.fill(env, wait=True)
         waiting = spares._waiting[frozenset(env.items())][0]

@@ -10,6 +10,7 @@ import os
 import site
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,12 @@ def test_wheel_installs_and_judges_from_an_empty_folder(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(wheels), str(ROOT)],
                    check=True, cwd=tmp_path)
     (wheel,) = wheels.glob("kgen-*.whl")
+    # Every module of the tree is in it, each stage folder's included, and the report's template.
+    with zipfile.ZipFile(wheel) as archive:
+        held = set(archive.namelist())
+    wanted = {str(p.relative_to(ROOT)) for p in (ROOT / "pipeline").rglob("*")
+              if p.suffix in (".py", ".j2") and "__pycache__" not in p.parts}
+    assert wanted - held == set() and "pipeline/report/templates/report.html.j2" in held, sorted(wanted - held)
     bin_dir = _venv(tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     # --force-reinstall: the new venv sees this one's kgen (an editable install's record) and
@@ -58,7 +65,7 @@ def test_wheel_installs_and_judges_from_an_empty_folder(tmp_path):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    where = subprocess.run([str(bin_dir / "python"), "-c", "import pipeline.judge.evaluate, pipeline.child.harness; "
+    where = subprocess.run([str(bin_dir / "python"), "-c", "import pipeline.judge.evaluate, pipeline.child.harness, pipeline.cli.main; "
                             "from pipeline import bundled; print(bundled.ROOT); "
                             "print(all(bundled.path(p).exists() for p in ('reference_tasks/mse.py', "
                             "'prompts/one_shot.j2', 'fixtures/replay/demo.jsonl', 'config.yaml')))"],

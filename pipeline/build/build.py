@@ -57,7 +57,7 @@ def build_env(gpus: list[str]) -> dict[str, str]:
 def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
           max_jobs: int | None = None, extra_env: dict[str, str] | None = None, fast: bool = True,
           cuda: bool = False, notice: Callable[[str], None] | None = None, light: bool = True,
-          split: bool = True, spares: Spares | None = None) -> BuildResult:
+          split: bool = True, spares: BuildSpares | None = None) -> BuildResult:
     """Build with the fast headers (pipeline/build/headers.py) where `fast` and they can be made here, a
     CUDA candidate's .cu files first against the light ATen header; each build that fails (not a
     timeout) is done again from a clean folder with the next, slower headers, down to torch's own,
@@ -66,7 +66,7 @@ def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
     `light`: False skips the light header (bench/gpu_builds.py measures the builds without it).
     `split`: nvcc's host and device steps side by side in the faster routes (pipeline/build/nvcc_split.py)
     where the build has SPLIT_CORES cores; the last route, torch's own headers, runs nvcc as torch does.
-    `spares`: build children started ahead with torch imported (Spares), taken where one waits."""
+    `spares`: build children started ahead with torch imported (BuildSpares), taken where one waits."""
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
     code_path = code_path.resolve()
     folder = headers.ensure(cuda, notice) if fast else None
@@ -88,7 +88,7 @@ def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
             return result.model_copy(update={"headers": label, "seconds": spent, "log": result.log + note})
         # Its first error stays (the only trace of why the faster route failed: e.g. a light header
         # that every candidate's .cu rejects on some torch shows here, not as a slower build alone).
-        failed.append(f"{label} headers (failed in {result.seconds:.1f} s: {summary_line(result)[:160]})")
+        failed.append(f"{label} headers (failed in {result.seconds:.1f} s: {failure_line(result)[:160]})")
         shutil.rmtree(build_dir, ignore_errors=True)  # follows no link: a link is removed, not its target
     plain = _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env, spares=spares)
     # At the end, and without the earlier builds' errors: the log's errors are the plain build's.
@@ -101,7 +101,7 @@ def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
 # against 16.9-18.3 s not: split only where each build has three cores.
 SPLIT_CORES = 3
 
-FELL_BACK = "[kgen] built"  # how _after's note begins: summary_line skips it, bench/gpu_builds.py prints it
+FELL_BACK = "[kgen] built"  # how _after's note begins: failure_line skips it, bench/gpu_builds.py prints it
 
 
 def _after(failed: list[str], built_with: str = "") -> str:
@@ -115,7 +115,7 @@ def _after(failed: list[str], built_with: str = "") -> str:
 
 def _build_once(code_path: Path, code_hash: str, build_dir: Path, timeout_s: float, max_jobs: int | None,
                 extra_env: dict[str, str] | None, route_env: dict[str, str] | None = None,
-                spares: Spares | None = None) -> BuildResult:
+                spares: BuildSpares | None = None) -> BuildResult:
     # The child builds into its own out/ folder (the jail lets it write nowhere else), which becomes
     # build_dir once the child is gone: no build can write another's folder or a later attempt's input.
     env = {**(route_env or {}), "MAX_JOBS": str(max_jobs or os.cpu_count() or 1),
@@ -168,7 +168,7 @@ def start_child(env: dict[str, str], timeout_s: float) -> sandbox.Child:
                          jail=sandbox.Jail(read=(str(headers_root),), out=True, gpu=False))
 
 
-class Spares:
+class BuildSpares:
     """Build children started ahead, each with torch imported (4.0-4.4 s on the H100 host before any
     compiler runs) and waiting for the one BuildJob it serves; up to `depth` per environment. They
     run no candidate code before the job, which names the build and brings its variables; the child
@@ -243,7 +243,7 @@ def reusable(known: BuildResult | None) -> BuildResult | None:
     return None
 
 
-def summary_line(result: BuildResult) -> str:
+def failure_line(result: BuildResult) -> str:
     """The line of a build log that says what went wrong, for tables and one-line errors."""
     # Not _after's note: the errors it quotes are the faster routes', not this build's.
     lines = [line for line in result.log.splitlines() if not line.startswith(FELL_BACK)]

@@ -28,7 +28,7 @@ import time
 
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 HOST, DEVICE = ("host_pre", "cudafe"), ("device_pre", "cicc", "ptxas", "fatbinary")
-MARK = "[kgen-nvcc]"  # not "[kgen]": build.summary_line must not take this line for a failure's cause
+MARK = "[kgen-nvcc]"  # not "[kgen]": build.failure_line must not take this line for a failure's cause
 
 
 def role(command: str) -> str:
@@ -56,7 +56,7 @@ def module_id_file(command: str) -> str | None:
     return words[at + 1] if at + 1 < len(words) else None
 
 
-def plan(dry_run: str) -> tuple[list[str], dict[str, str], list[str]] | None:
+def read_dry_run(dry_run: str) -> tuple[list[str], dict[str, str], list[str]] | None:
     """The dry run's assignments, its steps by role and nvcc's own other lines (its warnings), or None
     where the steps are not exactly one host chain, one device chain and the compile after them."""
     assignments, steps, other, order = [], {}, [], []
@@ -120,7 +120,7 @@ def split(nvcc: str, args: list[str]) -> int | None:
         # until the plan is known: nvcc alone (the fallback) runs after the folder is removed.
         env = {**os.environ, "TMPDIR": scratch}
         dry = subprocess.run([nvcc, "--dryrun", *args], capture_output=True, text=True, env=env)
-        found = plan(dry.stdout + dry.stderr) if dry.returncode == 0 else None
+        found = read_dry_run(dry.stdout + dry.stderr) if dry.returncode == 0 else None
         if found is None:
             return None
         assignments, steps, other = found

@@ -148,11 +148,11 @@ class Progress:
             self._count("build", grow=1)
         elif stage == "built":
             self._count("build", done=1, failed=not info.ok)
-            from ..build.build import summary_line
+            from ..build.build import failure_line
 
             self._event("built", slot, f"built in {info.seconds:.0f} s" if info.ok else
                         f"build {'timed out' if info.timed_out else 'failed'} after {info.seconds:.0f} s: "
-                        f"{short_error(summary_line(info))}")
+                        f"{short_error(failure_line(info))}")
         elif stage == "evaluating":
             self._count("eval", grow=1)
         elif stage == "evaluated":

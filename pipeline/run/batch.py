@@ -39,7 +39,7 @@ def resolve_backend(requested: str, order: list[str] | tuple[str, ...] = ("cuda"
     return backends.resolve(requested, order), backends.gpu_present()
 
 
-def plan(cfg: Config, backend: str) -> list[Slot]:
+def plan_slots(cfg: Config, backend: str) -> list[Slot]:
     from .kernelbench import select_tasks
 
     task_files = select_tasks(cfg)
@@ -75,7 +75,7 @@ class Runner:
         self.backend, self.gpu = resolve_backend(backend or cfg.backend, cfg.auto_backends)
         self.on_event = on_event or (lambda stage, slot, info: None)
         self.providers: dict[str, Provider] = {m.name: make_provider(m, cfg.base_dir) for m in cfg.models}
-        self.slots = plan(cfg, self.backend)
+        self.slots = plan_slots(cfg, self.backend)
         self.key = plan_key(cfg, self.backend, self.slots)
         self.generated = cfg.path(cfg.generated_dir)
         self.builds_root = cfg.path(cfg.build_dir)
@@ -129,7 +129,7 @@ class Runner:
                 work = [self._attempt(s) for s in todo]
             else:  # a search resumes inside each conversation: every slot goes in (pipeline.run.search)
                 from . import search
-                work = search.plan(self, self.slots)
+                work = search.work(self, self.slots)
             results = await asyncio.gather(*work, return_exceptions=True)
         finally:
             self.executor.close()
@@ -243,7 +243,7 @@ class Runner:
         built = await self._build(code_path, code_hash, slot)
         if not built.ok:
             verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
-            return Judged(EvalResult(verdict=verdict, error=build_stage.summary_line(built)), code_hash,
+            return Judged(EvalResult(verdict=verdict, error=build_stage.failure_line(built)), code_hash,
                           diagnostics.compiler_errors(built.log, extraction.code or "", candidate_name=code_path.name))
         bench = await self._bench(slot)
         self.on_event("evaluating", slot, None)

@@ -124,7 +124,7 @@ class LocalExecutor:
         # Build children start ahead with torch imported, on the build cores: only where those are
         # off every lane's (on the cpu backend, or without a core plan, a spare would import torch
         # beside a timed kernel).
-        self.build_spares = build_stage.Spares(self.workers) if build_cores else None
+        self.build_spares = build_stage.BuildSpares(self.workers) if build_cores else None
         if self.build_spares:
             self.build_spares.fill(self.build_env)  # while the first prompts are answered
         # On the cpu backend the kernel under test shares the cores with compilers: an evaluation

@@ -1,6 +1,6 @@
 """Search over the judge's verdicts: a refining conversation per slot, or an evolving archive per task.
 
-    work = search.plan(runner, runner.slots)   # coroutines: one per conversation (refine) or task (evolve)
+    work = search.work(runner, runner.slots)   # coroutines: one per conversation (refine) or task (evolve)
 
 refine: the first prompt is the template's; after each attempt its verdict, rendered by the
 feedback template (pipeline.generate.feedback), becomes the next user turn, until `max_turns` or the target.
@@ -76,7 +76,7 @@ def answer_text(text: str | None) -> str:
     return (text or "(no answer)")[:ANSWER_CAP]
 
 
-def summary_line(turn: int, row: dict[str, Any]) -> str:
+def turn_summary(turn: int, row: dict[str, Any]) -> str:
     line = f"turn {turn + 1}: {row['verdict']}"
     if row.get("speedup_eager"):
         line += f", {row['speedup_eager']:.3g}x eager"
@@ -120,7 +120,7 @@ async def converse(runner: Driver, slot: Slot, prompt_id: str, first: list[dict[
     for row in stored[:max_turns]:
         if done(row) or row["feedback"] is None:
             return
-        exchanges.append(Exchange(answer_text(row["completion_text"]), row["feedback"], summary_line(row["turn"], row)))
+        exchanges.append(Exchange(answer_text(row["completion_text"]), row["feedback"], turn_summary(row["turn"], row)))
         previous = row["id"]
     for turn in range(len(exchanges), max_turns):
         now = dataclasses.replace(slot, turn=turn)
@@ -136,7 +136,7 @@ async def converse(runner: Driver, slot: Slot, prompt_id: str, first: list[dict[
         previous = runner.store_attempt(now, answer, judged, parents=lineage, feedback=text)
         if done(row):
             return
-        exchanges.append(Exchange(answer_text(answer.completion.text), text, summary_line(turn, row)))
+        exchanges.append(Exchange(answer_text(answer.completion.text), text, turn_summary(turn, row)))
 
 
 async def refine(runner: Driver, slot: Slot) -> None:
@@ -180,7 +180,7 @@ async def evolve(runner: Driver, base: Slot) -> None:
         await asyncio.gather(*children)
 
 
-def plan(runner: Driver, slots: list[Slot]) -> list[Coroutine[Any, Any, None]]:
+def work(runner: Driver, slots: list[Slot]) -> list[Coroutine[Any, Any, None]]:
     """The work of a search run: a conversation per slot (refine), or one evolution per task, model,
     template and backend (evolve: `samples` gives way to the population)."""
     if runner.cfg.search.strategy == "refine":

@@ -235,7 +235,7 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | Non
         if not warm:
             bench.close()
         verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
-        result = EvalResult(verdict=verdict, error=build_stage.summary_line(built), detail=built.log[-4000:])
+        result = EvalResult(verdict=verdict, error=build_stage.failure_line(built), detail=built.log[-4000:])
     else:
         watch = warm.watch(job.backend) if warm else _watch(job.backend)
         prepared = time.monotonic()
