@@ -195,6 +195,17 @@ def test_no_folder_holds_more_than_a_dozen_modules():
         assert count <= MAX_MODULES, f"{folder.relative_to(PIPELINE.parent)}: {count} modules"
 
 
+def test_the_package_never_imports_the_probes_or_the_tests():
+    """bench/ and tests/ sit beside the package, not in it: a wheel has neither."""
+    bad = []
+    for path in sorted(PIPELINE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            bad += [f"{path}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in ("bench", "tests", "scripts")]
+    assert not bad, bad
+
+
 # --- the checker can fail ---
 
 def _house(tmp_path: Path, files: dict[str, str]) -> Path:
