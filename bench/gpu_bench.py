@@ -10,7 +10,7 @@ import os
 
 from pipeline.judge import evaluate
 from pipeline.judge.bench import prepare
-from pipeline import sandbox
+from pipeline.sandbox.spares import Spares
 from pipeline.child import HARNESS, tasks
 from pipeline.config import load_config
 from pipeline.store.store import Store
@@ -18,7 +18,7 @@ from pipeline.store.store import Store
 cfg = load_config("config-h100.yaml")
 store = Store.open(cfg.path(cfg.database))
 rows = []
-spares = sandbox.Spares(HARNESS, ["eval"])  # as a GPU lane of `kgen run` does
+spares = Spares(HARNESS, ["eval"])  # as a GPU lane of `kgen run` does
 for task in tasks.discover(cfg.path(cfg.tasks.directory), os.environ.get("BENCH_TASKS", "*").split()):
     best = [a for a in store.attempts(task=task.name, verdict="correct") if a["backend"] == "cuda"]
     if not best:

@@ -9,14 +9,14 @@ import statistics
 
 from pipeline.judge import evaluate
 from pipeline.judge.bench import prepare
-from pipeline import sandbox
+from pipeline.sandbox.spares import Spares
 from pipeline.child import HARNESS, tasks
 from pipeline.config import load_config
 from pipeline.store.store import Store
 
 cfg = load_config("config-h100.yaml")
 store = Store.open(cfg.path(cfg.database))
-spares = sandbox.Spares(HARNESS, ["eval"])
+spares = Spares(HARNESS, ["eval"])
 for task in tasks.discover(cfg.path(cfg.tasks.directory), os.environ.get("AB_TASKS", "cross_entropy kl_div").split()):
     best = [a for a in store.attempts(task=task.name, verdict="correct") if a["backend"] == "cuda"]
     a = min(best, key=lambda r: r["time_ms"])

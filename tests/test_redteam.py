@@ -26,6 +26,7 @@ from pipeline.judge import evaluate, judge, owncode
 from pipeline.judge.bench import TaskBench, measure_baselines, open_bench, prepare
 from pipeline.library import kernels
 from pipeline import sandbox
+from pipeline.sandbox.spares import Spares
 from pipeline.child import HARNESS, tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Flag, Verdict
@@ -356,9 +357,7 @@ def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
     """A spare child (started during the previous attempt, torch already loaded) serves the next
     attempt: same verdict, far less start-up. Without refill (kgen eval) taking it starts no other;
     one that is never used is killed on close."""
-    from pipeline import sandbox
-
-    spares = sandbox.Spares(HARNESS, ["eval"])
+    spares = Spares(HARNESS, ["eval"])
     try:
         first = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
         spares.refill = False
@@ -369,7 +368,7 @@ def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
     assert first.verdict is V.correct and second.verdict is V.correct, describe(second)
     assert second.phases["startup"] < 0.5 * first.phases["startup"], (first.phases, second.phases)
     assert left == [], "a spare was started after the last one was taken without refill"
-    unused = sandbox.Spares(HARNESS, ["eval"], refill=False)
+    unused = Spares(HARNESS, ["eval"], refill=False)
     unused.spawn(evaluate.child_environment("cpu"), evaluate.spare_init("cpu", SETTINGS))
     waiting = [child for queue in unused._waiting.values() for child, _ in queue]
     unused.close()
@@ -427,7 +426,7 @@ def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest
         pytest.skip("needs two cores")
     lane, own = cores[0], cores[-1]
     env = evaluate.child_environment("cpu", {"KGEN_CORES": str(lane)})
-    spares = sandbox.Spares(HARNESS, ["eval"], cores=str(own))
+    spares = Spares(HARNESS, ["eval"], cores=str(own))
     try:
         spares.spawn(env, evaluate.spare_init("cpu", SETTINGS))
         queue = list(spares._waiting[frozenset(env.items())])

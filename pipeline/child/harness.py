@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     if job.threads and not job.device.startswith("cuda"):
         torch.set_num_threads(job.threads)
     elif job.device.startswith("cuda"):
-        # A spare may have started on other cores (sandbox.Spares) and been moved to the lane's since:
+        # A spare may have started on other cores (sandbox.spares.Spares) and been moved to the lane's since:
         # as many CPU threads as the lane has cores, like the reference process.
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     os.environ["TORCH_EXTENSIONS_DIR"] = job.build_dir

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import backends, sandbox
+from ..sandbox.spares import Spares
 from . import health, owncode, shapes
 from ..child import HARNESS
 from ..child import protocol as P
@@ -31,7 +32,8 @@ from ..child.timing import BLOCK
 from ..config import EvalConfig
 from ..records import EvalResult, Verdict
 from .bench import TaskBench, _seed, device_for, lane_of
-from .session import Ended, Session
+from .ended import Ended
+from .session import Session
 
 EVALUATOR_VERSION = "2"
 BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (judge.parent_estimate)
@@ -174,7 +176,7 @@ def spare_init(backend: str, settings: EvalConfig) -> dict[str, Any]:
 
 
 def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig,
-             env: dict[str, str] | None = None, spares: sandbox.Spares | None = None,
+             env: dict[str, str] | None = None, spares: Spares | None = None,
              watch: health.Watch | None = None) -> EvalResult:
     """Judge one built candidate; `env` adds to the child's environment (a lane's CUDA_VISIBLE_DEVICES).
     With `spares`, the child is one started ahead of time, and the next attempt's is started now.
@@ -204,7 +206,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
 
 
 def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig, env: dict[str, str] | None,
-           spares: sandbox.Spares | None, watch: health.Watch | None,
+           spares: Spares | None, watch: health.Watch | None,
            prior: list | None = None) -> tuple[EvalResult, bool, Any]:
     """One evaluation, whether its verdict rests on the parent's clock alone, and the evidence that
     clock check took (pipeline.judge.judge.Evidence; `prior`: an earlier evaluation's, pooled with it)."""

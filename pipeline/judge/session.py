@@ -9,20 +9,19 @@ verdict its step calls for, garbage or a reply out of order with `protocol_error
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import Any
 
 import numpy as np
 
-from .. import backends, sandbox
+from .. import backends
 from . import judge, owncode, runqueue, shapes
 from .judge import Expected, Window, pair_ratios, summarize
 from ..child import protocol as P
-from .bench import TaskBench, _seed, _tail, lane_of
+from .bench import TaskBench, _seed, lane_of
+from .ended import Ended, ended_early
 from ..records import EvalResult, TrialResult, Verdict
 
-# Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
 # Null-model Bound requests before import: what a block costs besides the calls. Fifteen, not five:
 # on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five did the
 # fastest was as slow as the candidate's own requests, so the estimate said nothing and the red
@@ -30,26 +29,7 @@ from ..records import EvalResult, TrialResult, Verdict
 CALIBRATION_BLOCKS = 15
 
 
-class Ended(Exception):
-    """The session is over before a verdict on the calls: the child failed, broke the protocol, timed
-    out or died. Carries the verdict."""
-
-    def __init__(self, result: EvalResult | None):
-        super().__init__(result.error if result else "the child ended")
-        self.result = result
-
-
-def ended_early(child: sandbox.Child, code: int, log: str, what: str) -> EvalResult:
-    if child.timed_out:
-        return EvalResult(verdict=Verdict.timeout, error=f"killed after {child.deadline - child.started:.0f} s "
-                          f"while waiting for {what}", detail=log[-4000:])
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        return EvalResult(verdict=Verdict.crashed, error=f"child killed by {name} before {what}", detail=log[-4000:])
-    return EvalResult(verdict=Verdict.crashed, error=f"child exited with status {code} before {what}: {_tail(log, 1)}",
-                      detail=log[-4000:])
-
-
+# Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
 PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
 
 

@@ -20,7 +20,8 @@ from typing import Any, Callable, Protocol
 from ..build import build as build_stage
 from ..judge import bench as bench_stage
 from ..judge import evaluate as evaluate_stage
-from .. import backends, sandbox
+from .. import backends
+from ..sandbox.spares import Spares
 from ..judge import health
 from .lanes import LaneFailed, Lanes
 from ..config import Config, EvalConfig
@@ -133,7 +134,7 @@ class LocalExecutor:
         self.pool: Lanes[str | None] = Lanes(list(gpus) or [None], notice, name=lambda gpu: f"GPU {gpu}")
         # Not on the cpu backend: a spare loading torch would share the cores with a timed kernel. On
         # GPU lanes with cores to spare, spares start CUDA and the profiler ahead on the build cores.
-        self.spares = sandbox.Spares(HARNESS, ["eval"], cores=self.early_cores) if gpus else None
+        self.spares = Spares(HARNESS, ["eval"], cores=self.early_cores) if gpus else None
         # Each GPU is checked fit to time around every attempt (pipeline.judge.health).
         self.watches = {gpu: health.Watch(gpu) for gpu in gpus}
 
@@ -209,7 +210,7 @@ class _RayLane:
         self.gpu = gpu or None
         self.env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
         self.watch = health.Watch(gpu) if gpu else None
-        self.spares = sandbox.Spares(HARNESS, ["eval"]) if gpu else None
+        self.spares = Spares(HARNESS, ["eval"]) if gpu else None
         self.benches: dict[tuple, bench_stage.TaskBench] = {}
 
     def name(self) -> str:

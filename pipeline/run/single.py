@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..build import build as build_stage
-from .. import backends, bundled, sandbox
+from .. import backends, bundled
+from ..sandbox.spares import Spares
 from ..judge import evaluate, health
 from ..judge.bench import device_for, measure_baselines, open_bench
 from ..child import HARNESS, memory, sizes, tasks
@@ -47,7 +48,7 @@ class Warm:
     max_age_s: float = 1800.0
     max_benches: int = 4
     benches: dict[str, tuple[TaskBench, float]] = field(default_factory=dict)  # key -> (bench, opened at)
-    spares: sandbox.Spares = field(default_factory=lambda: sandbox.Spares(HARNESS, ["eval"],
+    spares: Spares = field(default_factory=lambda: Spares(HARNESS, ["eval"],
                                                                           refill=False))
     watches: dict[str, health.Watch] = field(default_factory=dict)
 
@@ -136,7 +137,7 @@ def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cf
     # Kept warm, a spare waits already (started after the last evaluation) and the next is started
     # once this one is over.
     spares = warm.spares if warm else (
-        sandbox.Spares(HARNESS, ["eval"], refill=False) if backends.on_gpu(backend) else None)
+        Spares(HARNESS, ["eval"], refill=False) if backends.on_gpu(backend) else None)
     child_env, init = evaluate.child_environment(backend), evaluate.spare_init(backend, settings)
     if spares:
         spares.spawn(child_env, init)
@@ -217,7 +218,7 @@ def _build_beside_reference(job: FileJob, db, notice: Callable[[str], None] | No
     return built, bench
 
 
-def _judge_file(job: FileJob, db_path: Path | None, spares: sandbox.Spares | None,
+def _judge_file(job: FileJob, db_path: Path | None, spares: Spares | None,
                 notice: Callable[[str], None] | None, warm: Warm | None = None) -> tuple[EvalResult, str | None]:
     """evaluate_file once its inputs are checked: build, judge, store (db_path None: not stored)."""
     import torch

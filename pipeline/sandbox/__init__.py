@@ -25,7 +25,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -424,81 +423,3 @@ def pin_all(pid: int, cores: str | None) -> None:
             except (ProcessLookupError, ValueError, OSError):
                 pass
         done |= tids
-
-
-class Spares:
-    """Children started before they are needed, kept per environment (a GPU lane's), so that an
-    attempt does not wait for Python, torch, CUDA and the profiler to start: a fresh child took 11-13
-    s on the H100 host, 6-7 of them the first profiler session (CUPTI), docs/benchmarks.md. A spare
-    runs no candidate code until it is taken, and each serves exactly one attempt.
-
-    Two ways to wait, chosen by `cores`:
-    - With `cores` (cores no lane times on, executor.core_plan), up to `depth` spares start ahead
-      and initialise CUDA and the profiler at once, on those cores, beside whatever the lane is
-      timing; taking one moves all its threads onto the lane's cores (KGEN_CORES). Fresh processes
-      starting CUDA and the profiler on other cores left a timed kernel's median and p90 unchanged
-      on the H100 (docs/benchmarks.md, twelfth session), and the parent's bound uses medians and
-      minima, never a single window.
-    - Without, one spare waits with torch loaded and touches no device until `release` sends it
-      its first line, which the caller does once the current attempt's timing is over.
-    With `refill` false, taking a spare starts no next one (`kgen eval` judges one candidate)."""
-
-    def __init__(self, module: str, args: list[str], outbox: int | None = OUTBOX_BYTES, refill: bool = True,
-                 cores: str | None = None, depth: int = 2, jail: Jail | None = Jail()):
-        self.module, self.args, self.outbox, self.refill, self.jail = module, args, outbox, refill, jail
-        self.cores = cores or None
-        self.depth = max(1, depth) if self.cores and refill else 1
-        # Per environment, oldest first: [child, the Init still to send (None once sent)].
-        self._waiting: dict[frozenset, list[list[Any]]] = {}
-        self._lock = threading.Lock()
-
-    def spawn(self, env: dict[str, str], init: dict[str, Any]) -> None:
-        """Start spares for `env` until `depth` wait."""
-        key = frozenset(env.items())
-        with self._lock:
-            queue = self._waiting.setdefault(key, [])
-            while len(queue) < self.depth:
-                if self.cores:
-                    child = start(self.module, self.args, 24 * 3600, {**env, "KGEN_CORES": self.cores}, self.outbox,
-                                  self.jail)
-                    child.send(init)
-                    queue.append([child, None])
-                else:
-                    queue.append([start(self.module, self.args, 24 * 3600, env, self.outbox, self.jail), init])
-
-    def release(self, env: dict[str, str]) -> None:
-        """Let the oldest waiting spare for `env` initialise its device now (those started ahead on
-        their own cores already have)."""
-        with self._lock:
-            queue = self._waiting.get(frozenset(env.items())) or []
-            entry = queue[0] if queue else None
-            init = entry[1] if entry else None
-            if entry is not None:
-                entry[1] = None
-        if init is not None:
-            entry[0].send(init)
-
-    def take(self, env: dict[str, str], timeout: float) -> Child | None:
-        """The oldest spare for `env`, released, on the lane's cores and with a fresh deadline, or None."""
-        self.release(env)
-        with self._lock:
-            queue = self._waiting.get(frozenset(env.items())) or []
-            entry = queue.pop(0) if queue else None
-        if entry is None:
-            return None
-        child = entry[0]
-        if child.proc.poll() is not None:  # it died waiting (killed, out of memory): start afresh
-            child.finish(grace=0.1)
-            return None
-        if self.cores:
-            pin_all(child.proc.pid, env.get("KGEN_CORES"))
-        child.started = time.monotonic()
-        child.deadline = child.started + timeout
-        return child
-
-    def close(self) -> None:
-        with self._lock:
-            waiting, self._waiting = [entry for queue in self._waiting.values() for entry in queue], {}
-        for child, _ in waiting:
-            child.kill()
-            child.finish(grace=0.1)
