@@ -23,7 +23,7 @@ from rich.console import Console
 
 from pipeline.cli.main import main
 from pipeline.cli.progress import Progress
-from pipeline.run.events import RunStart
+from pipeline.run.events import Answered, Building, Built, Planned, RunStart, Stored
 from pipeline.records import Baselines, BuildResult, Completion, EvalResult, Flag, Timing, Usage, Verdict
 from pipeline.cli.show import render_attempt
 from pipeline.store.store import Store
@@ -296,16 +296,15 @@ def _slot(task="mse", model="m", sample=0):
 def test_piped_progress_prints_a_line_per_stage_and_a_periodic_summary(capsys):
     progress = Progress(Console(file=io.StringIO(), force_terminal=False), interval=0.05)
     with progress:
-        progress.event("started", None, RunStart(run_id="01RUN", resumed=False, tasks=7, models=1, samples=2,
-                                                 backend="cpu", strategy="single", stored=0, todo=14,
-                                                 build_workers=1))
+        progress.event(RunStart(run_id="01RUN", resumed=False, tasks=7, models=1, samples=2, backend="cpu",
+                                strategy="single", stored=0, todo=14, build_workers=1))
         slot = _slot()
-        progress.event("planned", slot, None)
-        progress.event("completed", slot, Completion(text="x", seconds=2.0, usage=Usage(completion_tokens=99)))
-        progress.event("building", slot, None)
+        progress.event(Planned(slot))
+        progress.event(Answered(slot, Completion(text="x", seconds=2.0, usage=Usage(completion_tokens=99))))
+        progress.event(Building(slot))
         time.sleep(0.2)  # a long build: the log still moves
-        progress.event("built", slot, BuildResult(code_hash="h", ok=False, seconds=31, log=f"{COMPILER}\x1b[2J"))
-        progress.event("stored", slot, EvalResult(verdict=Verdict.build_failed, error=COMPILER))
+        progress.event(Built(slot, BuildResult(code_hash="h", ok=False, seconds=31, log=f"{COMPILER}\x1b[2J")))
+        progress.event(Stored(slot, EvalResult(verdict=Verdict.build_failed, error=COMPILER)))
     lines = capsys.readouterr().out.splitlines()
     assert "run 01RUN: 7 tasks x 1 model x 2 samples on cpu; 14 slots to do" in lines[0]
     assert "built before it is judged, 1 at a time: a C++ extension" in lines[1] and "30-90 s" in lines[1]

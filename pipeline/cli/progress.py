@@ -24,7 +24,8 @@ from rich.text import Text
 
 from .plain import visible
 from ..records import EvalResult, Verdict
-from ..run.events import RunStart
+from ..run.events import (Answered, Built, Building, Cached, Evaluated, Evaluating, Event, Failed, LaneNotice,
+                          OverBudget, Planned, Prepared, Released, RunStart, Stored, Unfit)
 from .tables import short_error
 
 # What a first build costs, from docs/benchmarks.md: the bundled demo's 13 C++ builds took 11.5 min
@@ -126,54 +127,58 @@ class Progress:
             self.bars.update(self.ids[key], total=self.total[key], completed=self.done[key],
                              note=Text(note, style="red" if self.failed[key] else ""))
 
-    def event(self, stage: str, slot: Any, info: Any) -> None:
-        if stage == "started":
-            self._started(info)
-        elif stage == "planned":  # an attempt to make: it needs an answer, then is stored
+    def event(self, event: Event) -> None:
+        slot = getattr(event, "slot", None)
+        if isinstance(event, RunStart):
+            self._started(event)
+        elif isinstance(event, Planned):  # an attempt to make: it needs an answer, then is stored
             self._count("model", grow=1)
             self._count("attempt", grow=1)
-        elif stage == "cached":
+        elif isinstance(event, Cached):
             with self.lock:
                 self.cached += 1
             self._count("model", done=1)
-        elif stage == "completed":
+        elif isinstance(event, Answered):
+            info = event.completion
             self._count("model", done=1, failed=bool(info.error))
             self._event("answered", slot, f"model call failed: {short_error(info.error)}" if info.error else
                         f"answer in {info.seconds:.1f} s, {info.usage.completion_tokens} tokens")
-        elif stage == "budget":
+        elif isinstance(event, OverBudget):
             self._count("model", done=1)
             self._count("attempt", grow=-1)  # not stored: a run with a larger budget picks it up
             self._event("skipped", slot, "not asked: the budget is spent")
-        elif stage == "building":
+        elif isinstance(event, Building):
             self._count("build", grow=1)
-        elif stage == "built":
+        elif isinstance(event, Built):
+            info = event.result
             self._count("build", done=1, failed=not info.ok)
             from ..build.build import failure_line
 
             self._event("built", slot, f"built in {info.seconds:.0f} s" if info.ok else
                         f"build {'timed out' if info.timed_out else 'failed'} after {info.seconds:.0f} s: "
                         f"{short_error(failure_line(info))}")
-        elif stage == "evaluating":
+        elif isinstance(event, Evaluating):
             self._count("eval", grow=1)
-        elif stage == "evaluated":
-            self._count("eval", done=1, failed=info.verdict is not Verdict.correct)
-            self._event("judged", slot, _verdict(info))
-        elif stage == "error":  # an attempt that raised: not stored, the run fails at its end
+        elif isinstance(event, Evaluated):
+            self._count("eval", done=1, failed=event.result.verdict is not Verdict.correct)
+            self._event("judged", slot, _verdict(event.result))
+        elif isinstance(event, Failed):  # an attempt that raised: not stored, the run fails at its end
             self._count("eval", done=1, failed=True)
-            self._event("error", slot, f"{type(info).__name__}: {short_error(str(info))}")
-        elif stage == "stored":
-            self._count("attempt", done=1, failed=info.verdict is not Verdict.correct)
-            self._event("stored", slot, info.verdict.value)
-        elif stage == "unfit" and info not in self.unfit:  # once per reason, not once per attempt
-            self.unfit.add(info)
-            self._say(f"device not fit to time: {info}; timings are not trusted until it recovers, and a "
+            self._event("error", slot, f"{type(event.error).__name__}: {short_error(str(event.error))}")
+        elif isinstance(event, Stored):
+            self._count("attempt", done=1, failed=event.result.verdict is not Verdict.correct)
+            self._event("stored", slot, event.result.verdict.value)
+        elif isinstance(event, Unfit) and event.reason not in self.unfit:  # once per reason, not per attempt
+            self.unfit.add(event.reason)
+            self._say(f"device not fit to time: {event.reason}; timings are not trusted until it recovers, and a "
                       "resume re-times these attempts", style="yellow")
-        elif stage == "prepared" and not self.live:  # a task's reference process: seconds per stage
-            self._line("reference", f"{slot.task.name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in info.items()))
-        elif stage == "released" and not self.live:  # its attempts are over: its memory goes back
-            self._line("reference", f"{info}: closed, the task's attempts are over")
-        elif stage == "lane":  # a lane taken out of service (pipeline.run.lanes)
-            self._say(str(info), style="yellow")
+        elif isinstance(event, Prepared) and not self.live:  # a task's reference process: seconds per stage
+            spent = ", ".join(f"{k} {v:.1f} s" for k, v in event.phases.items())
+            self._line("reference", f"{slot.task.name}: {spent}")
+        elif isinstance(event, Released) and not self.live:  # its attempts are over: its memory goes back
+            self._line("reference", f"{event.task}: closed, the task's attempts are over")
+        elif isinstance(event, LaneNotice):  # a lane taken out of service (pipeline.run.lanes)
+            self._say(event.line, style="yellow")
 
     def _event(self, what: str, slot: Any, text: str) -> None:
         if self.live:

@@ -16,7 +16,7 @@ import hashlib
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from ..build import build as build_stage
 from .. import backends
@@ -26,7 +26,8 @@ from ..child import sizes, tasks
 from ..config import Config, ModelConfig
 from .executor import Executor, make_executor
 from ..generate.llm import ChatRequest, Provider, make_provider
-from .events import RunStart
+from .events import (Answered, Asking, Built, Building, Cached, Evaluated, Evaluating, Event, Failed, LaneNotice,
+                     OverBudget, Planned, Prepared, Released, RunStart, Stored, Unfit)
 from .work import Answer, Judged, Slot
 from ..records import BuildResult, EvalResult, Verdict
 from ..store.store import Store
@@ -69,17 +70,17 @@ def cache_key(model: ModelConfig, messages: list[dict[str, str]], sample: int, b
 
 class Runner:
     def __init__(self, cfg: Config, store: Store, backend: str | None = None,
-                 on_event: Callable[[str, Slot, Any], None] | None = None):
+                 on_event: Callable[[Event], None] | None = None):
         self.cfg = cfg
         self.store = store
         self.backend, self.gpu = resolve_backend(backend or cfg.backend, cfg.auto_backends)
-        self.on_event = on_event or (lambda stage, slot, info: None)
+        self.on_event = on_event or (lambda event: None)
         self.providers: dict[str, Provider] = {m.name: make_provider(m, cfg.base_dir) for m in cfg.models}
         self.slots = plan_slots(cfg, self.backend)
         self.key = plan_key(cfg, self.backend, self.slots)
         self.generated = cfg.path(cfg.generated_dir)
         self.builds_root = cfg.path(cfg.build_dir)
-        self.executor: Executor = make_executor(cfg, self.backend, lambda line: self.on_event("lane", None, line))
+        self.executor: Executor = make_executor(cfg, self.backend, lambda line: self.on_event(LaneNotice(line)))
         self.build_locks: dict[str, asyncio.Lock] = {}
         self.benches: dict[str, asyncio.Task] = {}
         # Attempts still to judge per task, in a single-shot run (None in a search, which plans turns
@@ -112,7 +113,7 @@ class Runner:
         single = self.cfg.search.strategy == "single"
         # A search stores several attempts per slot and plans each turn as it comes (pipeline.run.search).
         stored = len(self.slots) - len(todo) if single else len(self.store.attempts(run=run_id))
-        self.on_event("started", None, RunStart(
+        self.on_event(RunStart(
             run_id=run_id, resumed=resumed, tasks=len({s.task.name for s in self.slots}),
             models=len(self.cfg.models), samples=self.cfg.samples, backend=self.backend,
             strategy=self.cfg.search.strategy, stored=stored, todo=len(todo),
@@ -120,7 +121,7 @@ class Runner:
         if single:
             self.left = Counter(slot.task.name for slot in todo)
             for slot in todo:
-                self.on_event("planned", slot, None)
+                self.on_event(Planned(slot))
         for t in {s.task.name: s.task for s in self.slots}.values():
             self.task_ids[t.name] = self.store.upsert_task(t.name, str(t.path), t.source)
         self.spent_tokens, self.spent_usd = self.store.run_spending(run_id)
@@ -166,7 +167,7 @@ class Runner:
                 try:
                     verdict = await self.judge(slot, answer)
                 except Exception as exc:
-                    self.on_event("error", slot, exc)  # not stored: a resume does it again
+                    self.on_event(Failed(slot, exc))  # not stored: a resume does it again
                     raise
                 self.store_attempt(slot, answer, verdict)
         finally:
@@ -183,7 +184,7 @@ class Runner:
         if self.left[name] <= 0 and pending is not None and pending.done():
             del self.benches[name]
             if _close_bench(pending):
-                self.on_event("released", None, name)
+                self.on_event(Released(name))
 
     def _others_open(self, name: str) -> bool:
         """Whether another task's reference is open or starting and will be closed when its attempts
@@ -205,15 +206,15 @@ class Runner:
         key = cache_key(slot.model, messages, slot.sample, slot.backend, slot.task.name, slot.turn)
         cached = self.store.cached_completion(key)
         if cached:
-            self.on_event("cached", slot, cached[1])
+            self.on_event(Cached(slot, cached[1]))
             return Answer(cached[0], cached[1], messages)
         # The budget is checked once a call slot is ours, so calls queued behind it see its cost.
         async with self.model_slots[slot.model.name]:
             if not self._budget_left():
                 self.over_budget += 1  # not stored: a later run with a larger budget picks it up
-                self.on_event("budget", slot, None)
+                self.on_event(OverBudget(slot))
                 return None
-            self.on_event("calling", slot, None)
+            self.on_event(Asking(slot))
             completion = await self.providers[slot.model.name].complete(
                 ChatRequest(task=slot.task.name, backend=slot.backend, messages=messages, sample=slot.sample,
                             turn=slot.turn))
@@ -224,7 +225,7 @@ class Runner:
         completion_id = self.store.save_completion(
             self.run_id, self.task_ids[slot.task.name], prompt_id, slot.model.name, slot.model.provider,
             slot.model.base_url, slot.sample, key, completion, cost)
-        self.on_event("completed", slot, completion)
+        self.on_event(Answered(slot, completion))
         return Answer(completion_id, completion, messages)
 
     async def judge(self, slot: Slot, answer: Answer) -> Judged:
@@ -246,11 +247,11 @@ class Runner:
             return Judged(EvalResult(verdict=verdict, error=build_stage.failure_line(built)), code_hash,
                           diagnostics.compiler_errors(built.log, extraction.code or "", candidate_name=code_path.name))
         bench = await self._bench(slot)
-        self.on_event("evaluating", slot, None)
+        self.on_event(Evaluating(slot))
         result = await self.executor.evaluate(bench, code_path, Path(built.build_dir), self.cfg.evaluation)
-        self.on_event("evaluated", slot, result)
+        self.on_event(Evaluated(slot, result))
         if result.device_unfit:
-            self.on_event("unfit", slot, result.device_unfit)
+            self.on_event(Unfit(slot, result.device_unfit))
         return Judged(result, code_hash)
 
     def store_attempt(self, slot: Slot, answer: Answer, judged: Judged, parents: list[str] | None = None,
@@ -261,7 +262,7 @@ class Runner:
             size=self._size_name(slot), code_hash=judged.code_hash, result=judged.result, turn=slot.turn,
             generation=slot.generation, parents=parents,
             messages=answer.messages, feedback=feedback, level=slot.task.level, problem=slot.task.problem)
-        self.on_event("stored", slot, judged.result)
+        self.on_event(Stored(slot, judged.result))
         return attempt_id
 
     def _size_name(self, slot: Slot) -> str:
@@ -278,11 +279,11 @@ class Runner:
 
             if (known := build_stage.reusable(self.store.get_build(code_hash, torch.__version__))):
                 return known
-            self.on_event("building", slot, None)
+            self.on_event(Building(slot))
             result = await self.executor.build(code_path, code_hash, self.builds_root,
                                                self.cfg.evaluation.build_timeout_s)
             self.store.save_build(result, slot.backend, torch.__version__)
-            self.on_event("built", slot, result)
+            self.on_event(Built(slot, result))
             return result
 
     async def _bench(self, slot: Slot) -> TaskBench:
@@ -303,7 +304,7 @@ class Runner:
                             raise
                         await asyncio.sleep(MEMORY_WAIT_S)
                 remember_baselines(self.store, bench)
-                self.on_event("prepared", slot, dict(bench.phases))
+                self.on_event(Prepared(slot, dict(bench.phases)))
                 return bench
 
             self.benches[name] = asyncio.ensure_future(prepare())

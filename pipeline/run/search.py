@@ -29,6 +29,7 @@ from ..config import Config, Target
 from ..records import Verdict, summary_fields
 from ..store.store import Store
 
+from .events import Event, Planned
 from .work import Answer, Judged, Slot
 
 class Driver(Protocol):
@@ -38,7 +39,7 @@ class Driver(Protocol):
     cfg: Config
     store: Store
     run_id: str
-    on_event: Callable[[str, Slot | None, Any], None]
+    on_event: Callable[[Event], None]
 
     def first_prompt(self, slot: Slot, text: str | None = None) -> tuple[str, list[dict[str, str]]]: ...
 
@@ -124,7 +125,7 @@ async def converse(runner: Driver, slot: Slot, prompt_id: str, first: list[dict[
         previous = row["id"]
     for turn in range(len(exchanges), max_turns):
         now = dataclasses.replace(slot, turn=turn)
-        runner.on_event("planned", now, None)
+        runner.on_event(Planned(now))
         answer = await runner.generate(now, prompt_id, messages_for(first, exchanges, cfg.keep_turns))
         if answer is None:
             return  # the budget is spent: a later run with a larger one resumes here
