@@ -377,3 +377,25 @@ def summary_fields(result: EvalResult) -> dict[str, Any]:
         "grad": int(result.grad),
         "dtype": result.dtype,
     }
+
+
+class FileRequest(Record):
+    """One candidate file to judge: what `kgen eval` was asked, and what its client sends `kgen serve`
+    (pipeline.run.single.evaluate_file takes it)."""
+
+    path: str
+    """The file as the user named it: the stored run's note."""
+    code: str | None = None
+    """The file's text where it was read already (the server never opens `path`); None: read `path`."""
+    task: str
+    """A task name in the config's task folder, or a task file's path."""
+    backend: Literal["cuda", "triton", "cpu", "auto"] = "auto"
+    """Where it runs; auto: the config's order (auto_backends), the first this machine has."""
+    size: str | None = None
+    """A size preset of the task; None: the config's (tasks.size), else the default."""
+    grad: bool | None = None
+    """Judge forward plus backward; None: the config's evaluation.grad."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """The inputs' dtype; None: the config's evaluation.dtype."""
+    store: bool = True
+    """Store the result, as a run of its own of kind "eval"."""

@@ -186,6 +186,7 @@ def test_a_kept_bench_is_retired_when_old_and_when_others_crowd_it_out(tmp_path)
     and a new one is opened (its held-out shapes drawn again, as for a new run), and past
     max_benches the oldest is closed. Each closed bench's reference process has ended."""
     from pipeline.config import load_config
+    from pipeline.records import FileRequest
     from pipeline.run.single import Warm, evaluate_file
 
     config = _config(tmp_path)
@@ -195,7 +196,8 @@ def test_a_kept_bench_is_retired_when_old_and_when_others_crowd_it_out(tmp_path)
     warm = Warm(max_benches=1)
     try:
         def judged(size: str):
-            result, _ = evaluate_file(code, "mse", "cpu", size, cfg, store=False, warm=warm)
+            result, _ = evaluate_file(FileRequest(path=str(code), task="mse", backend="cpu", size=size, store=False),
+                                      cfg, warm=warm)
             assert result.verdict.value == "correct", result.error
             (bench, _), = warm.benches.values()
             return result, bench, [r.proc for r in bench.references.values()]

@@ -24,7 +24,7 @@ from rich.text import Text
 from .options import KgenError, check_filters, console, database_options, load, nothing_matched, open_store, resolve_run
 from ..config import Config
 from .plain import visible
-from ..records import EvalResult
+from ..records import EvalResult, FileRequest
 from .tables import fmt as _fmt
 
 
@@ -271,9 +271,10 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
         if cfg is None and size is None:  # no config file: judged as the bundled demo judges (pipeline.bundled)
             size = _demo_config(None, db).tasks.size
         try:
-            result, attempt_id = evaluate_file(Path(path), task_name, backend, size, cfg, store=not no_store,
-                                               on_size=lambda name, dims: sized.update(size=name, size_dims=dims),
-                                               notice=echo, grad=grad, dtype=dtype, db_path=Path(db))
+            request = FileRequest(path=path, task=task_name, backend=backend, size=size, grad=grad, dtype=dtype,
+                                  store=not no_store)
+            result, attempt_id = evaluate_file(request, cfg, db_path=Path(db), notice=echo,
+                                               on_size=lambda name, dims: sized.update(size=name, size_dims=dims))
         except ValueError as exc:  # sizes.SizeError among them: a size the task lacks, or too big to fit
             raise KgenError(str(exc)) from None
     if as_json:

@@ -42,33 +42,23 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..config import Config, cache_root
-from ..records import EvalResult
+from ..records import EvalResult, FileRequest
 
 MAX_REQUEST = 16 << 20  # bytes of a request line: the candidate's code travels in it
 READ_DEADLINE_S = 10.0  # for a client's request line, once its peer is checked
 ADMITTING = 16  # connections read at once; more are closed unread (a flood costs threads, not the judge)
 
 
-class EvalRequest(BaseModel):
-    """What `kgen eval` asks the server: the same arguments it would judge with itself."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+class EvalRequest(FileRequest):
+    """What `kgen eval` asks the server: the request it would judge itself, with the code read and the
+    server's token."""
 
     token: str
     """The token the server wrote beside its socket: the client can read the user's cache."""
     config: str | None
     """The client's config file, resolved (None: none in use); the server serves one config only."""
-    path: str
-    """The file as the user named it: the stored run's note, never opened by the server."""
     code: str
     """The candidate's source, as the client read it."""
-    task: str
-    """A task name in the config's task folder, or a task file's path."""
-    backend: Literal["cuda", "triton", "cpu", "auto"] = "auto"
-    size: str | None = None
-    grad: bool | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    store: bool = True
 
 
 class ServeReply(BaseModel):
@@ -265,10 +255,8 @@ def _judge(conn: socket.socket, request: EvalRequest, cfg: Config | None, db_pat
     started = time.monotonic()
     try:
         result, attempt_id = evaluate_file(
-            Path(request.path), request.task, request.backend, request.size, cfg, store=request.store,
-            on_size=lambda name, dims: sized.update(size=name, size_dims=dims),
-            notice=lambda text: _send(conn, ServeReply(kind="notice", line=text)), grad=request.grad,
-            dtype=request.dtype, db_path=db_path, warm=warm, code=request.code)
+            request, cfg, db_path=db_path, warm=warm, on_size=lambda name, dims: sized.update(size=name, size_dims=dims),
+            notice=lambda text: _send(conn, ServeReply(kind="notice", line=text)))
     except ValueError as exc:  # a size the task lacks, a task or backend this machine cannot run
         _send(conn, ServeReply(kind="error", line=str(exc), server_pid=os.getpid()))
         return

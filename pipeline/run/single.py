@@ -23,7 +23,7 @@ from ..judge import evaluate, health
 from ..judge.bench import device_for, measure_baselines, open_bench
 from ..child import HARNESS, memory, sizes, tasks
 from ..config import Config, EvalConfig
-from ..records import BuildResult, EvalResult, Verdict
+from ..records import BuildResult, EvalResult, FileRequest, Verdict
 from ..judge.bench import TaskBench
 from .batch import remember_baselines, resolve_backend
 
@@ -95,21 +95,21 @@ def _watch(backend: str) -> health.Watch | None:
     return health.Watch(os.environ.get("CUDA_VISIBLE_DEVICES")) if backends.on_gpu(backend) else None
 
 
-def evaluate_file(path: Path, task_name: str, backend: str, size: str | None, cfg: Config | None,
-                  store: bool = True, on_size: Callable[[str, dict[str, int]], None] | None = None,
-                  notice: Callable[[str], None] | None = None, grad: bool | None = None,
-                  dtype: str | None = None, db_path: Path | None = None, warm: Warm | None = None,
-                  code: str | None = None) -> tuple[EvalResult, str | None]:
+def evaluate_file(request: FileRequest, cfg: Config | None, *, db_path: Path | None = None, warm: Warm | None = None,
+                  on_size: Callable[[str, dict[str, int]], None] | None = None,
+                  notice: Callable[[str], None] | None = None) -> tuple[EvalResult, str | None]:
     """Build, check and time the file; returns the result and, when stored, the attempt id.
 
     The size is checked first: a size the task does not have, or one that does not fit in memory,
     is a sizes.SizeError (a ValueError, one line) before anything is written, built or started.
     `on_size` gets the size's effective name (what is stored) and its dimensions (sizes.size_dims);
     `notice` a line for anything slow that happens once (precompiling headers for fast builds).
-    `grad` and `dtype`, where given, override the config's evaluation.grad and evaluation.dtype;
-    `db_path` the config's database. The result is stored as a run of its own, of kind "eval", which
-    the leaderboard, report and library leave out unless asked for it. With `warm`, what it keeps
-    is used and kept up (Warm); `code`, where given, is the file's text (`path` then only names it)."""
+    The request's grad and dtype, where given, override the config's evaluation.grad and
+    evaluation.dtype; `db_path` the config's database. The result is stored as a run of its own, of
+    kind "eval", which the leaderboard, report and library leave out unless asked for it. With
+    `warm`, what it keeps is used and kept up (Warm)."""
+    path, task_name, backend, size = Path(request.path), request.task, request.backend, request.size
+    grad, dtype, code, store = request.grad, request.dtype, request.code, request.store
     task = _task(task_name, cfg)
     chosen_size = size or (cfg.tasks.size if cfg else sizes.DEFAULT_SIZE)
     module = tasks.load_module(task, chosen_size, dtype)
