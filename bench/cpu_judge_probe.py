@@ -51,7 +51,8 @@ def main() -> None:
         build_dir.mkdir()
     else:
         code = R.REDTEAM / args.candidate
-        result = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], work / "builds", timeout_s=600)
+        result = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], work / "builds",
+                             build.BuildOptions(timeout_s=600))
         assert result.ok, result.log[-2000:]
         build_dir = Path(result.build_dir)
     others = [multiprocessing.Process(target=spin, args=(7200,), daemon=True)

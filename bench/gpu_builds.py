@@ -63,9 +63,10 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
         where.mkdir(parents=True)
         path = where / "candidate.py"
         path.write_text(code)
-        result = build.build(path, "h" + name.replace("-", "_"), where / "builds", 900, jobs, env,
-                             fast=mode != "plain", cuda=True, notice=print, light=mode.startswith("light"),
-                             split=mode != "light-serial", spares=spares)
+        result = build.build(path, "h" + name.replace("-", "_"), where / "builds",
+                             build.BuildOptions(900, jobs, env, fast=mode != "plain", cuda=True,
+                                                light=mode.startswith("light"), split=mode != "light-serial"),
+                             notice=print, spares=spares)
         row = dict(label=label, name=name, mode=mode, at_once=at_once, seconds=round(result.seconds, 1),
                    ok=result.ok, headers=result.headers,
                    # The build child's own line in its log (pipeline/build/nvcc_split.py): a note, not a measurement of ours.

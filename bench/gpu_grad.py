@@ -74,8 +74,9 @@ def main() -> int:
     def one(t: str):
         h, path = sources[t]
         s = time.monotonic()
-        r = build.build(path, h, builds, 900, extra_env=build.build_env(["0"] if args.backend == "cuda" else []),
-                        fast=True, cuda=args.backend == "cuda", notice=lambda line: print(line, flush=True))
+        options = build.BuildOptions(900, env=build.build_env(["0"] if args.backend == "cuda" else []), fast=True,
+                                     cuda=args.backend == "cuda")
+        r = build.build(path, h, builds, options, notice=lambda line: print(line, flush=True))
         print(f"BUILD {t} ok={r.ok} headers={r.headers} {time.monotonic() - s:.1f} s", flush=True)
         if not r.ok:
             print(r.log[-3000:])

@@ -52,8 +52,8 @@ def main() -> int:
         f"{args.task}_cuda.py" if device == "cuda" else f"grad_honest_{args.task}.py")
     work = Path(tempfile.mkdtemp(prefix="kgen-probe-"))
     s = time.monotonic()
-    r = build.build(src, "probe", work, 900, extra_env=build.build_env(["0"] if device == "cuda" else []),
-                    fast=True, cuda=device == "cuda")
+    r = build.build(src, "probe", work, build.BuildOptions(
+        900, env=build.build_env(["0"] if device == "cuda" else []), fast=True, cuda=device == "cuda"))
     print(f"BUILD ok={r.ok} {time.monotonic() - s:.1f} s", flush=True)
     if not r.ok:
         print(r.log[-2000:])

@@ -29,7 +29,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         (root / "c.py").write_text(code)
-        result = build.build(root / "c.py", "probe", root / "b", 900, 16, build.build_env(["0"]), cuda=True)
+        options = build.BuildOptions(900, 16, build.build_env(["0"]), cuda=True)
+        result = build.build(root / "c.py", "probe", root / "b", options)
         print("PROBE build", result.ok, result.headers, f"{result.seconds:.1f} s")
         ninja = next((root / "b" / "probe").rglob("build.ninja"))
         text = ninja.read_text()

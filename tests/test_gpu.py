@@ -220,8 +220,9 @@ def built(tmp_path_factory):
     a batch builds them: the .cu against the light ATen header (pipeline/build/headers.py)."""
     tmp = tmp_path_factory.mktemp("redteam_cuda")
     files = {name: _write(tmp, name) for name in CASES}
+    options = build.BuildOptions(600, 4, cuda=True)
     with ThreadPoolExecutor(len(files)) as pool:
-        results = dict(zip(files, pool.map(lambda f: build.build(f[0], f[1], tmp / "builds", 600, 4, cuda=True),
+        results = dict(zip(files, pool.map(lambda f: build.build(f[0], f[1], tmp / "builds", options),
                                            files.values())))
     return {name: (files[name][0], results[name]) for name in files}
 

@@ -39,7 +39,8 @@ def builds(tmp_path_factory):
 
     def one(name: str) -> tuple[str, Path]:
         code = REDTEAM / f"{name}.py"
-        result = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], root, timeout_s=600)
+        code_hash = hashlib.sha256(code.read_bytes()).hexdigest()[:16]
+        result = build.build(code, code_hash, root, build.BuildOptions(timeout_s=600))
         assert result.ok, f"{name}: {result.log[-3000:]}"
         return name, Path(result.build_dir)
 

@@ -69,7 +69,8 @@ def _copy(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_a_candidate_builds_against_the_precompiled_headers_and_a_second_reuses_them(tmp_path):
-    first = build.build(REDTEAM / "honest_cpp.py", "fasthonest000000", tmp_path / "builds", timeout_s=900)
+    first = build.build(REDTEAM / "honest_cpp.py", "fasthonest000000", tmp_path / "builds",
+                        build.BuildOptions(timeout_s=900))
     assert first.ok, first.log[-2000:]
     assert first.headers == "fast"
     folder = headers.ensure(False)
@@ -96,7 +97,7 @@ def test_a_candidate_builds_against_the_precompiled_headers_and_a_second_reuses_
 
     second_code = (REDTEAM / "honest_cpp.py").read_text().replace("kgen_redteam_honest_mse", "kgen_test_second")
     second = build.build(_copy(tmp_path, "second", second_code), "fastsecond000000", tmp_path / "builds",
-                         timeout_s=900)
+                         build.BuildOptions(timeout_s=900))
     assert second.ok and second.headers == "fast"
     assert {p: p.stat().st_mtime_ns for p in (folder / "torch" / "extension.h.gch").iterdir()} == made
 
@@ -120,7 +121,7 @@ def test_a_changed_torch_or_compiler_gets_its_own_headers(tmp_path, monkeypatch)
 
 def test_a_candidate_the_fast_headers_cannot_build_is_built_as_written(tmp_path):
     result = build.build(_copy(tmp_path, "frontend", NEEDS_FRONTEND), "needsfrontend000", tmp_path / "builds",
-                         timeout_s=900)
+                         build.BuildOptions(timeout_s=900))
     assert result.ok, result.log[-2000:]
     assert result.headers == "plain"
     assert "built with torch/extension.h as written, after a build with kgen's fast headers (failed in" in result.log
@@ -132,7 +133,7 @@ def test_a_build_child_cannot_write_the_shared_headers(tmp_path):
     assert folder is not None
     before = (folder / "torch" / "extension.h").read_text()
     result = build.build(_copy(tmp_path, "plant", PLANTS_A_HEADER), "plantheader00000", tmp_path / "builds",
-                         timeout_s=300)
+                         build.BuildOptions(timeout_s=300))
     if os.environ.get("KGEN_LANDLOCK") == "0":
         pytest.skip("Landlock switched off")
     assert result.ok, result.log[-2000:]  # every write was refused, so the module imported

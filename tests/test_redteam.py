@@ -294,7 +294,7 @@ def test_environment_snooping_finds_nothing(tmp_path, monkeypatch):
 def honest_build(tmp_path_factory):
     code = REDTEAM / "honest_cpp.py"
     code_hash = hashlib.sha256(code.read_bytes()).hexdigest()[:16]
-    result = build.build(code, code_hash, tmp_path_factory.mktemp("builds"), timeout_s=600)
+    result = build.build(code, code_hash, tmp_path_factory.mktemp("builds"), build.BuildOptions(timeout_s=600))
     assert result.ok, result.log[-4000:]
     return Path(result.build_dir)
 
@@ -333,7 +333,7 @@ def test_the_parent_reads_the_extension_itself(honest_build, tmp_path):
 def hardwired_build(tmp_path_factory):
     code = REDTEAM / "hardwired_size_fallback.py"
     code_hash = hashlib.sha256(code.read_bytes()).hexdigest()[:16]
-    result = build.build(code, code_hash, tmp_path_factory.mktemp("builds"), timeout_s=600)
+    result = build.build(code, code_hash, tmp_path_factory.mktemp("builds"), build.BuildOptions(timeout_s=600))
     assert result.ok, result.log[-4000:]
     return Path(result.build_dir)
 
@@ -609,7 +609,8 @@ def test_log_tricks_at_build_time(tmp_path, name):
     code = REDTEAM / name
     timeout_s = 60
     started = time.monotonic()
-    result = build.build(code, "redteam-" + name.removesuffix(".py"), tmp_path / "builds", timeout_s=timeout_s)
+    result = build.build(code, "redteam-" + name.removesuffix(".py"), tmp_path / "builds",
+                         build.BuildOptions(timeout_s=timeout_s))
     assert time.monotonic() - started < timeout_s
     assert result.ok and not result.timed_out, result.log[-2000:]
     assert len(result.log) < sandbox.LOG_TAIL + 1000
@@ -690,7 +691,8 @@ def test_a_kernel_on_every_core_is_held_to_eager_s_threads(bench, honest_build, 
     a busy shared box (load 6) read 0.47x and 0.78x for the twin and this alike, so their ratio is
     measured over ten runs each (bench/cpu_judge_probe.py, docs/benchmarks.md), not here."""
     code = REDTEAM / "omp_all_cores.py"
-    built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], tmp_path / "builds", timeout_s=600)
+    built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], tmp_path / "builds",
+                        build.BuildOptions(timeout_s=600))
     assert built.ok, built.log[-4000:]
     twin = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS)
     spread = evaluate.evaluate(bench("mse"), code, Path(built.build_dir), SETTINGS)

@@ -180,7 +180,7 @@ def test_failed_build_keeps_the_compiler_error(tmp_path):
     code.write_text(BROKEN)
     # fast=False: one plain build (with the fast headers a failing build is tried twice; that
     # fallback has its own test in tests/test_headers.py)
-    result = build.build(code, "broken0000000000", tmp_path / "builds", timeout_s=600, fast=False)
+    result = build.build(code, "broken0000000000", tmp_path / "builds", build.BuildOptions(timeout_s=600, fast=False))
     assert not result.ok and not result.timed_out
     assert "error:" in result.log
     assert "expected primary-expression" in result.log, result.log[-3000:]  # g++'s own words
@@ -200,7 +200,7 @@ def test_stale_lock_is_removed_before_building(tmp_path):
     lock.touch()  # a killed build left it again; build() must clear it itself
     code = tmp_path / "pure.py"
     code.write_text(PURE_PYTHON)
-    result = build.build(code, code_hash, root, timeout_s=120)
+    result = build.build(code, code_hash, root, build.BuildOptions(timeout_s=120))
     assert result.ok, result.log[-3000:]
     # The jailed build wrote a folder of its own, which replaced the old one, stale lock and all.
     assert not lock.exists()
@@ -234,7 +234,8 @@ def test_a_pinned_build_stays_on_its_cores_whatever_the_candidate_asks(tmp_path)
         class ModelNew:
             pass
     """))
-    result = build.build(code, "pinned", tmp_path / "builds", 120, extra_env={"KGEN_CORES": str(core)}, fast=False)
+    result = build.build(code, "pinned", tmp_path / "builds",
+                         build.BuildOptions(timeout_s=120, env={"KGEN_CORES": str(core)}, fast=False))
     assert result.ok, result.log
     assert f"KGEN-NOTE affinity [{core}]" in result.log, result.log
     assert "KGEN-NOTE refused PermissionError" in result.log and "widened" not in result.log, result.log
@@ -301,7 +302,8 @@ def test_a_build_child_started_ahead_builds_confined_as_a_fresh_one(tmp_path, se
     try:
         spares.fill(env, wait=True)
         waiting = spares._waiting[frozenset(env.items())][0]
-        result = build.build(code, "spare0", tmp_path / "builds", 120, extra_env=env, fast=False, spares=spares)
+        result = build.build(code, "spare0", tmp_path / "builds", build.BuildOptions(timeout_s=120, env=env, fast=False),
+                             spares=spares)
         assert result.ok, result.log
         assert waiting.proc.poll() is not None  # the child started ahead built it, and is gone
         # It built into its own out/ folder (the only one it may write), which became the build's.

@@ -127,7 +127,7 @@ def test_the_parent_reads_the_candidates_own_kernel_names():
 @pytest.mark.parametrize("name", list(CANDIDATES))
 def test_triton_redteam_on_the_interpreter(name, bench, tmp_path):
     path, code_hash = _write(tmp_path, name)
-    built = build.build(path, code_hash, tmp_path / "builds", timeout_s=120)
+    built = build.build(path, code_hash, tmp_path / "builds", build.BuildOptions(timeout_s=120))
     assert built.ok, built.log[-2000:]
     result = evaluate.evaluate(bench, path, Path(built.build_dir), SETTINGS)
     print(f"\nTRITON {name}: {result.verdict.value} flags={[f.value for f in result.flags]} error={result.error}")
@@ -150,7 +150,7 @@ def test_the_interpreter_is_set_for_the_child_only(bench, tmp_path):
     code = "import os\n" + code
     path = tmp_path / "env.py"
     path.write_text(code)
-    built = build.build(path, "env-check", tmp_path / "builds", timeout_s=120)
+    built = build.build(path, "env-check", tmp_path / "builds", build.BuildOptions(timeout_s=120))
     result = evaluate.evaluate(bench, path, Path(built.build_dir), SETTINGS)
     assert result.verdict is Verdict.correct, result.error
 

@@ -1,7 +1,7 @@
 """Compiling a candidate: importing it in a sandboxed child, so its module-level load_inline runs
 there, with one build directory per code hash and the compiler's full log kept.
 
-    result = build(code_path, code_hash, builds_root, timeout_s=900)
+    result = build(code_path, code_hash, builds_root, BuildOptions(timeout_s=900))
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-from . import headers
 from .. import sandbox
-from ..config import cache_root
 from ..child import HARNESS, protocol
+from ..config import cache_root
 from ..records import BuildResult
+from . import headers
 
 
 def build_dir_for(builds_root: Path, code_hash: str) -> Path:
@@ -54,19 +55,37 @@ def build_env(gpus: list[str]) -> dict[str, str]:
     return env
 
 
-def build(code_path: Path, code_hash: str, builds_root: Path, timeout_s: float,
-          max_jobs: int | None = None, extra_env: dict[str, str] | None = None, fast: bool = True,
-          cuda: bool = False, notice: Callable[[str], None] | None = None, light: bool = True,
-          split: bool = True, spares: BuildSpares | None = None) -> BuildResult:
-    """Build with the fast headers (pipeline/build/headers.py) where `fast` and they can be made here, a
-    CUDA candidate's .cu files first against the light ATen header; each build that fails (not a
-    timeout) is done again from a clean folder with the next, slower headers, down to torch's own,
-    whose result and log stand, so the faster routes never cost a candidate its build. `cuda`: the
-    candidates are CUDA extensions (main.cpp then has CUDA's include paths, which the PCH must match).
-    `light`: False skips the light header (bench/gpu_builds.py measures the builds without it).
-    `split`: nvcc's host and device steps side by side in the faster routes (pipeline/build/nvcc_split.py)
-    where the build has SPLIT_CORES cores; the last route, torch's own headers, runs nvcc as torch does.
-    `spares`: build children started ahead with torch imported (BuildSpares), taken where one waits."""
+@dataclass(frozen=True)
+class BuildOptions:
+    """How build() builds: its limits and the routes it tries."""
+
+    timeout_s: float = 900
+    """Per build child: a build past it is a build_timeout."""
+    max_jobs: int | None = None
+    """Compiler processes at once (MAX_JOBS); None: every core."""
+    env: dict[str, str] | None = None
+    """More of the child's environment (build_env: CUDA_VISIBLE_DEVICES; KGEN_CORES)."""
+    fast: bool = True
+    """Build with the fast headers (pipeline/build/headers.py) where they can be made here."""
+    cuda: bool = False
+    """The candidates are CUDA extensions (main.cpp then has CUDA's include paths, which the PCH must match)."""
+    light: bool = True
+    """A CUDA candidate's .cu files first against the light ATen header (False: bench/gpu_builds.py
+    measures the builds without it)."""
+    split: bool = True
+    """nvcc's host and device steps side by side in the faster routes (pipeline/build/nvcc_split.py)
+    where the build has SPLIT_CORES cores; the last route, torch's own headers, runs nvcc as torch does."""
+
+
+def build(code_path: Path, code_hash: str, builds_root: Path, options: BuildOptions = BuildOptions(),
+          notice: Callable[[str], None] | None = None, spares: BuildSpares | None = None) -> BuildResult:
+    """Build with the fastest route `options` allows: each build that fails (not a timeout) is done
+    again from a clean folder with the next, slower headers, down to torch's own, whose result and
+    log stand, so the faster routes never cost a candidate its build. `notice`: a line for a slow
+    first step (precompiling the headers). `spares`: build children started ahead with torch imported
+    (BuildSpares), taken where one waits."""
+    timeout_s, max_jobs, extra_env = options.timeout_s, options.max_jobs, options.env
+    fast, cuda, light, split = options.fast, options.cuda, options.light, options.split
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
     code_path = code_path.resolve()
     folder = headers.ensure(cuda, notice) if fast else None

@@ -25,11 +25,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .jail import landlock
 from . import replays, tasks, timing
-from .jail.seccomp import die_with_parent, forbid_setsid
 from . import protocol as P
 from .grad import ForwardBackward, GradError, Grads, reseed
+from .jail import landlock
+from .jail.seccomp import die_with_parent, forbid_setsid
 from .profiling import profile, warm_profiler
 from .timing import Clock
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import click
 
-from .options import database_options, open_store
 from ..records import Baselines
+from .options import database_options, open_store
 
 FILES = {"eager": "baseline_time_torch.json", "compile": "baseline_time_torch_compile_inductor_default.json"}
 DEFAULT_HARDWARE = "H100_Modal"

@@ -21,10 +21,10 @@ from typing import Any
 import click
 from rich.text import Text
 
-from .options import KgenError, check_filters, console, database_options, load, nothing_matched, open_store, resolve_run
 from ..config import Config
-from .plain import visible
 from ..records import EvalResult, FileRequest
+from .options import KgenError, check_filters, console, database_options, load, nothing_matched, open_store, resolve_run
+from .plain import visible
 from .tables import fmt as _fmt
 
 

@@ -22,10 +22,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgres
     TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
-from .plain import visible
 from ..records import EvalResult, Verdict
 from ..run.events import (Answered, Built, Building, Cached, Evaluated, Evaluating, Event, Failed, LaneNotice,
                           OverBudget, Planned, Prepared, Released, RunStart, Stored, Unfit)
+from .plain import visible
 from .tables import short_error
 
 # What a first build costs, from docs/benchmarks.md: the bundled demo's 13 C++ builds took 11.5 min

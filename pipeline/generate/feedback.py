@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..child.protocol import ProfileDone
+from ..records import EvalResult, Flag, Record, TrialResult, Verdict
 from .diagnostics import Diagnostic
 from .prompts import render_file
-from ..records import EvalResult, Flag, Record, TrialResult, Verdict
 
 # One line per verdict: what it means and where to look.
 HINTS: dict[Verdict, str] = {

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import backends, sandbox
-from . import handover, health
 from ..child import memory, sizes, tasks
 from ..child.timing import TIMING_VERSION, calls_for
 from ..config import EvalConfig, cache_root
-from .judge import Expected
 from ..records import Baselines, Timing
+from . import handover, health
+from .judge import Expected
 
 
 class EvaluationError(RuntimeError):

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import backends, sandbox
-from ..sandbox.spares import Spares
-from . import health, owncode, shapes
 from ..child import HARNESS
 from ..child import protocol as P
 from ..child import tasks
 from ..child.timing import BLOCK
 from ..config import EvalConfig
 from ..records import EvalResult, Verdict
+from ..sandbox.spares import Spares
+from . import health, owncode, shapes
 from .bench import TaskBench, _seed, device_for, lane_of
 from .ended import Ended
 from .session import Session

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from .. import backends
-from . import judge, owncode, runqueue, shapes
-from .judge import Expected, Window, pair_ratios, summarize
 from ..child import protocol as P
+from ..records import EvalResult, TrialResult, Verdict
+from . import judge, owncode, runqueue, shapes
 from .bench import TaskBench, _seed, lane_of
 from .ended import Ended, ended_early
-from ..records import EvalResult, TrialResult, Verdict
+from .judge import Expected, Window, pair_ratios, summarize
 
 # Null-model Bound requests before import: what a block costs besides the calls. Fifteen, not five:
 # on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five did the

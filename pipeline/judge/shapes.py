@@ -18,12 +18,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from . import owncode
-from .bench import EvaluationError, _seed
 from ..child import protocol as P
 from ..child.timing import BLOCK, summarize_blocks
 from ..leaderboard import faster
 from ..records import ShapeRun, Timing, TrialResult
+from . import owncode
+from .bench import EvaluationError, _seed
 
 SHAPE_BLOCKS = 3  # timed blocks of BLOCK calls per held-out size, each followed by an eager block
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from .kernels import EVALUATOR_VERSION, KernelEntry, LibraryError, _Record, device_kind, entry_from_attempt, sha256_text
-from ..leaderboard import is_verified, not_faster_reason, rank_key
 from ..child.tasks import TaskError
+from ..leaderboard import is_verified, not_faster_reason, rank_key
+from .kernels import EVALUATOR_VERSION, KernelEntry, LibraryError, _Record, device_kind, entry_from_attempt, sha256_text
 
 LOCK = "kgen.lock"
 MANIFEST = "manifest.json"

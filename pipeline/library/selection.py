@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from ..backends import GPU_BACKENDS
+from ..leaderboard import faster, is_verified, not_faster_reason, rank_key
 from .export import open_export, task_row_of
 from .kernels import Envelope, KernelEntry, LibraryError, _Record, device_kind, entry_from_attempt, sha256_text
-from ..leaderboard import faster, is_verified, not_faster_reason, rank_key
 
 # Reasons that send every call to the reference, whatever the call's inputs.
 BLOCKING = ("disabled", "parameters", "import", "no_kernel", "slower")

@@ -19,10 +19,10 @@ from typing import Any
 import jinja2
 from plotly.offline import get_plotlyjs
 
-from .kbmetrics import best_per_task, level_label, level_metrics
 from ..leaderboard import best_rows
 from ..records import Verdict
 from .charts import VERDICT_COLOURS, distribution_figure, fast_p_figure, floor_speedup, search_figure, speedup_figure, verdict_figure
+from .kbmetrics import best_per_task, level_label, level_metrics
 
 MAX_BARS = 40  # correct attempts drawn per task chart, best first (the task's table lists every attempt)
 TASK_CHARTS = 20  # above this many tasks, no chart per task: each task's table is one click away instead

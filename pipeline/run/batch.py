@@ -18,19 +18,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-from ..build import build as build_stage
 from .. import backends
-from ..generate import diagnostics, extract, prompts
-from ..judge.bench import TaskBench, baseline_key
+from ..build import build as build_stage
 from ..child import sizes, tasks
 from ..config import Config, ModelConfig
-from .executor import Executor, make_executor
+from ..generate import diagnostics, extract, prompts
 from ..generate.llm import ChatRequest, Provider, make_provider
-from .events import (Answered, Asking, Built, Building, Cached, Evaluated, Evaluating, Event, Failed, LaneNotice,
-                     OverBudget, Planned, Prepared, Released, RunStart, Stored, Unfit)
-from .work import Answer, Judged, Slot
+from ..judge.bench import TaskBench, baseline_key
 from ..records import BuildResult, EvalResult, Verdict
 from ..store.store import Store
+from .events import (Answered, Asking, Built, Building, Cached, Evaluated, Evaluating, Event, Failed, LaneNotice,
+                     OverBudget, Planned, Prepared, Released, RunStart, Stored, Unfit)
+from .executor import Executor, make_executor
+from .work import Answer, Judged, Slot
 
 MEMORY_WAIT_S = 2.0  # between a reference's tries for memory that other tasks' references give back
 

@@ -17,17 +17,17 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from ..build import build as build_stage
-from ..judge import bench as bench_stage
-from ..judge import evaluate as evaluate_stage
 from .. import backends
-from ..sandbox.spares import Spares
-from ..judge import health
-from .lanes import LaneFailed, Lanes
-from ..config import Config, EvalConfig
-from ..records import BuildResult, EvalResult
+from ..build import build as build_stage
 from ..child import HARNESS, PACKAGE_ROOT
 from ..child.tasks import TaskFile
+from ..config import Config, EvalConfig
+from ..judge import bench as bench_stage
+from ..judge import evaluate as evaluate_stage
+from ..judge import health
+from ..records import BuildResult, EvalResult
+from ..sandbox.spares import Spares
+from .lanes import LaneFailed, Lanes
 
 
 class Executor(Protocol):
@@ -116,7 +116,8 @@ class LocalExecutor:
         self.lane_cores = {gpu: _cores(cores) for gpu, cores in zip(gpus, plan[0])} if plan else {}
         self.early_cores = _cores(build_cores) if build_cores else None  # where references and spares start
         self.workers = build_workers or default_build_workers(len(build_cores) if build_cores else None)
-        self.fast = dict(fast=backends.fast_builds(backend, fast_builds), cuda=backend == "cuda", notice=notice)
+        self.fast = dict(fast=backends.fast_builds(backend, fast_builds), cuda=backend == "cuda")
+        self.notice = notice
         self.jobs = max(1, (len(build_cores) if build_cores else os.cpu_count() or 1) // self.workers)
         self.build_pool = asyncio.Semaphore(self.workers)
         # A build never sees a GPU: it only compiles, for the lanes' architecture (build.arch_list),
@@ -144,8 +145,9 @@ class LocalExecutor:
 
     async def build(self, code_path: Path, code_hash: str, builds_root: Path, timeout_s: float) -> BuildResult:
         async with self.build_pool:
-            return await asyncio.to_thread(build_stage.build, code_path, code_hash, builds_root, timeout_s, self.jobs,
-                                           self.build_env, **self.fast, spares=self.build_spares)
+            options = build_stage.BuildOptions(timeout_s, self.jobs, self.build_env, **self.fast)
+            return await asyncio.to_thread(build_stage.build, code_path, code_hash, builds_root, options,
+                                           self.notice, self.build_spares)
 
     async def _on_lane(self, fn, *args, key=None, discard=None):
         async def job(lane):
@@ -278,7 +280,8 @@ class RayExecutor:
         return len(self.pool)
 
     async def build(self, code_path, code_hash, builds_root, timeout_s):
-        return await self._build.remote(code_path, code_hash, builds_root, timeout_s, 1, self.build_env, **self.fast)
+        return await self._build.remote(code_path, code_hash, builds_root,
+                                        build_stage.BuildOptions(timeout_s, 1, self.build_env, **self.fast))
 
     async def _on_lane(self, method: str, key: str, *args):
         async def job(actor):

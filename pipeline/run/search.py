@@ -24,8 +24,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..generate import extract, feedback
 from ..config import Config, Target
+from ..generate import extract, feedback
 from ..records import Verdict, summary_fields
 from ..store.store import Store
 

@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..build import build as build_stage
 from .. import backends, bundled
-from ..sandbox.spares import Spares
-from ..judge import evaluate, health
-from ..judge.bench import device_for, measure_baselines, open_bench
+from ..build import build as build_stage
 from ..child import HARNESS, memory, sizes, tasks
 from ..config import Config, EvalConfig
-from ..records import BuildResult, EvalResult, FileRequest, Verdict
+from ..judge import evaluate, health
+from ..judge.bench import device_for, measure_baselines, open_bench
 from ..judge.bench import TaskBench
+from ..records import BuildResult, EvalResult, FileRequest, Verdict
+from ..sandbox.spares import Spares
 from .batch import remember_baselines, resolve_backend
 
 
@@ -195,10 +195,10 @@ def _build_beside_reference(job: FileJob, db, notice: Callable[[str], None] | No
 
     built = build_stage.reusable(db.get_build(job.code_hash, torch.__version__)) if db else None
     with ThreadPoolExecutor(1) as pool:
+        options = build_stage.BuildOptions(job.settings.build_timeout_s, fast=job.fast_builds, cuda=job.backend == "cuda",
+                                           env=build_stage.build_env(["0"] if backends.on_gpu(job.backend) else []))
         building = None if built else pool.submit(
-            build_stage.build, job.code_path, job.code_hash, job.builds_root, job.settings.build_timeout_s,
-            extra_env=build_stage.build_env(["0"] if backends.on_gpu(job.backend) else []),
-            fast=job.fast_builds, cuda=job.backend == "cuda", notice=notice)
+            build_stage.build, job.code_path, job.code_hash, job.builds_root, options, notice)
         try:
             bench = kept or open_bench(job.task, job.size, job.backend, job.settings,
                                                 memory_checked=True)  # evaluate_file did

@@ -28,9 +28,9 @@ import stat
 import sys
 from pathlib import Path
 
-from ..child.jail import landlock
 from ..child import JAIL, PACKAGE_ROOT
 from ..child import protocol as P
+from ..child.jail import landlock
 
 NOBODY = 65534
 # The system and /proc files a child may read (the child's own /proc entry the jail adds).
