@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import replays, tasks, timing
+from . import HARNESS, replays, tasks, timing
 from . import protocol as P
 from .grad import ForwardBackward, GradError, Grads, reseed
 from .jail import landlock
@@ -380,7 +380,7 @@ def serve(fd: int, evaluator: Evaluator, read_request) -> None:
 def main(argv: list[str] | None = None) -> int:
     if sys.path and sys.path[0] in ("", os.getcwd()):
         sys.path.pop(0)  # the working directory is the candidate's scratch space, never an import root
-    parser = argparse.ArgumentParser(prog="pipeline.child.harness")
+    parser = argparse.ArgumentParser(prog=HARNESS)
     parser.add_argument("--result-fd", type=int, required=True)
     parser.add_argument("--outbox-fd", type=int)
     parser.add_argument("mode", choices=["build", "eval"])

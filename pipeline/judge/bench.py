@@ -22,6 +22,8 @@ from ..records import Baselines, Timing
 from . import handover, health
 from .judge import Expected
 
+REFERENCE = f"{__package__}.reference"  # the reference process's module (python -m), beside this one
+
 
 class EvaluationError(RuntimeError):
     """The reference itself could not be computed (a broken task), so no candidate can be judged."""
@@ -66,7 +68,7 @@ class TaskBench:
         # of a speedup run on the same cores.
         pinned = {"KGEN_CORES": sandbox.cpu_cores(self.settings.cpu_threads)} if self.device == "cpu" else {}
         try:
-            ref = sandbox.start("pipeline.judge.reference", ["--fd-socket", str(theirs.fileno())], 24 * 3600,
+            ref = sandbox.start(REFERENCE, ["--fd-socket", str(theirs.fileno())], 24 * 3600,
                                 {**compile_cache_env(), **pinned, **(env or {})}, keep=(theirs.fileno(),))
         except BaseException:
             ours.close()
