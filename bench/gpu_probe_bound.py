@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.build import build  # noqa: E402
 from pipeline.child import protocol as P  # noqa: E402
+from pipeline.child import memfd
 from pipeline.child import tasks  # noqa: E402
 from pipeline.child.grad import ForwardBackward, Grads  # noqa: E402
 from pipeline.child.harness import import_candidate  # noqa: E402
@@ -79,7 +80,7 @@ def main() -> int:
 
 def probe(module, real, null, numel: int, device: str, pin: bool, args) -> None:
     """Requests alternating null and real, each phase timed; one BOUNDPROBE line per model."""
-    outbox = P.Outbox(P.Outbox.create(numel * 8 * args.calls), numel, args.calls)
+    outbox = memfd.Outbox(memfd.Outbox.create(numel * 8 * args.calls), numel, args.calls)
     pinned = outbox.pin() if pin else False
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     phases: dict[str, dict[str, list[float]]] = {"null": {}, "real": {}}

@@ -10,12 +10,13 @@ import torch
 
 from pipeline.judge import judge
 from pipeline.child import protocol as P
+from pipeline.child import memfd
 from pipeline.judge.judge import Window
 
 
 def _memfd(outbox_bytes: int, inbox_bytes: int) -> tuple[int, int]:
-    at = P.inbox_offset(outbox_bytes)
-    return P.Outbox.create(at + inbox_bytes), at
+    at = memfd.inbox_offset(outbox_bytes)
+    return memfd.Outbox.create(at + inbox_bytes), at
 
 
 SETS = [
@@ -30,12 +31,12 @@ SETS = [
 def test_a_set_written_by_the_parent_arrives_whole_in_place(inputs):
     """What the reference packs, the parent writes, and the child's views read back is the same
     values, dtypes and shapes; plain arguments come from the child's own set."""
-    set_bytes = len(P.pack_set(inputs))
+    set_bytes = len(memfd.pack_set(inputs))
     fd, at = _memfd(1000, 2 * set_bytes)
     try:
-        parent, child = P.Inbox(fd, at, set_bytes, 2), P.Inbox(fd, at, set_bytes, 2)
+        parent, child = memfd.Inbox(fd, at, set_bytes, 2), memfd.Inbox(fd, at, set_bytes, 2)
         like = [torch.zeros_like(x) if isinstance(x, torch.Tensor) else x for x in inputs]
-        parent.write(1, P.pack_set(inputs))
+        parent.write(1, memfd.pack_set(inputs))
         got = child.inputs(1, like)
         for want, have in zip(inputs, got):
             if isinstance(want, torch.Tensor):
@@ -52,17 +53,17 @@ def test_a_set_written_by_the_parent_arrives_whole_in_place(inputs):
 
 def test_an_inbox_refuses_a_set_of_another_size():
     inputs = [torch.randn(4, 4)]
-    set_bytes = len(P.pack_set(inputs))
+    set_bytes = len(memfd.pack_set(inputs))
     fd, at = _memfd(8, set_bytes)
     try:
-        inbox = P.Inbox(fd, at, set_bytes, 1)
+        inbox = memfd.Inbox(fd, at, set_bytes, 1)
         with pytest.raises(ValueError, match="holds 1 of"):
             inbox.write(0, b"\0" * (set_bytes + 64))
         with pytest.raises(ValueError, match="change size with the seed"):
             inbox.inputs(0, [torch.randn(8, 8)])
         inbox.close()
         with pytest.raises(ValueError, match="does not fit"):
-            P.Inbox(fd, at, set_bytes, 2)
+            memfd.Inbox(fd, at, set_bytes, 2)
     finally:
         os.close(fd)
 
@@ -70,9 +71,9 @@ def test_an_inbox_refuses_a_set_of_another_size():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback where page-locking is refused")
 def test_an_outbox_that_cannot_be_page_locked_still_carries_outputs():
     """Outbox.pin on a machine without CUDA: refused, nothing pinned, and put/unpack work as before."""
-    fd = P.Outbox.create(1 << 16)
+    fd = memfd.Outbox.create(1 << 16)
     try:
-        child, parent = P.Outbox(fd, 1000, 2), P.Outbox(fd, 1000, 2)
+        child, parent = memfd.Outbox(fd, 1000, 2), memfd.Outbox(fd, 1000, 2)
         assert child.pin() is False and child._pinned is None
         x = torch.randn(5, 3)
         header = P.put(child, 0, x)
@@ -106,9 +107,9 @@ def test_the_estimate_is_the_fastest_request_over_a_robust_calibration():
 def test_an_output_travels_in_its_own_dtype_and_the_parent_widens_it(dtype):
     """put() writes a tensor's own bytes (no widening inside the child's timed windows); the parent's
     unpack() gives exactly its float64 values, and refuses a dtype it does not know."""
-    fd = P.Outbox.create(1 << 16)
+    fd = memfd.Outbox.create(1 << 16)
     try:
-        child, parent = P.Outbox(fd, 1000, 2), P.Outbox(fd, 1000, 2)
+        child, parent = memfd.Outbox(fd, 1000, 2), memfd.Outbox(fd, 1000, 2)
         x = (torch.randn(7, 9) * 100).to(dtype)
         header = P.put(child, 1, x)
         assert header.written and header.packed == [str(dtype).removeprefix("torch.")]
@@ -123,9 +124,9 @@ def test_an_output_travels_in_its_own_dtype_and_the_parent_widens_it(dtype):
 def test_gradients_follow_the_output_part_by_part():
     from pipeline.child.grad import Grads
 
-    fd = P.Outbox.create(1 << 16)
+    fd = memfd.Outbox.create(1 << 16)
     try:
-        child, parent = P.Outbox(fd, 200, 1), P.Outbox(fd, 200, 1)
+        child, parent = memfd.Outbox(fd, 200, 1), memfd.Outbox(fd, 200, 1)
         out = torch.tensor(0.5, dtype=torch.bfloat16)
         grads = [torch.randn(3, 5).bfloat16(), torch.randn(4)]
         header = P.put(child, 0, Grads(out, grads, ["input 0", "input 1"]))

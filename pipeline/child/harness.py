@@ -27,6 +27,7 @@ from typing import Any
 
 from . import HARNESS, replays, tasks, timing
 from . import protocol as P
+from . import memfd
 from .grad import ForwardBackward, GradError, Grads, reseed
 from .jail import landlock
 from .jail.seccomp import die_with_parent, forbid_setsid
@@ -165,7 +166,7 @@ class Evaluator:
     """Answers one request at a time. Before Import the model is a null one (zeros of the reference's
     shape), so the parent's calibration blocks measure exactly what a block costs besides the calls."""
 
-    def __init__(self, job: P.Job, outbox: P.Outbox, clock: Clock, inbox: P.Inbox | None = None):
+    def __init__(self, job: P.Job, outbox: memfd.Outbox, clock: Clock, inbox: memfd.Inbox | None = None):
         import torch
 
         self.job, self.outbox, self.clock, self.inbox = job, outbox, clock, inbox
@@ -428,10 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     load_prebuilt_only()
     confinement = apply_limits(job.memory_gb, job.device.startswith("cuda"),
                                [job.task_path, job.code_path, job.build_dir], [])
-    outbox = P.Outbox(args.outbox_fd, job.slot_values, job.slots)
+    outbox = memfd.Outbox(args.outbox_fd, job.slot_values, job.slots)
     if job.device.startswith("cuda") and not outbox.pin():
         print("[kgen] the outbox could not be page-locked: output copies are pageable", flush=True)
-    inbox = (P.Inbox(args.outbox_fd, P.inbox_offset(outbox.size), job.inbox_set_bytes, job.inbox_sets)
+    inbox = (memfd.Inbox(args.outbox_fd, memfd.inbox_offset(outbox.size), job.inbox_set_bytes, job.inbox_sets)
              if job.inbox_sets else None)
     evaluator = Evaluator(job, outbox, Clock(job.device), inbox)  # the Clock binds its timers before any candidate code
     P.send(fd, P.Ready(confinement=confinement))

@@ -1,8 +1,7 @@
 """The memfd between the parent and a candidate's child: the outbox (output values, child to parent)
 and the inbox (a Bound request's input values on the cpu, parent to child).
 
-The parent creates the memfd and seals its size; both sides map it. pipeline.child.protocol
-re-exports these names (P.Outbox, P.Inbox, ...), so callers keep one import for the protocol.
+The parent creates the memfd and seals its size; both sides map it.
 """
 
 from __future__ import annotations

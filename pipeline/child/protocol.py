@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .memfd import INBOX_ALIGN, Inbox, Outbox, inbox_offset, pack_set, packed  # noqa: F401 (re-exported)
+from .memfd import Outbox
 
 MAX_LINE = 1 << 20  # a reply longer than this is a protocol error, never a MemoryError
 

@@ -25,6 +25,7 @@ from typing import Any
 from .. import backends, sandbox
 from ..child import HARNESS
 from ..child import protocol as P
+from ..child import memfd
 from ..child import tasks
 from ..child.timing import BLOCK
 from ..config import EvalConfig
@@ -251,7 +252,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
             _close(inputs)
         sets = max(len(b) for b in plan.bounds) if plan.inbox else 0
         set_size = set_bytes.pop() if plan.inbox else 0
-        at = P.inbox_offset(slot_values * slots * 8)
+        at = memfd.inbox_offset(slot_values * slots * 8)
         need = at + set_size * sets
         init = P.Init(device=bench.device, profiler=settings.profile)
         child = spares.take(env, settings.timeout_s) if spares and need <= sandbox.OUTBOX_BYTES else None
@@ -266,8 +267,8 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
                     out_shape=main.shape, slot_values=slot_values, slots=slots, inbox_set_bytes=set_size,
                     inbox_sets=sets, threads=settings.cpu_threads, grad=bench.settings.grad, dtype=bench.settings.dtype,
                     own_kernels=backends.triton_kernels(Path(code_path).read_text()) if bench.backend == "triton" else [])
-        inbox = P.Inbox(child.outbox_fd, at, set_size, sets) if plan.inbox else None
-        session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env,
+        inbox = memfd.Inbox(child.outbox_fd, at, set_size, sets) if plan.inbox else None
+        session = Session(bench, child, plan, expected, memfd.Outbox(child.outbox_fd, slot_values, slots), spares, env,
                           inbox, inputs, timed=unfit is None, settings=settings, prior=prior)
         session.digests = digests
         session.own = own

@@ -29,7 +29,8 @@ import torch
 from ..child import replays, tasks
 from ..child.grad import ForwardBackward, Grads, reseed
 from ..child.jail.seccomp import die_with_parent
-from ..child.protocol import pack_set, write_line
+from ..child.memfd import pack_set
+from ..child.protocol import write_line
 from ..child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 from .handover import give, sealed_memfd
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import backends
 from ..child import protocol as P
+from ..child import memfd
 from ..records import EvalResult, TrialResult, Verdict
 from . import judge, owncode, runqueue, shapes
 from .bench import TaskBench, _seed, lane_of
@@ -34,8 +35,8 @@ PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
 
 
 class Session:
-    def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: P.Outbox,
-                 spares, env: dict[str, str], inbox: P.Inbox | None = None, inputs: dict[str, int] | None = None,
+    def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: memfd.Outbox,
+                 spares, env: dict[str, str], inbox: memfd.Inbox | None = None, inputs: dict[str, int] | None = None,
                  timed: bool = True, settings=None, prior: list[judge.Evidence] | None = None):
         self.bench, self.child, self.plan, self.expected, self.outbox = bench, child, plan, expected, outbox
         self.spares, self.env = spares, env

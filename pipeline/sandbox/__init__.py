@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..child import PACKAGE_ROOT, protocol
+from ..child import PACKAGE_ROOT, memfd, protocol
 from . import confine
 
 # Variables a compiler, CUDA or torch needs; everything else (keys, tokens, KGEN_*, proxies) stays out.
@@ -350,7 +350,7 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
     log_fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC)  # ours: the child may swap the path, not this
     read_fd, write_fd = os.pipe()
     os.set_inheritable(read_fd, False)
-    outbox_fd = protocol.Outbox.create(outbox) if outbox is not None else None
+    outbox_fd = memfd.Outbox.create(outbox) if outbox is not None else None
     pass_fds = (write_fd,) if outbox_fd is None else (write_fd, outbox_fd)
     extra_args = [] if outbox_fd is None else ["--outbox-fd", str(outbox_fd)]
     pass_fds += tuple(keep)
