@@ -1,4 +1,5 @@
-"""The command line: `kgen` and everything it prints.
+"""The command line: `kgen` and everything it prints. It judges only through the drivers in run/,
+never by calling the judge or the sandbox itself.
 
-May import: core, child, sandbox, generate, build, judge, store, run, library, report.
+May import: core, child, generate, build, store, run, library, report.
 """
