@@ -206,6 +206,19 @@ def test_the_package_never_imports_the_probes_or_the_tests():
     assert not bad, bad
 
 
+def test_a_candidates_process_loads_nothing_of_the_parents_side():
+    """What the harness's import brings into the candidate's process, read from sys.modules in a fresh
+    interpreter: the package's own __init__ files included (pipeline/__init__ names its public face
+    but imports it only on first use)."""
+    import subprocess
+
+    loaded = subprocess.run([sys.executable, "-c", "import sys, pipeline.child.harness; "
+                             "print(' '.join(m for m in sys.modules if m.startswith('pipeline')))"],
+                            cwd=PIPELINE.parent, capture_output=True, text=True, check=True).stdout.split()
+    assert "pipeline.child.harness" in loaded
+    assert [m for m in loaded if m != "pipeline" and not within(m.removeprefix("pipeline."), "child")] == []
+
+
 # --- the checker can fail ---
 
 def _house(tmp_path: Path, files: dict[str, str]) -> Path:
