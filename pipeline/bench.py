@@ -203,7 +203,7 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
     child's calibration)."""
     task, size, settings = bench.task, bench.size, bench.settings
     ready_at = time.monotonic()
-    cached = cached_baselines(baseline_key(bench)) if cached_baselines else None
+    cached = usable(cached_baselines(baseline_key(bench)) if cached_baselines else None, settings)
     if cached is None:  # the compiler's warm-up ends first, timed apart (the run's `reference` line)
         bench.request({"op": "settle"}, settings.timeout_s, env)
         bench.phases["settle"] = round(time.monotonic() - ready_at, 2)
@@ -249,17 +249,34 @@ def timed_count(settings: EvalConfig, *baseline_ms: float | None) -> int:
 
 
 def baseline_key(bench: TaskBench) -> str:
+    """What a cached baseline is good for: the task file's content (its sha, so an edited file misses),
+    the size, backend, device name, torch version (which names its CUDA build, "2.13.0+cu128"), the
+    timing protocol's version and the mode (dtype other than float32, gradient). On the cpu the
+    threads the eager reference may use change its time, so a count other than one is in the key
+    too. The mode stays last: pipeline.kbcompare tells other modes' keys by their ending."""
     env, s = bench.env, bench.settings
+    threads = [f"threads{s.cpu_threads}"] if bench.device == "cpu" and s.cpu_threads != 1 else []
     mode = [s.dtype] if s.dtype != "float32" else []
     mode += ["grad"] if s.grad else []  # forward plus backward is another baseline
     return ":".join([bench.task.name, bench.task.sha, bench.size_name, bench.backend, env["device_name"],
-                     env["torch_version"], f"timing{TIMING_VERSION}", *mode])
+                     env["torch_version"], f"timing{TIMING_VERSION}", *threads, *mode])
+
+
+def usable(cached: str | None, settings: EvalConfig) -> str | None:
+    """A cached baseline, unless this run times torch.compile and the cached one has no compiled
+    time (a run with compile_baseline off stored it): then it is measured again, and replaces it. One
+    whose compile failed says so (compile_error) and stands: it would only fail again."""
+    if cached is None or not settings.compile_baseline:
+        return cached
+    known = Baselines.model_validate_json(cached)
+    return cached if known.compiled is not None or known.compile_error else None
 
 
 def _baselines(msg: dict[str, Any]) -> Baselines:
     return Baselines(eager=Timing(**msg["eager"]), compiled=Timing(**msg["compiled"]) if "compiled" in msg else None,
                      floor_ms=msg["floor_ms"], bandwidth_gbs=msg["bandwidth_gbs"], input_bytes=msg["input_bytes"],
-                     eager_plain_ms=msg.get("eager_plain_ms"), compiled_plain_ms=msg.get("compiled_plain_ms"))
+                     eager_plain_ms=msg.get("eager_plain_ms"), compiled_plain_ms=msg.get("compiled_plain_ms"),
+                     compile_error=msg.get("compile_error"))
 
 
 def _tail(log: str, lines: int = 3) -> str:

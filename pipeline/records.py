@@ -193,6 +193,9 @@ class Baselines(Record):
     no flush): for comparison with numbers measured elsewhere, never for a verdict. GPU only."""
     compiled_plain_ms: float | None = None
     """torch.compile timed that same way."""
+    compile_error: str | None = None
+    """Why torch.compile of the reference failed, where it did (then `compiled` is None): a cached
+    baseline that says so is not timed again only to fail again."""
 
 
 class OwnCode(Record):
