@@ -53,10 +53,18 @@ class TaskBench:
     def __getstate__(self):  # a bench sent to another process starts its own reference there
         return {**self.__dict__, "references": {}, "detached": True}
 
+    def _key(self, env: dict[str, str] | None) -> frozenset:
+        """Which reference process serves a lane. On the cpu there is one lane, and its reference is
+        pinned to the timing cores (sandbox.cpu_cores) whatever `env` says: the attempt's own requests
+        came with the child's KGEN_CORES, the bench's without, and each once started a reference of
+        its own, so every task paid a second start and compiler warm-up (11-13 s of an attempt's
+        start-up on the 2-core box, docs/benchmarks.md, nineteenth session)."""
+        return frozenset() if self.device == "cpu" else frozenset((env or {}).items())
+
     def _reference(self, env: dict[str, str] | None) -> sandbox.Child:
         """The reference process for a lane (its CUDA_VISIBLE_DEVICES): it computes on the lane's own
         GPU, so it never runs beside another lane's timing."""
-        key = frozenset((env or {}).items())
+        key = self._key(env)
         ref = self.references.get(key)
         if ref is not None and ref.proc.poll() is None:
             return ref
@@ -102,7 +110,7 @@ class TaskBench:
         if msg is None:
             handover.close_all(out)
             _, log = ref.finish()
-            self.references.pop(frozenset((env or {}).items()), None)
+            self.references.pop(self._key(env), None)
             raise EvaluationError(f"task {self.task.name}: reference process failed on {message['op']}: {_tail(log)}")
         return out
 
@@ -123,10 +131,10 @@ class TaskBench:
     def move_reference(self, started_with: dict[str, str], lane: dict[str, str]) -> None:
         """The reference started with `started_with` (a lane's GPU, other cores) now serves `lane`:
         every thread of every process in its session moves to the lane's cores (KGEN_CORES)."""
-        ref = self.references.pop(frozenset(started_with.items()), None)
+        ref = self.references.pop(self._key(started_with), None)
         if ref is None:
             return
-        self.references[frozenset(lane.items())] = ref
+        self.references[self._key(lane)] = ref
         for pid in sandbox.session_members(ref.proc.pid):
             sandbox.pin_all(pid, lane.get("KGEN_CORES"))
 
