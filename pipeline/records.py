@@ -264,6 +264,11 @@ class EvalResult(Record):
     checked; the rest are the parent's findings (pipeline.owncode.flags_for)."""
     own_code: OwnCode | None = None
     """The parent's look at the built code (None: rows from before it, or no build folder)."""
+    own_fraction: float | None = None
+    """The child's claim, from its profile of one call at the main size: the share of the call's time
+    in the candidate's own code, not PyTorch's ops and kernels (cuDNN, cuBLAS, ATen). KernelBench's
+    levels 2 and 3 let a candidate keep a convolution or GEMM in the library; this says how much of
+    the call it did itself. None: not profiled, or the profile failed."""
     shapes: list[ShapeRun] = Field(default_factory=list)
     """Per held-out size whose trial passed: whether the own kernel ran there and how fast."""
     error: str | None = None
@@ -379,4 +384,5 @@ def summary_fields(result: EvalResult) -> dict[str, Any]:
         "device_unfit": result.device_unfit,
         "grad": int(result.grad),
         "dtype": result.dtype,
+        "own_fraction": result.own_fraction,
     }
