@@ -49,6 +49,7 @@ class TaskBench:
     references: dict[frozenset, sandbox.Child] = field(default_factory=dict)
     detached: bool = False  # a copy in another process (Ray): its references end with each attempt
     suspect: str | None = None  # why the baselines were measured on a device unfit to time (never cached)
+    cached: bool = False  # the baselines came from the database's cache (not timed, nothing to store)
 
     def __getstate__(self):  # a bench sent to another process starts its own reference there
         return {**self.__dict__, "references": {}, "detached": True}
@@ -219,7 +220,7 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
     if cached is None and watch is not None:
         bench.suspect = watch.check(bench, env)
     if cached is not None:
-        bench.baselines = Baselines.model_validate_json(cached)
+        bench.baselines, bench.cached = Baselines.model_validate_json(cached), True
         if settle:
             bench.request({"op": "settle"}, settings.timeout_s, env)
     else:

@@ -72,6 +72,8 @@ def setup(args: argparse.Namespace) -> int:
 
 def summarize(db: Path) -> dict:
     """Per level: the newest run's chosen tasks, and counts of what their stored attempts say."""
+    if not db.is_file():
+        raise SystemExit(f"kb_sweep: {db}: no such database")
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     con.row_factory = sqlite3.Row
     run = con.execute("SELECT id, plan_json, status FROM runs WHERE kind != 'eval' ORDER BY started_utc DESC "

@@ -73,7 +73,7 @@ class ModelNew(nn.Module):
 
 def _kgen(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     out = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
-                         timeout=1500, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         timeout=1500, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     return out
 
@@ -202,3 +202,22 @@ def test_a_cached_baseline_without_torch_compile_is_timed_again_by_a_run_that_ti
     assert usable(eager_only, EvalConfig(compile_baseline=False)) == eager_only
     assert usable(failed, EvalConfig()) == failed  # it would only fail again
     assert usable(both, EvalConfig()) == both and usable(None, EvalConfig()) is None
+
+
+def test_at_levels_2_and_3_only_a_candidate_whose_own_code_did_next_to_nothing_is_flagged():
+    from pipeline import owncode
+    from pipeline.child.protocol import ProfileDone
+    from pipeline.records import Flag, OwnCode
+
+    conv_kept = ProfileDone(total_us=1000.0, torch_us=700.0, torch_fraction=0.7)  # cuDNN 70%, its fusion 30%
+    token = ProfileDone(total_us=1000.0, torch_us=996.0, torch_fraction=0.996)  # a one-element kernel beside PyTorch
+    ours = OwnCode(holds_own=True, functions=["fused"])
+    assert owncode.library_allowed(2) and owncode.library_allowed(3)
+    assert not any(owncode.library_allowed(level) for level in (1, None))
+    assert owncode.flags_for(conv_kept, [], ours, library_ok=True) == ([], [])
+    assert owncode.flags_for(conv_kept, [], ours) == ([Flag.no_custom_kernel], [Flag.no_custom_kernel])  # level 1
+    assert owncode.flags_for(token, [], ours, library_ok=True) == ([Flag.no_custom_kernel], [Flag.no_custom_kernel])
+    pure = OwnCode(holds_own=False)  # pure PyTorch: the parent's finding, whatever the profile claims
+    assert owncode.flags_for(conv_kept, [], pure, library_ok=True) == ([Flag.no_custom_kernel], [])
+    assert owncode.own_share(conv_kept) == pytest.approx(0.3)
+    assert owncode.own_share(ProfileDone(error="profiler failed")) is None and owncode.own_share(None) is None
