@@ -31,19 +31,6 @@ NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops
 # own kernels did some of the work, more than a token launch (a one-element kernel beside PyTorch).
 LIBRARY_OWN_FRACTION = 0.01
 LIBRARY_LEVELS = (2, 3)
-
-
-def library_allowed(level: int | None) -> bool:
-    """Whether a task's level lets a candidate keep library operators (KernelBench levels 2 and 3)."""
-    return level in LIBRARY_LEVELS
-
-
-def own_share(profile) -> float | None:
-    """The child's claim, from one profile: the share of the call in the candidate's own code (the
-    rest of the call, after PyTorch's ops and kernels; None: no profile, or one that failed)."""
-    if profile is None or profile.torch_fraction is None or profile.error:
-        return None
-    return min(1.0, max(0.0, 1.0 - profile.torch_fraction))
 MAX_FILES = 16  # extension files read; a build folder is written by the candidate's build child
 MAX_NAMES = 20
 TOOL_SECONDS = 30
@@ -186,6 +173,19 @@ def _first_scope(encoding: str) -> str | None:
             s = "N" + s[start + length:]
             continue
         return name
+
+
+def library_allowed(level: int | None) -> bool:
+    """Whether a task's level lets a candidate keep library operators (KernelBench levels 2 and 3)."""
+    return level in LIBRARY_LEVELS
+
+
+def own_share(profile) -> float | None:
+    """The child's claim, from one profile: the share of the call in the candidate's own code (the
+    rest of the call, after PyTorch's ops and kernels; None: no profile, or one that failed)."""
+    if profile is None or profile.torch_fraction is None or profile.error:
+        return None
+    return min(1.0, max(0.0, 1.0 - profile.torch_fraction))
 
 
 def flags_for(profile, shape_results: list[TrialResult], own: OwnCode | None = None,
