@@ -154,6 +154,18 @@ def test_a_new_run_reuses_the_baselines_and_times_neither_eager_nor_compile_agai
     assert "settle" not in log.split("done ")[0].split("reference 19_ReLU:")[1].splitlines()[0]
 
 
+def test_the_database_carried_to_another_call_resumes_there(sweep, tmp_path):
+    """The next GPU call gets the database back and the checkout at another path (its own working
+    tree): the run is found by its plan (task names and file hashes, not paths) and nothing is redone."""
+    copy = tmp_path / "elsewhere" / "kb"
+    shutil.copytree(CHECKOUT, copy)
+    shutil.copy(sweep["db"], tmp_path / "carried.db")
+    config = _setup(copy, tmp_path / "call2", "--levels", "1", "2", "--db", str(tmp_path / "carried.db"))
+    out = _kgen("run", "-c", str(config), cwd=tmp_path)
+    assert "3 attempts stored before, 0 slots to do" in out.stdout + out.stderr
+    assert len(_rows(tmp_path / "carried.db", "SELECT id FROM attempts")) == 6  # the two runs', no more
+
+
 def test_an_edited_task_file_misses_the_cache(sweep, tmp_path):
     copy = tmp_path / "kb"
     shutil.copytree(CHECKOUT, copy)
