@@ -251,8 +251,10 @@ class Session:
         self.mark("other_sizes")
         self.child.send(P.Finish())
         sizes = [bench.size_name] + [t.variant.split("@", 1)[1] for t in shape_results if t.ok]
-        flags, claimed = owncode.flags_for(profile, shape_results, self.own, shape_runs, interpreted)
+        flags, claimed = owncode.flags_for(profile, shape_results, self.own, shape_runs, interpreted,
+                                           owncode.library_allowed(bench.task.level))
         return EvalResult(verdict=Verdict.correct, flags=flags, claimed_flags=claimed, shapes=shape_runs,
+                          own_fraction=owncode.own_share(profile),
                           trials=list(self.judged), sizes=sizes,
                           timing=timing, eager_beside=eager, compiled_beside=compiled, **ratios,
                           detail=profile.model_dump_json() if profile else None)
