@@ -49,14 +49,23 @@ class TaskBench:
     references: dict[frozenset, sandbox.Child] = field(default_factory=dict)
     detached: bool = False  # a copy in another process (Ray): its references end with each attempt
     suspect: str | None = None  # why the baselines were measured on a device unfit to time (never cached)
+    cached: bool = False  # the baselines came from the database's cache (not timed, nothing to store)
 
     def __getstate__(self):  # a bench sent to another process starts its own reference there
         return {**self.__dict__, "references": {}, "detached": True}
 
+    def _key(self, env: dict[str, str] | None) -> frozenset:
+        """Which reference process serves a lane. On the cpu there is one lane, and its reference is
+        pinned to the timing cores (sandbox.cpu_cores) whatever `env` says: the attempt's own requests
+        came with the child's KGEN_CORES, the bench's without, and each once started a reference of
+        its own, so every task paid a second start and compiler warm-up (11-13 s of an attempt's
+        start-up on the 2-core box, docs/benchmarks.md, nineteenth session)."""
+        return frozenset() if self.device == "cpu" else frozenset((env or {}).items())
+
     def _reference(self, env: dict[str, str] | None) -> sandbox.Child:
         """The reference process for a lane (its CUDA_VISIBLE_DEVICES): it computes on the lane's own
         GPU, so it never runs beside another lane's timing."""
-        key = frozenset((env or {}).items())
+        key = self._key(env)
         ref = self.references.get(key)
         if ref is not None and ref.proc.poll() is None:
             return ref
@@ -102,7 +111,7 @@ class TaskBench:
         if msg is None:
             handover.close_all(out)
             _, log = ref.finish()
-            self.references.pop(frozenset((env or {}).items()), None)
+            self.references.pop(self._key(env), None)
             raise EvaluationError(f"task {self.task.name}: reference process failed on {message['op']}: {_tail(log)}")
         return out
 
@@ -123,10 +132,10 @@ class TaskBench:
     def move_reference(self, started_with: dict[str, str], lane: dict[str, str]) -> None:
         """The reference started with `started_with` (a lane's GPU, other cores) now serves `lane`:
         every thread of every process in its session moves to the lane's cores (KGEN_CORES)."""
-        ref = self.references.pop(frozenset(started_with.items()), None)
+        ref = self.references.pop(self._key(started_with), None)
         if ref is None:
             return
-        self.references[frozenset(lane.items())] = ref
+        self.references[self._key(lane)] = ref
         for pid in sandbox.session_members(ref.proc.pid):
             sandbox.pin_all(pid, lane.get("KGEN_CORES"))
 
@@ -203,7 +212,7 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
     child's calibration)."""
     task, size, settings = bench.task, bench.size, bench.settings
     ready_at = time.monotonic()
-    cached = cached_baselines(baseline_key(bench)) if cached_baselines else None
+    cached = usable(cached_baselines(baseline_key(bench)) if cached_baselines else None, settings)
     if cached is None:  # the compiler's warm-up ends first, timed apart (the run's `reference` line)
         bench.request({"op": "settle"}, settings.timeout_s, env)
         bench.phases["settle"] = round(time.monotonic() - ready_at, 2)
@@ -211,7 +220,7 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
     if cached is None and watch is not None:
         bench.suspect = watch.check(bench, env)
     if cached is not None:
-        bench.baselines = Baselines.model_validate_json(cached)
+        bench.baselines, bench.cached = Baselines.model_validate_json(cached), True
         if settle:
             bench.request({"op": "settle"}, settings.timeout_s, env)
     else:
@@ -249,17 +258,34 @@ def timed_count(settings: EvalConfig, *baseline_ms: float | None) -> int:
 
 
 def baseline_key(bench: TaskBench) -> str:
+    """What a cached baseline is good for: the task file's content (its sha, so an edited file misses),
+    the size, backend, device name, torch version (which names its CUDA build, "2.13.0+cu128"), the
+    timing protocol's version and the mode (dtype other than float32, gradient). On the cpu the
+    threads the eager reference may use change its time, so a count other than one is in the key
+    too. The mode stays last: pipeline.kbcompare tells other modes' keys by their ending."""
     env, s = bench.env, bench.settings
+    threads = [f"threads{s.cpu_threads}"] if bench.device == "cpu" and s.cpu_threads != 1 else []
     mode = [s.dtype] if s.dtype != "float32" else []
     mode += ["grad"] if s.grad else []  # forward plus backward is another baseline
     return ":".join([bench.task.name, bench.task.sha, bench.size_name, bench.backend, env["device_name"],
-                     env["torch_version"], f"timing{TIMING_VERSION}", *mode])
+                     env["torch_version"], f"timing{TIMING_VERSION}", *threads, *mode])
+
+
+def usable(cached: str | None, settings: EvalConfig) -> str | None:
+    """A cached baseline, unless this run times torch.compile and the cached one has no compiled
+    time (a run with compile_baseline off stored it): then it is measured again, and replaces it. One
+    whose compile failed says so (compile_error) and stands: it would only fail again."""
+    if cached is None or not settings.compile_baseline:
+        return cached
+    known = Baselines.model_validate_json(cached)
+    return cached if known.compiled is not None or known.compile_error else None
 
 
 def _baselines(msg: dict[str, Any]) -> Baselines:
     return Baselines(eager=Timing(**msg["eager"]), compiled=Timing(**msg["compiled"]) if "compiled" in msg else None,
                      floor_ms=msg["floor_ms"], bandwidth_gbs=msg["bandwidth_gbs"], input_bytes=msg["input_bytes"],
-                     eager_plain_ms=msg.get("eager_plain_ms"), compiled_plain_ms=msg.get("compiled_plain_ms"))
+                     eager_plain_ms=msg.get("eager_plain_ms"), compiled_plain_ms=msg.get("compiled_plain_ms"),
+                     compile_error=msg.get("compile_error"))
 
 
 def _tail(log: str, lines: int = 3) -> str:

@@ -314,7 +314,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         mark = time.monotonic()
         unfit = watch.check(bench, lane_env)  # the device went bad while this attempt was timed
         before["health_after"] = round(time.monotonic() - mark, 3)
-    unfit = unfit or (bench.suspect and f"baselines measured while {bench.suspect}")
+    unfit = unfit or session.load_unfit or (bench.suspect and f"baselines measured while {bench.suspect}")
     if unfit:
         result = result.model_copy(update={"device_unfit": unfit})
     ended = time.monotonic()

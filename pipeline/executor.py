@@ -73,13 +73,36 @@ def _cores(cores: list[int]) -> str:
 
 
 def visible_gpus() -> list[str]:
+    """One lane name per GPU this process can use, as a child's CUDA_VISIBLE_DEVICES names it."""
     import torch
 
-    if not torch.cuda.is_available():
-        return []
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [d.strip() for d in listed.split(",") if d.strip()] if listed else []
-    return ids or [str(i) for i in range(torch.cuda.device_count())]
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return lane_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), count)
+
+
+def lane_gpus(listed: str | None, count: int) -> list[str]:
+    """The GPUs a lane each, from CUDA_VISIBLE_DEVICES (`listed`; None when unset) and the number of
+    devices CUDA found (`count`). CUDA reads the list as far as its first entry that names no device
+    (-1, a word) and ignores the rest, so a lane is made for those before it only, and for no more
+    than `count` of them: "0,1,2,3" on a two-GPU machine is two lanes, not four with two that fail.
+    Entries are kept as written (an index, GPU-<uuid>, MIG-<uuid>): a lane's child gets its own."""
+    if listed is None:
+        return [str(i) for i in range(count)]
+    ids: list[str] = []
+    for entry in (e.strip() for e in listed.split(",")):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        ids.append(entry)
+    return ids[:count]
+
+
+def ray_lane_count(resources: dict[str, float], on_gpu: bool) -> int:
+    """Ray lane actors: one per GPU in the cluster (each asks for one, so Ray gives each its own), at
+    least one (on a cluster with none yet, its actor waits for a GPU to join); on the cpu backend one
+    per two of the cluster's cores."""
+    if on_gpu:
+        return max(1, int(resources.get("GPU", 0)))
+    return max(1, int(resources.get("CPU", 1)) // 2)
 
 
 def _lane_job(fn, watch: health.Watch | None, discard=None):
@@ -256,7 +279,7 @@ class RayExecutor:
                          [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}})
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0)) if backends.on_gpu(backend) else 0
-        count = max(1, gpus) if backends.on_gpu(backend) else max(1, int(resources.get("CPU", 1)) // 2)
+        count = ray_lane_count(resources, backends.on_gpu(backend))
         device = {"num_gpus": 1} if gpus else {"num_cpus": 1}
         lane = ray.remote(max_restarts=0, max_concurrency=1, **device)(_RayLane)
         self.actors = [lane.remote(backend) for _ in range(count)]

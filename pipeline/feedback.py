@@ -163,7 +163,9 @@ def parent_view(row: dict[str, Any], code: str) -> ParentView:
 
 
 def render_evolve(template: str, prompts_dir: Path, task_name: str, task_source: str, backend: str,
-                  generation: int, parents: list[ParentView], grad: bool = False, dtype: str = "float32") -> str:
-    """A child's prompt: the task and its parents' code and numbers, for the run's evaluation mode."""
+                  generation: int, parents: list[ParentView], grad: bool = False, dtype: str = "float32",
+                  level: int | None = None) -> str:
+    """A child's prompt: the task and its parents' code and numbers, for the run's evaluation mode
+    (`level`: the task's KernelBench level, which sets what may stay in PyTorch)."""
     return render_file(template, prompts_dir, task_name=task_name, task_source=task_source, backend=backend,
-                       generation=generation, parents=parents, grad=grad, dtype=dtype)
+                       generation=generation, parents=parents, grad=grad, dtype=dtype, level=level)

@@ -280,6 +280,36 @@ class Evidence:
     """Each Bound request's net milliseconds a call (net_per_call)."""
     means: list[float]
     """Each timed block's claimed mean call, less what load took (unloaded_means)."""
+    load_share: float = 0.0
+    """The share of its timed and Bound windows that went to run-queue waits (load_share)."""
+
+
+# On the cpu, an evaluation whose windows spent this share of their time in run-queue waits was
+# timed on a machine unfit to time. Beside load 5-8 on the 2-core box (five processes building and
+# testing, 2026-11-28) the waits took most of each window: the correction for them (unloaded_ms) left
+# honest kernels' claims at 0.29-0.48 of the parent's estimate, eleven honest candidates were refused,
+# and an honest fused mse that runs 2-3x eager idle recorded 0.18x beside two spinners on its core.
+# Such an attempt keeps its correctness verdict and its timing is marked unfit
+# (EvalResult.device_unfit), as on a GPU that failed its health check: kept out of `best` and the
+# library, re-timed by a resume. A candidate that loads its own core gains nothing: its timing is
+# marked unfit too, and its clock is never believed.
+LOADED_SHARE = 0.15
+
+
+def load_share(windows: list[Window]) -> float:
+    """The share of `windows`' milliseconds that went to run-queue waits (pipeline.runqueue): the
+    child's busiest thread's and the parent's."""
+    total = sum(w.ms for w in windows)
+    waited = sum(w.load.wait_ms for w in windows if w.load is not None)
+    return min(1.0, waited / total) if total > 0 else 0.0
+
+
+def loaded(evidence: Evidence, device: str) -> str | None:
+    """Why an evaluation's timing is unfit for the load on its cpu (LOADED_SHARE); else None."""
+    if device != "cpu" or evidence.load_share < LOADED_SHARE:
+        return None
+    return (f"the cpu was loaded: {evidence.load_share:.0%} of the timed windows went to run-queue waits "
+            f"(other processes, or the candidate's own threads)")
 
 
 def pooled(evidence: list[Evidence]) -> tuple[float | None, float | None]:

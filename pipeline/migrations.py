@@ -277,3 +277,13 @@ def m009_kernelbench(db: sqlite_utils.Database) -> None:
         if column not in attempts.columns_dict:
             attempts.add_column(column, int)
     attempts.create_index(["level", "problem"], if_not_exists=True)
+
+
+@migration
+def m010_own_fraction(db: sqlite_utils.Database) -> None:
+    # The share of a correct attempt's call in the candidate's own kernels, from the child's profile
+    # (issue 28, item 5: at KernelBench's levels 2 and 3 a candidate may keep a convolution or GEMM in
+    # PyTorch, so that share is recorded rather than library calls forbidden). A claim, as the
+    # profile's flags are. NULL: not profiled, not correct, or stored before this migration.
+    if "own_fraction" not in db["attempts"].columns_dict:
+        db["attempts"].add_column("own_fraction", float)

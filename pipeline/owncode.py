@@ -26,6 +26,11 @@ from . import backends
 from .records import Flag, OwnCode, ShapeRun, TrialResult
 
 NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
+# KernelBench's levels 2 and 3 let a candidate keep a convolution or GEMM in cuDNN or cuBLAS and fuse
+# what surrounds it, so most of its call may rightly be PyTorch's: there the flag asks only that its
+# own kernels did some of the work, more than a token launch (a one-element kernel beside PyTorch).
+LIBRARY_OWN_FRACTION = 0.01
+LIBRARY_LEVELS = (2, 3)
 MAX_FILES = 16  # extension files read; a build folder is written by the candidate's build child
 MAX_NAMES = 20
 TOOL_SECONDS = 30
@@ -170,20 +175,36 @@ def _first_scope(encoding: str) -> str | None:
         return name
 
 
+def library_allowed(level: int | None) -> bool:
+    """Whether a task's level lets a candidate keep library operators (KernelBench levels 2 and 3)."""
+    return level in LIBRARY_LEVELS
+
+
+def own_share(profile) -> float | None:
+    """The child's claim, from one profile: the share of the call in the candidate's own code (the
+    rest of the call, after PyTorch's ops and kernels; None: no profile, or one that failed)."""
+    if profile is None or profile.torch_fraction is None or profile.error:
+        return None
+    return min(1.0, max(0.0, 1.0 - profile.torch_fraction))
+
+
 def flags_for(profile, shape_results: list[TrialResult], own: OwnCode | None = None,
-              shapes: list[ShapeRun] = (), interpreted_eager_ms: float | None = None) -> tuple[list[Flag], list[Flag]]:
+              shapes: list[ShapeRun] = (), interpreted_eager_ms: float | None = None,
+              library_ok: bool = False) -> tuple[list[Flag], list[Flag]]:
     """(every flag, those raised on the child's claims alone).
 
     `no_custom_kernel`: the parent's finding where it found no code of the candidate's own; else the
     child's claim where its profile puts the call in PyTorch's ops. `interpreted_eager_ms`: eager's
     time, where Triton's interpreter ran the candidate's kernels; their Python time would hide
     PyTorch's share of the call there, so PyTorch did the work when its ops alone took half as long
-    as eager's whole call. `shape_specialized`: the parent's finding where a held-out size failed;
-    else the child's claim where its profile says its own kernel did not run at one of them."""
+    as eager's whole call. With `library_ok` (library_allowed: a KernelBench level-2 or -3 task),
+    PyTorch's share may be most of the call, and only one where its own code took under
+    LIBRARY_OWN_FRACTION is claimed PyTorch's. `shape_specialized`: the parent's finding where a held-out
+    size failed; else the child's claim where its profile says its own kernel did not run at one of them."""
     flags, claimed = [], []
     if own is not None and own.holds_own is False:
         flags.append(Flag.no_custom_kernel)
-    elif pytorch_did_it(profile, interpreted_eager_ms):
+    elif pytorch_did_it(profile, interpreted_eager_ms, library_ok):
         flags.append(Flag.no_custom_kernel)
         claimed.append(Flag.no_custom_kernel)
     if any(not t.ok for t in shape_results) or any(not s.correct for s in shapes):
@@ -194,10 +215,13 @@ def flags_for(profile, shape_results: list[TrialResult], own: OwnCode | None = N
     return flags, claimed
 
 
-def pytorch_did_it(profile, interpreted_eager_ms: float | None = None) -> bool | None:
-    """The child's claim, from one profile: PyTorch's ops did the call's work (None: no profile)."""
+def pytorch_did_it(profile, interpreted_eager_ms: float | None = None, library_ok: bool = False) -> bool | None:
+    """The child's claim, from one profile: PyTorch's ops did the call's work (None: no profile).
+    With `library_ok`, only when the candidate's own code did next to none of it (LIBRARY_OWN_FRACTION)."""
     if profile is None or profile.torch_fraction is None or profile.error:
         return None
+    if library_ok:
+        return own_share(profile) < LIBRARY_OWN_FRACTION
     if interpreted_eager_ms:
         return (profile.torch_us or 0.0) / 1000 >= NO_CUSTOM_KERNEL_FRACTION * interpreted_eager_ms
     return profile.torch_fraction > NO_CUSTOM_KERNEL_FRACTION

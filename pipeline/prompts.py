@@ -7,11 +7,14 @@ The template gets `task_name`, `task_source` (the reference file's full text), `
 ("cuda", "triton" or "cpu") and the worked example for that backend, `example_model` and
 `example_model_new`, read from prompts/examples/model.py and {backend}_model_new.py (in gradient
 mode {backend}_model_new_grad.py, a torch.autograd.Function with kernels both ways), `grad` and
-`dtype` (the run's evaluation mode), and `facts`: what the task is (`task_facts`), so that the
+`dtype` (the run's evaluation mode), `level` (the task's KernelBench level, None for other tasks:
+at levels 2 and 3 a convolution or GEMM may stay in PyTorch, as KernelBench allows, and the kernels
+fuse what surrounds it; level 1 and every other task ask for the operator itself), and `facts`: what
+the task is (`task_facts`), so that the
 notes fit it: the int64 hint only where an input is integer, the probabilities hint only for simplex
 inputs, the reduction hints only where the reference reduces, a matmul or elementwise hint where it
 is one of those. `render_file` derives `facts` too wherever it is given a `task_source` (evolve.j2
-includes the same notes).
+includes the same notes), and `level` (None unless given).
 Rendering is strict: a variable the template names but is not given is an error, never an
 empty string in a prompt sent to a model.
 """
@@ -69,7 +72,7 @@ def render(template: str, task: TaskFile, backend: str, prompts_dir: Path, grad:
         examples.append(path.read_text())
     return fill(tmpl, template, task_name=task.name, task_source=task.source, backend=backend,
                 example_model=examples[0], example_model_new=examples[1], grad=grad, dtype=dtype,
-                facts=task_facts(task))
+                facts=task_facts(task), level=task.level)
 
 
 def render_file(template: str, prompts_dir: Path, **context: Any) -> str:
@@ -78,6 +81,8 @@ def render_file(template: str, prompts_dir: Path, **context: Any) -> str:
     if "task_source" in context and "facts" not in context:
         name = str(context.get("task_name") or "task")
         context["facts"] = task_facts(TaskFile(name, Path(f"{name}.py"), context["task_source"]))
+    if "task_source" in context:
+        context.setdefault("level", None)
     return fill(load(template, Path(prompts_dir)), template, **context)
 
 

@@ -193,6 +193,9 @@ class Baselines(Record):
     no flush): for comparison with numbers measured elsewhere, never for a verdict. GPU only."""
     compiled_plain_ms: float | None = None
     """torch.compile timed that same way."""
+    compile_error: str | None = None
+    """Why torch.compile of the reference failed, where it did (then `compiled` is None): a cached
+    baseline that says so is not timed again only to fail again."""
 
 
 class OwnCode(Record):
@@ -228,7 +231,8 @@ class ShapeRun(Record):
     """Its trial and a checked call of its timed block matched the reference (the parent's check)."""
     own_ran: bool | None = None
     """The child's claim, from its profile at this size: under half the call's time in PyTorch's own
-    ops. False when the parent found no code of the candidate's own; None: not profiled."""
+    ops (at KernelBench's levels 2 and 3, over 1% in its own code: pipeline.owncode.library_allowed).
+    False when the parent found no code of the candidate's own; None: not profiled."""
     torch_fraction: float | None = None
     """The profile's share of the call in PyTorch's ops (the child's claim)."""
     time: Timing | None = None
@@ -261,6 +265,12 @@ class EvalResult(Record):
     checked; the rest are the parent's findings (pipeline.owncode.flags_for)."""
     own_code: OwnCode | None = None
     """The parent's look at the built code (None: rows from before it, or no build folder)."""
+    own_fraction: float | None = None
+    """The child's claim, from its profile of one call at the main size: the share of the call's time
+    in the candidate's own code, not PyTorch's ops and kernels (cuDNN, cuBLAS, ATen). KernelBench's
+    levels 2 and 3 let a candidate keep a convolution or GEMM in the library; this says how much of
+    the call it did itself. On the cpu, and under Triton's interpreter, the part of the call outside
+    PyTorch's ops counts as its own (Python's overhead included). None: not profiled, or the profile failed."""
     shapes: list[ShapeRun] = Field(default_factory=list)
     """Per held-out size whose trial passed: whether the own kernel ran there and how fast."""
     error: str | None = None
@@ -376,4 +386,5 @@ def summary_fields(result: EvalResult) -> dict[str, Any]:
         "device_unfit": result.device_unfit,
         "grad": int(result.grad),
         "dtype": result.dtype,
+        "own_fraction": result.own_fraction,
     }

@@ -356,7 +356,7 @@ def _close_bench(pending: asyncio.Future) -> bool:
 
 def remember_baselines(store: Store, bench: evaluate.TaskBench) -> None:
     """Cache a task's baselines under their key, so later runs on the same device skip timing them
-    (never ones measured on a device that was not fit to time)."""
-    if bench.baselines and not bench.suspect:
+    (never ones measured on a device that was not fit to time; ones read from the cache stay as stored)."""
+    if bench.baselines and not bench.suspect and not bench.cached:
         store.save_baseline(evaluate.baseline_key(bench), bench.task.name, bench.size_name,
                             bench.env["device_name"], bench.env["torch_version"], bench.baselines.model_dump_json())

@@ -152,7 +152,7 @@ async def evolve(runner: Runner, base: Slot) -> None:
                 views = [feedback.parent_view(p, extract.extract(p["completion_text"] or "").code or "") for p in parents]
                 text = feedback.render_evolve(cfg.evolve_template, prompts_dir, base.task.name, base.task.source,
                                               base.backend, g, views, runner.cfg.evaluation.grad,
-                                              runner.cfg.evaluation.dtype)
+                                              runner.cfg.evaluation.dtype, base.task.level)
                 prompt_id, first = runner.first_prompt(child, text)
             else:  # generation 0, or nothing verified yet: the plain prompt
                 prompt_id, first = runner.first_prompt(child)

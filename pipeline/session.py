@@ -55,6 +55,7 @@ class Session:
         self.load = runqueue.Load()  # the last window's (ask)
         # The verdict rests on the parent's estimate alone (pipeline.evaluate judges again, on both).
         self.clock_alone = False
+        self.load_unfit: str | None = None  # timed on a loaded cpu (judge.loaded): its timing is unfit
         self.prior = prior or []  # an earlier evaluation's evidence, which the clock check pools with ours
         self.evidence: judge.Evidence | None = None
         self.eager: list[float] = []  # the reference's eager calls, timed between the candidate's blocks
@@ -250,8 +251,10 @@ class Session:
         self.mark("other_sizes")
         self.child.send(P.Finish())
         sizes = [bench.size_name] + [t.variant.split("@", 1)[1] for t in shape_results if t.ok]
-        flags, claimed = owncode.flags_for(profile, shape_results, self.own, shape_runs, interpreted)
+        flags, claimed = owncode.flags_for(profile, shape_results, self.own, shape_runs, interpreted,
+                                           owncode.library_allowed(bench.task.level))
         return EvalResult(verdict=Verdict.correct, flags=flags, claimed_flags=claimed, shapes=shape_runs,
+                          own_fraction=owncode.own_share(profile),
                           trials=list(self.judged), sizes=sizes,
                           timing=timing, eager_beside=eager, compiled_beside=compiled, **ratios,
                           detail=profile.model_dump_json() if profile else None)
@@ -314,7 +317,9 @@ class Session:
         else:
             per_call = judge.net_per_call(self.calibration, self.bound_windows, bench.device, threads)
             kind = "cpu_grad" if bench.device == "cpu" and bench.settings.grad else bench.device
-        self.evidence = judge.Evidence(per_call, judge.unloaded_means(self.timed, bench.device, threads))
+        windows = [w for _, w in self.timed] + self.bound_windows + self.calibration
+        self.evidence = judge.Evidence(per_call, judge.unloaded_means(self.timed, bench.device, threads),
+                                       judge.load_share(windows))
         self.estimate, claim = judge.pooled(self.prior + [self.evidence])
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
@@ -329,6 +334,13 @@ class Session:
             self.loose_bound = (f"its forward could not be replayed from a CUDA graph ({self.graph_failed[:160]}), so the "
                                 f"parent's bound says little below {judge.LOOSE_BELOW_MS} ms a call")
         self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing
+        if (unfit := judge.loaded(self.evidence, bench.device)):
+            # Neither side's clock means much here: the timing is marked unfit, and a refusal on the
+            # clocks alone is not a verdict (judge.LOADED_SHARE).
+            self.load_unfit = unfit if not self.clock_alone else f"{unfit}; the parent's clock refused the child's: {problem[1]}"
+            if self.clock_alone:
+                self.clock_alone = False
+                return None
         return problem
 
     def blocks(self) -> tuple[Verdict, str] | None:

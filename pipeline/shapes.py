@@ -54,7 +54,7 @@ def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms:
         run.own_ran = False
     elif session.settings.profile:
         prof, _ = session.ask(P.Profile(size=trial.size), P.ProfileDone, f"the profile at {label}")
-        claim = owncode.pytorch_did_it(prof, interpreted_eager_ms)
+        claim = owncode.pytorch_did_it(prof, interpreted_eager_ms, owncode.library_allowed(session.bench.task.level))
         run.own_ran = None if claim is None else not claim
         run.torch_fraction = prof.torch_fraction
     if not session.timed_too:

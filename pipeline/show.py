@@ -152,6 +152,9 @@ def own_code_lines(result) -> list[str]:
             [f"CUDA kernels {', '.join(own.device_kernels[:5])}"] if own.device_kernels else []) + (
             [f"Triton kernels {', '.join(own.triton_kernels[:5])}"] if own.triton_kernels else [])
         lines.append(f"built code (the parent's look): {found}; {'; '.join(parts)}" + (f" ({own.error})" if own.error else ""))
+    if result.own_fraction is not None:
+        lines.append(f"own kernels: {result.own_fraction:.0%} of the call's time, the rest in PyTorch's ops "
+                     "(the child's claim, from its profile)")
     for run in result.shapes:
         ran = {True: "its own kernel ran", False: "its own kernel did not run", None: "not profiled"}[run.own_ran]
         if run.own_ran is not None and not (own is not None and own.holds_own is False):

@@ -438,3 +438,114 @@ def test_the_parent_reads_free_gpu_memory_from_the_driver_without_a_cuda_context
     assert initialised == "False"  # nvidia-smi was asked; torch had opened no context
     # torch's own figure is read after its context (some hundreds of MB) exists, so it is the lower
     assert 0 <= int(free) - int(torch_free) < 2 << 30, (free, torch_free)
+
+
+# KernelBench's level-2 rule (issue 28, item 5): a candidate that keeps the convolution in cuDNN and
+# fuses the bias and ReLU after it into its own kernel is correct and not flagged; its own share of the
+# call is recorded (the child's claim). The task's own Model dropped in is flagged no_custom_kernel.
+CONV_TASK = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, bias_shape):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.bias = nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        return torch.relu(self.conv(x) + self.bias)
+
+
+batch_size = 32
+in_channels = 16
+out_channels = 64
+height = width = 128
+kernel_size = 3
+bias_shape = (out_channels, 1, 1)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, bias_shape]
+'''
+
+CONV_FUSED = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_source = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+
+__global__ void bias_relu_kernel(const float* x, const float* bias, float* out, int64_t n, int64_t plane, int64_t channels) {
+    int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = x[i] + bias[(i / plane) % channels];
+        out[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+torch::Tensor bias_relu(torch::Tensor x, torch::Tensor bias) {
+    TORCH_CHECK(x.is_cuda() && bias.is_cuda());
+    auto in = x.contiguous();
+    auto b = bias.contiguous();
+    auto out = torch::empty_like(in);
+    int64_t n = in.numel(), plane = in.size(2) * in.size(3), channels = in.size(1);
+    int threads = 256;
+    int64_t blocks = (n + threads - 1) / threads;
+    bias_relu_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        in.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), n, plane, channels);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+}
+"""
+
+fused = load_inline(name="kgen_level2_bias_relu", cpp_sources="torch::Tensor bias_relu(torch::Tensor x, torch::Tensor bias);",
+                    cuda_sources=cuda_source, functions=["bias_relu"], extra_cuda_cflags=["-O3"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, bias_shape):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.bias = nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        return fused.bias_relu(self.conv(x), self.bias)
+'''
+
+
+def test_a_level_2_candidate_keeping_cudnn_is_not_flagged_and_its_own_share_is_recorded(tmp_path):
+    level2 = tmp_path / "KernelBench" / "level2"
+    level2.mkdir(parents=True)
+    (level2 / "901_Conv2d_BiasAdd_ReLU.py").write_text(CONV_TASK)
+    task = tasks.task_file(level2 / "901_Conv2d_BiasAdd_ReLU.py")
+    assert task.level == 2
+    settings = SETTINGS.model_copy(update={"check_shapes": False})
+    bench = evaluate.prepare(task, "default", "cuda", settings)
+    try:
+        verdicts = {}
+        for name, code in (("fused", CONV_FUSED), ("dropin", CONV_TASK + "\n\nclass ModelNew(Model):\n    pass\n")):
+            code_hash = hashlib.sha256(code.encode()).hexdigest()[:16]
+            path = tmp_path / f"{code_hash}.py"
+            path.write_text(code)
+            result = build.build(path, code_hash, tmp_path / "builds", 600, 4, cuda=True)
+            assert result.ok, result.log[-2000:]
+            verdicts[name] = evaluate.evaluate(bench, path, Path(result.build_dir), settings)
+            v = verdicts[name]
+            print(f"\nLEVEL2 {name}: {v.verdict.value} flags={[f.value for f in v.flags]} own={v.own_fraction} "
+                  f"x_eager={v.speedup_eager}")
+    finally:
+        bench.close()
+    fused_v, dropin = verdicts["fused"], verdicts["dropin"]
+    assert fused_v.verdict is Verdict.correct, fused_v.error
+    assert Flag.no_custom_kernel not in fused_v.flags
+    assert fused_v.own_fraction is not None and 0.01 <= fused_v.own_fraction < 1.0
+    assert summary_fields(fused_v)["own_fraction"] == fused_v.own_fraction
+    assert dropin.verdict is Verdict.correct and Flag.no_custom_kernel in dropin.flags
+    assert Flag.no_custom_kernel not in dropin.claimed_flags  # the parent's finding: no code of its own

@@ -188,7 +188,9 @@ def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path):
     build_dir = tmp_path / "build"
     build_dir.mkdir()
     r = evaluate.evaluate(bench("mse", GRAD), REDTEAM / "forged_time_blocks.py", build_dir, GRAD)
-    assert r.grad and r.verdict is V.impossible_timing, describe(r)
+    # On a cpu too loaded to time, its timing is marked unfit instead (pipeline.judge.loaded).
+    loaded = r.verdict is V.correct and (r.device_unfit or "").startswith("the cpu was loaded")
+    assert r.grad and (r.verdict is V.impossible_timing or loaded), describe(r)
 
 
 def _as_stored(r: EvalResult) -> EvalResult:

@@ -4,7 +4,14 @@ The GPU side (two real lanes, one made unfit by a foreign process) is tests/test
 test_two_lanes_share_a_batch_and_an_unfit_gpu_is_retired; here the pool itself, with plain jobs."""
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 
+import pytest
+
+from pipeline.executor import lane_gpus, ray_lane_count
 from pipeline.lanes import LaneFailed, Lanes
 
 
@@ -102,3 +109,58 @@ def test_a_task_stays_on_the_lane_that_holds_its_reference():
 def test_no_lane_idles_while_attempts_wait():
     ran = _batch(Lanes(["0", "1"]), [("a", 0.02)] * 6)
     assert {lane for _, lane in ran} == {"0", "1"}, ran
+
+
+# How many lanes a machine gets (issue 28, item 4): one per visible GPU, read the way CUDA reads them.
+
+
+@pytest.mark.parametrize("listed, count, lanes", [
+    (None, 4, ["0", "1", "2", "3"]),          # unset: every device CUDA found
+    (None, 0, []),                            # no GPU (this box): no GPU lane
+    ("2,3", 2, ["2", "3"]),                   # a subset, kept as written: the lane's child gets "2"
+    (" 1 , 0 ", 2, ["1", "0"]),
+    ("0,1,2,3", 2, ["0", "1"]),               # more listed than exist: only as many as CUDA found
+    ("0,-1,1", 2, ["0"]),                     # CUDA stops at the first entry naming no device
+    ("-1", 4, []),
+    ("", 4, []),                              # set but empty hides every GPU
+    ("GPU-6f0c5f1a,GPU-9b2e", 2, ["GPU-6f0c5f1a", "GPU-9b2e"]),
+    ("MIG-4a1d", 1, ["MIG-4a1d"]),
+])
+def test_one_lane_per_gpu_cuda_can_see(listed, count, lanes):
+    assert lane_gpus(listed, count) == lanes
+
+
+def test_ray_makes_one_actor_per_gpu():
+    assert ray_lane_count({"CPU": 64.0, "GPU": 4.0}, on_gpu=True) == 4
+    assert ray_lane_count({"CPU": 16.0}, on_gpu=True) == 1  # none yet: one actor waits for a GPU
+    assert ray_lane_count({"CPU": 16.0, "GPU": 2.0}, on_gpu=False) == 8
+    assert ray_lane_count({"CPU": 1.0}, on_gpu=False) == 1
+
+
+def _lanes_in_a_fresh_process(visible: str | None) -> dict:
+    """visible_gpus() and a LocalExecutor's lanes in a new interpreter with this CUDA_VISIBLE_DEVICES
+    (torch reads it once, when CUDA first starts), with nvidia-smi kept off the PATH."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["PATH"] = os.path.dirname(sys.executable)  # python only: no nvidia-smi, as on a box without a driver
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    code = ("import json, torch; from pipeline.executor import LocalExecutor, visible_gpus;"
+            "ex = LocalExecutor('cuda', build_workers=1);"
+            "print(json.dumps({'gpus': visible_gpus(), 'cuda': torch.cuda.device_count() if torch.cuda.is_available() else 0,"
+            " 'lanes': ex.lanes, 'pool': ex.pool.live})); ex.close()")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("visible", [None, "0,1", "-1"])
+def test_the_local_executor_makes_a_lane_per_gpu_it_can_see(visible):
+    """The real visible_gpus() and LocalExecutor: on a machine with GPUs one lane each; on this cpu box
+    (whatever CUDA_VISIBLE_DEVICES lists, and no nvidia-smi) none that names a GPU, and the one lane
+    it still needs to judge anything."""
+    seen = _lanes_in_a_fresh_process(visible)
+    expected = lane_gpus(visible, seen["cuda"])
+    assert seen["gpus"] == expected
+    assert seen["lanes"] == max(1, len(expected))
+    assert seen["pool"] == (expected or [None])

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.extract import extract
 from pipeline.prompts import PromptError, TaskFacts, example_paths, messages, render, task_facts
-from pipeline.child.tasks import load_file
+from pipeline.child.tasks import TaskFile, load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "prompts"
@@ -405,3 +405,43 @@ def test_the_evolve_prompt_gets_the_same_task_notes(tmp_path):
     assert _notes(text) == _notes(render("one_shot.j2", gemm, "cuda", PROMPTS))
     loss = render_evolve("evolve.j2", PROMPTS, "cross_entropy", _task().source, "cpu", 1, parents)
     assert "`targets` is int64" in _notes(loss) and "matrix product" not in _notes(loss)
+
+
+# KernelBench's rule by level (issue 28, item 5): level 1 asks for the operator itself; at levels 2
+# and 3 a convolution or GEMM may stay in PyTorch and the kernels fuse what surrounds it.
+
+KB = ROOT / "tests" / "kernelbench" / "KernelBench"
+
+
+def test_a_level_2_task_may_keep_its_gemm_in_pytorch_and_a_level_1_task_may_not():
+    from pipeline.child.tasks import task_file
+    from pipeline.feedback import ParentView, render_evolve
+
+    gemm = task_file(KB / "level2" / "12_Gemm_Multiply_LeakyReLU.py")
+    relu = task_file(KB / "level1" / "19_ReLU.py")
+    assert (gemm.level, relu.level) == (2, 1)
+    for backend in ("cuda", "triton", "cpu"):
+        level2 = _notes(render("one_shot.j2", gemm, backend, PROMPTS))
+        assert "KernelBench level-2 task" in level2 and "keep its heaviest operators in PyTorch" in level2
+        assert "flagged `no_custom_kernel`" in level2
+        assert "Do not call" not in level2 and "tile it" not in level2  # no hand-written GEMM demanded
+        level1 = _notes(render("one_shot.j2", relu, backend, PROMPTS))
+        assert "Do not call torch.nn.functional" in level1 and "KernelBench level" not in level1
+    assert "cuBLAS" in _notes(render("one_shot.j2", gemm, "cuda", PROMPTS))
+    assert "MKL" in _notes(render("one_shot.j2", gemm, "cpu", PROMPTS))
+    # The same source outside a levelN/ folder (a bundled or user task: no level) keeps the strict rule.
+    loose = TaskFile(gemm.name, Path("elsewhere") / gemm.path.name, gemm.source)
+    strict = _notes(render("one_shot.j2", loose, "cuda", PROMPTS))
+    assert loose.level is None and "Do not call torch.matmul" in strict and "KernelBench level" not in strict
+    # An evolve prompt carries the task's level too (and none when not given).
+    parents = [ParentView(code="class ModelNew: pass", time_ms=1.0)]
+    evolved = render_evolve("evolve.j2", PROMPTS, gemm.name, gemm.source, "cuda", 1, parents, level=gemm.level)
+    assert "KernelBench level-2 task" in evolved
+    assert "Do not call torch.matmul" in render_evolve("evolve.j2", PROMPTS, gemm.name, gemm.source, "cuda", 1, parents)
+
+
+def test_a_level_3_task_may_keep_its_convolution():
+    source = (KB / "level2" / "12_Gemm_Multiply_LeakyReLU.py").read_text()
+    net = TaskFile("1_Net", Path("KernelBench/level3/1_Net.py"), source, level=3, problem=1)
+    notes = _notes(render("one_shot.j2", net, "cuda", PROMPTS))
+    assert "KernelBench level-3 task" in notes and "a convolution in cuDNN" in notes

@@ -211,3 +211,18 @@ def test_a_second_evaluation_decides_on_both_evaluations_evidence():
     honest_first = judge.Evidence(per_call=[3.1, 3.4], means=[2.05, 1.95, 2.0])  # every request stalled
     est, claim = judge.pooled([honest_first, judge.Evidence(per_call=[2.0, 2.3], means=[2.0, 2.1])])
     assert judge.check_estimate("cpu", claim, est) is None
+
+
+def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():
+    """pipeline.judge.loaded: run-queue waits took more than LOADED_SHARE of the windows: the timing
+    is unfit (kept out of `best`, re-timed by a resume). Idle, or on a GPU, it stands."""
+    from pipeline.runqueue import Load
+
+    idle = [Window(2.0, 1, Load(cpu_ms=2.0, wait_ms=0.05)), Window(8.0, 4, Load(cpu_ms=8.0, wait_ms=0.1))]
+    busy = [Window(2.0, 1, Load(cpu_ms=0.9, wait_ms=1.1)), Window(8.0, 4, Load(cpu_ms=5.0, wait_ms=3.0))]
+    assert judge.load_share(idle) == pytest.approx(0.015)
+    assert judge.load_share(busy) == pytest.approx(0.41)
+    assert judge.load_share([Window(1.0, 1)]) == 0.0  # no account (GPU windows): nothing waited
+    assert judge.loaded(judge.Evidence([2.0], [0.5], judge.load_share(idle)), "cpu") is None
+    assert judge.loaded(judge.Evidence([2.0], [0.5], judge.load_share(busy)), "cuda:0") is None
+    assert judge.loaded(judge.Evidence([2.0], [0.5], judge.load_share(busy)), "cpu").startswith("the cpu was loaded: 41%")
