@@ -54,8 +54,10 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
               help="Only the per-level metrics (with --json: one object per level).")
 def best(db: str, task: str | None, backend: str | None, as_json: bool, wide: bool, ps: tuple[float, ...],
          metrics_only: bool) -> None:
-    """The fastest verified attempt (correct, no flags) per task, backend, device and size, then
-    KernelBench's metrics per level, each task counted once by its best verified kernel:
+    """The best verified attempt (correct, no flags, trusted) per task, backend, device, size, dtype
+    and mode: the highest speedup over eager, timed side by side (ties: lower time, then earlier
+    attempt); the run summary, report, export and library use the same rule. Then KernelBench's
+    metrics per level, each task counted once by its best verified kernel:
 
     \b
     speedup: the baseline's time over the kernel's, timed side by side.
@@ -88,7 +90,7 @@ def best(db: str, task: str | None, backend: str | None, as_json: bool, wide: bo
             click.echo("No attempt" + (f" for task {task}" if task else "") + ".")
         return
     # Verified faster than eager / torch.compile by the library's rule (leaderboard.faster): the
-    # fastest kernel may still be slower than either, and then the library runs the reference.
+    # best kernel may still be slower than either, and then the library runs the reference.
     beats = {r["id"]: (faster(r["time_ms"], p75.get(r["id"]), r["eager_ms"]),
                        faster(r["time_ms"], p75.get(r["id"]), r["compile_ms"])) for r in board}
     if as_json:

@@ -173,28 +173,39 @@ def attempts_table(rows: list[dict[str, Any]], wide: bool = False) -> AttemptsTa
 
 
 HEADERS = {"fast_compile": "fast_\ncompile", "best x eager": "best\nx eager", "best x compile": "best\nx compile",
+           "best attempt": "best\nattempt",
            "geomean x eager": "geomean\nx eager", "geomean x compile": "geomean\nx compile"}
 
 
 class Grid:
     """Rows of named cells, printed as a table whose name columns (task, model) share the room the
-    other columns leave, so nothing else is cut or wrapped at 80 columns."""
+    other columns leave, so nothing else is cut or wrapped at 80 columns. `optional` columns are
+    left out (the last first) where keeping them would cut a name; `wide` keeps every column."""
 
     def __init__(self, title: str | None, columns: list[str], rows: list[dict[str, Any]], wide: bool,
-                 names: tuple[str, ...] = ("task", "model")):
+                 names: tuple[str, ...] = ("task", "model"), optional: tuple[str, ...] = ()):
         self.title, self.columns, self.rows, self.wide, self.names = title, columns, rows, wide, names
+        self.optional = optional
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        names = [c for c in self.columns if c in self.names]
-        others = [c for c in self.columns if c not in names]
-        header = {c: c if self.wide else HEADERS.get(c, c) for c in self.columns}
-        natural = {c: max([len(line) for line in header[c].splitlines()] + [len(str(r[c])) for r in self.rows])
-                   for c in others}
-        verdicts = "verdicts" in others
-        used = sum(natural[c] for c in others if c != "verdicts") + GAP * (len(self.columns) - 1) + 20 * verdicts
-        widths = _name_widths(self.rows, names, options.max_width - used)
+        columns = list(self.columns)
+        while True:
+            names = [c for c in columns if c in self.names]
+            others = [c for c in columns if c not in names]
+            header = {c: c if self.wide else HEADERS.get(c, c) for c in columns}
+            natural = {c: max([len(line) for line in header[c].splitlines()] + [len(str(r[c])) for r in self.rows])
+                       for c in others}
+            verdicts = "verdicts" in others
+            used = sum(natural[c] for c in others if c != "verdicts") + GAP * (len(columns) - 1) + 20 * verdicts
+            room = options.max_width - used
+            droppable = [c for c in columns if c in self.optional]
+            full = _name_widths(self.rows, names, 10 ** 6)
+            if self.wide or not droppable or sum(full.values()) <= room:
+                break
+            columns.remove(droppable[-1])
+        widths = _name_widths(self.rows, names, room)
         table = _table(self.title)
-        for c in self.columns:
+        for c in columns:
             if c in names:
                 table.add_column(header[c], no_wrap=True, overflow="ellipsis", width=widths[c])
             elif c == "verdicts":
@@ -202,50 +213,52 @@ class Grid:
             else:
                 table.add_column(header[c], justify="right", no_wrap=True, min_width=natural[c])
         for r in self.rows:
-            table.add_row(*(literal(str(r[c])) for c in self.columns))
+            table.add_row(*(literal(str(r[c])) for c in columns))
         yield table
 
 
 def run_summary(store, run_id: str, backend: str, wide: bool = False) -> list[RenderableType]:
-    """Per task and model: attempts, correct, fast_1 (correct and faster than eager), fast_compile,
-    the best speedups; with `wide`, also compiled %, wrong, failed, best floor fraction and the
-    verdict counts. Then the run's model usage."""
+    """Per task and model: attempts, correct, fast_1 (correct and faster than eager), and the best
+    kernel (leaderboard.rank_key, the rule `kgen best` and the library use): its speedup over eager
+    and its attempt id (left out where it does not fit; --wide keeps it); with `wide`, also compiled
+    %, wrong, failed, fast_compile, its speedup over torch.compile and floor fraction, and the verdict
+    counts. Then the run's model usage."""
+    from .leaderboard import best_rows
+
     rows = store.attempts(run=run_id)
     verdicts: dict[tuple[str, str], dict[str, int]] = {}
-    floors: dict[tuple[str, str], float] = {}
     for r in rows:
         counts = verdicts.setdefault((r["task"], r["model"]), {})
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
-        if r["verdict"] == "correct" and not r["flags"] and r["floor_fraction"]:
-            key = (r["task"], r["model"])
-            floors[key] = max(floors.get(key, 0.0), r["floor_fraction"])
+    best = {(r["task"], r["model"]): r for r in best_rows(rows, group=("task", "model"))}
     summary = store.run_summary(run_id)
     model = None if wide else _constant(summary, "model")
     title = f"run {run_id} ({backend}" + (f", model {visible(model)}" if model else "") + ")"
-    columns = ["task"] + ([] if model else ["model"]) + ["n", "correct", "fast_1", "fast_compile", "best x eager",
-                                                          "best x compile"]
+    columns = ["task"] + ([] if model else ["model"]) + ["n", "correct", "fast_1", "best x eager", "best attempt"]
     if wide:
-        columns[4:4] = ["compiled", "wrong", "failed"]
-        columns += ["best floor frac", "verdicts"]
+        columns = ["task", "model", "n", "compiled", "correct", "wrong", "failed", "fast_1", "fast_compile",
+                   "best x eager", "best x compile", "best attempt", "best floor frac", "verdicts"]
     cells = []
     for s in summary:
         key = (s["task"], s["model"])
         counts = verdicts.get(key, {})
         wrong = sum(n for v, n in counts.items() if v in WRONG)
         n = s["attempts"]
+        top = best.get(key, {})
         cells.append({
             "task": s["task"], "model": s["model"], "n": n, "compiled": f"{100 * s['compiled'] / n:.0f}%",
             "correct": f"{s['correct']} ({100 * s['correct'] / n:.0f}%)" if wide else s["correct"],
             "wrong": wrong, "failed": n - s["correct"] - wrong, "fast_1": s["fast_1"],
-            "fast_compile": s["fast_compile"], "best x eager": fmt(s["best_speedup_eager"]),
-            "best x compile": fmt(s["best_speedup_compile"]), "best floor frac": fmt(floors.get(key)),
+            "fast_compile": s["fast_compile"], "best x eager": fmt(top.get("speedup_eager")),
+            "best x compile": fmt(top.get("speedup_compile")), "best attempt": top.get("id", "-"),
+            "best floor frac": fmt(top.get("floor_fraction")),
             "verdicts": ", ".join(f"{v} {c}" for v, c in sorted(counts.items())),
         })
     tokens, usd = store.run_spending(run_id)
     status = (store.get_run(run_id) or {}).get("status")
     usage = Text(f"model usage this run: {tokens} tokens, ${usd:.4f}"
                  + ("  (budget reached: the remaining slots were not started)" if status == "budget_reached" else ""))
-    parts: list[RenderableType] = [Grid(title, columns, cells, wide)]
+    parts: list[RenderableType] = [Grid(title, columns, cells, wide, optional=("best attempt",))]
     if not wide:
         parts.append(Text("kgen attempts --run latest lists each attempt; --wide adds columns"))
     return parts + [usage]
@@ -257,7 +270,7 @@ BEST_WIDE = ["task", "backend", "device", "size", "time ms", "x eager", "x compi
 
 def best_table(board: list[dict[str, Any]], beats: dict[str, tuple[bool | None, bool | None]] | None = None,
                wide: bool = False) -> Grid:
-    """`kgen best`: per task, backend, device and size, the fastest verified kernel. By default the
+    """`kgen best`: per task, backend, device and size, the best verified kernel (leaderboard.rank_key). By default the
     task, its speedups, whether it beats eager and torch.compile (`beats`: by attempt id), and the
     attempt id; backend, device and size in the title where every row shares them. `wide`: all."""
     shared = {} if wide else {k: v for k in ("backend", "device", "size") if (v := _constant(board, k)) is not None}

@@ -10,7 +10,7 @@ over the n tasks of a level that have any attempt:
 - fast_p: the share correct with a speedup over eager above p.
 - geomean speedup: the geometric mean of the speedups of the correct kernels only (tasks without one
   are left out, not counted as 0), over eager and, apart, over torch.compile.
-Each task counts once, by its fastest verified kernel (leaderboard.is_verified: correct with no flag,
+Each task counts once, by its best verified kernel (leaderboard.rank_key; is_verified: correct with no flag,
 trusted, timed on a fit device); with one attempt per task that is KernelBench's own count, with more
 (samples, models, turns) it is the best of them. A correct attempt with a flag (no_custom_kernel,
 shape_specialized) does not count as correct here; KernelBench has no such flags.
@@ -36,7 +36,7 @@ def geomean(values: Iterable[float]) -> float | None:
 
 
 def best_per_task(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
-    """Each task among `rows` with its fastest verified attempt (highest speedup over eager), or None."""
+    """Each task among `rows` with its best verified attempt (leaderboard.rank_key), or None."""
     best: dict[str, dict[str, Any] | None] = {}
     for r in rows:
         held = best.setdefault(r["task"], None)

@@ -230,7 +230,8 @@ class StoreQueries:
 
     @_locked
     def run_summary(self, run_id: str) -> list[dict[str, Any]]:
-        """Per (task, model) counts for one run, computed from the stored attempt rows."""
+        """Per (task, model) counts for one run, computed from the stored attempt rows. The best kernel
+        is not here: leaderboard.rank_key decides it, for the summary as for `kgen best`."""
         not_compiled = ", ".join("?" for _ in _NOT_COMPILED)
         sql = f"""
             SELECT
@@ -241,10 +242,7 @@ class StoreQueries:
                 count(CASE WHEN verdict = 'correct' THEN 1 END) AS correct,
                 count(CASE WHEN verdict = 'correct' AND speedup_eager > 1 THEN 1 END) AS fast_1,
                 count(CASE WHEN verdict = 'correct' AND speedup_compile > 1 THEN 1 END)
-                    AS fast_compile,
-                max(CASE WHEN verdict = 'correct' THEN speedup_eager END) AS best_speedup_eager,
-                max(CASE WHEN verdict = 'correct' THEN speedup_compile END)
-                    AS best_speedup_compile
+                    AS fast_compile
             FROM attempts
             WHERE run_id = ?
             GROUP BY task, model
