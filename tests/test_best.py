@@ -18,15 +18,15 @@ import torch
 from click.testing import CliRunner
 from rich.console import Console
 
-from pipeline.export import export_best
-from pipeline.inspect_cli import best
-from pipeline.kbmetrics import best_per_task
+from pipeline.library.export import export_best
+from pipeline.cli.inspect import best
+from pipeline.report.kbmetrics import best_per_task
 from pipeline.leaderboard import is_verified
 from pipeline.records import Baselines, EvalResult, Flag, ShapeRun, Timing, TrialResult, Verdict
-from pipeline.report import report_data, report_json
-from pipeline.selection import from_db
-from pipeline.store import Store
-from pipeline.tables import run_summary
+from pipeline.report.page import report_data, report_json
+from pipeline.library.selection import from_db
+from pipeline.store.store import Store
+from pipeline.cli.tables import run_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 MSE_TASK = ROOT / "reference_tasks" / "mse.py"

@@ -223,7 +223,7 @@ def run_summary(store, run_id: str, backend: str, wide: bool = False) -> list[Re
     and its attempt id (left out where it does not fit; --wide keeps it); with `wide`, also compiled
     %, wrong, failed, fast_compile, its speedup over torch.compile and floor fraction, and the verdict
     counts. Then the run's model usage."""
-    from .leaderboard import best_rows
+    from ..leaderboard import best_rows
 
     rows = store.attempts(run=run_id)
     verdicts: dict[tuple[str, str], dict[str, int]] = {}
