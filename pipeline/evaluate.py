@@ -306,6 +306,10 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         session = Session(bench, child, plan, expected, P.Outbox(child.outbox_fd, slot_values, slots), spares, env,
                           inbox, inputs, timed=unfit is None, settings=settings, prior=prior)
         session.digests = digests
+        # The bench's lane, not the child's environment: on the cpu that holds the cores added above,
+        # and the session's requests went to a second reference process, started for them (issue 28:
+        # an idle one beside it, holding its memory, while a gigabyte task's values were computed).
+        session.lane = lane_env
         session.own = own
         try:
             result = session.run(job)
