@@ -187,10 +187,12 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
             if not np.all(np.isfinite(got)):
                 finite = False
                 break
-            diff = np.abs(got - ref)
-            mag = np.abs(ref)
-            bound = part_tol * (mag + mean)
-            max_abs, max_mag = max(max_abs, float(diff.max())), max(max_mag, float(mag.max()))
+            diff = np.subtract(got, ref)  # a new array: `got` may be a view of the caller's values or the outbox
+            np.abs(diff, out=diff)
+            bound = np.abs(ref)
+            max_abs, max_mag = max(max_abs, float(diff.max())), max(max_mag, float(bound.max()))
+            bound += mean
+            bound *= part_tol
             if not bool(np.all(diff <= bound)):
                 past = True
                 k = int(np.argmax(diff - bound))  # the one element the feedback may show: furthest past its bound

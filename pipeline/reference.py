@@ -57,11 +57,12 @@ def _errs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     top_diff = top_mag = own = 0.0
     for i in range(0, n, CHUNK):
         ref = b[i:i + CHUNK].double()
-        diff, mag = (a[i:i + CHUNK].double() - ref).abs(), ref.abs()
+        diff, mag = a[i:i + CHUNK].double().sub_(ref).abs_(), ref.abs()
         top_diff, top_mag = max(top_diff, diff.max().item()), max(top_mag, mag.max().item())
-        den = mag + mean
-        part = torch.where(den > 0, diff / den.clamp_min(1e-300), torch.where(diff > 0, float("inf"), 0.0))
-        own = max(own, part.max().item())
+        if mean > 0:  # every element's floor is above zero
+            own = max(own, diff.div_(mag.add_(mean)).max().item())
+    if mean == 0:  # an all-zero part: any difference is infinitely off
+        own = float("inf") if top_diff > 0 else 0.0
     return top_diff / max(top_mag, 1e-30), own
 
 
