@@ -139,7 +139,7 @@ class AttemptPlan:
         """What the reference describes before the child starts: the first checked call at each size,
         its shapes and dtypes alone (the outbox's slots are sized from them), and on the inbox path the
         first Bound request's packed inputs. Each checked call's values come as it is checked
-        (Session.fetch), each later request's inputs as it is sent (Session.bound_inputs)."""
+        (Session.fetch), each later request's inputs as it is sent (TaskBench.bound_inputs)."""
         specs: dict[str, dict[str, Any]] = {}
         sizes: set[str] = set()
         for key, spec in self.checked.items():

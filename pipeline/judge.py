@@ -64,8 +64,8 @@ LOOSE_BELOW_MS = 0.5
 # A replayed call's digest (sum of output x weights, in float32) against the reference's: within the
 # elementwise tolerance's reach (its scale is sum |w| (|ref| + mean |ref|)), plus float32's summing.
 DIGEST_SUM_EPS = 1e-5
-UPPER_SLACK_MS = 1.0
-CHUNK = 1 << 22  # values a step where an output is compared in pieces (32 MiB of float64 an array)  # the child's sum over a timed block against the parent's window around it
+UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
+CHUNK = 1 << 22  # values a step where an output is compared in pieces (32 MiB of float64 an array)
 
 
 @dataclass(frozen=True)
@@ -249,9 +249,9 @@ class Slot:
             if lo < hi:
                 raw = torch.frombuffer(self.outbox.map, dtype=torch.uint8, count=(hi - lo) * width,
                                        offset=at + (lo - first) * width)
-                out.append(raw.view(dtype).to(torch.float64).numpy())
+                out.append(raw.view(dtype).to(torch.float64, copy=True).numpy())  # a copy even of float64
                 del raw
-        return np.concatenate(out) if len(out) != 1 else out[0]
+        return out[0] if len(out) == 1 else np.concatenate(out) if out else np.empty(0)
 
 
 def same_values(a, b) -> bool:
