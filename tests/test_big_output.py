@@ -136,7 +136,8 @@ def _config(tmp_path: Path, folder: Path, names: list[str]) -> Path:
            "tasks": {"names": names, "size": "default", "directory": str(folder)},
            "database": "db/kgen.db", "generated_dir": "generated", "build_dir": "builds",
            "evaluation": {"trials": 1, "timed_calls": 3, "timed_ms": 0, "warmup_calls": 1, "check_shapes": False,
-                          "compile_baseline": False, "profile": False, "timeout_s": 600, "required_confinement": []}}
+                          "compile_baseline": False, "profile": False, "timeout_s": 3000, "step_ceiling_s": 600,
+                          "required_confinement": []}}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -189,7 +190,9 @@ def test_a_task_that_cannot_fit_is_one_line_naming_the_bytes_needed_and_availabl
     folder.mkdir()
     huge = folder / "2_Huge_ReLU.py"
     huge.write_text(BIG_RELU.replace(f"batch_size = {ROWS}", "batch_size = 2 ** 24"))  # 2 x 1 TiB, never allocated
-    result = CliRunner().invoke(main, ["eval", str(huge), "--task", str(huge), "--backend", "cpu", "--size",
+    candidate = tmp_path / "model_new.py"
+    candidate.write_text(huge.read_text().replace("class Model(", "class ModelNew("))
+    result = CliRunner().invoke(main, ["eval", str(candidate), "--task", str(huge), "--backend", "cpu", "--size",
                                        "default", "--no-store", "--local", "-c", str(_config(tmp_path, folder, ["2_Huge_ReLU"]))])
     assert result.exit_code != 0 and "Traceback" not in result.output
     lines = result.output.strip().splitlines()
