@@ -6,8 +6,9 @@ reference process (pipeline.bench) that ends in a verdict (pipeline.judge decide
     bench.close()
 
 Every attempt draws its own seeds (weights, trials, timed and bound calls) from os.urandom; the
-long-lived reference process computes that attempt's expected outputs, in full and in float64,
-before the candidate's child does anything on the device. The child learns each call's seed only in
+long-lived reference process describes the outputs (shapes, dtypes) before the child starts, and
+computes each checked call's expected output, in full and in float64, as the parent checks that call
+(one call's at a time: issue 28). The child learns each call's seed only in
 the request that makes the call (pipeline.child.protocol); on the cpu the reference process also
 packs each Bound call's inputs, which the parent writes into the stopped child's inbox as its clock starts.
 """

@@ -3,13 +3,15 @@ imported candidate code, so a candidate that patches torch cannot move them.
 
     python -m pipeline.reference --result-fd N      (requests arrive as JSON lines on stdin)
 
-It lives for a task's whole run on the parent's side: `baselines` once, then one `expect` per
-attempt, with that attempt's own seeds. Where torch.compile is timed, a thread warms the compiler up
-at start (CompilerWarmup) while the process serves `expect`; every op that times anything, and
-`settle`, waits for it first. Expected outputs go, in full and as float64, into memfds (anonymous
+It lives for a task's whole run on the parent's side: `baselines` once, then per attempt, with
+that attempt's own seeds, an `expect` of the outputs' shapes and one `expect` per checked call.
+Where torch.compile is timed, a thread warms the compiler up at start (CompilerWarmup) while the
+process serves `expect`; every op that times anything, and `settle`, waits for it first. Expected outputs go, in full and as float64, into memfds (anonymous
 memory, sealed once written) handed to the parent over a Unix socket and closed here (pipeline.handover):
 no path names them, and the parent passes them to no child. It compares them with the candidate's
-outputs value by value.
+outputs value by value, in chunks, and closes each once compared. The comparison stays in the parent:
+this process never sees a candidate's output, so nothing a candidate returns can reach the process
+that makes the values it is judged against.
 """
 
 from __future__ import annotations
@@ -114,9 +116,14 @@ class Reference:
         with torch.no_grad():
             out = m64(*_as64(replays.inputs_for(module, seeds, replay, factor_seed, self.device)))
         out = out.double().reshape(-1)
-        w = replays.weights(out.numel(), digest_seed, self.device).double()
-        mag = out.abs()
-        return {"digest": float(torch.dot(out, w)), "scale": float(torch.dot(w.abs(), mag + mag.mean()))}
+        w = replays.weights(out.numel(), digest_seed, self.device)  # float32, as the child's; widened a chunk at a time
+        n, digest, scale = out.numel(), 0.0, 0.0
+        mean = sum(float(out[i:i + CHUNK].abs().sum()) for i in range(0, n, CHUNK)) / max(n, 1)
+        for i in range(0, n, CHUNK):  # whole float64 copies of the weights and |out| were 3 more outputs (issue 28)
+            part, wd = out[i:i + CHUNK], w[i:i + CHUNK].double()
+            digest += float(torch.dot(part, wd))
+            scale += float(torch.dot(wd.abs_(), part.abs().add_(mean)))
+        return {"digest": digest, "scale": scale}
 
     def wrap(self, model, init_seed: int, upstream_dtype: torch.dtype | None = None):
         if not self.grad:

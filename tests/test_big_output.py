@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -199,3 +200,72 @@ def test_a_task_that_cannot_fit_is_one_line_naming_the_bytes_needed_and_availabl
     assert len(lines) == 1, result.output
     needed = memory.factor("cpu") * 2 * 4 * 2 ** 24 * COLS
     assert f"needs about {needed} bytes" in lines[0] and "bytes (" in lines[0] and "available" in lines[0], lines[0]
+
+
+# KernelBench level 1's 23_Softmax at its own size: 4096 x 393216 float32, 6 GiB in and 6 GiB out.
+SOFTMAX = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+batch_size = 4096
+dim = 393216
+
+
+def get_inputs():
+    return [torch.rand(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def _gpu_used() -> int:
+    """Bytes of device memory every process holds on the GPUs, from nvidia-smi (as the parent reads
+    free memory: pipeline.health)."""
+    import subprocess
+
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(line) for line in out.split() if line.strip()) << 20
+
+
+@pytest.mark.gpu
+def test_kernelbench_softmax_at_its_own_size_fits_the_device(tmp_path):
+    """Issue 28: 23_Softmax (12 GiB of footprint), refused under the 8x rule on an 80 GB H100, is
+    judged correct with its own Model as ModelNew, the GPU's memory at most MEMORY_FACTOR x the
+    footprint above where it started (every process: the reference and the child; sampled)."""
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    task_path = folder / "23_Softmax.py"
+    task_path.write_text(SOFTMAX)
+    candidate = tmp_path / "model_new.py"
+    candidate.write_text(SOFTMAX.replace("class Model(", "class ModelNew("))
+    total = sum(memory.footprint(tasks.load_module(tasks.task_file(task_path), "default")).values())
+    config = _config(tmp_path, folder, ["23_Softmax"])
+    base, peak, done = _gpu_used(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _gpu_used())
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    result = CliRunner().invoke(main, ["eval", str(candidate), "--task", str(task_path), "--backend", "cuda",
+                                       "--size", "default", "--json", "--no-store", "--local", "-c", str(config)])
+    done.set()
+    sampler.join()
+    print(f"device peak {(peak[0] - base) / GIB:.2f} GiB above {base / GIB:.2f} = {(peak[0] - base) / total:.2f} x the footprint")
+    out = json.loads(result.output.strip().splitlines()[-1])
+    assert out["verdict"] == "correct", out.get("error")
+    assert peak[0] - base <= memory.MEMORY_FACTOR * total
