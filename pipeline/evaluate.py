@@ -72,6 +72,7 @@ BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
 INBOX_BYTES = 1 << 30
 HARNESS = "pipeline.child.harness"
 BLOCK_OUTPUT_BYTES = 512 << 20  # outputs a timed block or a Bound request writes at most (block_calls)
+AHEAD_BYTES = 256 << 20  # an attempt's expected values and inbox sets computed before its child starts (specs)
 
 
 @dataclass
@@ -93,6 +94,7 @@ class AttemptPlan:
     digest_seeds: list[int] = field(default_factory=list)
     factor_seeds: list[int] = field(default_factory=list)  # revealed only in each request's Play
     replay_checks: list[list[int]] = field(default_factory=list)
+    ahead: bool = False  # every expected value computed before the child starts (specs)
 
     @staticmethod
     def draw(bench: TaskBench) -> AttemptPlan:
@@ -123,6 +125,10 @@ class AttemptPlan:
         shape_timed, shape_checked = shapes.draw(trials, bench.size, calls)
         checked.update(shape_checked)
         plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size, shape_timed)
+        # float64 values (the output and, in gradient mode, gradients of the inputs' size) of every
+        # checked call, and the inbox's sets: ahead where small and known (specs).
+        plan.ahead = 0 < bench.output_bytes and ((bench.output_bytes + input_bytes) * 2 * len(checked) + (
+            input_bytes * sum(map(len, bounds)) if inbox else 0)) <= AHEAD_BYTES
         if bench.device.startswith("cuda") and not s.grad and bench.settings.replay_bound:
             plan.replays = replay_count(fastest_ms(bench))
             plan.digest_seeds = [_seed() for _ in bounds]
@@ -137,10 +143,21 @@ class AttemptPlan:
                  "factor_seed": self.factor_seeds[b]} for b, checks in enumerate(self.replay_checks) for r in checks]
 
     def specs(self) -> dict[str, dict[str, Any]]:
-        """What the reference describes before the child starts: the first checked call at each size,
-        its shapes and dtypes alone (the outbox's slots are sized from them), and on the inbox path the
-        first Bound request's packed inputs. Each checked call's values come as it is checked
-        (Session.fetch), each later request's inputs as it is sent (TaskBench.bound_inputs)."""
+        """What the reference computes before the child starts. Where an attempt's expected values and
+        Bound inputs together are small (`ahead`), all of them, as always: work of the reference's
+        between the child's requests, on the child's cores, slowed its Bound calls (cold caches) and an
+        honest mse of 0.03 ms a call was refused as impossible_timing. Else the first checked call at
+        each size, its shapes and dtypes alone (the outbox's slots are sized from them), and on the
+        inbox path the first Bound request's packed inputs; each checked call's values then come as
+        it is checked (Session.fetch), each later request's inputs as it is sent (TaskBench.bound_inputs)."""
+        if self.ahead:
+            specs = {key: {**spec, "output": True} for key, spec in self.checked.items()}
+            for b, block in enumerate(self.bounds if self.inbox else []):
+                for j, seed in enumerate(block):
+                    key = f"bound{b}_{j}"
+                    specs[key] = {"size": self.size, "seed": seed, "variant": "base", "inputs": True,
+                                  "output": key in self.checked}
+            return specs
         specs: dict[str, dict[str, Any]] = {}
         sizes: set[str] = set()
         for key, spec in self.checked.items():

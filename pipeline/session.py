@@ -273,21 +273,23 @@ class Session:
 
     # ---- checks --------------------------------------------------------------------------------
 
-    def values(self, slot: int, header: P.OutputHeader | None, want: Expected) -> judge.Slot | None:
-        """The slot's values, read in place as float64 chunks of the dtypes the header names (judge.Slot)."""
+    def values(self, slot: int, header: P.OutputHeader | None, want: Expected) -> judge.Slot | None:  # read in place
         if header is None or not header.written:
             return None
         return judge.Slot.of(self.outbox, slot, header.packed or [header.dtype or ""], [n for _, _, n in want.layout()])
 
     def fetch(self, key: str) -> Expected:
-        """A checked call's expected values, asked for as it is checked (issue 28); the caller closes `fd`."""
-        want = self.bench.expected_for(self.plan.init_seed, key, self.plan.checked[key], self.lane)
-        self.expected[key] = dataclasses.replace(want, fd=None)  # its shapes for later checks; the fd is the caller's
+        """A checked call's expected values: made ahead (AttemptPlan.specs) or asked for now (issue 28)."""
+        if (want := self.expected.get(key)) is None or want.fd is None:
+            want = self.expected[key] = self.bench.expected_for(self.plan.init_seed, key, self.plan.checked[key], self.lane)
         return want
 
+    def release(self, key: str) -> None:  # a checked call's values, once compared (maps die with their views)
+        os.close(self.expected[key].fd)
+        self.expected[key] = dataclasses.replace(self.expected[key], fd=None)  # its shapes, for later checks
+
     def discard(self, first: int = 1, count: int | None = None) -> None:
-        """On the cpu, give back judged slots' pages where large (Outbox.discard); never slot 0, which Bound calls
-        write inside the parent's window (fresh pages there cost faults the calibration never saw)."""
+        """On the cpu, judged slots' pages back where large; never slot 0 (Bound calls write it in the window: faults)."""
         if self.bench.device == "cpu" and self.outbox.slot_values * 8 >= DISCARD_SLOT_BYTES:
             self.outbox.discard(first, count)
 
@@ -296,9 +298,8 @@ class Session:
         reply, _ = self.ask(trial, P.TrialDone, f"trial {trial.index}")
         want = next(v for k, v in self.expected.items() if self.plan.checked[k]["size"] == trial.size)  # its layout
         first, after, again = (self.values(i, h, want) for i, h in enumerate((reply.output, reply.after_sync, reply.repeat)))
-        # Checks without expected values first; the slots they free go back before the float64 forward.
         settled, same = judge.same_values(first, after), again is not None and judge.same_values(first, again)
-        self.discard(1, 2 if same else 1)  # a repeat equal to the first output is judged as the first is
+        self.discard(1, 2 if same else 1)  # before the float64 forward; a repeat equal to the first is judged as it
         tol, device, dtype, want = bench.tolerance, bench.device, bench.settings.dtype, self.fetch(f"trial{trial.index}")
         try:
             result = judge.compare(reply.output, first, want, tol, device, dtype)
@@ -311,10 +312,9 @@ class Session:
                 if not second.ok:
                     result = judge.fail(Verdict.nondeterministic, f"a second call on the same inputs disagrees: {second.error}")
         finally:
-            os.close(want.fd)
+            self.release(f"trial{trial.index}")
         self.discard()
-        at = trial.size if isinstance(trial.size, str) else "custom"
-        label = trial.variant if trial.size == bench.size else f"{trial.variant}@{at}"
+        label = trial.variant if trial.size == bench.size else f"{trial.variant}@{trial.size if isinstance(trial.size, str) else 'custom'}"
         result = result.model_copy(update={"index": trial.index, "variant": label})
         self.judged.append(result)
         return result
@@ -488,7 +488,7 @@ class Session:
                 r = judge.compare(header, self.values(j, header, want), want, self.bench.tolerance, self.bench.device,
                                   self.bench.settings.dtype)
             finally:
-                os.close(want.fd)  # the maps the comparison made die with its views
+                self.release(f"{prefix}_{j}")
             if not r.ok:
                 return r.verdict, f"{what} {first + j} returned a wrong result ({r.error}): cached, stale or drifting output"
         self.discard()
