@@ -6,9 +6,10 @@ imported candidate code, so a candidate that patches torch cannot move them.
 It lives for a task's whole run on the parent's side: `baselines` once, then per attempt, with
 that attempt's own seeds, an `expect` of the outputs' shapes and one `expect` per checked call.
 Where torch.compile is timed, a thread warms the compiler up at start (CompilerWarmup) while the
-process serves `expect`; every op that times anything, and `settle`, waits for it first. Expected outputs go, in full and as float64, into memfds (anonymous
-memory, sealed once written) handed to the parent over a Unix socket and closed here (pipeline.handover):
-no path names them, and the parent passes them to no child. It compares them with the candidate's
+process serves `expect`; every op that times anything, and `settle`, waits for it first. Expected
+outputs go, in full and as float64, into memfds (anonymous memory, sealed once written) handed to the
+parent over a Unix socket and closed here (pipeline.handover): no path names them, and the parent
+passes them to no child. It compares them with the candidate's
 outputs value by value, in chunks, and closes each once compared. The comparison stays in the parent:
 this process never sees a candidate's output, so nothing a candidate returns can reach the process
 that makes the values it is judged against.
@@ -137,7 +138,8 @@ class Reference:
         with `pack_inputs`, the call's inputs too, packed as the inbox holds them
         (pipeline.child.protocol), in another (`inputs_fd`).
 
-        The parent asks for one call's values at a time, as it checks that call (pipeline.session), and
+        Past 256 MiB an attempt asks for one call's values at a time, as it checks that call
+        (pipeline.evaluate.AttemptPlan.specs), and
         the steps below keep at most about twice the float64 forward's own inputs and output alive: the
         float32 inputs are dropped while the float64 forward runs and drawn again from the seed (the
         draw is deterministic: the candidate's child sees the same values) for the run dtype's forward,
