@@ -3,16 +3,17 @@ imported candidate code, so a candidate that patches torch cannot move them.
 
     python -m pipeline.reference --result-fd N      (requests arrive as JSON lines on stdin)
 
-It lives for a task's whole run on the parent's side: `baselines` once, then per attempt, with
-that attempt's own seeds, an `expect` of the outputs' shapes and one `expect` per checked call.
-Where torch.compile is timed, a thread warms the compiler up at start (CompilerWarmup) while the
-process serves `expect`; every op that times anything, and `settle`, waits for it first. Expected
-outputs go, in full and as float64, into memfds (anonymous memory, sealed once written) handed to the
-parent over a Unix socket and closed here (pipeline.handover): no path names them, and the parent
-passes them to no child. It compares them with the candidate's
-outputs value by value, in chunks, and closes each once compared. The comparison stays in the parent:
-this process never sees a candidate's output, so nothing a candidate returns can reach the process
-that makes the values it is judged against.
+It lives for a task's whole run on the parent's side: `baselines` once, then per attempt, with that
+attempt's own seeds, its expected values: all in one `expect` where they are small, else an `expect`
+of the outputs' shapes and one per checked call (pipeline.evaluate.AttemptPlan.specs). Where
+torch.compile is timed, a thread warms the compiler up at start (CompilerWarmup) while the process
+serves `expect`; every op that times anything, and `settle`, waits for it first. Expected outputs
+go, in full and as float64, into memfds (anonymous memory, sealed once written) handed to the parent
+over a Unix socket and closed here (pipeline.handover): no path names them, and the parent passes
+them to no child. It compares them with the candidate's outputs value by value, in chunks, and
+closes each once compared. The comparison stays in the parent: this process never sees a
+candidate's output, so nothing a candidate returns can reach the process that makes the values it
+is judged against.
 """
 
 from __future__ import annotations
