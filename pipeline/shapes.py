@@ -28,16 +28,16 @@ from .records import ShapeRun, Timing, TrialResult
 SHAPE_BLOCKS = 3  # timed blocks of BLOCK calls per held-out size, each followed by an eager block
 
 
-def draw(trials: list[P.Trial], main_size) -> tuple[dict[int, list[list[int]]], dict[str, dict[str, Any]]]:
-    """Per held-out trial (by index) the seeds of its timed blocks, and the one call of each block
-    the parent checks in full (chosen in secret, as the main blocks' are)."""
+def draw(trials: list[P.Trial], main_size, calls: int = BLOCK) -> tuple[dict[int, list[list[int]]], dict[str, dict[str, Any]]]:
+    """Per held-out trial (by index) the seeds of its timed blocks of `calls` calls, and the one call
+    of each block the parent checks in full (chosen in secret, as the main blocks' are)."""
     rng = random.SystemRandom()
     seeds: dict[int, list[list[int]]] = {}
     checked: dict[str, dict[str, Any]] = {}
     for trial in trials:
         if trial.size == main_size:
             continue
-        seeds[trial.index] = [[_seed() for _ in range(BLOCK)] for _ in range(SHAPE_BLOCKS)]
+        seeds[trial.index] = [[_seed() for _ in range(calls)] for _ in range(SHAPE_BLOCKS)]
         for b, block in enumerate(seeds[trial.index]):
             j = rng.randrange(len(block))
             checked[f"shape{trial.index}_{b}_{j}"] = {"size": trial.size, "seed": block[j], "variant": "base"}
