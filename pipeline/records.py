@@ -162,7 +162,7 @@ class Timing(Record):
 
 class Ratio(Record):
     """A speedup taken pair by pair: each of the candidate's timed blocks against the reference's
-    block timed right after it (pipeline.judge.session.Session.eager_block)."""
+    block timed right after it (pipeline.judge.beside.eager_block)."""
 
     median: float
     """Median over the pairs of the reference block's mean over the candidate block's mean."""

@@ -305,7 +305,7 @@ def test_check_memory_refuses_a_size_that_cannot_fit_without_allocating_it(tmp_p
     assert time.monotonic() - started < 1
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 256 * 1024  # KiB: nothing allocated
     assert memory.footprint(module) == {"inputs": 4 * 2**36, "weights": 0, "output": 4 * 2**36}  # softmax
-    needed = memory.MEMORY_FACTOR * 2 * 4 * 2**36
+    needed = memory.factor("cpu") * 2 * 4 * 2**36
     message = str(err.value)
     assert message.startswith("task huge: size 'default' needs about") and "\n" not in message
     assert f"{needed} bytes" in message and f"{1 << 30} bytes" in message

@@ -14,6 +14,8 @@ from typing import Any
 
 # ---- the outbox --------------------------------------------------------------------------------
 
+FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE = 0x01, 0x02  # linux/falloc.h (Outbox.discard)
+
 
 class Outbox:
     """Slots of float64 values in a memfd. The parent creates it with `create`, fixes its size with
@@ -84,6 +86,20 @@ class Outbox:
         copy = view.copy()
         del view
         return copy
+
+    def discard(self, first: int = 0, count: int | None = None) -> bool:
+        """Parent side, on the cpu: give back the memory of slots `first` to `first + count` (all
+        after `first` by default; they read as zeros until written again), once their values have
+        been judged: a child's outbox otherwise kept every slot it ever wrote, three copies of a
+        gigabyte output for the whole attempt (issue 28). Not where the child page-locked the
+        outbox (pin): its device would go on writing the pages taken out. False where refused."""
+        import ctypes
+
+        count = self.slots - first if count is None else count
+        offset, length = first * self.slot_values * 8, count * self.slot_values * 8
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+        return length <= 0 or libc.fallocate(self.fd, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE, offset, length) == 0
 
     def pin(self) -> bool:
         """Child side, on a GPU: page-lock the slots (cudaHostRegister), so outputs go off the device

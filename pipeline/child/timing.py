@@ -34,6 +34,7 @@ TIMING_VERSION = "7"  # part of the baseline cache key: a change of method inval
 # cost torch.compile's Python wrapper 50-250 us a call on the H100), and every call is timed, so
 # work shifted from one call to another still counts. The time is the median of the block means.
 BLOCK = 4
+SETS_BYTES = 1 << 30  # input sets a block keeps at most, together (input_sets)
 
 
 class Clock:
@@ -130,11 +131,16 @@ def _persisting_l2_reset() -> Callable[[], None] | None:
 
 
 def input_sets(nbytes: int, device: str) -> int:
-    """How many input sets of `nbytes` to keep for a block: up to BLOCK, within 40% of free memory."""
+    """How many input sets of `nbytes` to keep for a block: up to BLOCK, together at most SETS_BYTES
+    (at least one), and on a GPU within 40% of free memory. Several sets keep a block's calls off
+    each other's caches; sets this large are far past any cache, so one set, refilled before each
+    call, is as cold, and four were four copies of a task's inputs in the child and four more in the
+    reference (issue 28: a task of gigabytes did not fit)."""
+    count = max(1, min(BLOCK, SETS_BYTES // max(nbytes, 1)))
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info()
-        return max(1, min(BLOCK, int(0.4 * free) // max(nbytes, 1)))
-    return BLOCK
+        return max(1, min(count, int(0.4 * free) // max(nbytes, 1)))
+    return count
 
 
 def time_blocks(clock: Clock, call: Callable[[list[Any]], Any], sets: list[list[Any]], total: int,

@@ -20,7 +20,7 @@ from ..child.timing import TIMING_VERSION, calls_for
 from ..config import EvalConfig, cache_root
 from ..records import Baselines, Timing
 from . import handover, health
-from .judge import Expected
+from .judge import Expected, mapped
 
 REFERENCE = f"{__package__}.reference"  # the reference process's module (python -m), beside this one
 
@@ -53,6 +53,7 @@ class TaskBench:
     detached: bool = False  # a copy in another process (Ray): its references end with each attempt
     suspect: str | None = None  # why the baselines were measured on a device unfit to time (never cached)
     cached: bool = False  # the baselines came from the database's cache (not timed, nothing to store)
+    output_bytes: int = 0  # the main size's output, from the meta device (0: unknown); sizes a timed block
 
     def __getstate__(self):  # a bench sent to another process starts its own reference there
         return {**self.__dict__, "references": {}, "detached": True}
@@ -120,17 +121,43 @@ class TaskBench:
 
     def expect(self, init_seed: int, specs: dict[str, dict[str, Any]],
                env: dict[str, str] | None = None) -> tuple[dict[str, Expected], dict[str, int]]:
-        """Expected outputs for this attempt's seeds, whole, and the packed inputs the specs ask for
-        (`"inputs": True`): sealed memfds the reference handed over (pipeline.judge.handover), the caller's
-        to close and never to pass on; no file holds them (a child that escaped its sandbox read them there)."""
+        """Expected outputs for this attempt's seeds, whole (`"values": False`: their shapes and dtypes
+        alone), and the packed inputs the specs ask for (`"inputs": True`): sealed memfds the reference
+        handed over (pipeline.judge.handover), the caller's to close and never to pass on; no file holds them
+        (a child that escaped its sandbox read them there). An attempt asks for one call's values at a
+        time, as it checks that call: all of them at once were tens of copies of a gigabyte output (issue 28)."""
         msgs = self.request({"op": "expect", "init_seed": init_seed,
                              "specs": [{"key": k, **v} for k, v in specs.items()]}, self.settings.timeout_s * 2, env)
         found = [m for m in msgs if m.get("event") == "expected"]
-        return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m["_fds"]["values_fd"], m.get("fp32_rel_err"),
+        return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m.get("_fds", {}).get("values_fd"), m.get("fp32_rel_err"),
                                     m.get("parts") if self.settings.grad else None, m.get("rel_errs"),
                                     m.get("dtypes"), m.get("own_errs"))
                  for m in found if "shape" in m},
                 {m["key"]: m["_fds"]["inputs_fd"] for m in found if "inputs_fd" in m.get("_fds", {})})
+
+    def expected_for(self, init_seed: int, key: str, spec: dict[str, Any], env: dict[str, str] | None = None) -> Expected:
+        """One checked call's expected values (`expect`), the caller's to close."""
+        return self.expect(init_seed, {key: {**spec, "output": True}}, env)[0][key]
+
+    def bound_inputs(self, plan, k: int, held: dict[str, int], env: dict[str, str] | None, set_bytes: int) -> list:
+        """Bound request `k`'s packed input sets (the inbox path) as private copies: from `held` (the
+        first request's, packed before the child started, to size its inbox), else packed now. A
+        request's at a time: an attempt's all at once were a dozen copies of a gigabyte input."""
+        keys = [f"bound{k}_{i}" for i in range(len(plan.bounds[k]))]
+        if not all(key in held for key in keys):
+            _, fds = self.expect(plan.init_seed, plan.inputs_specs(k), env)
+            held.update({key.removeprefix("in:"): fd for key, fd in fds.items()})
+        values = []
+        for key in keys:
+            fd = held.pop(key)
+            try:
+                values.append(mapped(fd).copy())
+            finally:
+                os.close(fd)
+            if values[-1].size != set_bytes:
+                raise EvaluationError(f"task {self.task.name}: its inputs change size with the seed "
+                                      f"({values[-1].size} bytes packed, the inbox holds sets of {set_bytes})")
+        return values
 
     def move_reference(self, started_with: dict[str, str], lane: dict[str, str]) -> None:
         """The reference started with `started_with` (a lane's GPU, other cores) now serves `lane`:
@@ -197,7 +224,8 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
                             if device == "cuda" else None)
     bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device,
                       tasks.tolerance(module, settings.tolerance), settings,
-                      other_sizes=_held_out(module, size) if settings.check_shapes else [])
+                      other_sizes=_held_out(module, size) if settings.check_shapes else [],
+                      output_bytes=(memory.footprint(module) or {}).get("output", 0))
     started = time.monotonic()
     bench._reference(env)
     bench.phases = {"startup": round(time.monotonic() - started, 2)}

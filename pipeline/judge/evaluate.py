@@ -6,14 +6,16 @@ reference process (pipeline.judge.bench) that ends in a verdict (pipeline.judge 
     bench.close()
 
 Every attempt draws its own seeds (weights, trials, timed and bound calls) from os.urandom; the
-long-lived reference process computes that attempt's expected outputs, in full and in float64,
-before the candidate's child does anything on the device. The child learns each call's seed only in
+long-lived reference process describes the outputs (shapes, dtypes) before the child starts, and
+computes each checked call's expected output, in full and in float64, as the parent checks that call
+(one call's at a time: issue 28). The child learns each call's seed only in
 the request that makes the call (pipeline.child.protocol); on the cpu the reference process also
 packs each Bound call's inputs, which the parent writes into the stopped child's inbox as its clock starts.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -64,6 +66,8 @@ BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
 # making the values in the child (torch's normal_, about 7 ms per million values on one core) costs
 # ten times an mse call, and its noise would drown the calls in the parent's clock.
 INBOX_BYTES = 1 << 30
+BLOCK_OUTPUT_BYTES = 512 << 20  # outputs a timed block or a Bound request writes at most (block_calls)
+AHEAD_BYTES = 256 << 20  # an attempt's expected values and inbox sets computed before its child starts (specs)
 
 
 @dataclass
@@ -85,6 +89,7 @@ class AttemptPlan:
     digest_seeds: list[int] = field(default_factory=list)
     factor_seeds: list[int] = field(default_factory=list)  # revealed only in each request's Play
     replay_checks: list[list[int]] = field(default_factory=list)
+    ahead: bool = False  # every expected value computed before the child starts (specs)
 
     @staticmethod
     def draw(bench: TaskBench) -> AttemptPlan:
@@ -94,15 +99,15 @@ class AttemptPlan:
                   for i in range(s.trials)]
         trials += [P.Trial(index=s.trials + j, seed=_seed(), variant="scaled", size=other, repeat=False)
                    for j, other in enumerate(bench.other_sizes)]
-        n = bench.timed_calls
-        timed = [[_seed() for _ in range(min(BLOCK, n - first))] for first in range(0, n, BLOCK)]
+        n, calls = bench.timed_calls, block_calls(bench.output_bytes)
+        timed = [[_seed() for _ in range(min(calls, n - first))] for first in range(0, n, calls)]
         input_bytes = bench.baselines.input_bytes if bench.baselines else 0
         inbox = bench.device == "cpu" and 0 < input_bytes <= INBOX_BYTES
         if inbox:  # short requests: the fastest is then one no other process preempted
-            per = cpu_bound_calls(bench.baselines.eager.median_ms if bench.baselines else None)
+            per = min(calls, cpu_bound_calls(bench.baselines.eager.median_ms if bench.baselines else None))
             bounds = [[_seed() for _ in range(per)] for _ in range(CPU_BOUND_REQUESTS)]
         else:
-            per_bound = max(1, min(BLOCK, BOUND_SET_BYTES // max(input_bytes, 1)))
+            per_bound = max(1, min(calls, BOUND_SET_BYTES // max(input_bytes, 1)))
             bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(BOUND_REQUESTS, min(8, len(timed))))]
         checked = {f"trial{t.index}": {"size": t.size, "seed": t.seed, "variant": t.variant} for t in trials}
         flat = [(f"timed{b}_{j}", seed) for b, block in enumerate(timed) for j, seed in enumerate(block)]
@@ -112,9 +117,13 @@ class AttemptPlan:
         for b, block in enumerate(bounds):  # one call of every Bound request, chosen in secret
             j = rng.randrange(len(block))
             checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": block[j], "variant": "base"}
-        shape_timed, shape_checked = shapes.draw(trials, bench.size)
+        shape_timed, shape_checked = shapes.draw(trials, bench.size, calls)
         checked.update(shape_checked)
         plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size, shape_timed)
+        # float64 values (the output and, in gradient mode, gradients of the inputs' size) of every
+        # checked call, and the inbox's sets: ahead where small and known (specs).
+        plan.ahead = 0 < bench.output_bytes and ((bench.output_bytes + input_bytes) * 2 * len(checked) + (
+            input_bytes * sum(map(len, bounds)) if inbox else 0)) <= AHEAD_BYTES
         if bench.device.startswith("cuda") and not s.grad and bench.settings.replay_bound:
             plan.replays = replay_count(fastest_ms(bench))
             plan.digest_seeds = [_seed() for _ in bounds]
@@ -129,16 +138,44 @@ class AttemptPlan:
                  "factor_seed": self.factor_seeds[b]} for b, checks in enumerate(self.replay_checks) for r in checks]
 
     def specs(self) -> dict[str, dict[str, Any]]:
-        """What the reference computes for this attempt: every checked output, and on the inbox path
-        every Bound call's packed inputs."""
-        specs = {key: {**spec, "output": True} for key, spec in self.checked.items()}
-        if self.inbox:
-            for b, block in enumerate(self.bounds):
+        """What the reference computes before the child starts. Where an attempt's expected values and
+        Bound inputs together are small (`ahead`), all of them, as always: work of the reference's
+        between the child's requests, on the child's cores, slowed its Bound calls (cold caches) and an
+        honest mse of 0.03 ms a call was refused as impossible_timing. Else the first checked call at
+        each size, its shapes and dtypes alone (the outbox's slots are sized from them), and on the
+        inbox path the first Bound request's packed inputs; each checked call's values then come as
+        it is checked (Session.fetch), each later request's inputs as it is sent (TaskBench.bound_inputs)."""
+        if self.ahead:
+            specs = {key: {**spec, "output": True} for key, spec in self.checked.items()}
+            for b, block in enumerate(self.bounds if self.inbox else []):
                 for j, seed in enumerate(block):
                     key = f"bound{b}_{j}"
                     specs[key] = {"size": self.size, "seed": seed, "variant": "base", "inputs": True,
                                   "output": key in self.checked}
+            return specs
+        specs: dict[str, dict[str, Any]] = {}
+        sizes: set[str] = set()
+        for key, spec in self.checked.items():
+            size = json.dumps(spec["size"], sort_keys=True)
+            if size not in sizes:
+                sizes.add(size)
+                specs[key] = {**spec, "output": True, "values": False}
+        if self.inbox:
+            specs.update(self.inputs_specs(0))
         return specs
+
+    def inputs_specs(self, k: int) -> dict[str, dict[str, Any]]:
+        """Bound request `k`'s packed inputs (the inbox path), without outputs."""
+        return {f"in:bound{k}_{j}": {"size": self.size, "seed": seed, "variant": "base", "inputs": True, "output": False}
+                for j, seed in enumerate(self.bounds[k])}
+
+
+def block_calls(output_bytes: int) -> int:
+    """Calls in a timed block and a Bound request: BLOCK, fewer where their outputs, each in its own
+    outbox slot until the parent has checked them, would take more than BLOCK_OUTPUT_BYTES (one call
+    a request for an output of a gigabyte, whose slots beside the reference's float64 forward were
+    more than the judge's budget; pipeline.child.memory.MEMORY_FACTOR)."""
+    return max(1, min(BLOCK, BLOCK_OUTPUT_BYTES // max(output_bytes, 1)))
 
 
 def fastest_ms(bench: TaskBench) -> float | None:
@@ -235,6 +272,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         # names them, and sandbox.start passes a child only its own descriptors.
         mark = time.monotonic()
         expected, inputs = bench.expect(plan.init_seed, plan.specs(), lane_env)
+        inputs = {key.removeprefix("in:"): fd for key, fd in inputs.items()}
         digests = {m["key"]: m for m in bench.request({"op": "digests", "size": bench.size, "init_seed": plan.init_seed,
                                                         "items": plan.digest_items()}, settings.timeout_s, lane_env)
                    if m.get("event") == "digest"} if plan.replays else {}
@@ -245,7 +283,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         mark = time.monotonic()
         main = expected["trial0"]
         slot_values = max(e.numel for e in expected.values())
-        slots = max(3, BLOCK, max(len(b) for b in plan.bounds))
+        slots = max(3, *(len(b) for b in plan.timed + plan.bounds + [s for x in plan.shape_timed.values() for s in x]))
         set_bytes = {os.fstat(fd).st_size for fd in inputs.values()}
         if plan.inbox and len(set_bytes) != 1:  # inputs whose size changes with the seed: the child fills
             plan.inbox = False
@@ -271,6 +309,10 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         session = Session(bench, child, plan, expected, memfd.Outbox(child.outbox_fd, slot_values, slots), spares, env,
                           inbox, inputs, timed=unfit is None, settings=settings, prior=prior)
         session.digests = digests
+        # The bench's lane, not the child's environment: on the cpu that holds the cores added above,
+        # and the session's requests went to a second reference process, started for them (issue 28:
+        # an idle one beside it, holding its memory, while a gigabyte task's values were computed).
+        session.lane = lane_env
         session.own = own
         try:
             result = session.run(job)
@@ -289,7 +331,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
             child.kill()
             child.finish(grace=0.1)
         _close(inputs)
-        _close({key: want.fd for key, want in expected.items()})
+        _close({key: want.fd for key, want in expected.items() if want.fd is not None})
         if bench.detached:
             bench.close()
     result = _trust(result, settings)

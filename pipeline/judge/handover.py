@@ -22,16 +22,18 @@ def pair() -> tuple[socket.socket, socket.socket]:
     return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
-def sealed_memfd(name: str, data) -> int:
-    """A memfd holding `data` (bytes or a contiguous array, written without a copy), sealed: its size
-    and contents can no longer change, and whoever holds it can only map it read-only."""
+def sealed_memfd(name: str, *data) -> int:
+    """A memfd holding the `data` one after another (bytes or contiguous arrays, each written without
+    a copy, so a caller can hand over an output's parts without joining them), sealed: its size and
+    contents can no longer change, and whoever holds it can only map it read-only."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        view = memoryview(data).cast("B")
-        os.ftruncate(fd, len(view))
-        at = 0
-        while at < len(view):
-            at += os.write(fd, view[at:at + (1 << 30)])
+        for item in data:
+            view = memoryview(item).cast("B")
+            at = 0
+            while at < len(view):
+                at += os.write(fd, view[at:at + (1 << 30)])
+            del view
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
     except BaseException:
         os.close(fd)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..child.protocol import OutputHeader
+from ..child.protocol import PACKED_DTYPES, OutputHeader
 from ..child.timing import summarize_blocks
 from ..records import Ratio, Timing, TrialResult, Verdict
 from .runqueue import Load
@@ -66,17 +66,20 @@ LOOSE_BELOW_MS = 0.5
 # elementwise tolerance's reach (its scale is sum |w| (|ref| + mean |ref|)), plus float32's summing.
 DIGEST_SUM_EPS = 1e-5
 UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
+CHUNK = 1 << 22  # values a step where an output is compared in pieces (32 MiB of float64 an array)
 
 
 @dataclass(frozen=True)
 class Expected:
     """The reference's output for one call: metadata, and its full float64 values in a sealed memfd
-    (pipeline.judge.reference.sealed_memfd) that only the parent holds; it closes `fd` when the attempt ends."""
+    (pipeline.judge.handover.sealed_memfd) that only the parent holds, fetched as that call is checked and
+    closed once it has been (pipeline.judge.session.Session.fetch); `fd` is None where only the metadata
+    was asked for (an attempt's shapes, before its child starts)."""
 
     shape: list[int]
     numel: int
     ref_dtype: str
-    fd: int
+    fd: int | None
     fp32_rel_err: float | None = None
     parts: list | None = None
     """Gradient mode: [label, shape] of the output and of each gradient, in the order of the values."""
@@ -163,42 +166,103 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         return fail(Verdict.protocol_error, f"the output is said to be {header.dtype} but was written as {header.packed[0]}")
     if values is None or not header.written or values.size != want.numel:
         return fail(Verdict.mismatch, "the output's values did not reach the parent")
+    got_at = values.chunk if isinstance(values, Slot) else (lambda i, j: values[i:j])
     b = want.values()
     errs = want.rel_errs or [want.fp32_rel_err] * len(layout)
     owns = want.own_errs or [None] * len(layout)
     start, worst_part = 0, None
     for (label, shape, n), ref_err, own_err in zip(layout, errs, owns):
-        part = slice(start, start + n)
+        part = range(start, start + n)
         start += n
-        got, ref = values[part], b[part]
         wrong = Verdict.mismatch if label == "output" else Verdict.wrong_gradient
         where = "output" if label == "output" else label
-        if not np.all(np.isfinite(got)):
-            return fail(Verdict.non_finite if label == "output" else wrong, f"{where} holds NaN or Inf")
         part_tol = tolerance_for(tol, dtype, ref_err, own_err)
-        diff = np.abs(got - ref)
-        mag = np.abs(ref)
         # Magnitude-aware: relative per element, with the part's mean magnitude as the absolute
-        # floor, so zeros never pass against a non-zero reference (KernelBench #165).
-        bound = part_tol * (mag + (mag.mean() if mag.size else 0.0))
-        max_abs = float(diff.max()) if diff.size else 0.0
-        max_rel = max_abs / max(float(mag.max()) if mag.size else 0.0, 1e-30)
-        if not bool(np.all(diff <= bound)):
-            # The one element the feedback may show (pipeline.generate.feedback): the furthest past its bound.
-            worst = int(np.argmax(diff - bound))
-            index = [int(i) for i in np.unravel_index(worst, tuple(shape))] if shape else []
+        # floor, so zeros never pass against a non-zero reference (KernelBench #165). In chunks of
+        # CHUNK values (issue 28: whole-part float64 copies were several times a 1 GiB output).
+        mean = sum(float(np.abs(b[i:min(i + CHUNK, part.stop)]).sum()) for i in part[::CHUNK]) / n if n else 0.0
+        finite, past, max_abs, max_mag, worst = True, False, 0.0, 0.0, (-np.inf, 0, 0.0, 0.0)
+        for i in part[::CHUNK]:
+            j = min(i + CHUNK, part.stop)
+            got, ref = got_at(i, j), b[i:j]
+            if not np.all(np.isfinite(got)):
+                finite = False
+                break
+            diff = np.subtract(got, ref)  # a new array: `got` may be a view of the caller's values or the outbox
+            np.abs(diff, out=diff)
+            bound = np.abs(ref)
+            max_abs, max_mag = max(max_abs, float(diff.max())), max(max_mag, float(bound.max()))
+            bound += mean
+            bound *= part_tol
+            if not bool(np.all(diff <= bound)):
+                past = True
+                k = int(np.argmax(diff - bound))  # the one element the feedback may show: furthest past its bound
+                if not float(diff[k] - bound[k]) <= worst[0]:  # NaN too: argmax over the part picked it
+                    worst = (float(diff[k] - bound[k]), i - part.start + k, float(ref[k]), float(got[k]))
+        if not finite:
+            return fail(Verdict.non_finite if label == "output" else wrong, f"{where} holds NaN or Inf")
+        max_rel = max_abs / max(max_mag, 1e-30)
+        if past:
+            index = [int(x) for x in np.unravel_index(worst[1], tuple(shape))] if shape else []
             prefix = "" if label == "output" else f"{label}: "
             return fail(wrong, f"{prefix}max relative error {max_rel:.3g} exceeds tolerance {part_tol:g}",
                         max_abs_err=max_abs, max_rel_err=max_rel, worst_index=index,
-                        expected=float(ref[worst]), got=float(got[worst]))
+                        expected=worst[2], got=worst[3])
         if worst_part is None or max_rel > worst_part[1]:
             worst_part = (max_abs, max_rel)
     max_abs, max_rel = worst_part or (0.0, 0.0)
     return TrialResult(index=0, variant="", ok=True, max_abs_err=max_abs, max_rel_err=max_rel)
 
 
-def same_values(a: np.ndarray | None, b: np.ndarray | None) -> bool:
-    return a is not None and b is not None and a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
+class Slot:
+    """A slot of the child's outbox read in place, a chunk at a time, each chunk widened to float64
+    from the dtypes the header names (pipeline.child.protocol.PACKED_DTYPES): a whole float64 copy
+    of a gigabyte output was twice its size in the parent (issue 28). Each comparison reads each
+    value once, into its own chunk-sized copy, so a child that rewrites its outbox meanwhile only
+    changes which values it is judged on, as with the whole copy made before; nothing else reads it."""
+
+    def __init__(self, outbox, slot: int, dtypes: list[str], counts: list[int]):
+        import torch
+
+        self.outbox, self.size = outbox, sum(counts)
+        self.parts, at, first = [], slot * outbox.slot_values * 8, 0
+        for dtype, count in zip(dtypes, counts):
+            width = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+            self.parts.append((first, first + count, at, getattr(torch, dtype), width))
+            first, at = first + count, at + count * width
+        self.ok = at <= (slot + 1) * outbox.slot_values * 8
+
+    @staticmethod
+    def of(outbox, slot: int, dtypes: list[str], counts: list[int]) -> Slot | None:
+        """None where a dtype is not one the parent decodes or the parts do not fit the slot."""
+        if len(dtypes) != len(counts) or any(d not in PACKED_DTYPES for d in dtypes):
+            return None
+        slot_ = Slot(outbox, slot, dtypes, counts)
+        return slot_ if slot_.ok else None
+
+    def chunk(self, i: int, j: int) -> np.ndarray:
+        """Values i to j (across parts) as a fresh float64 array."""
+        import torch
+
+        out = []
+        for first, end, at, dtype, width in self.parts:
+            lo, hi = max(i, first), min(j, end)
+            if lo < hi:
+                raw = torch.frombuffer(self.outbox.map, dtype=torch.uint8, count=(hi - lo) * width,
+                                       offset=at + (lo - first) * width)
+                out.append(raw.view(dtype).to(torch.float64, copy=True).numpy())  # a copy even of float64
+                del raw
+        return out[0] if len(out) == 1 else np.concatenate(out) if out else np.empty(0)
+
+
+def same_values(a, b) -> bool:
+    """Two outputs (arrays or Slots) hold the same values, NaN where NaN; compared in chunks."""
+    if a is None or b is None or a.size != b.size:
+        return False
+    if not isinstance(a, Slot) and not isinstance(b, Slot):
+        return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
+    at = [x.chunk if isinstance(x, Slot) else (lambda i, j, x=x: x.reshape(-1)[i:j]) for x in (a, b)]
+    return all(np.array_equal(at[0](i, i + CHUNK), at[1](i, i + CHUNK), equal_nan=True) for i in range(0, a.size, CHUNK))
 
 
 @dataclass

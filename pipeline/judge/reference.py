@@ -3,13 +3,17 @@ imported candidate code, so a candidate that patches torch cannot move them.
 
     python -m pipeline.judge.reference --result-fd N      (requests arrive as JSON lines on stdin)
 
-It lives for a task's whole run on the parent's side: `baselines` once, then one `expect` per
-attempt, with that attempt's own seeds. Where torch.compile is timed, a thread warms the compiler up
-at start (CompilerWarmup) while the process serves `expect`; every op that times anything, and
-`settle`, waits for it first. Expected outputs go, in full and as float64, into memfds (anonymous
-memory, sealed once written) handed to the parent over a Unix socket and closed here (pipeline.judge.handover):
-no path names them, and the parent passes them to no child. It compares them with the candidate's
-outputs value by value.
+It lives for a task's whole run on the parent's side: `baselines` once, then per attempt, with that
+attempt's own seeds, its expected values: all in one `expect` where they are small, else an `expect`
+of the outputs' shapes and one per checked call (pipeline.judge.evaluate.AttemptPlan.specs). Where
+torch.compile is timed, a thread warms the compiler up at start (CompilerWarmup) while the process
+serves `expect`; every op that times anything, and `settle`, waits for it first. Expected outputs
+go, in full and as float64, into memfds (anonymous memory, sealed once written) handed to the parent
+over a Unix socket and closed here (pipeline.judge.handover): no path names them, and the parent passes
+them to no child. It compares them with the candidate's outputs value by value, in chunks, and
+closes each once compared. The comparison stays in the parent: this process never sees a
+candidate's output, so nothing a candidate returns can reach the process that makes the values it
+is judged against.
 """
 
 from __future__ import annotations
@@ -35,23 +39,36 @@ from ..child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_m
 from .handover import give, sealed_memfd
 
 
+# Values a step where a whole output is worked through in pieces (_errs).
+CHUNK = 1 << 22
+LARGE_SETS = 256 << 20  # bytes of eager input sets freed before an `expect` (Reference.drop_sets)
+
+
 def _as64(inputs: list[Any]) -> list[Any]:
     return [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
 
 
 def _errs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """How far `a` (PyTorch in the run's dtype) lands from `b` (float64), from one difference: the
-    largest |a - b| over the largest |b|, and the same in the judge's elementwise metric
-    (pipeline.judge.judge.compare), the largest |a - b| / (|b| + the part's mean |b|), infinite where an
-    element of an all-zero part is not zero."""
+    """How far `a` (PyTorch in the run's dtype) lands from `b` (float64): the largest |a - b| over
+    the largest |b|, and the same in the judge's elementwise metric (pipeline.judge.judge.compare), the
+    largest |a - b| / (|b| + the part's mean |b|), infinite where an element of an all-zero part is
+    not zero. In chunks of CHUNK values: whole-part float64 temporaries were four more copies of an
+    output (issue 28)."""
     if a.numel() == 0:
         return 0.0, 0.0
-    ref = b.double()
-    diff, mag = (a.double() - ref).abs(), ref.abs()
-    rel = diff.max().item() / max(mag.max().item(), 1e-30)
-    den = mag + mag.mean()
-    own = torch.where(den > 0, diff / den.clamp_min(1e-300), torch.where(diff > 0, float("inf"), 0.0))
-    return rel, own.max().item()
+    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+    n = b.numel()
+    mean = sum(float(b[i:i + CHUNK].double().abs().sum()) for i in range(0, n, CHUNK)) / n
+    top_diff = top_mag = own = 0.0
+    for i in range(0, n, CHUNK):
+        ref = b[i:i + CHUNK].double()
+        diff, mag = a[i:i + CHUNK].double().sub_(ref).abs_(), ref.abs()
+        top_diff, top_mag = max(top_diff, diff.max().item()), max(top_mag, mag.max().item())
+        if mean > 0:  # every element's floor is above zero
+            own = max(own, diff.div_(mag.add_(mean)).max().item())
+    if mean == 0:  # an all-zero part: any difference is infinitely off
+        own = float("inf") if top_diff > 0 else 0.0
+    return top_diff / max(top_mag, 1e-30), own
 
 
 def _parts(result: Any) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
@@ -102,9 +119,14 @@ class Reference:
         with torch.no_grad():
             out = m64(*_as64(replays.inputs_for(module, seeds, replay, factor_seed, self.device)))
         out = out.double().reshape(-1)
-        w = replays.weights(out.numel(), digest_seed, self.device).double()
-        mag = out.abs()
-        return {"digest": float(torch.dot(out, w)), "scale": float(torch.dot(w.abs(), mag + mag.mean()))}
+        w = replays.weights(out.numel(), digest_seed, self.device)  # float32, as the child's; widened a chunk at a time
+        n, digest, scale = out.numel(), 0.0, 0.0
+        mean = sum(float(out[i:i + CHUNK].abs().sum()) for i in range(0, n, CHUNK)) / max(n, 1)
+        for i in range(0, n, CHUNK):  # whole float64 copies of the weights and |out| were 3 more outputs (issue 28)
+            part, wd = out[i:i + CHUNK], w[i:i + CHUNK].double()
+            digest += float(torch.dot(part, wd))
+            scale += float(torch.dot(wd.abs_(), part.abs().add_(mean)))
+        return {"digest": digest, "scale": scale}
 
     def wrap(self, model, init_seed: int, upstream_dtype: torch.dtype | None = None):
         if not self.grad:
@@ -112,10 +134,19 @@ class Reference:
         return ForwardBackward(model, init_seed, upstream_dtype)
 
     def expected(self, size: str, init_seed: int, seed: int, variant: str, pack_inputs: bool = False,
-                 output: bool = True) -> dict[str, Any]:
-        """The reference's output for one call, in float64, written whole into a sealed memfd
-        (`values_fd`, the caller's to close); with `pack_inputs`, the call's inputs too, packed as the
-        inbox holds them (pipeline.child.protocol), in another (`inputs_fd`)."""
+                 output: bool = True, values: bool = True) -> dict[str, Any]:
+        """The reference's output for one call, in float64, written into a sealed memfd (`values_fd`,
+        the caller's to close; with `values` False only what describes it: shape, dtypes, errors);
+        with `pack_inputs`, the call's inputs too, packed as the inbox holds them
+        (pipeline.child.protocol), in another (`inputs_fd`).
+
+        Past 256 MiB an attempt asks for one call's values at a time, as it checks that call
+        (pipeline.judge.evaluate.AttemptPlan.specs), and
+        the steps below keep at most about twice the float64 forward's own inputs and output alive: the
+        float32 inputs are dropped while the float64 forward runs and drawn again from the seed (the
+        draw is deterministic: the candidate's child sees the same values) for the run dtype's forward,
+        the two outputs are compared in chunks, and the float64 parts go into the memfd one after
+        another, with no concatenated copy (issue 28: a 1 GiB output was six copies here)."""
         module, m32, m64 = self.models_for(size, init_seed)
         inputs = tasks.make_inputs(module, seed, variant, self.device)
         meta: dict[str, Any] = {}
@@ -124,20 +155,28 @@ class Reference:
         if not output:
             return meta
         inputs64 = _as64(inputs)
+        del inputs
         reseed(m64, inputs64, seed)  # gradient mode: this call's upstream, as the candidate's child draws it
-        reseed(m32, inputs, seed)
         with torch.no_grad():
             ref, parts = _parts(m64(*inputs64))
+        del inputs64
+        inputs = tasks.make_inputs(module, seed, variant, self.device)
+        reseed(m32, inputs, seed)
+        with torch.no_grad():
             out32, parts32 = _parts(m32(*inputs))
-        values = torch.cat([t.detach().reshape(-1).to(device="cpu", dtype=torch.float64) for _, t in parts]).numpy()
-        meta["values_fd"] = sealed_memfd("kgen-expected", values)
+        del inputs
         # How far PyTorch's own run dtype lands from float64 here, part by part: evidence for the
         # tolerance, and in bfloat16 and float16 the tolerance itself (pipeline.judge.judge.tolerance_for).
         errs, own = map(list, zip(*(_errs(a, b) for (_, a), (_, b) in zip(parts32, parts))))
-        return {**meta, "shape": list(ref.shape), "numel": len(values),
-                "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": errs[0],
-                "parts": [[label, list(t.shape)] for label, t in parts], "rel_errs": errs, "own_errs": own,
-                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in parts32]}
+        described = {"shape": list(ref.shape), "numel": sum(t.numel() for _, t in parts),
+                     "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": errs[0],
+                     "parts": [[label, list(t.shape)] for label, t in parts], "rel_errs": errs, "own_errs": own,
+                     "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in parts32]}
+        del out32, parts32
+        if values:
+            meta["values_fd"] = sealed_memfd("kgen-expected", *(
+                t.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy() for _, t in parts))
+        return {**meta, **described}
 
     def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False) -> list[float]:
         """One block of eager calls (or, with `compiled`, of torch.compile of the same model), timed
@@ -172,6 +211,14 @@ class Reference:
         if isinstance(model, ForwardBackward):
             return ForwardBackward(torch.compile(model.model), model.seed, model.round_to)
         return torch.compile(model)
+
+    def drop_sets(self) -> None:
+        """Free the eager blocks' input sets where they are large (the next block makes them again):
+        between blocks the parent asks for a checked call's expected values, and on a task of
+        gigabytes these sets beside the float64 forward were more than the judge's budget
+        (pipeline.child.memory.MEMORY_FACTOR)."""
+        if self.sets and tasks.input_bytes(self.sets[0]) * len(self.sets) >= LARGE_SETS:
+            self.sets = None
 
     def release(self) -> None:
         """Free what an attempt's blocks kept (models, compiled models, input sets, the clock's buffers)."""
@@ -385,11 +432,13 @@ def main(argv: list[str] | None = None) -> int:
                         torch.cuda.empty_cache()
                 send({"event": "block_failed", "error": _one_line(exc)})
         elif request["op"] == "expect":
+            ref.drop_sets()  # a call's float64 forward needs the room more than the next eager block does
             for spec in request["specs"]:
                 meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"],
-                                    bool(spec.get("inputs")), spec.get("output", True))
+                                    bool(spec.get("inputs")), spec.get("output", True), spec.get("values", True))
                 fds = {name: meta.pop(name) for name in ("values_fd", "inputs_fd") if name in meta}
-                give(handover, list(fds.values()))  # first: the parent takes them as it reads the line below
+                if fds:  # first: the parent takes them as it reads the line below (a line naming none takes none)
+                    give(handover, list(fds.values()))
                 send({"event": "expected", "key": spec["key"], "fds": list(fds), **meta})
             ref.release()
         elif request["op"] == "digests":  # the replayed Bound calls the parent checks (pipeline.child.replays)

@@ -9,6 +9,8 @@ verdict its step calls for, garbage or a reply out of order with `protocol_error
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from typing import Any
 
@@ -18,7 +20,7 @@ from .. import backends
 from ..child import protocol as P
 from ..child import memfd
 from ..records import EvalResult, TrialResult, Verdict
-from . import judge, owncode, runqueue, shapes
+from . import beside, judge, owncode, runqueue, shapes
 from .bench import TaskBench, _seed, lane_of
 from .ended import Ended, ended_early
 from .judge import Expected, Window, pair_ratios, summarize
@@ -32,6 +34,7 @@ CALIBRATION_BLOCKS = 15
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
 PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
+DISCARD_SLOT_BYTES = 64 << 20  # outbox slots this large are given back once judged (Session.discard)
 
 
 class Session:
@@ -200,6 +203,7 @@ class Session:
                                  "calibration", noise)
             if i:
                 self.calibration.append(Window(ms, calls, self.load))
+        noise = None  # a copy of the inputs' size, which the float64 forwards to come need more
         if plan.replays:  # the same, replayed from CUDA graphs of the null model
             for i in range(CALIBRATION_BLOCKS + 1):
                 ready, _ = self.ask(P.Bound(index=-100 - i, seeds=[_seed() for _ in range(calls)], replays=plan.replays,
@@ -281,31 +285,48 @@ class Session:
 
     # ---- checks --------------------------------------------------------------------------------
 
-    def values(self, slot: int, header: P.OutputHeader | None, want: Expected) -> np.ndarray | None:
-        """The slot's values as float64, decoded part by part in the dtypes the header names (the
-        output's dtype, and each gradient's, are then judged against the reference's)."""
+    def values(self, slot: int, header: P.OutputHeader | None, want: Expected) -> judge.Slot | None:  # read in place
         if header is None or not header.written:
             return None
-        return P.unpack(self.outbox, slot, header.packed or [header.dtype or ""], [n for _, _, n in want.layout()])
+        return judge.Slot.of(self.outbox, slot, header.packed or [header.dtype or ""], [n for _, _, n in want.layout()])
+
+    def fetch(self, key: str) -> Expected:
+        """A checked call's expected values: made ahead (AttemptPlan.specs) or asked for now (issue 28)."""
+        if (want := self.expected.get(key)) is None or want.fd is None:
+            want = self.expected[key] = self.bench.expected_for(self.plan.init_seed, key, self.plan.checked[key], self.lane)
+        return want
+
+    def release(self, key: str) -> None:  # a checked call's values, once compared (maps die with their views)
+        os.close(self.expected[key].fd)
+        self.expected[key] = dataclasses.replace(self.expected[key], fd=None)  # its shapes, for later checks
+
+    def discard(self, first: int = 1, count: int | None = None) -> None:
+        """On the cpu, judged slots' pages back where large; never slot 0 (Bound calls write it in the window: faults)."""
+        if self.bench.device == "cpu" and self.outbox.slot_values * 8 >= DISCARD_SLOT_BYTES:
+            self.outbox.discard(first, count)
 
     def trial(self, trial: P.Trial) -> TrialResult:
         bench = self.bench
         reply, _ = self.ask(trial, P.TrialDone, f"trial {trial.index}")
-        want = self.expected[f"trial{trial.index}"]
-        first, after = self.values(0, reply.output, want), self.values(1, reply.after_sync, want)
-        again = self.values(2, reply.repeat, want)
-        tol, device, dtype = bench.tolerance, bench.device, bench.settings.dtype
-        result = judge.compare(reply.output, first, want, tol, device, dtype)
-        if result.ok and not reply.inputs_unchanged:
-            result = judge.fail(Verdict.inputs_mutated, "the candidate changed its inputs")
-        if result.ok and not judge.same_values(first, after):
-            result = judge.fail(Verdict.nondeterministic, "the output changed after the call returned (work left running)")
-        if result.ok and trial.repeat:
-            second = judge.compare(reply.repeat or reply.output, again, want, tol, device, dtype)
-            if not second.ok:
-                result = judge.fail(Verdict.nondeterministic, f"a second call on the same inputs disagrees: {second.error}")
-        at = trial.size if isinstance(trial.size, str) else "custom"
-        label = trial.variant if trial.size == bench.size else f"{trial.variant}@{at}"
+        want = next(v for k, v in self.expected.items() if self.plan.checked[k]["size"] == trial.size)  # its layout
+        first, after, again = (self.values(i, h, want) for i, h in enumerate((reply.output, reply.after_sync, reply.repeat)))
+        settled, same = judge.same_values(first, after), again is not None and judge.same_values(first, again)
+        self.discard(1, 2 if same else 1)  # before the float64 forward; a repeat equal to the first is judged as it
+        tol, device, dtype, want = bench.tolerance, bench.device, bench.settings.dtype, self.fetch(f"trial{trial.index}")
+        try:
+            result = judge.compare(reply.output, first, want, tol, device, dtype)
+            if result.ok and not reply.inputs_unchanged:
+                result = judge.fail(Verdict.inputs_mutated, "the candidate changed its inputs")
+            if result.ok and not settled:
+                result = judge.fail(Verdict.nondeterministic, "the output changed after the call returned (work left running)")
+            if result.ok and trial.repeat:
+                second = judge.compare(reply.repeat or reply.output, first if same else again, want, tol, device, dtype)
+                if not second.ok:
+                    result = judge.fail(Verdict.nondeterministic, f"a second call on the same inputs disagrees: {second.error}")
+        finally:
+            self.release(f"trial{trial.index}")
+        self.discard()
+        label = trial.variant if trial.size == bench.size else f"{trial.variant}@{trial.size if isinstance(trial.size, str) else 'custom'}"
         result = result.model_copy(update={"index": trial.index, "variant": label})
         self.judged.append(result)
         return result
@@ -369,7 +390,7 @@ class Session:
             if (problem := self.check_block(f"timed{j}", "timed call", j * len(seeds), reply.outputs)):
                 return problem
             at = self.spent("timing_checks", at)
-            self.eager_block(len(seeds), first=j == 0)
+            beside.eager_block(self, len(seeds), first=j == 0)
             if self.device_busy:
                 return Verdict.impossible_timing, self.device_busy
             at = time.monotonic()
@@ -391,8 +412,7 @@ class Session:
                         continue
                 # Private copies, read before the window as the files were: a child that will not
                 # stop gets the write inside it (ask), and a first touch of a map's pages there costs.
-                values = [judge.mapped(self.inputs[f"bound{k}_{i}"]).copy()
-                          for i in range(len(bound_seeds))] if self.inbox else None
+                values = self.bench.bound_inputs(plan, k, self.inputs, self.lane, self.inbox.set_bytes) if self.inbox else None
                 reply, ms = self.ask(self.bound_request(k, bound_seeds), P.BoundDone, f"bound block {k}", values)
                 at = self.spent("timing_bounds", at)
                 if len(reply.outputs) != len(bound_seeds):
@@ -430,45 +450,6 @@ class Session:
         self.bound_note = f"replayed from CUDA graphs, {plan.replays} calls a request"
         return True
 
-    def eager_block(self, calls: int, first: bool) -> None:
-        """As many eager calls, then as many torch.compile calls, timed by the reference process right
-        after the candidate's block (never beside it): the speedups are ratios of times taken in the
-        same window."""
-        at = time.monotonic()
-        self.child.pause()  # what the candidate left running must not slow the other side (sandbox.Child.pause)
-        try:
-            at = self.spent("timing_pause", at)
-            self.eager.extend(self.reference_block(calls, first, compiled=False))
-            at = self.spent("timing_eager", at)
-            if self.compile_beside:
-                times = self.reference_block(calls, first, compiled=True)
-                self.spent("timing_compiled", at)
-                if times is None:  # torch.compile failed in the reference: the prepared baseline stands in
-                    self.compile_beside, self.compiled = False, []
-                else:
-                    self.compiled.extend(times)
-        finally:
-            self.child.resume()
-
-    def reference_block(self, calls: int, first: bool, compiled: bool, size=None) -> list[float] | None:
-        """One block timed by the reference process (eager, or torch.compile of the same model), at
-        the main size or `size`; None when it reports the block failed."""
-        bench = self.bench
-        msgs = bench.request({"op": "time_block", "size": bench.size if size is None else size,
-                              "held_out": size is not None, "init_seed": self.plan.init_seed,
-                              "seeds": [_seed() for _ in range(calls)], "compiled": compiled,
-                              "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, self.lane)
-        if (failed := [m for m in msgs if m.get("event") == "block_failed"]):
-            self.block_error = failed[0].get("error")
-            return None
-        for m in msgs:
-            if m.get("event") == "block" and m.get("busy") and "after_ms" in m["busy"]:
-                busy = m["busy"]
-                self.device_busy = (f"the GPU ran other work while the reference timed (a probe took "
-                                    f"{busy['after_ms']:.3f} ms, {busy['idle_ms']:.3f} idle), after a wait and a re-timing: "
-                                    "work the candidate left running")
-        return [t for m in msgs if m.get("event") == "block" for t in m["times_ms"]]
-
     def bound_request(self, index: int, seeds: list[int]) -> P.Bound:
         """Values through the inbox (the parent's, written in the window) or a seed per call; in
         gradient mode the seeds go with the inbox too: each call's upstream comes from its seed."""
@@ -480,15 +461,19 @@ class Session:
                     like: str = "trial0") -> tuple[Verdict, str] | None:
         """`like`: the expected output whose shape every unchecked call's must have (its size's trial)."""
         for j, header in enumerate(headers):
-            want = self.expected.get(f"{prefix}_{j}")
-            if want is None:
+            if f"{prefix}_{j}" not in self.plan.checked:
                 if header.shape != self.expected[like].shape or not header.written:
                     return Verdict.mismatch, f"{what} {first + j} returned {header.type} of shape {header.shape}"
                 continue
-            r = judge.compare(header, self.values(j, header, want), want, self.bench.tolerance, self.bench.device,
-                              self.bench.settings.dtype)
+            want = self.fetch(f"{prefix}_{j}")
+            try:
+                r = judge.compare(header, self.values(j, header, want), want, self.bench.tolerance, self.bench.device,
+                                  self.bench.settings.dtype)
+            finally:
+                self.release(f"{prefix}_{j}")
             if not r.ok:
                 return r.verdict, f"{what} {first + j} returned a wrong result ({r.error}): cached, stale or drifting output"
+        self.discard()
         return None
 
 

@@ -22,22 +22,22 @@ from ..child import protocol as P
 from ..child.timing import BLOCK, summarize_blocks
 from ..leaderboard import faster
 from ..records import ShapeRun, Timing, TrialResult
-from . import owncode
+from . import beside, owncode
 from .bench import EvaluationError, _seed
 
 SHAPE_BLOCKS = 3  # timed blocks of BLOCK calls per held-out size, each followed by an eager block
 
 
-def draw(trials: list[P.Trial], main_size) -> tuple[dict[int, list[list[int]]], dict[str, dict[str, Any]]]:
-    """Per held-out trial (by index) the seeds of its timed blocks, and the one call of each block
-    the parent checks in full (chosen in secret, as the main blocks' are)."""
+def draw(trials: list[P.Trial], main_size, calls: int = BLOCK) -> tuple[dict[int, list[list[int]]], dict[str, dict[str, Any]]]:
+    """Per held-out trial (by index) the seeds of its timed blocks of `calls` calls, and the one call
+    of each block the parent checks in full (chosen in secret, as the main blocks' are)."""
     rng = random.SystemRandom()
     seeds: dict[int, list[list[int]]] = {}
     checked: dict[str, dict[str, Any]] = {}
     for trial in trials:
         if trial.size == main_size:
             continue
-        seeds[trial.index] = [[_seed() for _ in range(BLOCK)] for _ in range(SHAPE_BLOCKS)]
+        seeds[trial.index] = [[_seed() for _ in range(calls)] for _ in range(SHAPE_BLOCKS)]
         for b, block in enumerate(seeds[trial.index]):
             j = rng.randrange(len(block))
             checked[f"shape{trial.index}_{b}_{j}"] = {"size": trial.size, "seed": block[j], "variant": "base"}
@@ -76,9 +76,9 @@ def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms:
             return run
         times.extend(reply.times_ms)
         wall += ms
-        session.child.pause()  # what the candidate left running must not slow eager (as Session.eager_block)
+        session.child.pause()  # what the candidate left running must not slow eager (as beside.eager_block)
         try:
-            block = session.reference_block(len(seeds), first=b == 0, compiled=False, size=trial.size)
+            block = beside.reference_block(session, len(seeds), first=b == 0, compiled=False, size=trial.size)
             why = session.block_error
         except EvaluationError as exc:  # the reference died there; the next request starts it again
             block, why = None, str(exc)[-300:]
