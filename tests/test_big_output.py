@@ -18,7 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from pipeline.child import memory, tasks
-from pipeline.cli import main
+from pipeline.cli.main import main
 
 # 1.25 GiB of float32 input and as much output: past the cpu's inbox (pipeline.judge.evaluate.INBOX_BYTES),
 # where the Bound calls' inputs would be held once more, in the child's inbox (CPU_MEMORY_FACTOR).
