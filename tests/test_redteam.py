@@ -754,7 +754,8 @@ def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_cloc
     trusted time (pipeline.judge.judge.loaded)."""
     cores = sandbox.cpu_cores(SETTINGS.cpu_threads)
     code = REDTEAM / "honest_fast_mse.py"
-    built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], tmp_path / "builds", timeout_s=600)
+    built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], tmp_path / "builds",
+                        build.BuildOptions(timeout_s=600))
     assert built.ok, built.log[-2000:]
     (tmp_path / "f").mkdir()
     spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, cores]) for _ in range(2)]

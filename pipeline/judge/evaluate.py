@@ -122,7 +122,11 @@ class AttemptPlan:
         plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size, shape_timed)
         # float64 values (the output and, in gradient mode, gradients of the inputs' size) of every
         # checked call, and the inbox's sets: ahead where small and known (specs).
-        plan.ahead = 0 < bench.output_bytes and ((bench.output_bytes + input_bytes) * 2 * len(checked) + (
+        # (Gradients, of the inputs' size, only in gradient mode: counted in forward mode too, a small
+        # mse's 8 MB of inputs put its scalar outputs past the limit, its Bound inputs were packed
+        # between the child's requests, and honest kernels were refused at half the estimate.)
+        grads = input_bytes if s.grad else 0
+        plan.ahead = 0 < bench.output_bytes and ((bench.output_bytes + grads) * 2 * len(checked) + (
             input_bytes * sum(map(len, bounds)) if inbox else 0)) <= AHEAD_BYTES
         if bench.device.startswith("cuda") and not s.grad and bench.settings.replay_bound:
             plan.replays = replay_count(fastest_ms(bench))
