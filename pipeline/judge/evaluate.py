@@ -90,6 +90,7 @@ class AttemptPlan:
     factor_seeds: list[int] = field(default_factory=list)  # revealed only in each request's Play
     replay_checks: list[list[int]] = field(default_factory=list)
     ahead: bool = False  # every expected value computed before the child starts (specs)
+    inputs_ahead: bool = False  # every Bound request's inbox inputs packed before the child starts (specs)
 
     @staticmethod
     def draw(bench: TaskBench) -> AttemptPlan:
@@ -126,8 +127,12 @@ class AttemptPlan:
         # mse's 8 MB of inputs put its scalar outputs past the limit, its Bound inputs were packed
         # between the child's requests, and honest kernels were refused at half the estimate.)
         grads = input_bytes if s.grad else 0
-        plan.ahead = 0 < bench.output_bytes and ((bench.output_bytes + grads) * 2 * len(checked) + (
-            input_bytes * sum(map(len, bounds)) if inbox else 0)) <= AHEAD_BYTES
+        bound_bytes = input_bytes * sum(map(len, bounds)) if inbox else 0
+        plan.ahead = 0 < bench.output_bytes and (bench.output_bytes + grads) * 2 * len(checked) + bound_bytes <= AHEAD_BYTES
+        # The Bound requests' inputs ahead wherever they fit, whatever the expected values need:
+        # packed by the reference between the child's requests, on its cores, they slowed the Bound
+        # calls (cold caches) and honest kernels were refused at half the estimate.
+        plan.inputs_ahead = bound_bytes <= AHEAD_BYTES
         if bench.device.startswith("cuda") and not s.grad and bench.settings.replay_bound:
             plan.replays = replay_count(fastest_ms(bench))
             plan.digest_seeds = [_seed() for _ in bounds]
@@ -164,8 +169,8 @@ class AttemptPlan:
             if size not in sizes:
                 sizes.add(size)
                 specs[key] = {**spec, "output": True, "values": False}
-        if self.inbox:
-            specs.update(self.inputs_specs(0))
+        for k in range(len(self.bounds) if self.inputs_ahead else 1) if self.inbox else ():
+            specs.update(self.inputs_specs(k))
         return specs
 
     def inputs_specs(self, k: int) -> dict[str, dict[str, Any]]:
