@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.build import build
 from pipeline.judge import evaluate
 from pipeline.judge.bench import prepare
+from pipeline.records import Provenance  # noqa: E402
 from pipeline import library  # noqa: E402
 from pipeline.child import tasks  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
@@ -101,9 +102,9 @@ def main() -> int:
             finally:
                 bench.close()
             task_id = store.upsert_task(t, str(task.path), task.source)
-            store.save_attempt(run_id=run_id, task_id=task_id, task=t, model="fixture", sample=0,
-                               backend=args.backend, template=dtype, completion_id=None, code_hash=sources[t][0],
-                               result=r, size=bench.size_name)
+            store.save_attempt(Provenance(run_id=run_id, task_id=task_id, task=t, model="fixture", sample=0,
+                                          backend=args.backend, template=dtype, completion_id=None,
+                                          code_hash=sources[t][0], size=bench.size_name), r)
             tm, e, c = r.timing, r.eager_beside, r.compiled_beside
             spread = (f"kernel p25-p75 {tm.p25_ms:.4g}-{tm.p75_ms:.4g}, eager {e.p25_ms:.4g}-{e.p75_ms:.4g}"
                       + (f", compile {c.p25_ms:.4g}-{c.p75_ms:.4g}" if c else "")) if tm and e else ""

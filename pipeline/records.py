@@ -410,3 +410,43 @@ class FileRequest(Record):
     """The inputs' dtype; None: the config's evaluation.dtype."""
     store: bool = True
     """Store the result, as a run of its own of kind "eval"."""
+
+
+class Provenance(Record, frozen=True):
+    """Where a stored attempt came from: the run and slot it fills and the search step that made it
+    (pipeline.store.Store.save_attempt stores it beside the EvalResult)."""
+
+    run_id: str
+    """The run it belongs to (a batch, or a `kgen eval` run of its own)."""
+    task_id: str
+    """The task row's id (Store.upsert_task)."""
+    task: str
+    """The task's name."""
+    model: str
+    """The model that wrote the code; "(file)" for `kgen eval`."""
+    sample: int
+    """Its sample index among the model's answers for the task."""
+    backend: str
+    """cuda, triton or cpu."""
+    template: str
+    """The prompt template's name; "-" where no prompt was rendered."""
+    size: str
+    """The task size it was judged at, as it ran (a derived size names the globals it set)."""
+    completion_id: str | None = None
+    """The completion the code was extracted from; None for a file."""
+    code_hash: str | None = None
+    """The extracted code's hash (generated/<hash>.py); None where nothing was extracted."""
+    turn: int = 0
+    """Refine mode: the turn of the conversation (0: the first answer)."""
+    generation: int = 0
+    """Evolve mode: the generation it was bred in."""
+    parents: list[str] = Field(default_factory=list)
+    """The attempts whose code or feedback the prompt showed (lineage)."""
+    messages: list[dict[str, str]] | None = None
+    """The conversation sent to the model, where it was more than the first prompt."""
+    feedback: str | None = None
+    """The feedback text the prompt carried."""
+    level: int | None = None
+    """KernelBench's level of the task, where it came from a KernelBench checkout."""
+    problem: int | None = None
+    """KernelBench's problem id of the task."""

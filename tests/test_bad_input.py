@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.records import Baselines, EvalResult, Timing, Verdict
+from pipeline.records import Baselines, EvalResult, Provenance, Timing, Verdict
 from pipeline.store.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,8 +51,9 @@ def _stored(db: Path) -> str:
     with Store.open(db) as store:
         run = store.start_run("{}", "[]", "cpu", "cpu: Test CPU", "2.13.0", None)
         task_id = store.upsert_task("mse", "mse.py", (ROOT / "reference_tasks" / "mse.py").read_text())
-        attempt = store.save_attempt(run_id=run, task_id=task_id, task="mse", model="m", sample=0, backend="cpu",
-                                     template="t", completion_id=None, code_hash="a" * 16, result=result, size="small")
+        attempt = store.save_attempt(Provenance(run_id=run, task_id=task_id, task="mse", model="m", sample=0,
+                                                backend="cpu", template="t", completion_id=None, code_hash="a" * 16,
+                                                size="small"), result)
         store.finish_run(run, "done")
     return attempt
 

@@ -22,7 +22,7 @@ from pipeline.library.export import export_best
 from pipeline.cli.inspect import best
 from pipeline.report.kbmetrics import best_per_task
 from pipeline.leaderboard import is_verified
-from pipeline.records import Baselines, EvalResult, Flag, ShapeRun, Timing, TrialResult, Verdict
+from pipeline.records import Baselines, EvalResult, Flag, Provenance, ShapeRun, Timing, TrialResult, Verdict
 from pipeline.report.page import report_data, report_json
 from pipeline.library.selection import from_db
 from pipeline.store.store import Store
@@ -79,9 +79,10 @@ def filled(tmp_path):
         for sample, (label, (ms, eager, flags, trusted)) in enumerate(ATTEMPTS.items()):
             text = _source(label)
             (generated / f"{_hash(text)}.py").write_text(text)
-            ids[label] = store.save_attempt(run_id=run, task_id=task_id, task="mse", model="m", sample=sample,
-                                            backend="cpu", template="t", completion_id=None, code_hash=_hash(text),
-                                            result=_correct(ms, eager, flags, trusted), size="small")
+            ids[label] = store.save_attempt(Provenance(run_id=run, task_id=task_id, task="mse", model="m",
+                                                       sample=sample, backend="cpu", template="t", completion_id=None,
+                                                       code_hash=_hash(text), size="small"), _correct(ms, eager,
+                                                       flags, trusted))
         store.finish_run(run, "done")
         rows = store.attempts()
     return {"db": db, "generated": generated, "run": run, "ids": ids, "rows": rows}

@@ -24,7 +24,7 @@ from rich.console import Console
 from pipeline.cli.main import main
 from pipeline.cli.progress import Progress
 from pipeline.run.events import Answered, Building, Built, Planned, RunStart, Stored
-from pipeline.records import Baselines, BuildResult, Completion, EvalResult, Flag, Timing, Usage, Verdict
+from pipeline.records import Baselines, BuildResult, Completion, EvalResult, Flag, Provenance, Timing, Usage, Verdict
 from pipeline.cli.show import render_attempt
 from pipeline.store.store import Store
 from pipeline.cli.tables import attempts_table, best_table, run_summary, short_error
@@ -93,15 +93,16 @@ def filled(tmp_path):
                 ("impossible", "replay-demo", None, "c" * 16,
                  EvalResult(verdict=Verdict.impossible_timing, error=f"ran faster than memory allows {HOSTILE}"))]
         for sample, (key, model, comp, code_hash, result) in enumerate(plan):
-            ids[key] = store.save_attempt(run_id=run, task_id=task_id, task="cross_entropy", model=model,
-                                          sample=sample, backend="cpu", template="t", completion_id=comp,
-                                          code_hash=code_hash, result=result, size="small")
+            ids[key] = store.save_attempt(Provenance(run_id=run, task_id=task_id, task="cross_entropy", model=model,
+                                                     sample=sample, backend="cpu", template="t", completion_id=comp,
+                                                     code_hash=code_hash, size="small"), result)
         store.finish_run(run, "done")
         evalrun = store.start_run("{}", "[]", "cpu", "cpu: Test CPU", "2.13.0", None, note="kgen eval x.py",
                                   kind="eval")
-        ids["eval"] = store.save_attempt(run_id=evalrun, task_id=task_id, task="cross_entropy", model="(file)",
-                                         sample=0, backend="cpu", template="-", completion_id=None,
-                                         code_hash="d" * 16, result=_correct(0.1), size="small")
+        ids["eval"] = store.save_attempt(Provenance(run_id=evalrun, task_id=task_id, task="cross_entropy",
+                                                    model="(file)", sample=0, backend="cpu", template="-",
+                                                    completion_id=None, code_hash="d" * 16,
+                                                    size="small"), _correct(0.1))
     return {"config": config, "dir": tmp_path, "db": tmp_path / "db" / "other.db", "run": run, "evalrun": evalrun,
             "ids": ids}
 
@@ -339,9 +340,10 @@ def test_a_resumed_run_shows_its_stored_attempts_not_0_of_0(tmp_path):
     runner = Runner(cfg, store, on_event=progress.event)
     run_id = store.start_run("{}", "[]", "cpu", "cpu", "2.13.0", None, key=runner.key)
     for slot in runner.slots:
-        store.save_attempt(run_id=run_id, task_id="t", task=slot.task.name, model=slot.model.name, sample=slot.sample,
-                           backend="cpu", template=slot.template, completion_id=None, code_hash=None,
-                           result=EvalResult(verdict=Verdict.extract_failed, error="no code"), size="small")
+        store.save_attempt(Provenance(run_id=run_id, task_id="t", task=slot.task.name, model=slot.model.name,
+                                      sample=slot.sample, backend="cpu", template=slot.template, completion_id=None,
+                                      code_hash=None, size="small"), EvalResult(verdict=Verdict.extract_failed,
+                                      error="no code"))
     with progress:
         assert asyncio.run(runner.run()) == run_id
     bars = {t.description: (t.completed, t.total) for t in progress.bars.tasks}

@@ -20,7 +20,7 @@ from pipeline.judge import evaluate
 from pipeline.judge.bench import TaskBench, prepare
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
-from pipeline.records import EvalResult, Verdict as V
+from pipeline.records import EvalResult, Provenance, Verdict as V
 
 pytestmark = pytest.mark.slow
 
@@ -221,8 +221,8 @@ def _store(tmp_path: Path, name: str, task: str, result: EvalResult) -> tuple[Pa
         run = store.start_run("{}", "[]", "cpu", result.device, result.torch_version, None)
         task_file = ROOT / "reference_tasks" / f"{task}.py"
         task_id = store.upsert_task(task, str(task_file), task_file.read_text())
-        store.save_attempt(run_id=run, task_id=task_id, task=task, model="m", sample=0, backend="cpu", template="t",
-                           completion_id=None, code_hash=code_hash, result=result, size="small")
+        store.save_attempt(Provenance(run_id=run, task_id=task_id, task=task, model="m", sample=0, backend="cpu",
+                                      template="t", completion_id=None, code_hash=code_hash, size="small"), result)
     return db, generated
 
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from pipeline.cli.inspect import best, export, report
 from pipeline.leaderboard import best_rows, is_verified, rank_key
-from pipeline.records import Baselines, EvalResult, Flag, Timing, Verdict
+from pipeline.records import Baselines, EvalResult, Flag, Provenance, Timing, Verdict
 from pipeline.store.store import Store
 
 def _timing(ms: float) -> Timing:
@@ -50,9 +50,9 @@ def db(tmp_path):
         ]
         for key, run, task, model, sample, backend, result in plan:
             task_id = store.upsert_task(task, f"{task}.py", f"# {task}\n")
-            ids[key] = store.save_attempt(run_id=run, task_id=task_id, task=task, model=model, sample=sample,
-                                          backend=backend, template="t", completion_id=None,
-                                          code_hash=f"{key:0<16}"[:16], result=result, size="small")
+            ids[key] = store.save_attempt(Provenance(run_id=run, task_id=task_id, task=task, model=model,
+                                                     sample=sample, backend=backend, template="t", completion_id=None,
+                                                     code_hash=f"{key:0<16}"[:16], size="small"), result)
     return {"path": str(path), "ids": ids, "run_a": run_a, "run_b": run_b}
 
 

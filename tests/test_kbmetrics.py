@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from pipeline.cli.main import main
 from pipeline.report.kbmetrics import level_metrics
-from pipeline.records import Baselines, EvalResult, Flag, Timing, Verdict
+from pipeline.records import Baselines, EvalResult, Flag, Provenance, Timing, Verdict
 from pipeline.report.page import render
 from pipeline.store.store import Store
 
@@ -49,9 +49,10 @@ def _store(path, plan=PLAN, backend="cpu"):
         run = store.start_run("{}", "[]", backend, "cpu: Test CPU", "2.13.0", None)
         for task, level, problem, sample, result in plan:
             task_id = store.upsert_task(task, f"level{level}/{task}.py", f"# {task}\n")
-            store.save_attempt(run_id=run, task_id=task_id, task=task, model="m", sample=sample, backend=backend,
-                               template="t", completion_id=None, code_hash=f"{task}{sample:0>14}"[:16],
-                               result=result, size="default", level=level, problem=problem)
+            store.save_attempt(Provenance(run_id=run, task_id=task_id, task=task, model="m", sample=sample,
+                                          backend=backend, template="t", completion_id=None,
+                                          code_hash=f"{task}{sample:0>14}"[:16], size="default", level=level,
+                                          problem=problem), result)
     return str(path)
 
 

@@ -16,7 +16,7 @@ from pipeline import library
 from pipeline.library.export import LOCK, MANIFEST
 from pipeline.library.kernels import KernelEntry
 from pipeline.library.replay import KgenFallbackWarning, LibraryError, import_kernel
-from pipeline.records import Baselines, EvalResult, Flag, ShapeRun, Timing, TrialResult, Verdict
+from pipeline.records import Baselines, EvalResult, Flag, Provenance, ShapeRun, Timing, TrialResult, Verdict
 from pipeline.store.store import Store
 
 pytestmark = pytest.mark.slow
@@ -87,9 +87,9 @@ def _db(path: Path, shape_trials: bool = True, verdict: Verdict = Verdict.correc
     with Store.open(path) as store:
         run = store.start_run("{}", "[]", "cpu", "cpu: Test CPU", torch.__version__, None)
         task_id = store.upsert_task("mse", str(MSE_TASK), MSE_TASK.read_text())
-        store.save_attempt(run_id=run, task_id=task_id, task="mse", model="m1", sample=0, backend="cpu",
-                           template="t", completion_id=None, code_hash=CODE_HASH,
-                           result=_result(shape_trials, verdict, **timings), size="small")
+        store.save_attempt(Provenance(run_id=run, task_id=task_id, task="mse", model="m1", sample=0, backend="cpu",
+                                      template="t", completion_id=None, code_hash=CODE_HASH,
+                                      size="small"), _result(shape_trials, verdict, **timings))
     return path
 
 
@@ -227,8 +227,8 @@ def test_flagged_attempt_is_not_verified(tmp_path, dirs):
         run = store.start_run("{}", "[]", "cpu", "cpu", torch.__version__, None)
         task_id = store.upsert_task("mse", str(MSE_TASK), MSE_TASK.read_text())
         result = _result(True).model_copy(update={"flags": [Flag.no_custom_kernel]})
-        store.save_attempt(run_id=run, task_id=task_id, task="mse", model="m1", sample=0, backend="cpu",
-                           template="t", completion_id=None, code_hash=CODE_HASH, result=result, size="small")
+        store.save_attempt(Provenance(run_id=run, task_id=task_id, task="mse", model="m1", sample=0, backend="cpu",
+                                      template="t", completion_id=None, code_hash=CODE_HASH, size="small"), result)
     assert library.load("mse", db=path, backend="cpu", **dirs).op is None
 
 
@@ -318,8 +318,9 @@ def test_cli_export_best_skips_a_missing_source(tmp_path, dirs):
         run = store.start_run("{}", "[]", "cpu", "cpu: Test CPU", torch.__version__, None)
         task_id = store.upsert_task("mse", str(MSE_TASK), MSE_TASK.read_text())
         fast = _result(True).model_copy(update={"timing": _timing(0.1)})
-        missing = store.save_attempt(run_id=run, task_id=task_id, task="mse", model="m2", sample=0, backend="cpu",
-                                     template="t", completion_id=None, code_hash="f" * 16, result=fast, size="small")
+        missing = store.save_attempt(Provenance(run_id=run, task_id=task_id, task="mse", model="m2", sample=0,
+                                                backend="cpu", template="t", completion_id=None, code_hash="f" * 16,
+                                                size="small"), fast)
     out = tmp_path / "export"
     result = CliRunner().invoke(export, ["--db", str(db), "--best", str(out), "--generated",
                                          str(dirs["generated_dir"])])

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from markupsafe import escape
 
 from pipeline.cli.inspect import report
-from pipeline.records import Baselines, EvalResult, Flag, Timing, Verdict
+from pipeline.records import Baselines, EvalResult, Flag, Provenance, Timing, Verdict
 from pipeline.report.page import render, report_data
 from pipeline.store.store import Store
 
@@ -70,9 +70,9 @@ def _fill(path: Path) -> dict:
         ]
         for key, run, task, model, sample, turn, result in plan:
             task_id = store.upsert_task(task, f"{task}.py", f"# {task}\n")
-            ids[key] = store.save_attempt(run_id=run, task_id=task_id, task=task, model=model, sample=sample,
-                                          backend="cpu", template="t", completion_id=None,
-                                          code_hash=f"{key:0<16}"[:16], result=result, size="small", turn=turn)
+            ids[key] = store.save_attempt(Provenance(run_id=run, task_id=task_id, task=task, model=model,
+                                                     sample=sample, backend="cpu", template="t", completion_id=None,
+                                                     code_hash=f"{key:0<16}"[:16], size="small", turn=turn), result)
     return {"path": str(path), "ids": ids, "run_a": run_a, "run_b": run_b}
 
 
@@ -238,9 +238,9 @@ def test_a_task_with_many_attempts_charts_the_best_forty_full_width(tmp_path):
         run = store.start_run("{}", "[]", "cpu", "cpu: Test CPU", "2.13.0", None)
         task_id = store.upsert_task("mse", "mse.py", "# mse\n")
         for sample in range(45):
-            store.save_attempt(run_id=run, task_id=task_id, task="mse", model="m1", sample=sample, backend="cpu",
-                               template="t", completion_id=None, code_hash=f"{sample:016d}", size="small",
-                               result=_correct(1.0 / (1 + sample / 10), 1.0, 0.8, floor=0.02))
+            store.save_attempt(Provenance(run_id=run, task_id=task_id, task="mse", model="m1", sample=sample,
+                                          backend="cpu", template="t", completion_id=None, code_hash=f"{sample:016d}",
+                                          size="small"), _correct(1.0 / (1 + sample / 10), 1.0, 0.8, floor=0.02))
         rows = store.attempts()
     text = render(rows)
     fig = _figures(text)["chart-task-1"]

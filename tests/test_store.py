@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from pipeline.store.migrations import MIGRATIONS
-from pipeline.records import Baselines, BuildResult, Completion, EvalResult, Flag, Timing, Usage, Verdict
+from pipeline.records import Baselines, BuildResult, Completion, EvalResult, Flag, Provenance, Timing, Usage, Verdict
 from pipeline.store.store import Store, StoreError, new_id
 
 
@@ -43,11 +43,9 @@ def _run(store: Store) -> str:
 
 def _attempt(store, run_id, *, task="relu", model="m1", sample=0, template="t", result=None,
              completion_id=None, code_hash=None):
-    return store.save_attempt(
-        run_id=run_id, task_id=f"{task}:0", task=task, model=model, sample=sample,
-        backend="cuda", template=template, completion_id=completion_id, code_hash=code_hash,
-        result=result or _result(), size="small",
-    )
+    return store.save_attempt(Provenance(run_id=run_id, task_id=f"{task}:0", task=task, model=model, sample=sample,
+                                         backend="cuda", template=template, completion_id=completion_id,
+                                         code_hash=code_hash, size="small"), result or _result())
 
 
 def test_ids_sort_in_creation_order():

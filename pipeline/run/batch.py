@@ -25,7 +25,7 @@ from ..config import Config, ModelConfig
 from ..generate import diagnostics, extract, prompts
 from ..generate.llm import ChatRequest, Provider, make_provider
 from ..judge.bench import TaskBench, baseline_key
-from ..records import BuildResult, EvalResult, Verdict
+from ..records import BuildResult, EvalResult, Provenance, Verdict
 from ..store.store import Store
 from .events import (Answered, Asking, Built, Building, Cached, Evaluated, Evaluating, Event, Failed, LaneNotice,
                      OverBudget, Planned, Prepared, Released, RunStart, Stored, Unfit)
@@ -256,12 +256,13 @@ class Runner:
 
     def store_attempt(self, slot: Slot, answer: Answer, judged: Judged, parents: list[str] | None = None,
                       feedback: str | None = None) -> str:
-        attempt_id = self.store.save_attempt(
-            run_id=self.run_id, task_id=self.task_ids[slot.task.name], task=slot.task.name, model=slot.model.name,
-            sample=slot.sample, backend=slot.backend, template=slot.template, completion_id=answer.completion_id,
-            size=self._size_name(slot), code_hash=judged.code_hash, result=judged.result, turn=slot.turn,
-            generation=slot.generation, parents=parents,
-            messages=answer.messages, feedback=feedback, level=slot.task.level, problem=slot.task.problem)
+        task = slot.task
+        origin = Provenance(run_id=self.run_id, task_id=self.task_ids[task.name], task=task.name, model=slot.model.name,
+                            sample=slot.sample, backend=slot.backend, template=slot.template, size=self._size_name(slot),
+                            completion_id=answer.completion_id, code_hash=judged.code_hash, turn=slot.turn,
+                            generation=slot.generation, parents=parents or [], messages=answer.messages,
+                            feedback=feedback, level=task.level, problem=task.problem)
+        attempt_id = self.store.save_attempt(origin, judged.result)
         self.on_event(Stored(slot, judged.result))
         return attempt_id
 

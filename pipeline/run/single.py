@@ -23,7 +23,7 @@ from ..config import Config, EvalConfig
 from ..judge import evaluate, health
 from ..judge.bench import device_for, measure_baselines, open_bench
 from ..judge.bench import TaskBench
-from ..records import BuildResult, EvalResult, FileRequest, Verdict
+from ..records import BuildResult, EvalResult, FileRequest, Provenance, Verdict
 from ..sandbox.spares import Spares
 from .batch import remember_baselines, resolve_backend
 
@@ -267,9 +267,10 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: Spares | None,
     run_id = db.start_run(json.dumps({"eval": str(job.path)}), "[]", job.backend, result.device or job.backend,
                           torch.__version__, torch.version.cuda, note=f"kgen eval {job.path}", kind="eval")
     task_id = db.upsert_task(job.task.name, str(job.task.path), job.task.source)
-    attempt_id = db.save_attempt(run_id=run_id, task_id=task_id, task=job.task.name, model="(file)", sample=0,
-                                 backend=job.backend, template="-", completion_id=None, code_hash=job.code_hash,
-                                 result=result, size=job.size_name, level=job.task.level, problem=job.task.problem)
+    attempt_id = db.save_attempt(Provenance(run_id=run_id, task_id=task_id, task=job.task.name, model="(file)",
+                                            sample=0, backend=job.backend, template="-", completion_id=None,
+                                            code_hash=job.code_hash, size=job.size_name, level=job.task.level,
+                                            problem=job.task.problem), result)
     db.finish_run(run_id, "done")
     db.close()
     return result, attempt_id

@@ -27,7 +27,7 @@ from typing import Any
 import sqlite_utils
 
 from pipeline.store.migrations import migrate, pending
-from pipeline.records import BuildResult, Completion, EvalResult, summary_fields
+from pipeline.records import BuildResult, Completion, EvalResult, Provenance, summary_fields
 # StoreError is defined beside the queries only because they raise it too and store_queries.py
 # cannot import this module; pipeline.store.store.StoreError stays its public name.
 from pipeline.store.queries import StoreError, StoreQueries, _build, _completion, _locked
@@ -333,40 +333,17 @@ class Store(StoreQueries):
     # attempts
 
     @_locked
-    def save_attempt(
-        self,
-        *,
-        run_id: str,
-        task_id: str,
-        task: str,
-        model: str,
-        sample: int,
-        backend: str,
-        template: str,
-        completion_id: str | None,
-        code_hash: str | None,
-        result: EvalResult,
-        size: str,
-        turn: int = 0,
-        generation: int = 0,
-        parents: list[str] | None = None,
-        messages: list[dict[str, str]] | None = None,
-        feedback: str | None = None,
-        level: int | None = None,
-        problem: int | None = None,
-    ) -> str:
-        """Store one verdict; `level` and `problem`: the task's KernelBench level and problem id."""
+    def save_attempt(self, origin: Provenance, result: EvalResult) -> str:
+        """Store one verdict with where it came from; returns the new attempt's id."""
         attempt_id = new_id()
         row = dict(
-            id=attempt_id, run_id=run_id, task_id=task_id, task=task, model=model,
-            sample=sample, backend=backend, template=template, completion_id=completion_id,
-            turn=turn, generation=generation, parents=json.dumps(parents or []),
-            messages_json=json.dumps(messages) if messages is not None else None, feedback=feedback,
-            code_hash=code_hash, **summary_fields(result), detail=result.detail,
+            id=attempt_id, **origin.model_dump(exclude={"parents", "messages"}),
+            parents=json.dumps(origin.parents),
+            messages_json=json.dumps(origin.messages) if origin.messages is not None else None,
+            **summary_fields(result), detail=result.detail,
             confinement_json=result.confinement.model_dump_json() if result.confinement else None,
             result_json=result.model_dump_json(), device=result.device,
-            torch_version=result.torch_version, cuda_version=result.cuda_version, size=size,
-            level=level, problem=problem, created_utc=_now(),
+            torch_version=result.torch_version, cuda_version=result.cuda_version, created_utc=_now(),
         )
         # The unique slot index turns REPLACE into "drop the old verdict for this slot",
         # so a re-evaluated slot keeps one row (under the new id).
