@@ -235,23 +235,28 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
     """At the task's "odd" size (97 x 1023) an mse call takes about 0.1-0.15 ms in a timed block.
     A Bound request of one such call cost the parent 0.65-0.85 ms more than the null model's, and the
     honest candidate was refused as impossible_timing every time (the thirteenth session found it
-    judging at that size). Where eager is short, a cpu Bound request now holds a timed block's calls,
-    so each side of the check has the same mix of a block's first and following calls; longer calls
-    keep one call a request (evaluate.CPU_SHORT_MS)."""
+    judging at that size). Where eager is short, a cpu Bound request now holds a timed block's calls
+    (more for the shortest), so each side of the check has the same mix of a block's first and
+    following calls; longer calls keep one call a request (evaluate.CPU_SHORT_MS)."""
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=16)
     bench = prepare(task, "odd", "cpu", settings)
     try:
         block = evaluate.block_calls(bench.output_bytes)
-        assert evaluate.cpu_bound_calls(bench.baselines.eager.median_ms, block, bench.baselines.input_bytes) == block > 1
+        eager = bench.baselines.eager.median_ms
+        calls = evaluate.cpu_bound_calls(eager, bench.baselines.input_bytes, bench.output_bytes)
+        assert calls >= block > 1 and (calls == block or calls * eager < 2 * evaluate.CPU_BOUND_MS), (calls, eager)
         for _ in range(2):
             result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
             assert result.verdict is Verdict.correct, (result.error, result.wall_ms_per_call)
             assert result.time_ms < 1.0  # a short call indeed
     finally:
         bench.close()
-    long_ms = evaluate.CPU_SHORT_MS * 1.25
-    assert evaluate.cpu_bound_calls(long_ms, 4, 1 << 20) == 1 == evaluate.cpu_bound_calls(None, 4, 1 << 20)
-    assert evaluate.cpu_bound_calls(0.5, 4, 1 << 20) == 4
-    # the sets of a request together within CPU_BOUND_SET_BYTES, and never fewer than one
-    assert evaluate.cpu_bound_calls(0.5, 4, evaluate.CPU_BOUND_SET_BYTES // 2) == 2
-    assert evaluate.cpu_bound_calls(0.5, 4, evaluate.CPU_BOUND_SET_BYTES * 3) == 1
+    e = evaluate
+    mib = 1 << 20
+    assert e.cpu_bound_calls(e.CPU_SHORT_MS * 1.25, mib, 4) == 1 == e.cpu_bound_calls(None, mib, 4)
+    assert e.cpu_bound_calls(0.5, mib, 4) == e.BLOCK == 4  # a block's calls
+    assert e.cpu_bound_calls(0.01, mib, 4) == e.CPU_BOUND_MAX_CALLS  # more for the shortest
+    # the sets of a request within CPU_BOUND_SET_BYTES, the outputs within BLOCK_OUTPUT_BYTES, never below one
+    assert e.cpu_bound_calls(0.5, e.CPU_BOUND_SET_BYTES // 2, 4) == 2
+    assert e.cpu_bound_calls(0.01, mib, e.BLOCK_OUTPUT_BYTES // 2) == 2
+    assert e.cpu_bound_calls(0.5, e.CPU_BOUND_SET_BYTES * 3, 4) == 1

@@ -55,9 +55,14 @@ CPU_BOUND_REQUESTS = 12
 # 0.68-2.68 of the estimate over every bundled task at both test sizes, forward and gradient, and the
 # red team's deferred put 0.30-0.32, its clock patches 0.09-0.29 (docs/benchmarks.md, "Bound
 # requests as long as a block"). Longer calls keep one a request: a block's first call weighs little
-# there, and a one-call request fits between a loaded box's preemptions. The sets together stay
-# within CPU_BOUND_SET_BYTES.
+# there, and a one-call request fits between a loaded box's preemptions. A call so short that a
+# block's calls take under CPU_BOUND_MS gets more (up to CPU_BOUND_MAX_CALLS), so that what a request
+# costs besides its calls is spread thinner: triplet at the "odd" size (0.08-0.12 ms a call) claimed
+# 0.46 of the estimate in four-call requests in a fresh-clone run, refused by 0.3 us. The sets
+# together stay within CPU_BOUND_SET_BYTES.
 CPU_SHORT_MS = 4.0
+CPU_BOUND_MS = 1.0
+CPU_BOUND_MAX_CALLS = 8
 CPU_BOUND_SET_BYTES = 256 << 20
 # cuda, forward: Bound requests replay CUDA graphs (pipeline.child.replays) for about this long at the
 # faster baseline's speed, REPLAYS_MIN to REPLAYS_MAX replays, REPLAY_CHECKS digests checked a request.
@@ -109,7 +114,8 @@ class AttemptPlan:
         input_bytes = bench.baselines.input_bytes if bench.baselines else 0
         inbox = bench.device == "cpu" and 0 < input_bytes <= INBOX_BYTES
         if inbox:  # short requests: the fastest is then one no other process preempted
-            per = cpu_bound_calls(bench.baselines.eager.median_ms if bench.baselines else None, calls, input_bytes)
+            per = cpu_bound_calls(bench.baselines.eager.median_ms if bench.baselines else None, input_bytes,
+                                  bench.output_bytes)
             bounds = [[_seed() for _ in range(per)] for _ in range(CPU_BOUND_REQUESTS)]
         else:
             per_bound = max(1, min(calls, BOUND_SET_BYTES // max(input_bytes, 1)))
@@ -208,12 +214,17 @@ def replay_count(call_ms: float | None) -> int:
     return max(REPLAYS_MIN, min(REPLAYS_MAX, math.ceil(REPLAY_TARGET_MS / call_ms)))
 
 
-def cpu_bound_calls(eager_ms: float | None, block: int, input_bytes: int) -> int:
-    """Calls per Bound request on the cpu's inbox path: a timed block's (`block`) where eager is
-    short, within CPU_BOUND_SET_BYTES of inputs; else one (see CPU_SHORT_MS)."""
+def cpu_bound_calls(eager_ms: float | None, input_bytes: int, output_bytes: int) -> int:
+    """Calls per Bound request on the cpu's inbox path (see CPU_SHORT_MS): where eager is short, a
+    timed block's, or more for a call so short that a block's calls take under CPU_BOUND_MS
+    (CPU_BOUND_MAX_CALLS at most); within CPU_BOUND_SET_BYTES of inputs and BLOCK_OUTPUT_BYTES of
+    outputs. Else one."""
     if not eager_ms or eager_ms <= 0 or eager_ms >= CPU_SHORT_MS:
         return 1
-    return max(1, min(block, CPU_BOUND_SET_BYTES // max(input_bytes, 1)))
+    block = block_calls(output_bytes)
+    calls = max(block, min(CPU_BOUND_MAX_CALLS, math.ceil(CPU_BOUND_MS / eager_ms)))
+    calls = min(calls, BLOCK_OUTPUT_BYTES // max(output_bytes, 1), CPU_BOUND_SET_BYTES // max(input_bytes, 1))
+    return max(1, calls)
 
 
 def child_environment(backend: str, env: dict[str, str] | None = None) -> dict[str, str]:
