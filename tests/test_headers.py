@@ -47,6 +47,8 @@ PLANTS_A_HEADER = '''
 import os
 from pathlib import Path
 
+from torch.utils.cpp_extension import load_inline  # noqa: F401 (code that builds gets the fast headers)
+
 folder = Path(os.environ["KGEN_HEADERS"])
 for target in (folder / "torch" / "extension.h", folder / "torch" / "planted.h"):
     try:
@@ -205,3 +207,37 @@ def test_the_light_header_is_asked_for_only_by_cu_sources_that_never_mention_req
     assert _light_fits("__global__ void k() {}") and _light_fits(["a", "b"])
     assert not _light_fits(None) and not _light_fits([])  # a C++ extension: nothing to build light
     assert not _light_fits(["ok", "torch::zeros({2}, o.requires_grad(true))"])
+
+
+def test_old_header_folders_are_pruned_past_the_last_used_and_never_while_being_made(tmp_path):
+    """Every virtual environment gets a folder of some 1.2 GB (a box of fresh clones kept 13 GB in a
+    day): when one is made, those past the KEEP_FOLDERS last used go, once idle, unless being made."""
+    import fcntl
+    import time
+
+    now = time.time()
+    ages = {"a": 10, "b": 20, "c": 30, "d": 7200, "e": 9000, "f": 600}  # seconds since last use
+    for name, age in ages.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ready").write_text("O3\n")
+        os.utime(tmp_path / name / "ready", (now - age, now - age))
+    (tmp_path / "half").mkdir()  # being made: no `ready` yet
+    with open(tmp_path / "e.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another kgen holds e's lock
+        removed = headers.prune(tmp_path, keep=3, idle_s=3600)
+    assert removed == ["d"]  # f is past the three last used but used 10 minutes ago; e is locked
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["a", "b", "c", "e", "f", "half"]
+    assert headers.prune(tmp_path, keep=3, idle_s=3600) == ["e"]  # its lock free now
+
+
+def test_code_that_compiles_nothing_is_built_without_making_the_headers(tmp_path, monkeypatch):
+    """A pure-PyTorch candidate (a KernelBench reference dropped in) needs no precompiled headers:
+    a fresh clone's first evaluation of one made them once, 28 s and 1.2 GB written."""
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(headers, "_ready", {})
+    code = tmp_path / "plain.py"
+    code.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+                    "        return torch.relu(x)\n")
+    result = build.build(code, "plainhash", tmp_path / "builds", build.BuildOptions(timeout_s=300))
+    assert result.ok, result.log[-2000:]
+    assert not list((tmp_path / "cache").rglob("ready")) and not list((tmp_path / "cache").rglob("*.gch"))

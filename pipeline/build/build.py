@@ -88,7 +88,12 @@ def build(code_path: Path, code_hash: str, builds_root: Path, options: BuildOpti
     fast, cuda, light, split = options.fast, options.cuda, options.light, options.split
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
     code_path = code_path.resolve()
-    folder = headers.ensure(cuda, notice) if fast else None
+    # Code that compiles nothing (pure PyTorch, Triton) needs no precompiled headers: making them the
+    # first time writes some 1.2 GB under the cache (a KernelBench reference dropped in as a candidate
+    # made them, 28 s and 1.2 GB, in a fresh clone's first evaluation). Code that compiles under
+    # another spelling is built plain: slower, never lost.
+    compiles = any(word in code_path.read_text(errors="replace") for word in COMPILING)
+    folder = headers.ensure(cuda, notice) if fast and compiles else None
     if folder is None:
         return _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env, spares=spares)
     routes: list[tuple[str, dict[str, str]]] = [("fast", {})]
@@ -114,6 +119,8 @@ def build(code_path: Path, code_hash: str, builds_root: Path, options: BuildOpti
     return plain.model_copy(update={"log": plain.log + _after(failed, "torch/extension.h as written"),
                                     "seconds": spent + plain.seconds})
 
+
+COMPILING = ("cpp_extension", "load_inline")  # what code that builds an extension names
 
 # A split nvcc runs two front ends at once beside g++ on main.cpp. On the H100 (16 cores) a lone light
 # build took 12.4-17.6 s split against 17.0 s not; eight at once (2 cores each) 18.8-20.7 s split

@@ -184,6 +184,7 @@ def _make(with_cuda: bool, notice: Callable[[str], None] | None) -> Path | None:
     folder = cache_root() / "headers" / name
     done = folder / "ready"
     if done.is_file():
+        _used(done)
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f"{name}.lock", "w") as lock:
@@ -201,7 +202,44 @@ def _make(with_cuda: bool, notice: Callable[[str], None] | None) -> Path | None:
         if not any(made):
             raise RuntimeError("no precompiled variant passed its check")
         done.write_text("\n".join(name for name, ok in zip(VARIANTS, made) if ok) + "\n")
+    prune(folder.parent)
     return folder
+
+
+# Each torch, Python, compiler and set of include paths (every virtual environment) gets a folder of
+# some 1.2 GB: a box where fresh clones are tested kept 13 GB of them in a day. When a folder is made,
+# the others past the KEEP_FOLDERS last used go, if unused for an hour (a build may still be reading one).
+KEEP_FOLDERS = 3
+IDLE_S = 3600
+
+
+def _used(done: Path) -> None:
+    try:
+        os.utime(done)  # the folder's last use: its `ready` file's time (prune)
+    except OSError:
+        pass
+
+
+def prune(root: Path, keep: int = KEEP_FOLDERS, idle_s: float = IDLE_S) -> list[str]:
+    """Remove the header folders under `root` past the `keep` last used (by their `ready` file), each
+    unused for `idle_s` and not being made (its lock free); returns their names."""
+    import time
+
+    folders = sorted((p for p in root.iterdir() if (p / "ready").is_file()), key=lambda p: (p / "ready").stat().st_mtime,
+                     reverse=True)
+    removed = []
+    for old in folders[keep:]:
+        if time.time() - (old / "ready").stat().st_mtime < idle_s:
+            continue
+        with open(root / f"{old.name}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # another kgen is making it
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old.name)
+        (root / f"{old.name}.lock").unlink(missing_ok=True)
+    return removed
 
 
 def write_shims(folder: Path, light: str = "") -> Path:
