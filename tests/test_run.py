@@ -350,3 +350,34 @@ def test_a_task_too_big_for_the_machine_fails_in_one_line_after_the_others_are_s
     assert "tiny: closed, the task's attempts are over" in result.output
     store = Store.open(tmp_path / "db" / "kgen.db")
     assert sorted(a["verdict"] for a in store.attempts() if a["task"] == "tiny") == ["correct", "correct"]
+
+
+NO_FLOAT64 = SQUARED.replace("    def forward(self, a, b):\n",
+                             "    def forward(self, a, b):\n        if a.dtype == torch.float64:\n"
+                             "            raise RuntimeError('this reference has no float64 path')\n")
+
+
+def test_an_attempt_that_cannot_be_judged_is_one_line_after_the_summary_and_the_same_command_resumes(tmp_path):
+    """A reference process that fails (here a task whose Model refuses float64, which the judge's
+    expected values need) leaves its attempts unjudged: the others are stored and summed up, then
+    one line names the failure and the command that judges what is left. The demo's first run on the
+    2-core box ended in a 60-line traceback instead (the kernel refused a memfd's seal once)."""
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "tiny.py").write_text(SQUARED.format(shape="64, 64"))
+    (folder / "nof64.py").write_text(NO_FLOAT64.format(shape="64, 64"))
+    config = write_config(tmp_path, [replay(tmp_path, [("tiny", SQUARED_NEW), ("nof64", SQUARED_NEW)])],
+                          names=("tiny", "nof64"))
+    data = yaml.safe_load(config.read_text())
+    data["tasks"].update(directory=str(folder), size="default")
+    config.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(main, ["run", "-c", str(config)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output[-3000:]
+    last = result.output.strip().splitlines()[-1]
+    assert "could not be judged" in last and "nof64" in last and "no float64 path" in last, last
+    assert f"judge what is left with: kgen run -c {config}" in last, last
+    assert "tiny" in result.output.split("could not be judged")[0]  # the summary came first
+    store = Store.open(tmp_path / "db" / "kgen.db")
+    assert sorted(a["verdict"] for a in store.attempts() if a["task"] == "tiny") == ["correct", "correct"]
+    assert not [a for a in store.attempts() if a["task"] == "nof64"]
+    assert store.get_run(store.latest_run_id())["status"] == "failed"

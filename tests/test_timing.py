@@ -260,3 +260,38 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
     assert e.cpu_bound_calls(0.5, e.CPU_BOUND_SET_BYTES // 2, 4) == 2
     assert e.cpu_bound_calls(0.01, mib, e.BLOCK_OUTPUT_BYTES // 2) == 2
     assert e.cpu_bound_calls(0.5, e.CPU_BOUND_SET_BYTES * 3, 4) == 1
+
+
+def test_a_memfd_is_sealed_once_the_kernel_stops_answering_busy():
+    """F_SEAL_WRITE is refused (EBUSY) while anything holds the memfd's pages writably; the kernel's
+    own memory work holds them for moments, and one `expect` of the demo's first run failed on it. A
+    writable mapping, let go after 0.2 s, stands in for that moment: the seal is taken after it; held
+    for good, the refusal stands."""
+    import errno
+    import fcntl
+    import mmap
+    import threading
+
+    from pipeline.judge import handover
+
+    fd = os.memfd_create("kgen-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.write(fd, b"x" * 4096)
+        held = mmap.mmap(fd, 4096)
+        timer = threading.Timer(0.2, held.close)
+        timer.start()
+        handover._seal(fd)
+        timer.join()
+        assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE
+    finally:
+        os.close(fd)
+    fd = os.memfd_create("kgen-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.write(fd, b"x" * 4096)
+        held = mmap.mmap(fd, 4096)
+        with pytest.raises(OSError) as refused:
+            handover._seal(fd)
+        assert refused.value.errno == errno.EBUSY
+    finally:
+        held.close()
+        os.close(fd)

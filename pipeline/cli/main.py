@@ -61,7 +61,7 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
     from ..child.tasks import TaskError
     from ..generate.llm import ProviderError
     from .progress import Progress
-    from ..run.batch import Runner
+    from ..run.batch import Runner, RunFailed
     from .tables import run_summary
 
     cfg = _demo_config(config, db) if demo else _config(config)
@@ -73,11 +73,14 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
         runner = Runner(cfg, store, backend=backend, on_event=progress.event)
     except (ProviderError, TaskError, BackendError) as exc:
         raise KgenError(str(exc)) from None
+    failed = None
     try:
         with progress:
             run_id = _run_loop(runner.run(fresh=fresh, retry_errors=retry_errors))
     except TaskError as exc:  # a task that cannot run here (a size too big for the device, say)
         raise KgenError(f"{exc} (the run's other attempts are stored; it is marked failed)") from None
+    except RunFailed as exc:  # the summary of what is stored, then one line
+        failed, run_id = exc, exc.run_id
     except KeyboardInterrupt:  # Ctrl-C: what is stored stays; the same command resumes the run
         if getattr(runner, "run_id", None):
             store.finish_run(runner.run_id, "interrupted")
@@ -91,6 +94,10 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
         os._exit(130)
     for part in run_summary(store, run_id, runner.backend, wide):
         out.print(part)
+    if failed is not None:
+        resume = _resume_command(config, db, backend, retry_errors, demo)
+        raise KgenError(f"{failed}; the others are stored and the run is marked failed; judge what is left "
+                        f"with: {resume}")
 
 
 def _run_loop(coro):

@@ -34,11 +34,33 @@ def sealed_memfd(name: str, *data) -> int:
             while at < len(view):
                 at += os.write(fd, view[at:at + (1 << 30)])
             del view
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+        _seal(fd)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+SEAL_TRIES, SEAL_PAUSE_S = 40, 0.05
+
+
+def _seal(fd: int) -> None:
+    """Seal the memfd, again while the kernel answers EBUSY: F_SEAL_WRITE waits for every extra
+    reference to its pages to go, and the kernel's own memory work (compaction, page monitoring)
+    holds some for a moment. In the demo's first run on the 2-core box one `expect` failed so, with
+    nothing else holding the memfd, and the attempt went unjudged."""
+    import errno
+    import time
+
+    seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+    for attempt in range(SEAL_TRIES):
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == SEAL_TRIES - 1:
+                raise
+            time.sleep(SEAL_PAUSE_S)
 
 
 def give(sock: socket.socket, fds: list[int]) -> None:

@@ -68,6 +68,16 @@ def cache_key(model: ModelConfig, messages: list[dict[str, str]], sample: int, b
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+class RunFailed(RuntimeError):
+    """Attempts of a run that could not be judged (a reference process that failed, say): the rest
+    are stored, the run is marked failed, and the same command judges what is left."""
+
+    def __init__(self, run_id: str, count: int, first: Exception):
+        self.run_id, self.count, self.first = run_id, count, first
+        super().__init__(f"{count} attempt{'s' if count != 1 else ''} could not be judged "
+                         f"(first: {type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''})")
+
+
 class Runner:
     def __init__(self, cfg: Config, store: Store, backend: str | None = None,
                  on_event: Callable[[Event], None] | None = None):
@@ -140,7 +150,10 @@ class Runner:
         status = "failed" if failures else "budget_reached" if self.over_budget else "done"
         self.store.finish_run(run_id, status)
         if failures:
-            raise failures[0]
+            first = failures[0]
+            if isinstance(first, tasks.TaskError) or not isinstance(first, Exception):
+                raise first
+            raise RunFailed(run_id, len(failures), first) from first
         return run_id
 
     def _budget_left(self) -> bool:
