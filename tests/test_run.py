@@ -330,6 +330,15 @@ def get_init_inputs():
 SQUARED_NEW = RIGHT.replace("predictions, targets", "a, b").replace("(predictions - targets)", "(a - b)")
 
 
+def _squared_config(tmp_path: Path, folder: Path, names: tuple[str, ...]) -> Path:
+    """A replay config over the task files in `folder`, at their default size, answering each with SQUARED_NEW."""
+    config = write_config(tmp_path, [replay(tmp_path, [(name, SQUARED_NEW) for name in names])], names=names)
+    data = yaml.safe_load(config.read_text())
+    data["tasks"].update(directory=str(folder), size="default")
+    config.write_text(yaml.safe_dump(data))
+    return config
+
+
 def test_a_task_too_big_for_the_machine_fails_in_one_line_after_the_others_are_stored(tmp_path):
     """Each task's reference process is closed once its attempts are over (its memory goes back), and
     one that does not fit waits for the others' before the size is called too big: on the H100 a
@@ -338,11 +347,7 @@ def test_a_task_too_big_for_the_machine_fails_in_one_line_after_the_others_are_s
     folder.mkdir()
     (folder / "tiny.py").write_text(SQUARED.format(shape="64, 64"))
     (folder / "huge.py").write_text(SQUARED.format(shape="32768, 32768, 64"))  # 2 x 256 GiB, never allocated
-    config = write_config(tmp_path, [replay(tmp_path, [("tiny", SQUARED_NEW), ("huge", SQUARED_NEW)])],
-                          names=("tiny", "huge"))
-    data = yaml.safe_load(config.read_text())
-    data["tasks"].update(directory=str(folder), size="default")
-    config.write_text(yaml.safe_dump(data))
+    config = _squared_config(tmp_path, folder, ("tiny", "huge"))
     result = CliRunner().invoke(main, ["run", "-c", str(config)])
     assert result.exit_code != 0 and "Traceback" not in result.output
     last = result.output.strip().splitlines()[-1]
@@ -366,11 +371,7 @@ def test_an_attempt_that_cannot_be_judged_is_one_line_after_the_summary_and_the_
     folder.mkdir()
     (folder / "tiny.py").write_text(SQUARED.format(shape="64, 64"))
     (folder / "nof64.py").write_text(NO_FLOAT64.format(shape="64, 64"))
-    config = write_config(tmp_path, [replay(tmp_path, [("tiny", SQUARED_NEW), ("nof64", SQUARED_NEW)])],
-                          names=("tiny", "nof64"))
-    data = yaml.safe_load(config.read_text())
-    data["tasks"].update(directory=str(folder), size="default")
-    config.write_text(yaml.safe_dump(data))
+    config = _squared_config(tmp_path, folder, ("tiny", "nof64"))
     result = CliRunner().invoke(main, ["run", "-c", str(config)])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output[-3000:]
     last = result.output.strip().splitlines()[-1]
