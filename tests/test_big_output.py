@@ -124,7 +124,7 @@ class TreeMemory:
         return self.peak
 
 
-def _io_written(pid: int) -> int | None:
+def _io_written(pid: int | str) -> int | None:
     try:
         return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/io").read_text().splitlines()
                     if line.startswith("write_bytes:"))
@@ -142,8 +142,7 @@ def _comm(pid: int) -> str:
 def _written() -> int:
     """Bytes this process and its reaped children sent to storage (/proc/self/io write_bytes: the
     kernel adds a child's count to its parent's when it is waited for)."""
-    return next(int(line.split()[1]) for line in Path("/proc/self/io").read_text().splitlines()
-                if line.startswith("write_bytes:"))
+    return _io_written("self") or 0
 
 
 def _fs_type(path: Path) -> str:

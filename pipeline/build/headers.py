@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -223,8 +224,6 @@ def _used(done: Path) -> None:
 def prune(root: Path, keep: int = KEEP_FOLDERS, idle_s: float = IDLE_S) -> list[str]:
     """Remove the header folders under `root` past the `keep` last used (by their `ready` file), each
     unused for `idle_s` and not being made (its lock free); returns their names."""
-    import time
-
     folders = sorted((p for p in root.iterdir() if (p / "ready").is_file()), key=lambda p: (p / "ready").stat().st_mtime,
                      reverse=True)
     removed = []

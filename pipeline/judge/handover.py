@@ -11,9 +11,11 @@ The reference sends a message's descriptors in one datagram just before the line
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
+import time
 from typing import Any
 
 
@@ -49,9 +51,6 @@ def _seal(fd: int) -> None:
     reference to its pages to go, and the kernel's own memory work (compaction, page monitoring)
     holds some for a moment. In the demo's first run on the 2-core box one `expect` failed so, with
     nothing else holding the memfd, and the attempt went unjudged."""
-    import errno
-    import time
-
     seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
     for attempt in range(SEAL_TRIES):
         try:

@@ -112,18 +112,16 @@ class Session:
         # box, more under load, and an honest kernel was refused (a fresh-clone CI run). A child
         # that will not stop gets the write inside the window, as before.
         # What other processes take of the window (pipeline.judge.runqueue): the child's threads' account
-        # from before it is stopped (a stopped thread waits on no run queue), ours from the clock's start.
-        child_before = runqueue.threads(self.child.proc.pid)
+        # once it is stopped, where it is to be (a stopped thread waits on no run queue, so no wait from
+        # before the clock starts is taken out of the window: read before the stop, the red team's 50 ms
+        # sleeper once read 46.6 ms a call beside load), ours from the clock's start.
         stopped = self.child.pause() if reveal else None
+        child_before = runqueue.threads(self.child.proc.pid)
         parent_before = runqueue.own()
         sent = time.monotonic()
         for i, data in enumerate(reveal or []):
             self.inbox.write(i, data)
         if stopped is not None:
-            # The child's account again, now that it is stopped: a wait of its threads before the
-            # clock starts is no part of the window (the red team's 50 ms sleeper once read 46.6 ms
-            # a call beside load: more was taken out than the window held).
-            child_before = runqueue.threads(self.child.proc.pid)
             parent_before = runqueue.own()
             sent = time.monotonic()
             self.child.resume(stopped)
