@@ -37,7 +37,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/device.txt"
 for step in ${STEP:-tests run bench}; do
   case $step in
-    known) for g in $(nvidia-smi --query-gpu=index --format=csv,noheader); do
+    known) for g in $(echo "${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)}" | tr , ' '); do
              CUDA_VISIBLE_DEVICES=$g python3 bench/gpu_known.py "$(date +%T) gpu$g" 2>&1 | tee -a "$OUT/known.log" | grep KNOWN
            done ;;
     ray) mkdir -p /tmp/site && tar -C /tmp/site -xJf .ray/ray-stripped.tar.xz \
@@ -109,12 +109,12 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
     triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/triton.log" \
               | grep -E "TRITON|passed|failed|Error" ;;
     compare) python3 bench/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
-    tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_honest.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|HONEST|passed|failed|Error"
+    tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_honest.py tests/test_big_output.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|HONEST|passed|failed|Error"
            { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; ps -eo pid,ppid,stat,etime,args; } > "$OUT/after_tests_processes.txt"
            # A pytest stopped by TEST_LIMIT can leave its children's GPU memory behind for a while:
            # the next step waits for it (up to a minute) rather than measure a crowded GPU.
            for _ in $(seq 60); do
-             used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1)
+             used=$(nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i $CUDA_VISIBLE_DEVICES} --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1)
              [ "${used:-0}" -lt 1024 ] && break; sleep 1
            done
            echo "after tests: ${used:-?} MiB used on the busiest GPU" | tee -a "$OUT/gpu_tests.log" ;;

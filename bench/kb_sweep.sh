@@ -3,7 +3,6 @@
 # own candidate (`class ModelNew(Model): pass`, bench/kb_sweep.py), one lane per visible GPU, judged
 # by `kgen run`; per level, how many were correct, flagged, failed or not judged, and the eager and
 # torch.compile baselines against KernelBench's published H100 timings (`kgen kernelbench-baselines`).
-# Not yet run: written on a cpu-only day (the nineteenth session, docs/benchmarks.md).
 #
 #   run: bash bench/kb_sweep.sh          carry: [".whl", "kb", "db/kb-sweep.db"]  (".ray" with EXECUTOR=ray)
 #
@@ -44,7 +43,7 @@ fi
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/device.txt"
 known() {  # the known kernels on every GPU: start and end must agree within 2% (docs/benchmarks.md)
-  for g in $(nvidia-smi --query-gpu=index --format=csv,noheader); do
+  for g in $(echo "${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)}" | tr , ' '); do
     CUDA_VISIBLE_DEVICES=$g python3 bench/gpu_known.py "$1 gpu$g" 2>&1 | tee -a "$OUT/known.log" | grep KNOWN
   done
 }

@@ -261,7 +261,9 @@ def _gpu_used() -> int:
     free memory: pipeline.judge.health)."""
     import subprocess
 
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+    # Only the GPUs this process may use: on a machine shared with other work the rest move on their own.
+    only = ["-i", os.environ["CUDA_VISIBLE_DEVICES"]] if os.environ.get("CUDA_VISIBLE_DEVICES") else []
+    out = subprocess.run(["nvidia-smi", *only, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, check=True).stdout
     return sum(int(line) for line in out.split() if line.strip()) << 20
 
