@@ -26,7 +26,7 @@
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
 OUT=${OUT:-/tmp/kgen-out}; mkdir -p "$OUT"
-if [ -d .whl ]; then
+if [ -d .whl ] && [ -z "${WHEELS_DONE:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
@@ -109,7 +109,7 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
     triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/triton.log" \
               | grep -E "TRITON|passed|failed|Error" ;;
     compare) python3 bench/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
-    tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_honest.py tests/test_big_output.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|HONEST|passed|failed|Error"
+    tests) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s -m gpu ${TEST_FILES:-tests/test_gpu.py tests/test_honest.py tests/test_big_output.py} -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "REDTEAM|HONEST|passed|failed|Error"
            { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; ps -eo pid,ppid,stat,etime,args; } > "$OUT/after_tests_processes.txt"
            # A pytest stopped by TEST_LIMIT can leave its children's GPU memory behind for a while:
            # the next step waits for it (up to a minute) rather than measure a crowded GPU.

@@ -1,27 +1,33 @@
 #!/usr/bin/env bash
-# One device call that uses every GPU of a several-GPU machine at once (docs/benchmarks.md, 21st session):
-# GPU 0 runs bench/gpu_check.sh's steps (ONE_STEPS, e.g. "known tests known" or "known batch known"),
-# the others run the KernelBench sweep (bench/kb_sweep.sh, one lane each, resuming from db/kb-sweep.db).
-# Logs are packed into $OUT/logs.tgz (the device tool brings back at most 8 files); the sweep's
-# database comes back as $OUT/kb-sweep.db.
+# One device call that gives each GPU of a several-GPU machine its own job (docs/benchmarks.md, 21st
+# session): G0, G1, ... hold the command GPU 0, 1, ... runs (CUDA_VISIBLE_DEVICES set to it alone, OUT
+# to its own folder), e.g. G0='STEP="known tests known" bash bench/gpu_check.sh'. A GPU without a
+# command idles. SWEEP_GPUS (e.g. "2,3") runs bench/kb_sweep.sh on those GPUs together, one lane each,
+# resuming from db/kb-sweep.db. The wheels are installed once, here, before any job starts (two
+# installs into one folder at once broke an import). Logs come back packed in $OUT/logs.tgz (the
+# device tool brings back at most 8 files), databases beside it.
 #   carry: [".whl", "kb", "db/kb-sweep.db"] (".ray" too with EXECUTOR=ray)
 set -uo pipefail
-FINAL=${OUT:-/tmp/kgen-out}; mkdir -p "$FINAL/one" "$FINAL/sweep"
-all=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)
-rest=${all#*,}
+FINAL=${OUT:-/tmp/kgen-out}; mkdir -p "$FINAL/logs"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-(OUT=$FINAL/one CUDA_VISIBLE_DEVICES=0 STEP="${ONE_STEPS:-known tests known}" bash bench/gpu_check.sh \
-   > "$FINAL/one/main.log" 2>&1; echo "ONE done rc=$?") &
-one=$!
-if [ -n "${SWEEP:-1}" ] && [ "$rest" != "$all" ]; then
-  (OUT=$FINAL/sweep GPUS=$rest bash bench/kb_sweep.sh > "$FINAL/sweep/main.log" 2>&1; echo "SWEEP done rc=$?") &
-  sweep=$!
+export WHEELS_DONE=1
+pids=()
+for g in $(nvidia-smi --query-gpu=index --format=csv,noheader); do
+  var=G$g; cmd=${!var:-}
+  [ -n "$cmd" ] || continue
+  mkdir -p "$FINAL/logs/g$g"
+  (export OUT=$FINAL/logs/g$g CUDA_VISIBLE_DEVICES=$g; bash -c "$cmd" > "$OUT/main.log" 2>&1; echo "G$g done rc=$?") &
+  pids+=($!)
+done
+if [ -n "${SWEEP_GPUS:-}" ]; then
+  mkdir -p "$FINAL/logs/sweep"
+  (OUT=$FINAL/logs/sweep GPUS=$SWEEP_GPUS bash bench/kb_sweep.sh > "$FINAL/logs/sweep/main.log" 2>&1; echo "SWEEP done rc=$?") &
+  pids+=($!)
 fi
-wait $one ${sweep:-}
-grep -hE "KNOWN|REDTEAM|HONEST|passed|failed|Error|batch wall|attempts|GRAD" "$FINAL/one/"*.log | cut -c1-300 | tail -70
-cat "$FINAL/sweep/sweep-summary.txt" 2>/dev/null; grep KNOWN "$FINAL/sweep/known.log" 2>/dev/null
-tail -5 "$FINAL/sweep/main.log"
-mv "$FINAL/sweep/kb-sweep.db" "$FINAL/kb-sweep.db" 2>/dev/null
-for f in "$FINAL"/one/*.db; do [ -e "$f" ] && mv "$f" "$FINAL/"; done
-tar -C "$FINAL" -czf "$FINAL/logs.tgz" one sweep && rm -rf "$FINAL/one" "$FINAL/sweep"
+wait "${pids[@]}"
+grep -hE "KNOWN|REDTEAM|HONEST|GRAD|passed|failed|Error|batch wall|device peak" "$FINAL"/logs/g*/*.log 2>/dev/null | cut -c1-240 | tail -90
+grep -h "stored\|judged" "$FINAL"/logs/g*/batch.log 2>/dev/null | tail -3
+head -c 1500 "$FINAL/logs/sweep/sweep-summary.txt" 2>/dev/null; grep -h KNOWN "$FINAL/logs/sweep/known.log" 2>/dev/null
+find "$FINAL/logs" -name "*.db" -exec mv {} "$FINAL/" \;
+tar -C "$FINAL" -czf "$FINAL/logs.tgz" logs && rm -rf "$FINAL/logs"
 ls -la "$FINAL"

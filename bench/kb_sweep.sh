@@ -31,7 +31,7 @@ DB=${DB:-db/kb-sweep.db}
 if [ ! -d "$KB/KernelBench/level1" ] && [ ! -d "$KB/level1" ]; then
   echo "kb_sweep: no KernelBench checkout at $KB (carry one: see the head of bench/kb_sweep.sh)"; exit 2
 fi
-if [ -d .whl ]; then
+if [ -d .whl ] && [ -z "${WHEELS_DONE:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
@@ -60,7 +60,9 @@ timeout "$RUN_LIMIT" python3 -m pipeline.cli run -c sweep/sweep.yaml > "$OUT/swe
 rc=$?
 wall=$(( $(date +%s) - start ))
 kill $smi 2>/dev/null
-cp "$DB" "$OUT/$(basename "$DB")"  # carried into the next call, which resumes
+# carried into the next call, which resumes: sqlite's backup, since a copy of the main file leaves out
+# what is still in the WAL (the 21st session's first two calls came back empty that way)
+python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" "$DB" "$OUT/$(basename "$DB")"
 after=$(python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('select count(*) from attempts').fetchone()[0])" "$DB")
 lanes=$(python3 -c 'from pipeline.run.executor import visible_gpus; print(len(visible_gpus()))')
 echo "SWEEP executor=$EXECUTOR lanes=$lanes rc=$rc wall=${wall}s attempts_this_call=$(( after - before )) stored=$after" \

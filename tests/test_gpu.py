@@ -236,7 +236,9 @@ def bench():
 def _gpu_idle(bench=None) -> bool:
     """No compute process on the GPU but the task's own reference processes (which stay alive,
     idle and holding no memory, for the whole run)."""
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+    # Only this process's GPUs: on a machine of several the others may run other work.
+    only = ["-i", os.environ["CUDA_VISIBLE_DEVICES"]] if os.environ.get("CUDA_VISIBLE_DEVICES") else []
+    out = subprocess.run(["nvidia-smi", *only, "--query-compute-apps=pid", "--format=csv,noheader"],
                          capture_output=True, text=True)
     ours = {str(ref.proc.pid) for ref in (bench.references.values() if bench else [])}
     return out.returncode == 0 and not (set(out.stdout.split()) - ours)

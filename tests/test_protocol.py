@@ -227,3 +227,37 @@ def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():
     assert judge.loaded(judge.Evidence([2.0], [0.5], judge.load_share(idle)), "cpu") is None
     assert judge.loaded(judge.Evidence([2.0], [0.5], judge.load_share(busy)), "cuda:0") is None
     assert judge.loaded(judge.Evidence([2.0], [0.5], judge.load_share(busy)), "cpu").startswith("the cpu was loaded: 41%")
+
+
+def test_an_output_compared_in_chunks_on_several_threads_is_judged_as_in_one_piece(monkeypatch):
+    """The comparison runs chunk by chunk on a thread pool (judge._spread): with a chunk of 1,000
+    values over 10,000, the verdict, the worst element's index and the errors are those of one pass
+    over the whole output: a value off in the seventh chunk is found at its own index, the furthest
+    past its bound wins over a nearer one in an earlier chunk, and a NaN in the last chunk alone
+    makes the output non-finite."""
+    import numpy as np
+
+    from pipeline.judge.handover import sealed_memfd
+
+    monkeypatch.setattr(judge, "CHUNK", 1000)
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal(10_000) + 2.0
+    fd = sealed_memfd("want", ref.tobytes())
+    try:
+        want = judge.Expected([100, 100], ref.size, "float32", fd, 1e-7)
+        header = P.OutputHeader(type="Tensor", exact_tensor=True, shape=[100, 100], dtype="float32", device="cpu",
+                                numel=ref.size, written=True)
+        same = judge.compare(header, ref.copy(), want, 1e-4, "cpu")
+        assert same.ok and same.max_abs_err == 0.0
+        off = ref.copy()
+        off[1_234] += 0.01  # chunk 1, past the bound
+        off[6_543] += 0.5   # chunk 6, furthest past it
+        wrong = judge.compare(header, off, want, 1e-4, "cpu")
+        assert wrong.verdict is judge.Verdict.mismatch and wrong.worst_index == [65, 43]
+        assert wrong.expected == ref[6_543] and wrong.got == off[6_543]
+        assert abs(wrong.max_abs_err - 0.5) < 1e-9
+        nan = ref.copy()
+        nan[9_999] = np.nan
+        assert judge.compare(header, nan, want, 1e-4, "cpu").verdict is judge.Verdict.non_finite
+    finally:
+        os.close(fd)

@@ -234,7 +234,7 @@ def _facts(name: str, path: str, source: str) -> TaskFacts:
             model = module.Model(*module.get_init_inputs())
             with _OpRecorder() as recorder:
                 out = model(*inputs)
-        except Exception:  # noqa: BLE001 - an op without a meta kernel: the inputs are still known
+        except Exception:  # noqa: BLE001 - an op without a meta kernel, or too many: the inputs are still known
             return TaskFacts(inputs=described)
     return TaskFacts(inputs=described, output=_output_kind(out, inputs, recorder.ops),
                      reduces=any(_is_reduction(op) for op in recorder.ops))
@@ -286,14 +286,24 @@ def _meta():
         yield
 
 
+# A forward is traced on the meta device for its facts at most this far: KernelBench's bidirectional
+# LSTM decomposes into 92,000 meta ops (10-26 s of Python), and the run's first prompts waited on it
+# (the 21st session's sweep, docs/benchmarks.md). ResNet101's forward is under 1,000.
+OP_BUDGET = 5000
+
+
 class _OpRecorder(TorchDispatchMode):
     """The aten ops forward calls, as (overload packet, overload) after decomposition: cross_entropy
     shows as _log_softmax and nll_loss_forward, a linear layer as addmm."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int = OP_BUDGET) -> None:
         super().__init__()
         self.ops: set[tuple[str, str]] = set()
+        self.left = budget
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.left -= 1
+        if self.left < 0:
+            raise RuntimeError(f"more than {OP_BUDGET} ops on the meta device")
         self.ops.add((func.overloadpacket.__name__, func._overloadname))
         return func(*args, **(kwargs or {}))

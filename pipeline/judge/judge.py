@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +68,8 @@ LOOSE_BELOW_MS = 0.5
 DIGEST_SUM_EPS = 1e-5
 UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
 CHUNK = 1 << 22  # values a step where an output is compared in pieces (32 MiB of float64 an array)
+# Threads an output's chunks are compared on: each holds about 3 chunk-sized float64 arrays (100 MiB).
+COMPARE_THREADS = max(1, min(8, len(os.sched_getaffinity(0))))
 
 
 @dataclass(frozen=True)
@@ -179,26 +182,20 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         part_tol = tolerance_for(tol, dtype, ref_err, own_err)
         # Magnitude-aware: relative per element, with the part's mean magnitude as the absolute
         # floor, so zeros never pass against a non-zero reference (KernelBench #165). In chunks of
-        # CHUNK values (issue 28: whole-part float64 copies were several times a 1 GiB output).
-        mean = sum(float(np.abs(b[i:min(i + CHUNK, part.stop)]).sum()) for i in part[::CHUNK]) / n if n else 0.0
-        finite, past, max_abs, max_mag, worst = True, False, 0.0, 0.0, (-np.inf, 0, 0.0, 0.0)
-        for i in part[::CHUNK]:
-            j = min(i + CHUNK, part.stop)
-            got, ref = got_at(i, j), b[i:j]
-            if not np.all(np.isfinite(got)):
-                finite = False
-                break
-            diff = np.subtract(got, ref)  # a new array: `got` may be a view of the caller's values or the outbox
-            np.abs(diff, out=diff)
-            bound = np.abs(ref)
-            max_abs, max_mag = max(max_abs, float(diff.max())), max(max_mag, float(bound.max()))
-            bound += mean
-            bound *= part_tol
-            if not bool(np.all(diff <= bound)):
+        # CHUNK values (issue 28: whole-part float64 copies were several times a 1 GiB output),
+        # spread over the parent's cores (a 6.4 GB output took minutes on one).
+        chunks = [(i, min(i + CHUNK, part.stop)) for i in part[::CHUNK]]
+        mean = sum(_spread(lambda c: float(np.abs(b[c[0]:c[1]]).sum()), chunks)) / n if n else 0.0
+        stats = _spread(lambda c: _chunk_stats(got_at(*c), b[c[0]:c[1]], mean, part_tol), chunks)
+        finite = all(st is not None for st in stats)
+        past, max_abs, max_mag, worst = False, 0.0, 0.0, (-np.inf, 0, 0.0, 0.0)
+        for (i, _), st in zip(chunks, stats if finite else []):
+            max_abs, max_mag = max(max_abs, st[0]), max(max_mag, st[1])
+            if st[2] is not None:
                 past = True
-                k = int(np.argmax(diff - bound))  # the one element the feedback may show: furthest past its bound
-                if not float(diff[k] - bound[k]) <= worst[0]:  # NaN too: argmax over the part picked it
-                    worst = (float(diff[k] - bound[k]), i - part.start + k, float(ref[k]), float(got[k]))
+                excess, k, ref_k, got_k = st[2]
+                if not excess <= worst[0]:  # NaN too: argmax over the part picked it
+                    worst = (excess, i - part.start + k, ref_k, got_k)
         if not finite:
             return fail(Verdict.non_finite if label == "output" else wrong, f"{where} holds NaN or Inf")
         max_rel = max_abs / max(max_mag, 1e-30)
@@ -212,6 +209,38 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
             worst_part = (max_abs, max_rel)
     max_abs, max_rel = worst_part or (0.0, 0.0)
     return TrialResult(index=0, variant="", ok=True, max_abs_err=max_abs, max_rel_err=max_rel)
+
+
+def _chunk_stats(got: np.ndarray, ref: np.ndarray, mean: float, tol: float):
+    """One chunk against its reference: None where it holds NaN or Inf, else (max |got - ref|,
+    max |ref|, and where some value is past its bound (excess, index, ref, got) of the one furthest
+    past it, the one the feedback may show)."""
+    if not np.all(np.isfinite(got)):
+        return None
+    diff = np.subtract(got, ref)  # a new array: `got` may be a view of the caller's values or the outbox
+    np.abs(diff, out=diff)
+    bound = np.abs(ref)
+    stats = [float(diff.max()), float(bound.max()), None]
+    bound += mean
+    bound *= tol
+    if not bool(np.all(diff <= bound)):
+        k = int(np.argmax(diff - bound))
+        stats[2] = (float(diff[k] - bound[k]), k, float(ref[k]), float(got[k]))
+    return tuple(stats)
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _spread(fn, chunks: list) -> list:
+    """fn over the chunks in order, on up to COMPARE_THREADS threads (numpy lets go of the GIL on
+    arrays this large); one chunk runs here."""
+    global _POOL
+    if len(chunks) <= 1:
+        return [fn(c) for c in chunks]
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(COMPARE_THREADS, thread_name_prefix="kgen-compare")
+    return list(_POOL.map(fn, chunks))
 
 
 class Slot:
