@@ -261,3 +261,29 @@ def test_an_output_compared_in_chunks_on_several_threads_is_judged_as_in_one_pie
         assert judge.compare(header, nan, want, 1e-4, "cpu").verdict is judge.Verdict.non_finite
     finally:
         os.close(fd)
+
+
+def test_a_reply_is_read_from_a_descriptor_past_1023():
+    """A sweep's parent holds more than 1,024 descriptors (references, spares, memfds): select()
+    refused such a descriptor and 65 attempts were lost (docs/benchmarks.md, 21st session). The
+    reader waits with poll: a reply on descriptor 1,500 is read, and a silent one still times out."""
+    import resource
+    import time
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"this box allows {hard} descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    r, w = os.pipe()
+    high = os.dup2(r, 1500)
+    os.close(r)
+    try:
+        reader = P.Reader(high)
+        with pytest.raises(TimeoutError):
+            reader.line(time.monotonic() + 0.05)
+        os.write(w, b'{"a": 1}\n')
+        assert reader.line(time.monotonic() + 5) == b'{"a": 1}'
+    finally:
+        os.close(high)
+        os.close(w)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

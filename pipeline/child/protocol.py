@@ -24,6 +24,7 @@ Plain JSON lines: the parent never unpickles what a child wrote.
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import time
@@ -354,8 +355,11 @@ class Reader:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            ready, _, _ = select.select([self.fd], [], [], left)
-            if not ready:
+            # poll, not select: select refuses descriptors past 1023, and a parent running a sweep's
+            # references, spares and memfds held more (the 21st session's sweep lost 65 attempts to it).
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+            if not poller.poll(max(1, math.ceil(left * 1000))):
                 raise TimeoutError
             chunk = os.read(self.fd, 1 << 16)
             if not chunk:
