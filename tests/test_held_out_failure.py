@@ -88,3 +88,36 @@ def test_reference_failing_at_a_held_out_size_keeps_the_attempt(tmp_path, die):
     if result.verdict is Verdict.correct:
         assert result.shapes and all("was not timed" in (run.error or "") for run in result.shapes), result.shapes
         assert not any(run.served for run in result.shapes)
+
+
+def test_a_reference_that_fails_while_starting_is_not_left_running(monkeypatch):
+    """A failure while the reference process starts (in the sweep, the reader's select() on a
+    descriptor past 1023) ended open_bench with the process still running, out of reach of
+    TaskBench.close: on the GPU it kept its task's inputs in memory, and the children after it ran
+    out. The process is killed before the error leaves. The fault is injected at the first reply."""
+    import os
+
+    from pipeline import sandbox
+    from pipeline.judge.bench import open_bench
+
+    started = []
+    real_start = sandbox.start
+
+    def start(*args, **kwargs):
+        child = real_start(*args, **kwargs)
+        started.append(child)
+        return child
+
+    def receive(self):
+        raise ValueError("filedescriptor out of range in select()")
+
+    monkeypatch.setattr(sandbox, "start", start)
+    monkeypatch.setattr(sandbox.Child, "receive", receive)
+    task = tasks.discover(Path(__file__).resolve().parent.parent / "reference_tasks", ["mse"])[0]
+    with pytest.raises(ValueError, match="out of range"):
+        open_bench(task, "small", "cpu", SETTINGS)
+    assert len(started) == 1
+    pid = started[0].proc.pid
+    assert started[0].proc.poll() is not None, "the reference process is still running"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

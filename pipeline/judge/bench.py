@@ -86,10 +86,17 @@ class TaskBench:
         finally:
             theirs.close()
         ref.handover = ours
-        ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
-                  "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad,
-                  "warm_compiler": self.settings.compile_baseline})
-        ready = ref.receive()
+        try:
+            ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
+                      "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad,
+                      "warm_compiler": self.settings.compile_baseline})
+            ready = ref.receive()
+        except BaseException:
+            # Not yet one of self.references, so close() would not find it: a reference left running
+            # here kept its task's inputs on the GPU, and the next children ran out of memory there.
+            ref.kill()
+            ref.finish(grace=0.1)
+            raise
         if not ready or ready.get("event") != "ready":
             _, log = ref.finish()
             raise EvaluationError(f"task {self.task.name}: reference process failed to start: {_tail(log)}")

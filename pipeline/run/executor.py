@@ -56,6 +56,8 @@ def default_build_workers(cores: int | None = None) -> int:
     return max(1, min(cores, int(mem_gb // 2)))
 
 
+# References a single GPU lane starts ahead of it, at once (each holds its task's inputs on the GPU).
+EARLY_REFERENCES = 2
 TIMING_CORES = 2  # per GPU lane: its candidate's child and reference process take turns, never at once
 MIN_BUILD_CORES = 2
 
@@ -138,6 +140,7 @@ class LocalExecutor:
         build_cores = plan[1] if plan else None
         self.lane_cores = {gpu: _cores(cores) for gpu, cores in zip(gpus, plan[0])} if plan else {}
         self.early_cores = _cores(build_cores) if build_cores else None  # where references and spares start
+        self.early: asyncio.Semaphore | None = None  # made in the event loop, by the first prepare
         self.workers = build_workers or default_build_workers(len(build_cores) if build_cores else None)
         self.fast = dict(fast=backends.fast_builds(backend, fast_builds), cuda=backend == "cuda")
         self.notice = notice
@@ -199,19 +202,24 @@ class LocalExecutor:
         # the build cores (Python, torch, CUDA and the compiler's warm-up: a task switch put 47-51 s
         # between two verdicts, docs/benchmarks.md), and moves to the lane's cores when the lane takes it
         # for the baselines, the only part that is timed.
+        # At most EARLY_REFERENCES at once, each until its baselines are taken: unbounded, a sweep whose
+        # builds all ended together started 60 references on one GPU, and its children ran out of memory.
+        if self.early is None:
+            self.early = asyncio.Semaphore(EARLY_REFERENCES)
         lane = self.pool.live[0]
         started_with = {"CUDA_VISIBLE_DEVICES": lane, "KGEN_CORES": self.early_cores}
-        bench = await asyncio.to_thread(bench_stage.open_bench, task, size, backend, settings, started_with)
+        async with self.early:
+            bench = await asyncio.to_thread(bench_stage.open_bench, task, size, backend, settings, started_with)
 
-        def baselines(env, watch):
-            bench.move_reference(started_with, bench_stage.lane_of(env) or {})
-            return bench_stage.measure_baselines(bench, known_baselines.get, env, watch)
+            def baselines(env, watch):
+                bench.move_reference(started_with, bench_stage.lane_of(env) or {})
+                return bench_stage.measure_baselines(bench, known_baselines.get, env, watch)
 
-        try:
-            return await self._on_lane(baselines, key=task.name, discard=_close)
-        except BaseException:
-            bench.close()
-            raise
+            try:
+                return await self._on_lane(baselines, key=task.name, discard=_close)
+            except BaseException:
+                bench.close()
+                raise
 
     async def evaluate(self, bench, code_path, build_dir, settings):
         spares = self.spares if settings.warm_start else None
