@@ -502,9 +502,9 @@ def test_work_deferred_to_the_output_copy_is_counted(bench, tmp_path):
     result = run(bench, "deferred_put.py", "mse", tmp_path)
     real = real_ms(result)
     assert real is not None, f"the patched put never computed anything: {describe(result)}"
-    assert result.verdict is not V.correct, \
+    assert result.verdict is not V.correct or load_unfit(result), \
         f"recorded {result.time_ms:.4g} ms for work that cost {real:.4g} ms a call, done after the " \
-        f"timer: {describe(result)}"
+        f"timer: {describe(result)} unfit={result.device_unfit}"
 
 
 def test_timed_seeds_are_not_in_the_childs_plan(bench, tmp_path):
