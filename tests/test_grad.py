@@ -199,12 +199,15 @@ def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path):
 def _as_stored(r: EvalResult) -> EvalResult:
     """A judged result as these library tests store it. Speed is not at issue here (the library's
     "faster" rule has its own tests in test_library.py): the time is pinned at half the faster
-    baseline, so a noisy 2-core box cannot keep the kernel out; and no flags (the profile may flag a
-    cpu kernel beside torch's ops)."""
+    baseline, so a noisy 2-core box cannot keep the kernel out, nor can a busy one (whose timing the
+    judge marks unfit: pipeline.judge.judge.loaded); and no flags (the profile may flag a cpu kernel
+    beside torch's ops)."""
     from pipeline.records import Timing
 
     ms = min(t.median_ms for t in (r.eager_beside, r.compiled_beside) if t is not None) / 2
-    return r.model_copy(update={"flags": [], "timing": Timing(median_ms=ms, p25_ms=ms, p75_ms=ms, n=r.timing.n)})
+    loaded = (r.device_unfit or "").startswith("the cpu was loaded")
+    return r.model_copy(update={"flags": [], "timing": Timing(median_ms=ms, p25_ms=ms, p75_ms=ms, n=r.timing.n),
+                                **({"device_unfit": None} if loaded else {})})
 
 
 def _store(tmp_path: Path, name: str, task: str, result: EvalResult) -> tuple[Path, Path]:
