@@ -316,3 +316,22 @@ def test_report_draws_in_headless_chromium(page, tmp_path):
     # which holds plotly.js's own source, is left out.
     charts = dom[min(starts.values()):].replace(" ", "")
     assert "<img" not in charts and "font-weight:bold" not in charts
+
+
+def test_the_search_table_counts_a_loaded_box_s_correct_attempt_but_not_its_speedup():
+    """A correct attempt whose timing the judge marked unfit (a loaded box) is correct in the search
+    table, but its speedup counts for nothing (fast_1 and best x eager come from fit timings only)."""
+    from pipeline.report.page import search_data
+
+    def row(turn, verdict, speedup, unfit=None, task="mse"):
+        return {"task": task, "model": "m", "sample": 0, "turn": turn, "generation": 0, "verdict": verdict,
+                "trusted": 1, "speedup_eager": speedup, "speedup_compile": speedup, "device_unfit": unfit}
+
+    loaded = "the cpu was loaded (30% of the windows' time waiting for a core)"
+    data = search_data([row(0, "mismatch", None), row(1, "correct", 5.0, loaded), row(2, "correct", 2.0),
+                        row(0, "correct", 0.5, task="hinge")])
+    steps = {s["step"]: s for s in data["per_step"]}
+    assert (steps[1]["correct"], steps[1]["fast_1"], steps[1]["best_eager"]) == (0.5, 0.0, 0.5)
+    assert (steps[2]["correct"], steps[2]["fast_1"], steps[2]["best_eager"]) == (1.0, 0.0, 0.5)  # the unfit 5x: none
+    assert (steps[3]["correct"], steps[3]["fast_1"], steps[3]["best_eager"]) == (1.0, 0.5, 2.0)
+    assert {t["task"]: t["best"] for t in data["per_task"]}["mse"] == [None, None, 2.0]

@@ -152,6 +152,8 @@ class ParentView(Record):
     """The floor's time over its time, in percent."""
     flags: list[str] = []
     """Its flags (no_custom_kernel, shape_specialized)."""
+    rough: bool = False
+    """Its timing was marked unfit (a loaded machine): its numbers are rough."""
 
 
 def parent_view(row: dict[str, Any], code: str) -> ParentView:
@@ -159,7 +161,7 @@ def parent_view(row: dict[str, Any], code: str) -> ParentView:
     return ParentView(code=code, time_ms=_r(row["time_ms"]), speedup_eager=_r(row.get("speedup_eager"), 3),
                       speedup_compile=_r(row.get("speedup_compile"), 3),
                       floor_percent=_r(100 * row["floor_fraction"], 3) if row.get("floor_fraction") else None,
-                      flags=list(row.get("flags") or []))
+                      flags=list(row.get("flags") or []), rough=bool(row.get("device_unfit")))
 
 
 def render_evolve(template: str, prompts_dir: Path, task_name: str, task_source: str, backend: str,

@@ -93,7 +93,9 @@ def search_data(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """A search's progress by step (turn, or generation when the rows evolved): per step, for every
     conversation (task, model, sample; a task's whole archive when evolving), whether its best so far
     is correct, faster than eager, faster than torch.compile; and per task the best-so-far speedup.
-    Step 1 is the first answer to the plain prompt: the single-shot numbers of the same run."""
+    Step 1 is the first answer to the plain prompt: the single-shot numbers of the same run. A
+    correct attempt whose timing was marked unfit (a loaded box) counts as correct, but its speedups
+    count for nothing: they were not measured where they could be trusted."""
     evolve = any(r.get("generation") for r in rows)
     steps = sorted({_step(r, evolve) for r in rows})
     if steps in ([], [0]):
@@ -102,24 +104,25 @@ def search_data(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     def key(r: dict[str, Any]) -> tuple:
         return (r["task"], r["model"]) if evolve else (r["task"], r["model"], r["sample"])
 
-    fair = [r for r in rows if r["verdict"] == "correct" and r.get("trusted", 1) != 0 and not r.get("device_unfit")]
+    verified = [r for r in rows if r["verdict"] == "correct" and r.get("trusted", 1) != 0]
     threads = sorted({key(r) for r in rows})
     task_names = sorted({r["task"] for r in rows})
     per_step, per_task = [], {}
     for step in steps:
-        upto = [r for r in fair if _step(r, evolve) <= step]
+        upto = [r for r in verified if _step(r, evolve) <= step]
         best: dict[tuple, dict[str, float]] = {}
         for r in upto:
             b = best.setdefault(key(r), {"eager": 0.0, "compile": 0.0})
-            b["eager"] = max(b["eager"], r["speedup_eager"] or 0.0)
-            b["compile"] = max(b["compile"], r["speedup_compile"] or 0.0)
+            if not r.get("device_unfit"):
+                b["eager"] = max(b["eager"], r["speedup_eager"] or 0.0)
+                b["compile"] = max(b["compile"], r["speedup_compile"] or 0.0)
         n = len(threads)
         per_step.append({"step": step + 1, "attempts": sum(1 for r in rows if _step(r, evolve) == step),
                          "correct": len(best) / n, "fast_1": sum(b["eager"] > 1 for b in best.values()) / n,
                          "fast_compile": sum(b["compile"] > 1 for b in best.values()) / n,
-                         "best_eager": max((b["eager"] for b in best.values()), default=None)})
+                         "best_eager": max((b["eager"] for b in best.values() if b["eager"]), default=None)})
         for task in task_names:
-            mine = [r["speedup_eager"] for r in upto if r["task"] == task and r["speedup_eager"]]
+            mine = [r["speedup_eager"] for r in upto if r["task"] == task and r["speedup_eager"] and not r.get("device_unfit")]
             per_task.setdefault(task, []).append(max(mine) if mine else None)
     return {"unit": "generation" if evolve else "turn", "steps": [s + 1 for s in steps], "per_step": per_step,
             "per_task": [{"task": t, "best": v} for t, v in per_task.items()], "conversations": len(threads)}
