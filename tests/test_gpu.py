@@ -200,7 +200,7 @@ CASES = {
     "forged_clock": (0, FORGED_CLOCK, {Verdict.correct, Verdict.impossible_timing}),
     "forged_half": (0, FORGED_HALF, {Verdict.correct, Verdict.impossible_timing}),
     # Work left on the GPU after a block, running while the child is stopped and eager is timed:
-    # the reference's own probe (pipeline.judge.reference.IdleProbe) waits it out or refuses.
+    # the reference's own probe (pipeline.judge.health.IdleProbe) waits it out or refuses.
     "leftover_spinner": (6, CALL, {Verdict.correct, Verdict.impossible_timing}),
 }
 

@@ -287,3 +287,22 @@ def test_a_reply_is_read_from_a_descriptor_past_1023():
         os.close(high)
         os.close(w)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("task, grad", [("mse", False), ("triplet", True)])
+def test_a_described_call_has_the_checked_call_s_layout_and_no_values(task, grad):
+    """The first call at each size is described before the child starts (the outbox's slots are sized
+    from it) from the run dtype's forward alone, with no float64 forward: its shapes and dtypes are the
+    checked call's, part by part, and it hands over no values."""
+    from pathlib import Path
+
+    from pipeline.judge.reference import Reference
+
+    task_path = Path(__file__).resolve().parent.parent / "reference_tasks" / f"{task}.py"
+    ref = Reference({"task_path": str(task_path), "device": "cpu", "grad": grad, "dtype": "float32"})
+    described = ref.expected("small", 0, 5, "base", values=False)
+    full = ref.expected("small", 0, 5, "base")
+    os.close(full.pop("values_fd"))
+    assert "values_fd" not in described and "rel_errs" not in described
+    assert described == {k: full[k] for k in ("shape", "numel", "ref_dtype", "parts", "dtypes")}
+    assert len(described["parts"]) == (1 + 3 if grad else 1)  # output, and the gradient of each input

@@ -87,9 +87,12 @@ class TaskBench:
             theirs.close()
         ref.handover = ours
         try:
+            # spread_cores: where its `expect` may run on the cpu (every core of ours: nothing is timed
+            # then, pipeline.judge.reference._spread); its timing stays on the pinned cores.
             ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
                       "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad,
-                      "warm_compiler": self.settings.compile_baseline})
+                      "warm_compiler": self.settings.compile_baseline,
+                      "spread_cores": sorted(os.sched_getaffinity(0)) if self.device == "cpu" else None})
             ready = ref.receive()
         except BaseException:
             # Not yet one of self.references, so close() would not find it: a reference left running

@@ -19,6 +19,7 @@ is judged against.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -36,7 +37,9 @@ from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
 from ..child.protocol import write_line
 from ..child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
+from ..sandbox import pin_all
 from .handover import give, sealed_memfd
+from .health import IdleProbe
 
 
 # Values a step where a whole output is worked through in pieces (_errs).
@@ -79,6 +82,14 @@ def _parts(result: Any) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
     if not isinstance(result, torch.Tensor):
         raise TypeError(f"the reference Model returns {type(result).__name__}, not a tensor")
     return result, [("output", result)]
+
+
+def _described(out: torch.Tensor, parts: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    """A call's shapes and dtypes as the judge lays out its output (pipeline.judge.judge.Expected),
+    from the run dtype's forward: the float64 one has the same shapes."""
+    return {"shape": list(out.shape), "numel": sum(t.numel() for _, t in parts),
+            "ref_dtype": str(out.dtype).removeprefix("torch."), "parts": [[label, list(t.shape)] for label, t in parts],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in parts]}
 
 
 class Reference:
@@ -136,7 +147,7 @@ class Reference:
     def expected(self, size: str, init_seed: int, seed: int, variant: str, pack_inputs: bool = False,
                  output: bool = True, values: bool = True) -> dict[str, Any]:
         """The reference's output for one call, in float64, written into a sealed memfd (`values_fd`,
-        the caller's to close; with `values` False only what describes it: shape, dtypes, errors);
+        the caller's to close; with `values` False only what describes it: shapes and dtypes);
         with `pack_inputs`, the call's inputs too, packed as the inbox holds them
         (pipeline.child.protocol), in another (`inputs_fd`).
 
@@ -154,6 +165,14 @@ class Reference:
             meta["inputs_fd"] = sealed_memfd("kgen-inputs", pack_set(inputs))
         if not output:
             return meta
+        if not values:
+            # Only what describes the call (the outbox's slots are sized from it): the run dtype's
+            # forward alone. The float64 forward and the error pass here were a whole checked call's
+            # work on a task of gigabytes, made again when that call is checked (Session.fetch).
+            reseed(m32, inputs, seed)
+            with torch.no_grad():
+                out32, parts32 = _parts(m32(*inputs))
+            return {**meta, **_described(out32, parts32)}
         inputs64 = _as64(inputs)
         del inputs
         reseed(m64, inputs64, seed)  # gradient mode: this call's upstream, as the candidate's child draws it
@@ -168,14 +187,10 @@ class Reference:
         # How far PyTorch's own run dtype lands from float64 here, part by part: evidence for the
         # tolerance, and in bfloat16 and float16 the tolerance itself (pipeline.judge.judge.tolerance_for).
         errs, own = map(list, zip(*(_errs(a, b) for (_, a), (_, b) in zip(parts32, parts))))
-        described = {"shape": list(ref.shape), "numel": sum(t.numel() for _, t in parts),
-                     "ref_dtype": str(out32.dtype).removeprefix("torch."), "fp32_rel_err": errs[0],
-                     "parts": [[label, list(t.shape)] for label, t in parts], "rel_errs": errs, "own_errs": own,
-                     "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in parts32]}
+        described = {**_described(out32, parts32), "fp32_rel_err": errs[0], "rel_errs": errs, "own_errs": own}
         del out32, parts32
-        if values:
-            meta["values_fd"] = sealed_memfd("kgen-expected", *(
-                t.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy() for _, t in parts))
+        meta["values_fd"] = sealed_memfd("kgen-expected", *(
+            t.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy() for _, t in parts))
         return {**meta, **described}
 
     def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False) -> list[float]:
@@ -315,58 +330,6 @@ class CompilerWarmup:
 BESIDE_WARMUP = ("expect", "digests", "release")
 
 
-class IdleProbe:
-    """Whether the GPU runs anything besides this process's work, checked by this process (the
-    parent's side) before and after each eager block, while the candidate's child is stopped: a
-    candidate that left a spinner on a side stream is stopped on the host, not on the device, and
-    eager timed beside it read slow (issue 27: 4.5x eager recorded against its honest twin's 2.8x).
-    The probe is a tiny kernel's launch-to-finish wall time: where another context holds the SMs,
-    it waits for a time slice (milliseconds) instead of its usual tens of microseconds."""
-
-    SLACK_MS = 0.2  # above the idle time; a time slice of another context costs more than this
-    WAIT_S = 2.0  # how long a busy device is waited for before the block is timed anyway
-
-    def __init__(self):
-        self.x = torch.zeros(256, device="cuda")
-        for _ in range(3):
-            self.probe()
-        self.idle_ms = min(self.probe() for _ in range(20))
-
-    def probe(self) -> float:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        self.x.add_(1.0)
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) * 1e3
-
-    def busy_ms(self) -> float | None:
-        """The fastest of three probes where it says the device is busy, else None."""
-        fastest = min(self.probe() for _ in range(3))
-        return fastest if fastest > self.idle_ms + self.SLACK_MS else None
-
-    def wait(self) -> float | None:
-        end = time.monotonic() + self.WAIT_S
-        while (busy := self.busy_ms()) is not None and time.monotonic() < end:
-            time.sleep(0.01)
-        return busy
-
-    def timed(self, block) -> tuple[list[float], dict[str, Any] | None]:
-        """`block()`'s times, taken on an idle device: waited for before, checked after, timed
-        again once where it was busy after; the second reading (None where all was idle) says
-        what was seen, and `after` in it means the times stand on a busy device."""
-        seen: dict[str, Any] = {}
-        if (before := self.wait()) is not None:
-            seen["before_ms"] = before
-        times = block()
-        if (after := self.busy_ms()) is not None:
-            seen["retimed_ms"] = after
-            self.wait()
-            times = block()
-            if (again := self.busy_ms()) is not None:
-                seen["after_ms"] = again
-        return times, ({**seen, "idle_ms": self.idle_ms} if seen else None)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipeline.judge.reference")
     parser.add_argument("--result-fd", type=int, required=True)
@@ -433,13 +396,14 @@ def main(argv: list[str] | None = None) -> int:
                 send({"event": "block_failed", "error": _one_line(exc)})
         elif request["op"] == "expect":
             ref.drop_sets()  # a call's float64 forward needs the room more than the next eager block does
-            for spec in request["specs"]:
-                meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"],
-                                    bool(spec.get("inputs")), spec.get("output", True), spec.get("values", True))
-                fds = {name: meta.pop(name) for name in ("values_fd", "inputs_fd") if name in meta}
-                if fds:  # first: the parent takes them as it reads the line below (a line naming none takes none)
-                    give(handover, list(fds.values()))
-                send({"event": "expected", "key": spec["key"], "fds": list(fds), **meta})
+            with _spread(job.get("spread_cores") if ref.device == "cpu" else None):
+                for spec in request["specs"]:
+                    meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"],
+                                        bool(spec.get("inputs")), spec.get("output", True), spec.get("values", True))
+                    fds = {name: meta.pop(name) for name in ("values_fd", "inputs_fd") if name in meta}
+                    if fds:  # first: the parent takes them as it reads the line below (a line naming none takes none)
+                        give(handover, list(fds.values()))
+                    send({"event": "expected", "key": spec["key"], "fds": list(fds), **meta})
             ref.release()
         elif request["op"] == "digests":  # the replayed Bound calls the parent checks (pipeline.child.replays)
             for item in request["items"]:
@@ -458,6 +422,25 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         send({"event": "done", "op": request["op"]})
     return 0
+
+
+@contextlib.contextmanager
+def _spread(cores: list[int] | None):
+    """Every thread of this process on `cores`, with as many torch threads, for work nothing times:
+    the parent asks for a checked call's values while the child waits, and no eager block runs until
+    it has them. Then back on the timing cores and thread count. A gigabyte task's float64 forwards
+    took 16-21 s a checked call on one core of the 2-core box, 7-10 s on both."""
+    if not cores:
+        yield
+        return
+    before, threads = ",".join(map(str, sorted(os.sched_getaffinity(0)))), torch.get_num_threads()
+    pin_all(os.getpid(), ",".join(map(str, cores)))
+    torch.set_num_threads(len(cores))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        pin_all(os.getpid(), before)  # threads torch started meanwhile too
 
 
 def _one_line(exc: BaseException) -> str:
