@@ -177,7 +177,7 @@ class Reference:
         del inputs
         reseed(m64, inputs64, seed)  # gradient mode: this call's upstream, as the candidate's child draws it
         with torch.no_grad():
-            ref, parts = _parts(m64(*inputs64))
+            _, parts = _parts(m64(*inputs64))
         del inputs64
         inputs = tasks.make_inputs(module, seed, variant, self.device)
         reseed(m32, inputs, seed)
