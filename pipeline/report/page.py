@@ -110,19 +110,19 @@ def search_data(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     per_step, per_task = [], {}
     for step in steps:
         upto = [r for r in verified if _step(r, evolve) <= step]
-        best: dict[tuple, dict[str, float]] = {}
-        for r in upto:
-            b = best.setdefault(key(r), {"eager": 0.0, "compile": 0.0})
-            if not r.get("device_unfit"):
-                b["eager"] = max(b["eager"], r["speedup_eager"] or 0.0)
-                b["compile"] = max(b["compile"], r["speedup_compile"] or 0.0)
+        timed = [r for r in upto if not r.get("device_unfit")]  # whose speedups count
+        best: dict[tuple, dict[str, float]] = {key(r): {"eager": 0.0, "compile": 0.0} for r in upto}
+        for r in timed:
+            b = best[key(r)]
+            b["eager"] = max(b["eager"], r["speedup_eager"] or 0.0)
+            b["compile"] = max(b["compile"], r["speedup_compile"] or 0.0)
         n = len(threads)
         per_step.append({"step": step + 1, "attempts": sum(1 for r in rows if _step(r, evolve) == step),
                          "correct": len(best) / n, "fast_1": sum(b["eager"] > 1 for b in best.values()) / n,
                          "fast_compile": sum(b["compile"] > 1 for b in best.values()) / n,
                          "best_eager": max((b["eager"] for b in best.values() if b["eager"]), default=None)})
         for task in task_names:
-            mine = [r["speedup_eager"] for r in upto if r["task"] == task and r["speedup_eager"] and not r.get("device_unfit")]
+            mine = [r["speedup_eager"] for r in timed if r["task"] == task and r["speedup_eager"]]
             per_task.setdefault(task, []).append(max(mine) if mine else None)
     return {"unit": "generation" if evolve else "turn", "steps": [s + 1 for s in steps], "per_step": per_step,
             "per_task": [{"task": t, "best": v} for t, v in per_task.items()], "conversations": len(threads)}
