@@ -196,6 +196,11 @@ class Baselines(Record):
     compile_error: str | None = None
     """Why torch.compile of the reference failed, where it did (then `compiled` is None): a cached
     baseline that says so is not timed again only to fail again."""
+    null_ms: float | None = None
+    """Forward mode: the median of a call that launches one kernel touching one value, timed by the
+    candidate's protocol in the reference process: what the child's clock reads for a call that does
+    no work (the flush's after-effects, events, a launch). The replayed bound takes it off a claim
+    before setting it against the parent's estimate of the device's work (pipeline.judge.judge)."""
 
 
 class OwnCode(Record):

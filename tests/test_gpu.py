@@ -340,7 +340,7 @@ def test_a_clock_forged_to_half_is_refused_at_every_call_length(built, size):
     for name, r in results:
         print(f"\nREDTEAM {name}@{size}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
               f"ratio={r.time_ms / r.wall_ms_per_call if r.time_ms and r.wall_ms_per_call else None} error={r.error} "
-              f"bound={r.bound_note}")
+              f"bound={r.bound_note} null_ms={r.baselines.null_ms if r.baselines else None}")
     for name, r in results:
         if name == "honest":
             assert r.verdict is Verdict.correct and r.trusted, (r.error, r.untrusted_reason)

@@ -84,6 +84,21 @@ def test_an_outbox_that_cannot_be_page_locked_still_carries_outputs():
         os.close(fd)
 
 
+def test_the_replayed_bound_takes_the_no_work_call_off_a_claim():
+    """An H100's readings at 12 us a call (docs/benchmarks.md, 2026-11-26d): the honest mse claimed
+    0.012 ms and its replays put the device's work at 0.003. A clock forged to half (0.006) cleared the
+    bound (0.65 x 0.003 - 0.001); less, say, 0.0055 ms the protocol reads for a call that does no work,
+    it claims 0.0005 of work and is refused, while the honest claim's 0.0065 stands."""
+    est, null = 0.003, 0.0055
+    assert judge.check_estimate("cuda_graph", 0.006, est) is None  # the hole, without the no-work call
+    refused = judge.check_estimate("cuda_graph", 0.006, est, null)
+    assert refused[0] is judge.Verdict.impossible_timing and "beyond the 0.0055 ms" in refused[1]
+    assert judge.check_estimate("cuda_graph", 0.012, est, null) is None
+    # Only the replayed bound: the eager GPU bound and the cpu's are set against calls with their host work.
+    assert judge.check_estimate("cpu", 0.83, 1.35, 0.5) is None
+    assert judge.check_estimate("cuda", 0.4, 1.225, 0.3) is None
+
+
 def test_the_estimate_is_the_fastest_request_over_a_robust_calibration():
     """Stalls only add time: neither a slow Bound request nor a stalled calibration request moves
     the estimate. On a GPU the calibration is its median request and a claim below half the

@@ -83,6 +83,8 @@ def test_a_short_task_is_timed_with_more_calls_on_both_sides(tmp_path):
             bench.close()
         assert result.verdict is Verdict.correct, result.error
         counts[target] = (bench.timed_calls, bench.baselines.eager.n, result.timing.n)
+        # A call that does no work, timed by the same protocol: measured, and below the task's eager call.
+        assert 0 < bench.baselines.null_ms < bench.baselines.eager.median_ms
     assert counts[0.0] == (6, 6, 6)
     assert counts[10_000.0] == (24, 24, 24)
 

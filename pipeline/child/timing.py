@@ -28,7 +28,7 @@ L2_FLUSH_BYTES = 256 << 20  # twice the largest L2 of current parts
 # Bound request, and that gap was room for a cheat.)
 SIDE_WORK_RATIO, SIDE_WORK_MS = 1.5, 0.05  # busy-until-idle over events, beyond sync latency
 HOLD_MS = 1.0  # covers torch.compile's cold launch path (90-260 us) and most host stalls
-TIMING_VERSION = "7"  # part of the baseline cache key: a change of method invalidates cached times
+TIMING_VERSION = "8"  # part of the baseline cache key: a change of method invalidates cached times
 # Timed calls come in blocks of this many input sets, each filled with fresh values before the block:
 # only a block's first call follows the refill (whose host-side work leaves the launch path cold and
 # cost torch.compile's Python wrapper 50-250 us a call on the H100), and every call is timed, so

@@ -326,7 +326,7 @@ def _baselines(msg: dict[str, Any]) -> Baselines:
     return Baselines(eager=Timing(**msg["eager"]), compiled=Timing(**msg["compiled"]) if "compiled" in msg else None,
                      floor_ms=msg["floor_ms"], bandwidth_gbs=msg["bandwidth_gbs"], input_bytes=msg["input_bytes"],
                      eager_plain_ms=msg.get("eager_plain_ms"), compiled_plain_ms=msg.get("compiled_plain_ms"),
-                     compile_error=msg.get("compile_error"))
+                     compile_error=msg.get("compile_error"), null_ms=msg.get("null_ms"))
 
 
 def _tail(log: str, lines: int = 3) -> str:

@@ -247,6 +247,9 @@ class Reference:
         inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
         result: dict[str, Any] = {"event": "baselines", "input_bytes": tasks.input_bytes(inputs)}
         result["eager"] = self._time(m32, module, seeds, clock, job["warmup"])
+        if not self.grad:  # one launch that touches nothing: not zeros of the output, whose writing is work
+            result["null_ms"] = self._time(lambda *_: torch.zeros(1, device=self.device), module, seeds, clock,
+                                           job["warmup"])["median_ms"]
         cuda = self.device.startswith("cuda")
         if cuda:
             with torch.no_grad():

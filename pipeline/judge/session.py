@@ -361,7 +361,8 @@ class Session:
                     f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
         if (problem := judge.check_windows(self.timed)):
             return problem
-        problem = judge.check_estimate(kind, claim if claim is not None else median, self.estimate)
+        problem = judge.check_estimate(kind, claim if claim is not None else median, self.estimate,
+                                       b.null_ms if b else None)
         if self.graph_failed and median < judge.LOOSE_BELOW_MS:
             self.loose_bound = (f"its forward could not be replayed from a CUDA graph ({self.graph_failed[:160]}), so the "
                                 f"parent's bound says little below {judge.LOOSE_BELOW_MS} ms a call")
