@@ -321,3 +321,18 @@ def test_a_described_call_has_the_checked_call_s_layout_and_no_values(task, grad
     assert "values_fd" not in described and "rel_errs" not in described
     assert described == {k: full[k] for k in ("shape", "numel", "ref_dtype", "parts", "dtypes")}
     assert len(described["parts"]) == (1 + 3 if grad else 1)  # output, and the gradient of each input
+
+
+def test_a_replayed_request_keeps_enough_sets_to_read_its_inputs_cold():
+    """pipeline.child.replays.set_count: a multiple of the request's seeds (replay r's set holds the
+    reference's seeds[r % n]), enough that about three L2s of traffic pass between a set's rewrite and
+    its forward, within the caps; a set larger than the L2 needs no more than the seeds."""
+    from pipeline.child.replays import COLD_L2, MAX_SETS, SETS_BYTES, set_count
+
+    l2 = 60 << 20
+    small = set_count(4, 2 << 20, l2, 512)  # mse at 64 x 4096: 2 MB of inputs
+    assert small % 4 == 0 and (small - 1) * 3 * (2 << 20) >= COLD_L2 * l2 and small <= MAX_SETS
+    assert set_count(4, 1 << 30, l2, 4) == 4
+    assert set_count(3, 64 << 10, l2, 512) == 63  # capped at MAX_SETS, a multiple of 3
+    assert set_count(4, 100 << 20, l2, 512) * 2 * (100 << 20) <= max(SETS_BYTES, 8 * (100 << 20))
+    assert set_count(4, 2 << 20, l2, 6) == 4  # no more sets than the request replays

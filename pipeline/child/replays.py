@@ -22,10 +22,10 @@ estimate of a 10 us call anywhere from 0 to 6 us. Each replay, in the graph:
 Nothing else runs in the window: whatever of the harness's own work the calibration subtracts, a
 candidate could leave out (rebinding torch's fill_ would drop an L2 flush from its graphs, and the
 flush's 60 us a replay would come off its estimate), so the replays do only what a correct digest
-needs. Without a flush, inputs that fit the L2 are read warm: below about 50 us a call (H200), and
-because a graph launches a call's kernels closer together than the child's eager launches, the
-estimate reads 0.3-0.7 of an honest call there and a clock forged to half is not refused
-(docs/benchmarks.md).
+needs. The inputs are read cold without a flush: a set is rewritten a round ahead of its forward and
+the other sets' traffic in between takes it out of the L2 (`set_count`). A candidate that bent the
+harness's own rewrites to land just before its forward would read warm inputs and take the L2's
+speed-up off its estimate, no more: that is where these replays stood before (docs/benchmarks.md).
 
 The parent compares the digests of replays it chose in secret with the reference's (its float64
 output for the same inputs, `inputs_for`): a replay whose work was skipped has the wrong digest. A
@@ -38,6 +38,7 @@ values and ops on the same device, so the inputs are the child's bit for bit.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any, Callable
 
@@ -98,43 +99,91 @@ def _clean_capture(device: str) -> None:
         pass
 
 
+# Cold replays (2026-11-29). Rewriting a set's inputs right before its forward left them in the L2, and
+# graphs launched one replay at a time were bound by the host's launches: at 8-20 us a call an H200's
+# estimate read 0-3.3 us for an honest mse whose child claimed 8-10 (docs/benchmarks.md). Now a set is
+# rewritten one round ahead of its forward, with enough sets that about COLD_L2 times the L2 is
+# touched in between, and a round of at least ROUND_REPLAYS replays is one graph launch.
+COLD_L2 = 3
+MAX_SETS = 64
+ROUND_REPLAYS = 32
+SETS_BYTES = 1 << 30  # bases and inputs of every set together, at most
+
+
+def set_count(n_seeds: int, set_bytes: int, l2_bytes: int, replays: int) -> int:
+    """Input sets a request keeps: a multiple of its seeds (set j holds seeds[j % n_seeds], so replay
+    r's set holds the reference's seeds[r % n_seeds]) with about COLD_L2 L2s of traffic between a
+    set's rewrite and its forward (each replay in between reads its base, writes and reads its
+    inputs: three times a set's bytes), within MAX_SETS, SETS_BYTES and what the replays use."""
+    per = max(set_bytes, 1)
+    want = math.ceil(COLD_L2 * l2_bytes / (3 * per)) + 1
+    cap = min(MAX_SETS, SETS_BYTES // (2 * per), max(replays, n_seeds))
+    sets = min(math.ceil(want / n_seeds), max(cap // n_seeds, 1)) * n_seeds
+    return max(n_seeds, sets)
+
+
 class Captured:
-    """A request's graphs, captured and waiting for `play`."""
+    """A request's graphs, captured and waiting for `play`: one a set (its replay), a round (every
+    set's replay in order, repeated up to ROUND_REPLAYS) and the prologue that writes the first
+    round's inputs."""
 
     def __init__(self, model: Callable[..., Any], module, seeds: list[int], replays: int, digest_seed: int,
                  out_numel: int, device: str):
         self.replays, self.device = replays, device
-        sets = [tasks.make_inputs(module, seed, "base", device) for seed in seeds]
+        first = tasks.make_inputs(module, seeds[0], "base", device)
+        l2 = getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0)
+        n = set_count(len(seeds), tasks.input_bytes(first), l2, replays)
+        sets = [first] + [tasks.make_inputs(module, seeds[j % len(seeds)], "base", device) for j in range(1, n)]
         doms = tasks.domains(module, len(sets[0]))
         bases = [[x.clone() if _perturbed(x, d) else None for x, d in zip(inputs, doms)] for inputs in sets]
+        # Replay r's inputs are written at replay r - ahead (the prologue writes the first `ahead`):
+        # the other sets' traffic in between takes them out of the L2.
+        self.ahead = ahead = n - 1
         w = weights(out_numel, digest_seed, device)
         self.digests = torch.zeros(replays, dtype=torch.float32, device=device)
-        self.table = torch.ones(replays, dtype=torch.float32, device=device)
+        self.table = torch.ones(replays + ahead, dtype=torch.float32, device=device)
         self.count = torch.zeros((), dtype=torch.long, device=device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # capture wants every lazy initialisation (cuBLAS's too) done before it
-            for inputs in sets:
+            for inputs in sets[:len(seeds)]:
                 out = model(*inputs)
                 if not isinstance(out, torch.Tensor):
                     raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
                 digest(out, w)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        self.graphs = []
+
+        def rewrite(j: int, f: torch.Tensor) -> None:
+            for x, b in zip(sets[j], bases[j]):
+                if b is not None:
+                    torch.mul(b, f.to(b.dtype), out=x)
+
+        def replay(j: int) -> None:
+            at = self.count.view(1)
+            rewrite((j + ahead) % n, self.table.index_select(0, at + ahead))
+            out = model(*sets[j])
+            self.digests.index_copy_(0, at, digest(out, w).view(1))
+            self.count.add_(1)
+
+        self.graphs, self.round, self.prologue = [], None, None
         try:
-            for inputs, base in zip(sets, bases):
+            if ahead:
+                self.prologue = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.prologue):
+                    for j in range(ahead):
+                        rewrite(j, self.table.narrow(0, j, 1))
+            for j in range(n):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    at = self.count.view(1)
-                    f = self.table.index_select(0, at)
-                    for x, b in zip(inputs, base):
-                        if b is not None:
-                            torch.mul(b, f.to(b.dtype), out=x)
-                    out = model(*inputs)
-                    self.digests.index_copy_(0, at, digest(out, w).view(1))
-                    self.count.add_(1)
+                    replay(j)
                 self.graphs.append(graph)
+            self.round_replays = n * math.ceil(ROUND_REPLAYS / n)
+            if self.round_replays <= replays:
+                self.round = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.round):
+                    for r in range(self.round_replays):
+                        replay(r % n)
         except Exception:
             _clean_capture(device)
             raise
@@ -142,10 +191,17 @@ class Captured:
         torch.cuda.synchronize()
 
     def play(self, factor_seed: int) -> list[float]:
-        """The factors from `factor_seed`, then every replay round-robin, one device sync, the digests."""
-        self.table.copy_(table(factor_seed, self.replays, self.device))
+        """The factors from `factor_seed`, then every replay in order (whole rounds, then single
+        replays), one device sync, the digests."""
+        self.table.copy_(table(factor_seed, self.replays + self.ahead, self.device))
         self.count.zero_()
-        for r in range(self.replays):
+        if self.prologue is not None:
+            self.prologue.replay()
+        done = 0
+        while self.round is not None and self.replays - done >= self.round_replays:
+            self.round.replay()
+            done += self.round_replays
+        for r in range(done, self.replays):
             self.graphs[r % len(self.graphs)].replay()
         torch.cuda.synchronize()
         return self.digests.tolist()
