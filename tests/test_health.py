@@ -70,12 +70,16 @@ def test_a_resume_retimes_what_an_unfit_device_judged(tmp_path):
     config = write_config(tmp_path, [replay(tmp_path, [("mse", RIGHT)])], samples=1)
     run_id, store = run(config)
     db = tmp_path / "db" / "kgen.db"
+    bad = "bandwidth 673 GB/s against 2995 GB/s"
     with sqlite3.connect(db) as conn:  # as a run on a device that went bad would have stored it
-        conn.execute("UPDATE attempts SET device_unfit = 'bandwidth 673 GB/s against 2995 GB/s', time_ms = NULL")
+        conn.execute("UPDATE attempts SET device_unfit = ?, time_ms = NULL", (bad,))
     again, store = run(config)
     (row,) = store.attempts(run=run_id)
     assert again == run_id and row["verdict"] == "correct"
-    assert row["device_unfit"] is None and row["time_ms"] > 0
+    # Timed again: the bad device's mark is gone. On a busy box the new timing may carry the judge's
+    # own load mark instead (pipeline.judge.judge.loaded), which the next resume re-times in turn.
+    assert row["device_unfit"] != bad and row["time_ms"] > 0
+    assert row["device_unfit"] is None or row["device_unfit"].startswith("the cpu was loaded"), row["device_unfit"]
 
 
 def test_a_timing_from_an_unfit_device_is_never_best():

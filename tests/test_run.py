@@ -101,11 +101,14 @@ def test_replay_run_stores_each_outcome_and_resumes(tmp_path):
     assert shown.exit_code == 0, shown.output
     for part in ("prompt", "completion", "class ModelNew", "verdict detail", "trial 0", "x eager"):
         assert part in shown.output, part
-    started = time.monotonic()
+    first = store.attempts(run=run_id)
     again, store = run(config)
     assert again == run_id  # the same plan resumes the same run
-    assert time.monotonic() - started < 10  # nothing left to do
-    assert len(store.attempts(run=run_id)) == 3
+    # Nothing left to do: every attempt stands as stored, not judged again. Only a correct one whose
+    # timing a busy box's load marked unfit is re-timed (pipeline.run.batch.Runner._redo). A bound
+    # on the resume's seconds stood here and failed beside other work.
+    now = {a["id"] for a in store.attempts(run=run_id)}
+    assert len(now) == 3 and {a["id"] for a in first if not a["device_unfit"]} <= now
 
 
 def _count(db: Path, sql: str) -> int:
