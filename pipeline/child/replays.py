@@ -118,8 +118,7 @@ def set_count(n_seeds: int, set_bytes: int, l2_bytes: int, replays: int) -> int:
     per = max(set_bytes, 1)
     want = math.ceil(COLD_L2 * l2_bytes / (3 * per)) + 1
     cap = min(MAX_SETS, SETS_BYTES // (2 * per), max(replays, n_seeds))
-    sets = min(math.ceil(want / n_seeds), max(cap // n_seeds, 1)) * n_seeds
-    return max(n_seeds, sets)
+    return min(math.ceil(want / n_seeds), max(cap // n_seeds, 1)) * n_seeds
 
 
 class Captured:

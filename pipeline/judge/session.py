@@ -369,7 +369,8 @@ class Session:
             # 0.02-0.14 ms below it (docs/benchmarks.md, 2026-11-29). Below LOOSE_BELOW_MS it cannot tell
             # a forged clock from host work, so it refuses nothing there: the result is kept, untrusted.
             why = (f"its forward could not be replayed from a CUDA graph ({self.graph_failed[:160]})" if self.graph_failed
-                   else "gradient mode's calls are not replayed from CUDA graphs")
+                   else "gradient mode's calls are not replayed from CUDA graphs" if self.settings.grad
+                   else "replay_bound is off, so its calls were not replayed from CUDA graphs")
             self.loose_bound = (f"{why}, so the parent's bound, which counts the calls' host work, says little below "
                                 f"{judge.LOOSE_BELOW_MS} ms a call")
             if problem is not None and problem[0] is Verdict.impossible_timing:
