@@ -214,6 +214,35 @@ def test_load_is_taken_out_of_both_sides_and_never_below_the_child_s_work():
     assert judge.unloaded_ms(Window(4.0, 1, Load(cpu_ms=4.0, wait_ms=3.9)), threads=2) == pytest.approx(2.0)
 
 
+def test_each_replayed_request_is_taken_net_of_a_null_replay_beside_it():
+    """pipeline.judge.judge.paired_per_call, on the shape of an H200 miss (docs/benchmarks.md,
+    2026-11-29): the calibration ran with the GPU slower than it was by the Bound requests, so the
+    calibration alone took 1.3 ms too much off each 512-replay window, and a clock forged to half
+    (claim 0.0052 ms, 0.0032 of it the no-work call) cleared the bound. The reference's null replays,
+    timed beside the calibration and beside each request, carry the drift: the estimate is the work
+    again and the forged claim is refused; the honest one (0.0101) stands. One null replay stalled
+    by chance makes its request's work look like nothing: the median of the pairs, not the fastest."""
+    cal = [Window(7.4, 512)] * 5  # the child's null model before the import, parent's clock
+    null_cal = [7.0, 7.05, 6.95]  # the reference's null replays among them, its own clock
+    windows = [Window(8.7, 512), Window(8.75, 512), Window(8.65, 512), Window(8.7, 512), Window(8.7, 512)]
+    nulls = [5.7, 5.72, 5.68, 9.9, 5.7]  # beside each request; the fourth stalled
+    per_call = judge.paired_per_call(cal, null_cal, windows, nulls)
+    assert per_call[0] == pytest.approx((8.7 - (7.4 - 7.0 + 5.7)) / 512)
+    assert per_call[3] == 0.0  # the stalled pair
+    null_ms = 0.0032
+    alone = min(judge.net_per_call(cal, windows))  # the estimate before: 1.3 ms / 512 a call
+    assert alone == pytest.approx(1.25 / 512)
+    assert judge.check_estimate("cuda_graph", 0.0052, alone, null_ms) is None  # the miss
+    est, _ = judge.pooled([judge.Evidence(per_call, [0.0052], paired=True)])
+    assert est == pytest.approx(2.6 / 512, rel=0.02)
+    assert judge.check_estimate("cuda_graph", 0.0052, est, null_ms)[0] is judge.Verdict.impossible_timing
+    assert judge.check_estimate("cuda_graph", 0.0101, est, null_ms) is None
+    # Min where any evaluation was not paired; no pairs where a request has no null replay beside it.
+    assert judge.pooled([judge.Evidence(per_call, [0.0052], paired=True), judge.Evidence([0.004], [0.0052])])[0] == 0.0
+    assert judge.paired_per_call(cal, null_cal, windows, nulls[:4] + [None]) is None
+    assert judge.paired_per_call(cal, [], windows, nulls) is None
+
+
 def test_a_second_evaluation_decides_on_both_evaluations_evidence():
     """pipeline.judge.judge.pooled: the fastest Bound request of either evaluation, the median block of
     both. A cheat refused once (its claims at 0.58 of its work) is not accepted by a second draw

@@ -187,6 +187,21 @@ class Captured:
             _clean_capture(device)
             raise
         self.keep = (sets, bases, w)  # what the graphs read and write lives as long as they do
+        self._upload()
+
+    def _upload(self) -> None:
+        """Each graph `play` launches, launched once here, untimed: a graph's first launch uploads it to
+        the device too, a cost that varies with the graph's size and is no call's work."""
+        self.table.fill_(1.0)
+        self.count.zero_()
+        if self.prologue is not None:
+            self.prologue.replay()
+        tail = self.replays  # the replays after the whole rounds: single graphs (at most replays in all)
+        if self.round is not None:
+            self.round.replay()
+            tail = self.replays % self.round_replays
+        for j in sorted({r % len(self.graphs) for r in range(tail)}):
+            self.graphs[j].replay()
         torch.cuda.synchronize()
 
     def play(self, factor_seed: int) -> list[float]:

@@ -356,6 +356,21 @@ def net_per_call(calibration: list[Window], bounds: list[Window], device: str = 
     return [max(0.0, w.ms - base) / w.calls for w in bounds]
 
 
+def paired_per_call(calibration: list[Window], null_calibration: list[float], bounds: list[Window],
+                    nulls: list[float | None]) -> list[float] | None:
+    """Each replayed Bound request's milliseconds a call less its own null request: the calibration's
+    (the child's null model before the import, on the parent's clock, so with the protocol's costs)
+    moved by how much the reference's null replay beside the request took over its replays beside the
+    calibration. The GPU's clock and state drift between a calibration and a request minutes later:
+    on an H200 that alone put the estimate of an honest 10 us call at 0.44 us in one evaluation of
+    four and let a clock forged to half pass (docs/benchmarks.md, 2026-11-29). None where a request
+    or the calibration has no null replay beside it (net_per_call then stands)."""
+    if not calibration or not null_calibration or not bounds or len(nulls) != len(bounds) or None in nulls:
+        return None
+    offset = statistics.median(w.ms for w in calibration) - statistics.median(null_calibration)
+    return [max(0.0, w.ms - (offset + null)) / w.calls for w, null in zip(bounds, nulls)]
+
+
 def unloaded_means(blocks: list[tuple[list[float], Window]], device: str, threads: int = 1) -> list[float]:
     """Each timed block's claimed mean call, on the cpu less the share of its window other processes
     took (unloaded_ms), as the Bound requests it is checked against are. This only ever lowers a
@@ -380,6 +395,10 @@ class Evidence:
     """Each timed block's claimed mean call, less what load took (unloaded_means)."""
     load_share: float = 0.0
     """The share of its timed and Bound windows that went to run-queue waits (load_share)."""
+    paired: bool = False
+    """Whether per_call came from paired_per_call: each request net of a null request of its own, so
+    the estimate is their median, not the fastest (a null replay slowed by chance would make its
+    request the fastest)."""
 
 
 # On the cpu, an evaluation whose windows spent this share of their time in run-queue waits was
@@ -412,10 +431,12 @@ def loaded(evidence: Evidence, device: str) -> str | None:
 
 def pooled(evidence: list[Evidence]) -> tuple[float | None, float | None]:
     """(the parent's estimate, the claim it is checked against) over every evaluation's evidence: the
-    fastest Bound request of any, and the median block mean of all."""
+    fastest Bound request of any (the median where every evaluation's requests were paired), and the
+    median block mean of all."""
     per_call = [x for e in evidence for x in e.per_call]
     means = [x for e in evidence for x in e.means]
-    return (min(per_call) if per_call else None), (statistics.median(means) if means else None)
+    pick = statistics.median if evidence and all(e.paired for e in evidence) else min
+    return (pick(per_call) if per_call else None), (statistics.median(means) if means else None)
 
 
 def check_windows(blocks: list[tuple[list[float], Window]]) -> tuple[Verdict, str] | None:

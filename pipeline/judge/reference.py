@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import socket
 import sys
@@ -105,6 +106,7 @@ class Reference:
         self.sets_size = ""  # the size they are of
         self.clock: Clock | None = None
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
+        self.null: tuple[str, replays.Captured] | None = None  # null_play's graphs, and what they were made for
 
     def models_for(self, size: str, init_seed: int):
         """(task module, model in the run's dtype, float64 model) at a size, built under the attempt's
@@ -138,6 +140,23 @@ class Reference:
             digest += float(torch.dot(part, wd))
             scale += float(torch.dot(wd.abs_(), part.abs().add_(mean)))
         return {"digest": digest, "scale": scale}
+
+    def null_play(self, size, n_seeds: int, replay_count: int, out_shape: list[int]) -> float:
+        """Milliseconds on this process's clock to play a null model's replayed Bound request shaped as
+        the candidate's (pipeline.child.replays; zeros for a forward), captured at its shape's first
+        request: beside each of the candidate's and the calibration's, for the drift (judge.paired_per_call)."""
+        key = json.dumps([size, n_seeds, replay_count, out_shape], sort_keys=True)
+        if self.null is None or self.null[0] != key:
+            self.null = None
+            module = tasks.load_module(self.task, size, self.dtype)
+            shape, dtype = tuple(out_shape), module.__kgen_dtype__ or torch.float32
+            null = lambda *inputs: torch.zeros(shape, device=self.device, dtype=dtype)  # noqa: E731 - the child's null model
+            self.null = key, replays.Captured(null, module, list(range(1, n_seeds + 1)), replay_count, 0,
+                                              math.prod(out_shape), self.device)  # only how many sets matters
+        captured = self.null[1]
+        start = time.perf_counter()
+        captured.play(int.from_bytes(os.urandom(4), "little"))
+        return (time.perf_counter() - start) * 1e3
 
     def wrap(self, model, init_seed: int, upstream_dtype: torch.dtype | None = None):
         if not self.grad:
@@ -234,6 +253,8 @@ class Reference:
         (pipeline.child.memory.MEMORY_FACTOR)."""
         if self.sets and tasks.input_bytes(self.sets[0]) * len(self.sets) >= LARGE_SETS:
             self.sets = None
+        if self.null is not None and tasks.input_bytes(self.null[1].keep[0][0]) * len(self.null[1].keep[0]) >= LARGE_SETS:
+            self.null = None  # made again at the next null_play
 
     def release(self) -> None:
         """Free what an attempt's blocks kept (models, compiled models, input sets, the clock's buffers)."""
@@ -358,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         write_line(fd, json.dumps(message))
 
     ref = Reference(job)  # job: task_path, device, threads, and the run's dtype and gradient mode
-    idle: IdleProbe | None = None  # made at the first block, before any candidate has run beside it
+    idle: IdleProbe | None = None  # made at the first block or null_play, before any candidate has run
     warming = CompilerWarmup(job["device"], bool(job.get("grad"))) if job.get("warm_compiler") else None
     warmed: dict[str, Any] = {"warm_s": None, "waited_s": 0.0, "error": None}
     env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else _cpu_name(),
@@ -421,11 +442,21 @@ def main(argv: list[str] | None = None) -> int:
                       **ref.digest(request["size"], request["init_seed"], item["seeds"], item["replay"],
                                    item["digest_seed"], item["factor_seed"])})
             ref.release()
+        elif request["op"] == "null_play":  # beside a replayed Bound request: the GPU's drift (Reference.null_play)
+            try:
+                idle = idle or IdleProbe()
+                times, busy = idle.timed(lambda: [ref.null_play(request["size"], request["n_seeds"], request["replays"],
+                                                                request["out_shape"])])
+                send({"event": "null_played", "ms": times[0], "busy": busy})
+            except Exception as exc:  # noqa: BLE001 - e.g. out of memory beside the paused child: the parent
+                ref.null = None  # falls back to its calibration alone (judge.net_per_call); empty_cache below
+                send({"event": "null_failed", "error": _one_line(exc)})
         elif request["op"] == "release":
             ref.release()
+            ref.null = None
         elif request["op"] == "settle":  # sent before a child's calibration, which must see a quiet machine
             send({"event": "settled", **warmed})
-        if ref.device.startswith("cuda") and request["op"] != "time_block":
+        if ref.device.startswith("cuda") and (request["op"] != "null_play" or ref.null is None) and request["op"] != "time_block":
             # This process stays alive beside every candidate of its task: it keeps no device memory
             # between requests (but an attempt's eager blocks, released when its timing ends), so
             # tasks' references together never starve a candidate.
@@ -459,12 +490,9 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return "cpu: " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(("cpu: " + x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "cpu")
     return "cpu"
 
 

@@ -25,11 +25,6 @@ from .bench import TaskBench, _seed, lane_of
 from .ended import Ended, ended_early
 from .judge import Expected, Window, pair_ratios, summarize
 
-# Null-model Bound requests before import: what a block costs besides the calls. Fifteen, not five:
-# on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five did the
-# fastest was as slow as the candidate's own requests, so the estimate said nothing and the red
-# team's forged clock was judged correct (two fresh-clone CI runs of four); each costs a few ms.
-CALIBRATION_BLOCKS = 15
 
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
@@ -58,6 +53,11 @@ class Session:
         # reference's digests of the checked replays, and why the forward could not be captured.
         self.replay_calibration: list[Window] = []
         self.replay_windows: list[Window] = []
+        # The reference's null replays, on its own clock: some beside the calibration's, one beside each
+        # replayed request (beside.null_play, judge.paired_per_call).
+        self.null_calibration: list[float] = []
+        self.null_windows: list[float | None] = []
+        self.out_shape: list[int] = []
         self.digests: dict[str, dict[str, Any]] = {}
         self.graph_failed: str | None = None
         self.loose_bound: str | None = None  # why a correct result is kept untrusted (its bound says too little)
@@ -186,36 +186,13 @@ class Session:
     def run(self, job: P.Job) -> EvalResult:
         plan, bench = self.plan, self.bench
         self.child.send(job)
+        self.out_shape = list(job.out_shape)
         ready, _ = self.ask(None, P.Ready, "loading the task")
         # What the parent set and checked itself (pipeline/sandbox/confine.py); the child's own report
         # (ready.confinement) is a claim, kept only where no jail ran.
         self.confinement = self.child.confinement() if self.child.policy is not None else ready.confinement
         self.part("startup_ready")
-        calls = len(plan.bounds[0])
-        # The reference's compiler warm-up (pipeline.judge.reference.CompilerWarmup) has ended before the
-        # calibration, so that it sees the machine the timed blocks will.
-        bench.request({"op": "settle"}, bench.settings.timeout_s, self.lane)
-        self.part("startup_settle")
-        # Still our own code in the child: a null model. The first request makes the input sets and
-        # maps the inbox's pages; it is a warm-up, not part of the calibration.
-        noise = [np.random.default_rng().integers(0, 256, self.inbox.set_bytes, dtype=np.uint8)
-                 for _ in range(calls)] if self.inbox else None
-        for i in range(CALIBRATION_BLOCKS + 1):
-            reply, ms = self.ask(self.bound_request(-1 - i, [_seed() for _ in range(calls)]), P.BoundDone,
-                                 "calibration", noise)
-            if i:
-                self.calibration.append(Window(ms, calls, self.load))
-        noise = None  # a copy of the inputs' size, which the float64 forwards to come need more
-        if plan.replays:  # the same, replayed from CUDA graphs of the null model
-            for i in range(CALIBRATION_BLOCKS + 1):
-                ready, _ = self.ask(P.Bound(index=-100 - i, seeds=[_seed() for _ in range(calls)], replays=plan.replays,
-                                            digest_seed=_seed()), P.BoundReady, "calibration")
-                if ready.graph_error:
-                    self.graph_failed = f"the null model could not be replayed: {ready.graph_error}"
-                    break
-                reply, ms = self.ask(P.Play(index=-100 - i, factor_seed=_seed()), P.BoundDone, "calibration")
-                if i:
-                    self.replay_calibration.append(Window(ms, plan.replays))
+        beside.calibrate(self)
         self.part("startup_calibration")
         self.mark("startup")
         self.ask(P.Import(), P.Imported, "the import")
@@ -343,15 +320,22 @@ class Session:
         finally:
             bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
         threads = self.settings.cpu_threads if bench.device == "cpu" else 1
+        paired = False
         if self.replay_windows and not self.bound_windows:
-            per_call = judge.net_per_call(self.replay_calibration, self.replay_windows, bench.device)
             kind = "cuda_graph"
+            per_call = judge.paired_per_call(self.replay_calibration, self.null_calibration, self.replay_windows,
+                                             self.null_windows)
+            if (paired := per_call is not None):
+                self.bound_note = (self.bound_note or "") + (f"; each less a null replay of the reference's beside it: "
+                                    + ", ".join(f"{x * 1e3:.2f}" for x in per_call) + " us a call")
+            else:
+                per_call = judge.net_per_call(self.replay_calibration, self.replay_windows, bench.device)
         else:
             per_call = judge.net_per_call(self.calibration, self.bound_windows, bench.device, threads)
             kind = "cpu_grad" if bench.device == "cpu" and bench.settings.grad else bench.device
         windows = [w for _, w in self.timed] + self.bound_windows + self.calibration
         self.evidence = judge.Evidence(per_call, judge.unloaded_means(self.timed, bench.device, threads),
-                                       judge.load_share(windows))
+                                       judge.load_share(windows), paired)
         self.estimate, claim = judge.pooled(self.prior + [self.evidence])
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
@@ -460,6 +444,9 @@ class Session:
                 return (Verdict.mismatch, f"bound block {k}, replayed call {r}: its digest {reply.digests[r]:.6g} is not "
                         f"the reference's {want['digest']:.6g}: the work of a call was skipped or wrong")
         self.replay_windows.append(Window(ms, plan.replays))
+        self.null_windows.append(beside.null_play(self, len(seeds), pause=True))
+        if self.device_busy:
+            return Verdict.impossible_timing, self.device_busy
         self.bound_note = f"replayed from CUDA graphs, {plan.replays} calls a request"
         return True
 
