@@ -53,6 +53,10 @@ class TaskBench:
     detached: bool = False  # a copy in another process (Ray): its references end with each attempt
     suspect: str | None = None  # why the baselines were measured on a device unfit to time (never cached)
     cached: bool = False  # the baselines came from the database's cache (not timed, nothing to store)
+    # A reference started ahead of its lane (pipeline.run.executor) runs nothing on the GPU until it is
+    # moved there: in a batch on one H200 two early references' CUDA start-up and compiler warm-up ran
+    # beside the lane's timing, and honest attempts were refused for a busy GPU (docs/benchmarks.md).
+    early: bool = False
     output_bytes: int = 0  # the main size's output, from the meta device (0: unknown); sizes a timed block
 
     def __getstate__(self):  # a bench sent to another process starts its own reference there
@@ -91,7 +95,7 @@ class TaskBench:
             # then, pipeline.judge.reference._spread); its timing stays on the pinned cores.
             ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
                       "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad,
-                      "warm_compiler": self.settings.compile_baseline,
+                      "warm_compiler": self.settings.compile_baseline, "off_lane": self.early,
                       "spread_cores": sorted(os.sched_getaffinity(0)) if self.device == "cpu" else None})
             ready = ref.receive()
         except BaseException:
@@ -172,6 +176,7 @@ class TaskBench:
     def move_reference(self, started_with: dict[str, str], lane: dict[str, str]) -> None:
         """The reference started with `started_with` (a lane's GPU, other cores) now serves `lane`:
         every thread of every process in its session moves to the lane's cores (KGEN_CORES)."""
+        self.early = False
         ref = self.references.pop(self._key(started_with), None)
         if ref is None:
             return
@@ -223,10 +228,11 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
 
 
 def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
-               env: dict[str, str] | None = None, memory_checked: bool = False) -> TaskBench:
+               env: dict[str, str] | None = None, memory_checked: bool = False, early: bool = False) -> TaskBench:
     """The task's bench with its reference process started (and, where torch.compile is timed,
     warming its compiler up), but no baselines yet: `kgen eval` opens it beside the build, having
-    checked the size against the device's memory itself (`memory_checked`: nvidia-smi once, not twice)."""
+    checked the size against the device's memory itself (`memory_checked`: nvidia-smi once, not twice).
+    `early`: started ahead of its lane, which may be timing another task (TaskBench.early)."""
     module = tasks.load_module(task, size, settings.dtype)
     device = device_for(backend)
     if not memory_checked:
@@ -236,6 +242,7 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
                       tasks.tolerance(module, settings.tolerance), settings,
                       other_sizes=_held_out(module, size) if settings.check_shapes else [],
                       output_bytes=(memory.footprint(module) or {}).get("output", 0))
+    bench.early = early
     started = time.monotonic()
     bench._reference(env)
     bench.phases = {"startup": round(time.monotonic() - started, 2)}

@@ -10,10 +10,8 @@ torch.compile is timed, a thread warms the compiler up at start (CompilerWarmup)
 serves `expect`; every op that times anything, and `settle`, waits for it first. Expected outputs
 go, in full and as float64, into memfds (anonymous memory, sealed once written) handed to the parent
 over a Unix socket and closed here (pipeline.judge.handover): no path names them, and the parent passes
-them to no child. It compares them with the candidate's outputs value by value, in chunks, and
-closes each once compared. The comparison stays in the parent: this process never sees a
-candidate's output, so nothing a candidate returns can reach the process that makes the values it
-is judged against.
+them to no child. The parent compares them with the candidate's outputs: this process never sees
+one, so nothing a candidate returns can reach the process that makes the values it is judged against.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -37,7 +36,7 @@ from ..child.grad import ForwardBackward, Grads, reseed
 from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
 from ..child.protocol import write_line
-from ..child.timing import Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
+from ..child.timing import BLOCK, Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 from ..sandbox import pin_all
 from .handover import give, sealed_memfd
 from .health import IdleProbe
@@ -302,12 +301,12 @@ class Reference:
         return summarize_blocks(times)
 
     def _null_ms(self, clock: Clock, count: int) -> float:
-        """Baselines.null_ms: the candidate's protocol around a call that launches one kernel touching
-        one value (not zeros of the output, whose writing is work), on no inputs: a task's sets of
-        gigabytes, refilled for nothing, cost the 1.25 GiB test a minute and its memory budget."""
+        """Baselines.null_ms: the candidate's protocol around one kernel touching one value, on no inputs
+        (refilling a 1.25 GiB task's sets cost a minute). The fastest block: other work only adds, and a
+        0.78 ms reading (3 us idle) refused an honest mse (H200 batch, docs/benchmarks.md, 2026-11-29)."""
         call = lambda _: torch.zeros(1, device=self.device)  # noqa: E731
         times = time_blocks(clock, call, [[]], count, lambda first, n: [0] * n, lambda inputs, seed: None)
-        return summarize_blocks(times)["median_ms"]
+        return min(statistics.fmean(times[i:i + BLOCK]) for i in range(0, len(times), BLOCK))
 
     def _blocks(self, model, module, sets: list[list[Any]], seeds: list[int], count: int, clock: Clock) -> list[float]:
         """`count` calls timed in blocks, each set refilled from the next seeds (timing.time_blocks)."""
@@ -357,8 +356,7 @@ class CompilerWarmup:
         return {"warm_s": self.seconds, "waited_s": round(time.monotonic() - waited, 3), "error": self.error}
 
 
-# What may run while the compiler warms up: nothing of these times anything.
-BESIDE_WARMUP = ("expect", "digests", "release")
+BESIDE_WARMUP = ("expect", "digests", "release")  # what may run while the compiler warms up: none times anything
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     fd = args.result_fd
     handover = socket.socket(fileno=args.fd_socket) if args.fd_socket is not None else None
     job = json.loads(sys.stdin.readline())
-    if job["device"].startswith("cuda"):
+    if job["device"].startswith("cuda") and not job.get("off_lane"):  # off its lane: no GPU work (TaskBench.early)
         torch.cuda.init()
     elif job.get("threads"):
         torch.set_num_threads(job["threads"])  # the candidate's child times with the same count
@@ -380,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ref = Reference(job)  # job: task_path, device, threads, and the run's dtype and gradient mode
     idle: IdleProbe | None = None  # made at the first block or null_play, before any candidate has run
-    warming = CompilerWarmup(job["device"], bool(job.get("grad"))) if job.get("warm_compiler") else None
+    # Off its lane, for the cpu: dynamo's and inductor's imports are most of the cost.
+    warming = (CompilerWarmup("cpu" if job.get("off_lane") else job["device"], bool(job.get("grad")))
+               if job.get("warm_compiler") else None)
     warmed: dict[str, Any] = {"warm_s": None, "waited_s": 0.0, "error": None}
     env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else _cpu_name(),
            "torch_version": torch.__version__, "cuda_version": torch.version.cuda}

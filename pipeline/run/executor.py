@@ -209,7 +209,7 @@ class LocalExecutor:
         lane = self.pool.live[0]
         started_with = {"CUDA_VISIBLE_DEVICES": lane, "KGEN_CORES": self.early_cores}
         async with self.early:
-            bench = await asyncio.to_thread(bench_stage.open_bench, task, size, backend, settings, started_with)
+            bench = await asyncio.to_thread(bench_stage.open_bench, task, size, backend, settings, started_with, early=True)
 
             def baselines(env, watch):
                 bench.move_reference(started_with, bench_stage.lane_of(env) or {})
