@@ -219,3 +219,12 @@ class Captured:
             self.graphs[r % len(self.graphs)].replay()
         torch.cuda.synchronize()
         return self.digests.tolist()
+
+
+def null_request(module, n_seeds: int, replays: int, out_shape: list[int], device: str) -> Captured:
+    """A null model's request shaped as a candidate's (the child's null model: zeros of the output's
+    shape and dtype; values from any seeds, only how many sets matters), which the reference replays
+    beside the candidate's (pipeline.judge.reference.Reference.null_play)."""
+    shape, dtype = tuple(out_shape), module.__kgen_dtype__ or torch.float32
+    return Captured(lambda *inputs: torch.zeros(shape, device=device, dtype=dtype), module,
+                    list(range(1, n_seeds + 1)), replays, 0, math.prod(shape), device)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import socket
 import statistics
@@ -148,10 +147,7 @@ class Reference:
         if self.null is None or self.null[0] != key:
             self.null = None
             module = tasks.load_module(self.task, size, self.dtype)
-            shape, dtype = tuple(out_shape), module.__kgen_dtype__ or torch.float32
-            null = lambda *inputs: torch.zeros(shape, device=self.device, dtype=dtype)  # noqa: E731 - the child's null model
-            self.null = key, replays.Captured(null, module, list(range(1, n_seeds + 1)), replay_count, 0,
-                                              math.prod(out_shape), self.device)  # only how many sets matters
+            self.null = key, replays.null_request(module, n_seeds, replay_count, out_shape, self.device)
         captured = self.null[1]
         start = time.perf_counter()
         captured.play(int.from_bytes(os.urandom(4), "little"))
@@ -317,13 +313,14 @@ class Reference:
 class CompilerWarmup:
     """torch.compile of a probe that is not the task's, run in a thread: a process's first compile
     pays once for importing dynamo and inductor and starting their code generation (about 5 s on
-    the 2-core cpu box, against 0.05 s for the next model with the caches on disk), and a `kgen eval`
-    paid it inside its first compiled block. The probe touches neither the task's module nor torch's
-    global random state (its inputs are linspaces), so `expect`, which seeds and draws, runs beside
-    it unchanged; nothing is timed until it has ended (`settle`)."""
+    the 2-core cpu box), and a `kgen eval` paid it inside its first compiled block. The probe touches
+    neither the task's module nor torch's global random state (linspaces), so `expect` runs beside it
+    unchanged; nothing is timed until it has ended (`settle`). `off_lane` (TaskBench.early): nothing
+    on the GPU, and no code generated (inductor's C++ for a cpu probe took 70 s beside a batch's
+    builds): dynamo and AOTAutograd through aot_eager, and inductor's and Triton's imports."""
 
-    def __init__(self, device: str, grad: bool):
-        self.device, self.grad = device, grad
+    def __init__(self, device: str, grad: bool, off_lane: bool = False):
+        self.device, self.grad, self.off_lane = ("cpu" if off_lane else device), grad, off_lane
         self.seconds: float | None = None  # how long the warm-up took, once it has ended
         self.error: str | None = None  # why it failed, if it did (then the first compile pays)
         self.thread = threading.Thread(target=self._run, name="kgen-warm-compiler", daemon=True)
@@ -338,11 +335,15 @@ class CompilerWarmup:
         try:
             a = torch.linspace(-1, 1, 4096, device=self.device)
             b = torch.linspace(1, -1, 4096, device=self.device)
-            compiled = torch.compile(probe)
+            compiled = torch.compile(probe, backend="aot_eager" if self.off_lane else "inductor")
             with torch.no_grad():
                 compiled(a, b)
             if self.grad:  # the backward's own compile path (AOTAutograd)
                 compiled(a.clone().requires_grad_(True), b).backward()
+            if self.off_lane:
+                import torch._inductor.compile_fx  # noqa: F401 - imported now, off the lane
+                with contextlib.suppress(ImportError):
+                    import triton.compiler  # noqa: F401
             if self.device.startswith("cuda"):
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - a warm-up that fails costs time, never a verdict
@@ -378,8 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ref = Reference(job)  # job: task_path, device, threads, and the run's dtype and gradient mode
     idle: IdleProbe | None = None  # made at the first block or null_play, before any candidate has run
-    # Off its lane, for the cpu: dynamo's and inductor's imports are most of the cost.
-    warming = (CompilerWarmup("cpu" if job.get("off_lane") else job["device"], bool(job.get("grad")))
+    warming = (CompilerWarmup(job["device"], bool(job.get("grad")), bool(job.get("off_lane")))
                if job.get("warm_compiler") else None)
     warmed: dict[str, Any] = {"warm_s": None, "waited_s": 0.0, "error": None}
     env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else _cpu_name(),
@@ -467,10 +467,9 @@ def main(argv: list[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _spread(cores: list[int] | None):
-    """Every thread of this process on `cores`, with as many torch threads, for work nothing times:
-    the parent asks for a checked call's values while the child waits, and no eager block runs until
-    it has them. Then back on the timing cores and thread count. A gigabyte task's float64 forwards
-    took 16-21 s a checked call on one core of the 2-core box, 7-10 s on both."""
+    """Every thread of this process on `cores`, with as many torch threads, for work nothing times (a
+    checked call's values, while the child waits), then back: a gigabyte task's float64 forwards took
+    16-21 s a call on one core of the 2-core box, 7-10 s on both."""
     if not cores:
         yield
         return
