@@ -164,3 +164,27 @@ def test_the_local_executor_makes_a_lane_per_gpu_it_can_see(visible):
     assert seen["gpus"] == expected
     assert seen["lanes"] == max(1, len(expected))
     assert seen["pool"] == (expected or [None])
+
+
+WARM_OFF_LANE = """
+import json, time, torch
+from pipeline.judge.reference import CompilerWarmup
+started = time.monotonic()
+warm = CompilerWarmup("cuda", False, off_lane=True).join()
+print(json.dumps({**warm, "cuda_initialized": torch.cuda.is_initialized(),
+                  "inductor": "torch._inductor.compile_fx" in __import__("sys").modules}))
+"""
+
+
+def test_a_reference_started_ahead_of_its_lane_warms_its_compiler_without_the_gpu():
+    """pipeline.judge.reference.CompilerWarmup with off_lane (TaskBench.early): a batch's references
+    started ahead of the lane ran CUDA start-up and a compiled probe beside the lane's timing on an
+    H200, and honest attempts were refused for a busy GPU. Off the lane the warm-up touches no CUDA,
+    generates no code (inductor's C++ took 70 s beside builds), and still imports inductor."""
+    out = subprocess.run([sys.executable, "-c", WARM_OFF_LANE], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    warm = json.loads(out.stdout.strip().splitlines()[-1])
+    assert warm["error"] is None, warm
+    assert warm["cuda_initialized"] is False and warm["inductor"] is True
+    assert warm["warm_s"] < 60, warm  # no C++ compiled: 1.8 s idle on the 2-core box, 15 s with inductor's

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import socket
@@ -340,10 +341,10 @@ class CompilerWarmup:
                 compiled(a, b)
             if self.grad:  # the backward's own compile path (AOTAutograd)
                 compiled(a.clone().requires_grad_(True), b).backward()
-            if self.off_lane:
-                import torch._inductor.compile_fx  # noqa: F401 - imported now, off the lane
+            if self.off_lane:  # imported now, off the lane (a local `import torch.x` would shadow torch)
+                importlib.import_module("torch._inductor.compile_fx")
                 with contextlib.suppress(ImportError):
-                    import triton.compiler  # noqa: F401
+                    importlib.import_module("triton.compiler")
             if self.device.startswith("cuda"):
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - a warm-up that fails costs time, never a verdict
