@@ -243,10 +243,9 @@ class Reference:
         return torch.compile(model)
 
     def drop_sets(self) -> None:
-        """Free the eager blocks' input sets where they are large (the next block makes them again):
-        between blocks the parent asks for a checked call's expected values, and on a task of
-        gigabytes these sets beside the float64 forward were more than the judge's budget
-        (pipeline.child.memory.MEMORY_FACTOR)."""
+        """Free the eager blocks' and null replays' input sets where large (made again when needed): on a
+        task of gigabytes they were, beside a checked call's float64 forward, more than the judge's
+        budget (pipeline.child.memory.MEMORY_FACTOR)."""
         if self.sets and tasks.input_bytes(self.sets[0]) * len(self.sets) >= LARGE_SETS:
             self.sets = None
         if self.null is not None and tasks.input_bytes(self.null[1].keep[0][0]) * len(self.null[1].keep[0]) >= LARGE_SETS:
@@ -358,7 +357,7 @@ class CompilerWarmup:
         return {"warm_s": self.seconds, "waited_s": round(time.monotonic() - waited, 3), "error": self.error}
 
 
-BESIDE_WARMUP = ("expect", "digests", "release")  # what may run while the compiler warms up: none times anything
+BESIDE_WARMUP = ("expect", "digests", "release")  # may run while the compiler warms up: none times anything
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     fd = args.result_fd
     handover = socket.socket(fileno=args.fd_socket) if args.fd_socket is not None else None
     job = json.loads(sys.stdin.readline())
-    if job["device"].startswith("cuda") and not job.get("off_lane"):  # off its lane: no GPU work (TaskBench.early)
-        torch.cuda.init()
+    if job["device"].startswith("cuda"):
+        if not job.get("off_lane"):  # off its lane: no GPU work until it is moved there (TaskBench.early)
+            torch.cuda.init()
     elif job.get("threads"):
         torch.set_num_threads(job["threads"])  # the candidate's child times with the same count
 
