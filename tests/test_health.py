@@ -55,9 +55,12 @@ def test_an_attempt_on_an_unfit_device_is_judged_but_not_timed(bench, tmp_path):
     (tmp_path / "build").mkdir()
     fit = health.Watch(None)
     result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS, watch=fit)
-    # A busy box marks the timing unfit for its load (pipeline.judge.judge.loaded), not for the device.
-    loaded = (result.device_unfit or "").startswith("the cpu was loaded")
-    assert result.verdict is Verdict.correct and result.timing is not None and (result.device_unfit is None or loaded)
+    # Timed. On a busy box the timing may be marked unfit for its load (pipeline.judge.judge.loaded), or
+    # for a machine that changed while it ran: the watch's probe after it read less bandwidth than at
+    # its start (a fresh clone beside a busy loop: 9 GB/s against 13). Never for a device unfit before.
+    unfit = result.device_unfit or ""
+    assert result.verdict is Verdict.correct and result.timing is not None, result.error
+    assert not unfit or unfit.startswith("the cpu was loaded") or "when the run began" in unfit, unfit
     assert fit.start is not None and fit.start.bandwidth_gbs > 0  # the first fit probe is the run's figure
     gone_bad = health.Watch(None, start=Probe(bandwidth_gbs=fit.start.bandwidth_gbs * 100))
     result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS, watch=gone_bad)
