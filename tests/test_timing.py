@@ -141,8 +141,9 @@ def test_the_ratio_is_taken_side_by_side_and_survives_a_loaded_machine(tmp_path)
                 assert result.eager_beside is not None and result.eager_beside.n == settings.timed_calls
                 assert result.eager_ratio is not None and result.eager_ratio.pairs == settings.timed_calls // 4
                 assert result.speedup_eager == result.eager_ratio.median
-                if load:  # the machine busy, and the spinners a good part of it (a box already busy shares it)
-                    assert busy > 0.8 * total and spun > 0.25 * wall * (os.cpu_count() or 1), \
+                if load:  # the machine busy throughout, the spinners among what kept it so: on a box already
+                    # busy they get less of it (a fresh clone beside a busy loop: 3.7 cpu-s, every tick busy)
+                    assert busy > 0.8 * total and spun > 0, \
                         f"the background load did not keep the cores busy ({busy} of {total} ticks, {spun:.1f} cpu-s)"
                 ratios[state].append(round(result.speedup_eager, 3))
                 if 0.6 <= result.speedup_eager <= 1.6:
