@@ -132,6 +132,7 @@ class Captured:
         first = tasks.make_inputs(module, seeds[0], "base", device)
         l2 = getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0)
         n = set_count(len(seeds), tasks.input_bytes(first), l2, replays)
+        self.sets_bytes = tasks.input_bytes(first) * n  # the inputs' sets (their bases as much again)
         sets = [first] + [tasks.make_inputs(module, seeds[j % len(seeds)], "base", device) for j in range(1, n)]
         doms = tasks.domains(module, len(sets[0]))
         bases = [[x.clone() if _perturbed(x, d) else None for x, d in zip(inputs, doms)] for inputs in sets]

@@ -241,8 +241,7 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
     bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device,
                       tasks.tolerance(module, settings.tolerance), settings,
                       other_sizes=_held_out(module, size) if settings.check_shapes else [],
-                      output_bytes=(memory.footprint(module) or {}).get("output", 0))
-    bench.early = early
+                      output_bytes=(memory.footprint(module) or {}).get("output", 0), early=early)
     started = time.monotonic()
     bench._reference(env)
     bench.phases = {"startup": round(time.monotonic() - started, 2)}

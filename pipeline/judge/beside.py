@@ -92,9 +92,7 @@ def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=
     for m in msgs:
         if m.get("event") == "block" and m.get("busy") and "after_ms" in m["busy"]:
             busy = m["busy"]
-            session.device_busy = (f"the GPU ran other work while the reference timed (a probe took "
-                                f"{busy['after_ms']:.3f} ms, {busy['idle_ms']:.3f} idle), after a wait and a re-timing: "
-                                "work the candidate left running")
+            session.device_busy = _busy("timed", busy)
     return [t for m in msgs if m.get("event") == "block" for t in m["times_ms"]]
 
 
@@ -118,8 +116,13 @@ def null_play(session: Any, calls: int, pause: bool) -> float | None:
     busy = played[0].get("busy")
     if busy and "after_ms" in busy:
         if pause:
-            session.device_busy = (f"the GPU ran other work while the reference replayed its null model (a probe took "
-                                   f"{busy['after_ms']:.3f} ms, {busy['idle_ms']:.3f} idle), after a wait and a re-timing: "
-                                   "work the candidate left running")
+            session.device_busy = _busy("replayed its null model", busy)
         return None
     return float(played[0]["ms"])
+
+
+def _busy(doing: str, busy: dict[str, Any]) -> str:
+    """Why an attempt is refused where the reference's idle probe (pipeline.judge.health.IdleProbe)
+    found the GPU busy after a wait and a re-timing, the child stopped."""
+    return (f"the GPU ran other work while the reference {doing} (a probe took {busy['after_ms']:.3f} ms, "
+            f"{busy['idle_ms']:.3f} idle), after a wait and a re-timing: work the candidate left running")

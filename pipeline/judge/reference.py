@@ -248,7 +248,7 @@ class Reference:
         budget (pipeline.child.memory.MEMORY_FACTOR)."""
         if self.sets and tasks.input_bytes(self.sets[0]) * len(self.sets) >= LARGE_SETS:
             self.sets = None
-        if self.null is not None and tasks.input_bytes(self.null[1].keep[0][0]) * len(self.null[1].keep[0]) >= LARGE_SETS:
+        if self.null is not None and self.null[1].sets_bytes >= LARGE_SETS:
             self.null = None  # made again at the next null_play
 
     def release(self) -> None:

@@ -22,10 +22,9 @@ from ..child import protocol as P
 from ..child import memfd
 from ..records import EvalResult, TrialResult, Verdict
 from . import beside, judge, owncode, runqueue, shapes
-from .bench import TaskBench, _seed, lane_of
+from .bench import TaskBench, lane_of
 from .ended import Ended, ended_early
 from .judge import Expected, Window, pair_ratios, summarize
-
 
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
@@ -330,7 +329,7 @@ class Session:
             per_call = judge.paired_per_call(self.replay_calibration, self.null_calibration, self.replay_windows,
                                              self.null_windows)
             if (paired := per_call is not None):
-                self.bound_note = (self.bound_note or "") + (f"; each less a null replay of the reference's beside it: "
+                self.bound_note = (self.bound_note or "") + ("; each less a null replay of the reference's beside it: "
                                     + ", ".join(f"{x * 1e3:.2f}" for x in per_call) + " us a call")
             else:
                 per_call = judge.net_per_call(self.replay_calibration, self.replay_windows, bench.device)
