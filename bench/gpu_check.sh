@@ -22,6 +22,8 @@
 #   STEP=lanes  config-batch.yaml's distinct candidates, pass by pass (LANE_PASSES: cold, local1, local2,
 #               ray1, ray2: executor and GPUs), each GPU's utilisation sampled; bench/gpu_lanes.py
 #   STEP=probe  eager and torch.compile baselines under several timing protocols (gpu_probe_compile.py)
+#   STEP=probes the one-off probes PROBES names, comma-separated, each with its arguments
+#               (PROBES="probe_null_play.py,probe_expect.py mse cosine"), into probes.log
 #   STEP=noise  run-to-run variance of a copy, eager and compiled references, with GPU clocks sampled
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
@@ -121,6 +123,11 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
     run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100.yaml ${RUN_ARGS:-} 2>&1 | tee "$OUT/run.log" | tail -40
          kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"
          cp db/h100.db "$OUT/h100.db" ;;
+    probes) IFS=, read -ra probes <<< "${PROBES:-}"
+         for p in "${probes[@]}"; do
+           echo "== $p" >> "$OUT/probes.log"
+           timeout ${PROBE_LIMIT:-120} python3 bench/$p 2>&1 | tee -a "$OUT/probes.log" | grep -E "PROBE|NULLPLAY|WARM|Error"
+         done ;;
     bench) python3 bench/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;
     probe2) timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_timing.py 2>&1 | tee "$OUT/probe2.log" ;;
     ab) python3 bench/gpu_profiler_ab.py 2>&1 | tee "$OUT/ab.log" ;;
