@@ -204,8 +204,11 @@ def compile_cache_env() -> dict[str, str]:
     # the reference's temp folder is one that outlives it too.
     tmp = root / "reference-tmp"
     tmp.mkdir(parents=True, exist_ok=True)
+    # Compiled in the reference's own thread: inductor's pool of compile workers (each importing torch,
+    # restarted after a minute idle) ran on the lane's cores beside the timed blocks, and an honest
+    # attempt's idle probe read the GPU busy (H200 batch, docs/benchmarks.md, 2026-11-29).
     return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
-            "TMPDIR": str(tmp)}
+            "TMPDIR": str(tmp), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
 def lane_of(env: dict[str, str]) -> dict[str, str] | None:

@@ -298,10 +298,12 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         mark = time.monotonic()
         expected, inputs = bench.expect(plan.init_seed, plan.specs(), lane_env)
         inputs = {key.removeprefix("in:"): fd for key, fd in inputs.items()}
+        before["expect"] = round(time.monotonic() - mark, 3)
+        mark = time.monotonic()
         digests = {m["key"]: m for m in bench.request({"op": "digests", "size": bench.size, "init_seed": plan.init_seed,
                                                         "items": plan.digest_items()}, settings.timeout_s, lane_env)
                    if m.get("event") == "digest"} if plan.replays else {}
-        before["expect"] = round(time.monotonic() - mark, 3)
+        before["digests"] = round(time.monotonic() - mark, 3)
         mark = time.monotonic()
         unfit = watch.check(bench, lane_env) if watch is not None else None
         before["health"] = round(time.monotonic() - mark, 3)

@@ -33,6 +33,7 @@ from .executor import Executor, make_executor
 from .work import Answer, Judged, Slot
 
 MEMORY_WAIT_S = 2.0  # between a reference's tries for memory that other tasks' references give back
+AHEAD_BENCHES = 8  # task references a GPU lane may have open when one more would start beside its build
 
 
 def resolve_backend(requested: str, order: list[str] | tuple[str, ...] = ("cuda", "cpu")) -> tuple[str, bool]:
@@ -254,6 +255,7 @@ class Runner:
         if slot.backend == "cuda" and not self.gpu:
             return Judged(EvalResult(verdict=Verdict.waiting_gpu, error="no CUDA device here: evaluated when a "
                                      "GPU run resumes this run"), code_hash)
+        self._prepare_ahead(slot)
         built = await self._build(code_path, code_hash, slot)
         if not built.ok:
             verdict = Verdict.build_timeout if built.timed_out else Verdict.build_failed
@@ -300,8 +302,21 @@ class Runner:
             self.on_event(Built(slot, result))
             return result
 
+    def _prepare_ahead(self, slot: Slot) -> None:
+        """On GPU lanes, the task's reference and baselines started beside its first build, not after
+        it: a lane waits idle for the batch's first builds (70 s on the H200), and every baseline
+        taken then is one less between two verdicts (5-10 s a task, docs/benchmarks.md). At most
+        AHEAD_BENCHES a lane open at once (each a reference process with the GPU's context); past
+        that a task's reference starts once its build is done, as without this."""
+        if not self.gpu or slot.task.name in self.benches or len(self.benches) >= AHEAD_BENCHES * self.executor.lanes:
+            return
+        self._bench_future(slot).add_done_callback(_seen)
+
     async def _bench(self, slot: Slot) -> TaskBench:
         """The task's reference, computed once per run and task, the first time an attempt needs it."""
+        return await self._bench_future(slot)
+
+    def _bench_future(self, slot: Slot) -> asyncio.Future:
         name = slot.task.name
         if name not in self.benches:
             async def prepare() -> TaskBench:
@@ -319,10 +334,21 @@ class Runner:
                         await asyncio.sleep(MEMORY_WAIT_S)
                 remember_baselines(self.store, bench)
                 self.on_event(Prepared(slot, dict(bench.phases)))
+                if self.left is not None and self.left[name] <= 0:  # started ahead; every build failed meanwhile
+                    self.benches.pop(name, None)
+                    bench.close()
+                    self.on_event(Released(name))
                 return bench
 
             self.benches[name] = asyncio.ensure_future(prepare())
-        return await self.benches[name]
+        return self.benches[name]
+
+
+def _seen(pending: asyncio.Future) -> None:
+    """A bench started ahead whose task's builds all failed is never awaited: its failure, if any,
+    is taken here (asyncio would otherwise print it as never retrieved)."""
+    if not pending.cancelled():
+        pending.exception()
 
 
 def _close_bench(pending: asyncio.Future) -> bool:
