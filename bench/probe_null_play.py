@@ -1,8 +1,8 @@
 """GPU smoke of the null request moved to pipeline.child.replays and the off-lane warm-up."""
-import time, torch
+import time
 from pathlib import Path
 from pipeline.child import replays, tasks
-from pipeline.judge.reference import CompilerWarmup
+from pipeline.judge.compiling import CompilerWarmup
 task = tasks.discover(Path("reference_tasks"), ["mse"])[0]
 module = tasks.load_module(task, "small", "float32")
 c = replays.null_request(module, 4, 512, [], "cuda")

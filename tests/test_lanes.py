@@ -168,7 +168,7 @@ def test_the_local_executor_makes_a_lane_per_gpu_it_can_see(visible):
 
 WARM_OFF_LANE = """
 import json, time, torch
-from pipeline.judge.reference import CompilerWarmup
+from pipeline.judge.compiling import CompilerWarmup
 started = time.monotonic()
 warm = CompilerWarmup("cuda", False, off_lane=True).join()
 print(json.dumps({**warm, "cuda_initialized": torch.cuda.is_initialized(),

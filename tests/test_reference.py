@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from pipeline.child import tasks
-from pipeline.judge.reference import Reference, _as64, _parts, _stateless
+from pipeline.judge.compiling import stateless as _stateless
+from pipeline.judge.reference import Reference, _as64, _parts
 
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHTED = '''

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,7 +19,7 @@ from .. import backends, sandbox
 from ..child import memory, sizes, tasks
 from ..child.timing import TIMING_VERSION, calls_for
 from ..config import EvalConfig, cache_root
-from ..records import Baselines, Timing
+from ..records import Baselines, EvalResult, Timing, Verdict
 from . import handover, health
 from .judge import Expected, mapped
 
@@ -340,3 +341,25 @@ def _baselines(msg: dict[str, Any]) -> Baselines:
 
 def _tail(log: str, lines: int = 3) -> str:
     return " | ".join(line.strip() for line in log.strip().splitlines()[-lines:]) or "(no output)"
+
+
+# An attempt that ends before its verdict on the calls: the child failed, broke the protocol, timed
+# out or died. The session raises Ended where it sees that; evaluate turns it into the result.
+class Ended(Exception):
+    """The session is over before a verdict on the calls: the child failed, broke the protocol, timed
+    out or died. Carries the verdict."""
+
+    def __init__(self, result: EvalResult | None):
+        super().__init__(result.error if result else "the child ended")
+        self.result = result
+
+
+def ended_early(child: sandbox.Child, code: int, log: str, what: str) -> EvalResult:
+    if child.timed_out:
+        return EvalResult(verdict=Verdict.timeout, error=f"killed after {child.deadline - child.started:.0f} s "
+                          f"while waiting for {what}", detail=log[-4000:])
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        return EvalResult(verdict=Verdict.crashed, error=f"child killed by {name} before {what}", detail=log[-4000:])
+    return EvalResult(verdict=Verdict.crashed, error=f"child exited with status {code} before {what}: {_tail(log, 1)}",
+                      detail=log[-4000:])

@@ -35,7 +35,7 @@ from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
 from . import health, owncode, shapes
 from .bench import TaskBench, _seed, device_for, lane_of
-from .ended import Ended
+from .bench import Ended
 from .session import Session
 
 EVALUATOR_VERSION = "2"

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import socket
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from ..child.memfd import pack_set
 from ..child.protocol import write_line
 from ..child.timing import BLOCK, Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 from ..sandbox import pin_all
+from .compiling import CompilerWarmup, one_line, stateless
 from .handover import give, sealed_memfd
 from .health import IdleProbe
 
@@ -84,20 +83,6 @@ def _parts(result: Any) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
     return result, [("output", result)]
 
 
-def _stateless(model: Any) -> str | None:
-    """What a model without parameters, buffers or tensors of its own is made of (its modules' types
-    and plain attributes), None for any other: two models alike here compute the same thing."""
-    if not isinstance(model, torch.nn.Module) or any(True for _ in model.parameters()) or any(True for _ in model.buffers()):
-        return None
-    parts = []
-    for name, m in model.named_modules():
-        attrs = {k: v for k, v in vars(m).items() if not k.startswith("_")}
-        if any(isinstance(v, torch.Tensor) for v in attrs.values()):
-            return None
-        parts.append((name, type(m).__qualname__, sorted((k, repr(v)) for k, v in attrs.items())))
-    return repr(parts)
-
-
 def _described(out: torch.Tensor, parts: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
     """A call's shapes and dtypes as the judge lays out its output (pipeline.judge.judge.Expected),
     from the run dtype's forward: the float64 one has the same shapes."""
@@ -120,7 +105,7 @@ class Reference:
         self.clock: Clock | None = None
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
         self.null: tuple[str, replays.Captured] | None = None  # null_play's graphs, and what they were made for
-        # Per size: a model without weights (_stateless), its torch.compile and what it is made of, kept
+        # Per size: a model without weights (compiling.stateless), its torch.compile and what it is made of, kept
         # across attempts: compiled anew for every attempt's fresh instance, its first block cost
         # 0.2-0.3 s (bench/probe_expect.py, H200). A model with weights is built anew per init seed.
         self.kept: dict[str, tuple[Any, Any, Any]] = {}
@@ -135,7 +120,7 @@ class Reference:
         if key not in self.models:
             module = tasks.load_module(self.task, size, self.dtype)
             m32 = tasks.make_model(module, module.Model, init_seed, self.device)
-            made = None if self.grad else _stateless(m32)
+            made = None if self.grad else stateless(m32)
             if made is not None and key in self.kept and self.kept[key][2] == made:
                 m32 = self.kept[key][0]  # the same computation as the fresh one, and compiled already
             elif made is not None:
@@ -323,7 +308,7 @@ class Reference:
                     with torch.no_grad():
                         result["compiled_plain_ms"] = plain_ms(lambda: compiled(*inputs))
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
-                result["compile_error"] = _one_line(exc)
+                result["compile_error"] = one_line(exc)
         bandwidth = measure_bandwidth(self.device, clock, result["input_bytes"])  # where the inputs sit
         result["bandwidth_gbs"] = bandwidth
         result["floor_ms"] = result["input_bytes"] / (bandwidth * 1e9) * 1e3
@@ -354,53 +339,6 @@ class Reference:
         """`count` calls timed in blocks, each set refilled from the next seeds (timing.time_blocks)."""
         return time_blocks(clock, lambda x: model(*x), sets, count, lambda i, n: seeds[i:i + n],
                            lambda x, seed: tasks.refill_inputs(x, module, seed, self.device))
-
-
-class CompilerWarmup:
-    """torch.compile of a probe that is not the task's, run in a thread: a process's first compile
-    pays once for importing dynamo and inductor and starting their code generation (about 5 s on
-    the 2-core cpu box), and a `kgen eval` paid it inside its first compiled block. The probe touches
-    neither the task's module nor torch's global random state (linspaces), so `expect` runs beside it
-    unchanged; nothing is timed until it has ended (`settle`). `off_lane` (TaskBench.early): nothing
-    on the GPU, and no code generated (inductor's C++ for a cpu probe took 70 s beside a batch's
-    builds): dynamo and AOTAutograd through aot_eager, and inductor's and Triton's imports."""
-
-    def __init__(self, device: str, grad: bool, off_lane: bool = False):
-        self.device, self.grad, self.off_lane = ("cpu" if off_lane else device), grad, off_lane
-        self.seconds: float | None = None  # how long the warm-up took, once it has ended
-        self.error: str | None = None  # why it failed, if it did (then the first compile pays)
-        self.thread = threading.Thread(target=self._run, name="kgen-warm-compiler", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        started = time.monotonic()
-
-        def probe(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return torch.mean((a - b) ** 2) + torch.relu(a * b).sum()
-
-        try:
-            a = torch.linspace(-1, 1, 4096, device=self.device)
-            b = torch.linspace(1, -1, 4096, device=self.device)
-            compiled = torch.compile(probe, backend="aot_eager" if self.off_lane else "inductor")
-            with torch.no_grad():
-                compiled(a, b)
-            if self.grad:  # the backward's own compile path (AOTAutograd)
-                compiled(a.clone().requires_grad_(True), b).backward()
-            if self.off_lane:  # imported now, off the lane (a local `import torch.x` would shadow torch)
-                importlib.import_module("torch._inductor.compile_fx")
-                with contextlib.suppress(ImportError):
-                    importlib.import_module("triton.compiler")
-            if self.device.startswith("cuda"):
-                torch.cuda.synchronize()
-        except Exception as exc:  # noqa: BLE001 - a warm-up that fails costs time, never a verdict
-            self.error = _one_line(exc)
-        self.seconds = round(time.monotonic() - started, 3)
-
-    def join(self) -> dict[str, Any]:
-        """Wait for the warm-up; what `settle` reports of it."""
-        waited = time.monotonic()
-        self.thread.join()
-        return {"warm_s": self.seconds, "waited_s": round(time.monotonic() - waited, 3), "error": self.error}
 
 
 BESIDE_WARMUP = ("expect", "digests", "release")  # may run while the compiler warms up: none times anything
@@ -471,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                     ref.release()  # its flag goes unmeasured; the attempt and this process go on
                     if ref.device.startswith("cuda"):
                         torch.cuda.empty_cache()
-                send({"event": "block_failed", "error": _one_line(exc)})
+                send({"event": "block_failed", "error": one_line(exc)})
         elif request["op"] == "expect":
             ref.drop_sets()  # a call's float64 forward needs the room more than the next eager block does
             with _spread(job.get("spread_cores") if ref.device == "cpu" else None):
@@ -497,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
                 send({"event": "null_played", "ms": times[0], "busy": busy})
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory beside the paused child: the parent
                 ref.null = None  # falls back to its calibration alone (judge.net_per_call); empty_cache below
-                send({"event": "null_failed", "error": _one_line(exc)})
+                send({"event": "null_failed", "error": one_line(exc)})
         elif request["op"] == "release":
             ref.release()
             ref.null = None
@@ -528,11 +466,6 @@ def _spread(cores: list[int] | None):
     finally:
         torch.set_num_threads(threads)
         pin_all(os.getpid(), before)  # threads torch started meanwhile too
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as one capped line (its message may be empty or span pages)."""
-    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
 
 
 def _cpu_name() -> str:

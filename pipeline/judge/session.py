@@ -23,7 +23,7 @@ from ..child import memfd
 from ..records import EvalResult, TrialResult, Verdict
 from . import beside, judge, owncode, runqueue, shapes
 from .bench import TaskBench, lane_of
-from .ended import Ended, ended_early
+from .bench import Ended, ended_early
 from .judge import Expected, Window, pair_ratios, summarize
 
 
@@ -64,7 +64,7 @@ class Session:
         self.bound_note: str | None = None  # how the parent's bound was measured (EvalResult.bound_note)
         self.timed: list[tuple[list[float], Window]] = []
         self.estimate: float | None = None
-        self.load = runqueue.Load()  # the last window's (ask)
+        self.load: runqueue.Load | None = runqueue.Load()  # the last window's (ask); None on a GPU
         # The verdict rests on the parent's estimate alone (pipeline.judge.evaluate judges again, on both).
         self.clock_alone = False
         self.load_unfit: str | None = None  # timed on a loaded cpu (judge.loaded): its timing is unfit
@@ -116,7 +116,10 @@ class Session:
         # before the clock starts is taken out of the window: read before the stop, the red team's 50 ms
         # sleeper once read 46.6 ms a call beside load), ours from the clock's start.
         stopped = self.child.pause() if reveal else None
-        child_before = runqueue.threads(self.child.proc.pid)
+        # The load is taken out of windows on the cpu only (judge.unloaded_ms): on a GPU the reads,
+        # a third of a millisecond for a child's 32 threads, were all an ask's cost of it.
+        counted = self.bench.device == "cpu"
+        child_before = runqueue.threads(self.child.proc.pid) if counted else {}
         parent_before = runqueue.own()
         sent = time.monotonic()
         for i, data in enumerate(reveal or []):
@@ -141,7 +144,8 @@ class Session:
             raise Ended(EvalResult(verdict=Verdict.protocol_error, error=f"while waiting for {what}: {exc}")) from None
         if reply is None:
             raise Ended(None)
-        self.load = runqueue.between((child_before, parent_before), (runqueue.threads(self.child.proc.pid), parent_after))
+        self.load = (runqueue.between((child_before, parent_before), (runqueue.threads(self.child.proc.pid), parent_after))
+                     if counted else None)
         if isinstance(reply, P.Failed):
             raise Ended(self.failed(reply, what))
         index = getattr(request, "index", None)

@@ -16,6 +16,7 @@ clock around each request is kept beside them (ShapeRun.wall_ms, an upper bound)
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 from ..child import protocol as P
@@ -53,7 +54,9 @@ def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms:
     if own is not None and own.holds_own is False:  # the parent's finding: nothing of its own to run
         run.own_ran = False
     elif session.settings.profile:
+        at = time.monotonic()
         prof, _ = session.ask(P.Profile(size=trial.size), P.ProfileDone, f"the profile at {label}")
+        session.spent("shapes_profile", at)
         claim = owncode.pytorch_did_it(prof, interpreted_eager_ms, owncode.library_allowed(session.bench.task.level))
         run.own_ran = None if claim is None else not claim
         run.torch_fraction = prof.torch_fraction
@@ -64,6 +67,7 @@ def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms:
     eager: list[float] = []
     wall = 0.0
     for b, seeds in enumerate(session.plan.shape_timed.get(trial.index, [])):
+        at = time.monotonic()
         reply, ms = session.ask(P.Timed(index=trial.index, seeds=seeds, size=trial.size), P.TimedDone,
                                 f"timed block {b} at {label}")
         if len(reply.outputs) != len(seeds) or len(reply.times_ms) != len(seeds) or min(reply.times_ms) <= 0:
@@ -76,6 +80,7 @@ def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms:
             return run
         times.extend(reply.times_ms)
         wall += ms
+        at = session.spent("shapes_child", at)
         session.child.pause()  # what the candidate left running must not slow eager (as beside.eager_block)
         try:
             block = beside.reference_block(session, len(seeds), first=b == 0, compiled=False, size=trial.size)
@@ -84,6 +89,7 @@ def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms:
             block, why = None, str(exc)[-300:]
         finally:
             session.child.resume()
+            session.spent("shapes_eager", at)
         if block is None:
             run.error = f"eager at {label} was not timed: {why}"
             return run

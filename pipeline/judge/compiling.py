@@ -1,0 +1,81 @@
+"""torch.compile in the reference process: the compiler's warm-up at start (CompilerWarmup), and
+which models may keep their compile from one attempt to the next (stateless).
+
+May import: child (as pipeline.judge.reference does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+import time
+from typing import Any
+
+import torch
+
+
+def stateless(model: Any) -> str | None:
+    """What a model without parameters, buffers or tensors of its own is made of (its modules' types
+    and plain attributes), None for any other: two models alike here compute the same thing."""
+    if not isinstance(model, torch.nn.Module) or any(True for _ in model.parameters()) or any(True for _ in model.buffers()):
+        return None
+    parts = []
+    for name, m in model.named_modules():
+        attrs = {k: v for k, v in vars(m).items() if not k.startswith("_")}
+        if any(isinstance(v, torch.Tensor) for v in attrs.values()):
+            return None
+        parts.append((name, type(m).__qualname__, sorted((k, repr(v)) for k, v in attrs.items())))
+    return repr(parts)
+
+
+class CompilerWarmup:
+    """torch.compile of a probe that is not the task's, run in a thread: a process's first compile
+    pays once for importing dynamo and inductor and starting their code generation (about 5 s on
+    the 2-core cpu box), and a `kgen eval` paid it inside its first compiled block. The probe touches
+    neither the task's module nor torch's global random state (linspaces), so `expect` runs beside it
+    unchanged; nothing is timed until it has ended (`settle`). `off_lane` (TaskBench.early): nothing
+    on the GPU, and no code generated (inductor's C++ for a cpu probe took 70 s beside a batch's
+    builds): dynamo and AOTAutograd through aot_eager, and inductor's and Triton's imports."""
+
+    def __init__(self, device: str, grad: bool, off_lane: bool = False):
+        self.device, self.grad, self.off_lane = ("cpu" if off_lane else device), grad, off_lane
+        self.seconds: float | None = None  # how long the warm-up took, once it has ended
+        self.error: str | None = None  # why it failed, if it did (then the first compile pays)
+        self.thread = threading.Thread(target=self._run, name="kgen-warm-compiler", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+
+        def probe(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.mean((a - b) ** 2) + torch.relu(a * b).sum()
+
+        try:
+            a = torch.linspace(-1, 1, 4096, device=self.device)
+            b = torch.linspace(1, -1, 4096, device=self.device)
+            compiled = torch.compile(probe, backend="aot_eager" if self.off_lane else "inductor")
+            with torch.no_grad():
+                compiled(a, b)
+            if self.grad:  # the backward's own compile path (AOTAutograd)
+                compiled(a.clone().requires_grad_(True), b).backward()
+            if self.off_lane:  # imported now, off the lane (a local `import torch.x` would shadow torch)
+                importlib.import_module("torch._inductor.compile_fx")
+                with contextlib.suppress(ImportError):
+                    importlib.import_module("triton.compiler")
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a warm-up that fails costs time, never a verdict
+            self.error = one_line(exc)
+        self.seconds = round(time.monotonic() - started, 3)
+
+    def join(self) -> dict[str, Any]:
+        """Wait for the warm-up; what `settle` reports of it."""
+        waited = time.monotonic()
+        self.thread.join()
+        return {"warm_s": self.seconds, "waited_s": round(time.monotonic() - waited, 3), "error": self.error}
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one capped line (its message may be empty or span pages)."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
