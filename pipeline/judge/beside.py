@@ -22,9 +22,6 @@ from .judge import Window
 # fastest was as slow as the candidate's own requests, so the estimate said nothing and the red
 # team's forged clock was judged correct (two fresh-clone CI runs of four); each costs a few ms.
 CALIBRATION_BLOCKS = 15
-# Where the plan replays CUDA graphs, the eager requests' calibration serves only a forward that
-# fails to be captured (its bound is then loose below judge.LOOSE_BELOW_MS): five, as on the GPU before.
-REPLAYED_EAGER_BLOCKS = 5
 NULL_EVERY = 3  # a null replay of the reference's beside every third of the calibration's replayed ones
 
 
@@ -40,7 +37,11 @@ def calibrate(session: Any) -> None:
     session.part("startup_settle")
     noise = [np.random.default_rng().integers(0, 256, session.inbox.set_bytes, dtype=np.uint8)
              for _ in range(calls)] if session.inbox else None
-    for i in range((REPLAYED_EAGER_BLOCKS if plan.replays else CALIBRATION_BLOCKS) + 1):
+    # Fifteen even where the plan replays CUDA graphs and these serve only a forward that fails to be
+    # captured: in the one GPU call that ran five, a clock forged to half at 20 us was judged correct
+    # once in two (its paired estimates a quarter of the work; docs/benchmarks.md, twenty-fifth
+    # session). Whether the five caused it is not known; these precede the replayed calibration.
+    for i in range(CALIBRATION_BLOCKS + 1):
         _, ms = session.ask(session.bound_request(-1 - i, [_seed() for _ in range(calls)]), P.BoundDone,
                             "calibration", noise)
         if i:
