@@ -31,6 +31,18 @@ def main(path: str) -> None:
         print(f"PHASES eval_seconds median {statistics.median(evals):.2f} (min {min(evals):.2f}, max {max(evals):.2f})")
     for k, v in phases.items():
         print(f"PHASES {k}: median {statistics.median(v):.3f} s (min {min(v):.3f}, max {max(v):.3f}, n {len(v)})")
+    # Per task, its correct attempts: a task's plan (timed calls, held-out sizes) sets most of an attempt.
+    keys = ("expect", "digests", "startup_calibration", "trials", "timing", "other_sizes")
+    by: dict[str, list[dict]] = {}
+    for task, verdict, result, _ in rows:
+        if verdict == "correct":
+            d = json.loads(result or "{}")
+            by.setdefault(task, []).append({"eval": d.get("eval_seconds") or 0.0, **(d.get("phases") or {})})
+    if by:
+        print("PHASES per task (correct; medians, s): task n eval " + " ".join(keys))
+    for task, found in sorted(by.items()):
+        cols = [statistics.median(x.get(k, 0.0) for x in found) for k in ("eval", *keys)]
+        print(f"PHASES {task} {len(found)} " + " ".join(f"{c:.2f}" for c in cols))
 
 
 if __name__ == "__main__":
