@@ -125,3 +125,43 @@ def test_expected_values_are_the_float64_forward_whether_the_inputs_are_kept_or_
         got = _values(meta)
         assert np.array_equal(got, want.double().reshape(-1).numpy()), name
         assert meta["fp32_rel_err"] == float((own.double() - want).abs().max() / want.abs().max()), name
+
+
+UNCOMPILABLE = '''
+import torch
+import torch._inductor.config
+import torch.nn as nn
+
+torch._inductor.config.cpp.cxx = ("/nonexistent/c++",)  # inductor's C++ cannot build here
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 2
+
+
+def get_inputs():
+    return [torch.randn(64, 64)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_torch_compile_that_failed_is_not_kept_for_the_next_attempt(tmp_path):
+    """A weightless model whose torch.compile fails (its C++ cannot build): the baseline reports the
+    failure, and the kept model holds no compile of it, so the next attempt compiles anew as it did
+    before compiles were kept; kept, a failure once would have been every attempt's."""
+    path = tmp_path / "uncompilable.py"
+    path.write_text(UNCOMPILABLE)
+    ref = Reference({"task_path": str(path), "device": "cpu", "grad": False, "dtype": "float32", "size": "default",
+                     "init_seed": 1, "baseline_seeds": [1, 2, 3, 4], "warmup": 1, "timed_ms": 1, "timed_calls": 4,
+                     "max_timed_calls": 4, "compile_baseline": True})
+    sent = []
+    ref.baselines(sent.append)
+    assert sent[0]["compile_error"] and "compiled" not in sent[0], sent[0]
+    key = json.dumps("default")
+    assert ref.kept[key][1] is None and key not in ref.compiled
+    _, m32, _ = ref.models_for("default", 2)
+    assert m32 is ref.kept[key][0]  # the model itself is still kept: only its compile is gone
