@@ -165,3 +165,19 @@ def test_a_torch_compile_that_failed_is_not_kept_for_the_next_attempt(tmp_path):
     assert ref.kept[key][1] is None and key not in ref.compiled
     _, m32, _ = ref.models_for("default", 2)
     assert m32 is ref.kept[key][0]  # the model itself is still kept: only its compile is gone
+
+
+def test_a_paired_estimate_s_note_names_each_term_it_was_made_of():
+    """The stored note of a replayed bound (beside.paired_terms): the child's calibration median and
+    the reference's null median, then each request's window and its null, which is what the next GPU
+    call needs to tell which term moved where the estimates scattered."""
+    from pipeline.judge import judge
+    from pipeline.judge.beside import paired_terms
+
+    calibration = [judge.Window(2.0, 512), judge.Window(2.4, 512), judge.Window(9.0, 512)]
+    windows = [judge.Window(5.0, 512), judge.Window(6.5, 512)]
+    note = paired_terms(calibration, [1.0, 1.2], windows, [1.5, 1.25])
+    assert note == (" (calibration 2.400 ms over 3, the reference's null 1.100 ms over 2; "
+                    "window/null 5.000/1.500, 6.500/1.250)")
+    per_call = judge.paired_per_call(calibration, [1.0, 1.2], windows, [1.5, 1.25])
+    assert per_call == [(5.0 - (2.4 - 1.1 + 1.5)) / 512, (6.5 - (2.4 - 1.1 + 1.25)) / 512]

@@ -133,3 +133,16 @@ def _busy(doing: str, busy: dict[str, Any]) -> str:
     found the GPU busy after a wait and a re-timing, the child stopped."""
     return (f"the GPU ran other work while the reference {doing} (a probe took {busy['after_ms']:.3f} ms, "
             f"{busy['idle_ms']:.3f} idle), after a wait and a re-timing: work the candidate left running")
+
+
+def paired_terms(calibration: list[Window], null_calibration: list[float], windows: list[Window],
+                 nulls: list[float | None]) -> str:
+    """What each paired estimate (judge.paired_per_call) was made of, in ms, for the stored note: the
+    child's calibration median and the reference's null median, then each request's window and its
+    null. At about 10 us a call the estimates scattered from a quarter of the work to more than all of it
+    between evaluations (docs/benchmarks.md, twenty-fifth session); these say which term moved."""
+    def med(xs: list[float]) -> float:
+        return float(np.median(xs)) if xs else float("nan")
+    pairs = ", ".join(f"{w.ms:.3f}/{n:.3f}" if n is not None else f"{w.ms:.3f}/-" for w, n in zip(windows, nulls))
+    return (f" (calibration {med([w.ms for w in calibration]):.3f} ms over {len(calibration)}, the reference's null "
+            f"{med(null_calibration):.3f} ms over {len(null_calibration)}; window/null {pairs})")

@@ -334,7 +334,9 @@ class Session:
                                              self.null_windows)
             if (paired := per_call is not None):
                 self.bound_note = (self.bound_note or "") + ("; each less a null replay of the reference's beside it: "
-                                    + ", ".join(f"{x * 1e3:.2f}" for x in per_call) + " us a call")
+                                    + ", ".join(f"{x * 1e3:.2f}" for x in per_call) + " us a call"
+                                    + beside.paired_terms(self.replay_calibration, self.null_calibration,
+                                                          self.replay_windows, self.null_windows))
             else:
                 per_call = judge.net_per_call(self.replay_calibration, self.replay_windows, bench.device)
         else:
