@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline.child import replays, tasks
+from pipeline.child import tasks
 from pipeline.judge import reference as R
-from pipeline.judge.evaluate import CHECKED_TIMED, BOUND_REQUESTS, REPLAY_CHECKS
+from pipeline.judge.evaluate import CHECKED_TIMED, REPLAY_CHECKS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,6 +43,22 @@ def seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
+def one_spec(module, m32, m64, steps: dict[str, list[float]]) -> None:
+    def step(label, fn, *args):
+        out, ms = clock(label, fn, *args)
+        steps.setdefault(label, []).append(ms)
+        return out
+
+    inputs = step("make_inputs", tasks.make_inputs, module, seed(), "base", DEV)
+    in64 = step("as64", R._as64, inputs)
+    with torch.no_grad():
+        _, parts = step("m64", lambda: R._parts(m64(*in64)))
+        _, parts32 = step("m32", lambda: R._parts(m32(*inputs)))
+    step("errs", lambda: [R._errs(a, b) for (_, a), (_, b) in zip(parts32, parts)])
+    os.close(step("memfd", lambda: R.sealed_memfd("kgen-expected", *(
+        t.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy() for _, t in parts))))
+
+
 def probe(name: str) -> None:
     path = ROOT / "reference_tasks" / f"{name}.py"
     job = {"device": DEV, "task_path": str(path), "grad": False, "dtype": "float32", "size": SIZE,
@@ -51,20 +67,10 @@ def probe(name: str) -> None:
     init = seed()
     module, m32, m64 = ref.models_for(SIZE, init)
     n_specs = 5 + CHECKED_TIMED + 8  # trials, checked timed calls, one checked call a Bound request
-    # One spec's steps, as Reference.expected takes them.
+    # One spec's steps, as Reference.expected takes them (in a function: its tensors die at return).
     steps: dict[str, list[float]] = {}
-    for i in range(6):
-        s = seed()
-        inputs, ms = clock("inputs", tasks.make_inputs, module, s, "base", DEV); steps.setdefault("make_inputs", []).append(ms)
-        in64, ms = clock("as64", R._as64, inputs); steps.setdefault("as64", []).append(ms)
-        with torch.no_grad():
-            (_, parts), ms = clock("m64", lambda: R._parts(m64(*in64))); steps.setdefault("m64", []).append(ms)
-            (out32, parts32), ms = clock("m32", lambda: R._parts(m32(*inputs))); steps.setdefault("m32", []).append(ms)
-        _, ms = clock("errs", lambda: [R._errs(a, b) for (_, a), (_, b) in zip(parts32, parts)]); steps.setdefault("errs", []).append(ms)
-        fd, ms = clock("memfd", lambda: R.sealed_memfd("kgen-expected", *(
-            t.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy() for _, t in parts))); steps.setdefault("memfd", []).append(ms)
-        os.close(fd)
-        del inputs, in64, parts, parts32, out32
+    for _ in range(6):
+        one_spec(module, m32, m64, steps)
     for k, v in steps.items():
         print(f"PROBE {name} step {k}: median {sorted(v)[len(v) // 2]:.2f} ms (min {min(v):.2f}, max {max(v):.2f})")
     # A whole attempt's expect, as the reference serves it.

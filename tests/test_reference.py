@@ -162,9 +162,9 @@ def test_a_torch_compile_that_failed_is_not_kept_for_the_next_attempt(tmp_path):
     ref.baselines(sent.append)
     assert sent[0]["compile_error"] and "compiled" not in sent[0], sent[0]
     key = json.dumps("default")
-    assert ref.kept[key][1] is None and key not in ref.compiled
+    assert ref.kept[key].compiled is None and key not in ref.compiled
     _, m32, _ = ref.models_for("default", 2)
-    assert m32 is ref.kept[key][0]  # the model itself is still kept: only its compile is gone
+    assert m32 is ref.kept[key].model  # the model itself is still kept: only its compile is gone
 
 
 def test_a_paired_estimate_s_note_names_each_term_it_was_made_of():

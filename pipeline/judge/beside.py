@@ -37,10 +37,8 @@ def calibrate(session: Any) -> None:
     session.part("startup_settle")
     noise = [np.random.default_rng().integers(0, 256, session.inbox.set_bytes, dtype=np.uint8)
              for _ in range(calls)] if session.inbox else None
-    # Fifteen even where the plan replays CUDA graphs and these serve only a forward that fails to be
-    # captured: in the one GPU call that ran five, a clock forged to half at 20 us was judged correct
-    # once in two (its paired estimates a quarter of the work; docs/benchmarks.md, twenty-fifth
-    # session). Whether the five caused it is not known; these precede the replayed calibration.
+    # Fifteen also where the plan replays CUDA graphs: with five before the replayed calibration, a
+    # clock forged to half at 20 us was once judged correct (docs/benchmarks.md, 25th session; cause unknown).
     for i in range(CALIBRATION_BLOCKS + 1):
         _, ms = session.ask(session.bound_request(-1 - i, [_seed() for _ in range(calls)]), P.BoundDone,
                             "calibration", noise)

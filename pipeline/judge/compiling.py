@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +28,17 @@ def stateless(model: Any) -> str | None:
             return None
         parts.append((name, type(m).__qualname__, sorted((k, repr(v)) for k, v in attrs.items())))
     return repr(parts)
+
+
+@dataclass
+class Kept:
+    """A model without weights kept across attempts at one size (Reference.kept)."""
+
+    model: Any
+    made: str
+    """What it is made of (stateless): a fresh instance alike here computes the same thing."""
+    compiled: Any = None
+    """Its torch.compile, once made (dropped where it failed)."""
 
 
 class CompilerWarmup:

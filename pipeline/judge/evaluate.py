@@ -34,8 +34,7 @@ from ..config import EvalConfig
 from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
 from . import health, owncode, shapes
-from .bench import TaskBench, _seed, device_for, lane_of
-from .bench import Ended
+from .bench import Ended, TaskBench, _seed, device_for, lane_of
 from .session import Session
 
 EVALUATOR_VERSION = "2"

@@ -36,7 +36,7 @@ from ..child.memfd import pack_set
 from ..child.protocol import write_line
 from ..child.timing import BLOCK, Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
 from ..sandbox import pin_all
-from .compiling import CompilerWarmup, one_line, stateless
+from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .handover import give, sealed_memfd
 from .health import IdleProbe
 
@@ -44,6 +44,11 @@ from .health import IdleProbe
 # Values a step where a whole output is worked through in pieces (_errs).
 CHUNK = 1 << 22
 LARGE_SETS = 256 << 20  # bytes of eager input sets freed before an `expect` (Reference.drop_sets)
+
+
+def _size_key(size: str | dict[str, Any]) -> str:
+    """A size (a preset's name or its globals) as the key of what is kept per size."""
+    return json.dumps(size, sort_keys=True)
 
 
 def _as64(inputs: list[Any]) -> list[Any]:
@@ -105,10 +110,10 @@ class Reference:
         self.clock: Clock | None = None
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
         self.null: tuple[str, replays.Captured] | None = None  # null_play's graphs, and what they were made for
-        # Per size: a model without weights (compiling.stateless), its torch.compile and what it is made of, kept
-        # across attempts: compiled anew for every attempt's fresh instance, its first block cost
-        # 0.2-0.3 s (bench/probe_expect.py, H200). A model with weights is built anew per init seed.
-        self.kept: dict[str, tuple[Any, Any, Any]] = {}
+        # Per size, a model without weights and its torch.compile, kept across attempts: compiled anew
+        # for every attempt's fresh instance, its first block cost 0.2-0.3 s (bench/probe_expect.py,
+        # H200). A model with weights is built anew per init seed.
+        self.kept: dict[str, Kept] = {}
         self.warmed: set[str] = set()  # sizes whose torch.compile had this attempt's warm-up calls
 
     def models_for(self, size: str, init_seed: int):
@@ -116,15 +121,15 @@ class Reference:
         init seed; in gradient mode each called as forward plus backward."""
         if init_seed != self.init_seed:
             self.models, self.compiled, self.warmed, self.init_seed = {}, {}, set(), init_seed
-        key = json.dumps(size, sort_keys=True)
+        key = _size_key(size)
         if key not in self.models:
             module = tasks.load_module(self.task, size, self.dtype)
             m32 = tasks.make_model(module, module.Model, init_seed, self.device)
             made = None if self.grad else stateless(m32)
-            if made is not None and key in self.kept and self.kept[key][2] == made:
-                m32 = self.kept[key][0]  # the same computation as the fresh one, and compiled already
+            if made is not None and key in self.kept and self.kept[key].made == made:
+                m32 = self.kept[key].model  # the same computation as the fresh one, and compiled already
             elif made is not None:
-                self.kept[key] = (m32, None, made)
+                self.kept[key] = Kept(m32, made)
             m64 = tasks.make_model(module, module.Model, init_seed, self.device)  # the dtype's weights, in float64
             if isinstance(m64, torch.nn.Module):
                 m64 = m64.double()
@@ -239,15 +244,15 @@ class Reference:
         with torch.no_grad():
             # The attempt's first block, or the first at a held-out size (pipeline.judge.shapes): sets of
             # that size, and the warm-up the candidate had.
-            if self.sets is None or self.sets_size != json.dumps(size, sort_keys=True):
+            if self.sets is None or self.sets_size != _size_key(size):
                 self.sets = tasks.block_sets(module, tasks.make_inputs(module, seeds[0], "base", self.device), self.device)
-                self.sets_size = json.dumps(size, sort_keys=True)
+                self.sets_size = _size_key(size)
                 for _ in range(warmup):
                     m32(*self.sets[0])
                 self.clock.sync()
             model = m32
             if compiled:
-                key = json.dumps(size, sort_keys=True)
+                key = _size_key(size)
                 model = self.compiled_for(key, m32)
                 if key not in self.warmed:  # warmed as the baseline was, at the attempt's first block
                     self.warmed.add(key)
@@ -260,17 +265,19 @@ class Reference:
         """torch.compile of the size's model `m32`: the kept one where `m32` is kept (Reference.kept)."""
         if key not in self.compiled:
             kept = self.kept.get(key)
-            mine = kept is not None and kept[0] is m32
-            self.compiled[key] = kept[1] if mine and kept[1] is not None else self.compile(m32)
-            if mine:
-                self.kept[key] = (m32, self.compiled[key], kept[2])
+            if kept is not None and kept.model is m32:
+                if kept.compiled is None:
+                    kept.compiled = self.compile(m32)
+                self.compiled[key] = kept.compiled
+            else:
+                self.compiled[key] = self.compile(m32)
         return self.compiled[key]
 
     def drop_compiled(self, key: str) -> None:
         """Forget a size's torch.compile that failed: kept, a failure once would be every attempt's."""
         self.compiled.pop(key, None)
         if key in self.kept:
-            self.kept[key] = (self.kept[key][0], None, self.kept[key][2])
+            self.kept[key].compiled = None
 
     def compile(self, model):
         """torch.compile of the model; in gradient mode of the model inside the forward-backward
@@ -308,14 +315,14 @@ class Reference:
                 result["eager_plain_ms"] = plain_ms(lambda: m32(*inputs))
         if job.get("compile_baseline"):
             try:
-                compiled = self.compiled_for(json.dumps(job["size"], sort_keys=True), m32)
+                compiled = self.compiled_for(_size_key(job["size"]), m32)
                 result["compiled"] = self._time(compiled, module, seeds, clock, job["warmup"] + 2)
                 if cuda:
                     with torch.no_grad():
                         result["compiled_plain_ms"] = plain_ms(lambda: compiled(*inputs))
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
                 result["compile_error"] = one_line(exc)
-                self.drop_compiled(json.dumps(job["size"], sort_keys=True))
+                self.drop_compiled(_size_key(job["size"]))
         bandwidth = measure_bandwidth(self.device, clock, result["input_bytes"])  # where the inputs sit
         result["bandwidth_gbs"] = bandwidth
         result["floor_ms"] = result["input_bytes"] / (bandwidth * 1e9) * 1e3
@@ -413,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not (compiled or held_out):
                     raise  # eager failing at the main size is the reference's own fault, as it always was
                 if compiled:  # the next attempt compiles anew, as it did before compiles were kept
-                    ref.drop_compiled(json.dumps(request["size"], sort_keys=True))
+                    ref.drop_compiled(_size_key(request["size"]))
                 if held_out:  # a held-out size (pipeline.judge.shapes), e.g. out of memory beside the paused child:
                     ref.release()  # its flag goes unmeasured; the attempt and this process go on
                     if ref.device.startswith("cuda"):

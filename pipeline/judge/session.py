@@ -22,8 +22,7 @@ from ..child import protocol as P
 from ..child import memfd
 from ..records import EvalResult, TrialResult, Verdict
 from . import beside, judge, owncode, runqueue, shapes
-from .bench import TaskBench, lane_of
-from .bench import Ended, ended_early
+from .bench import Ended, TaskBench, ended_early, lane_of
 from .judge import Expected, Window, pair_ratios, summarize
 
 

@@ -308,7 +308,9 @@ class Runner:
         taken then is one less between two verdicts (5-10 s a task, docs/benchmarks.md). At most
         AHEAD_BENCHES a lane open at once (each a reference process with the GPU's context); past
         that a task's reference starts once its build is done, as without this."""
-        if not (self.gpu and backends.on_gpu(slot.backend)) or slot.task.name in self.benches or len(self.benches) >= AHEAD_BENCHES * self.executor.lanes:
+        if not (self.gpu and backends.on_gpu(slot.backend)) or slot.task.name in self.benches:
+            return
+        if len(self.benches) >= AHEAD_BENCHES * self.executor.lanes:
             return
         self._bench_future(slot).add_done_callback(_seen)
 
