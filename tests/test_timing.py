@@ -20,6 +20,7 @@ from pipeline.records import Verdict
 from pipeline.child.timing import calls_for
 
 ROOT = Path(__file__).resolve().parent.parent
+BAND = (0.5, 2.0)  # the speedup of a candidate that is eager's own ops (test_the_ratio_is_taken_side_by_side_...)
 
 MSE_IN_TORCH = '''
 import torch
@@ -107,11 +108,12 @@ def test_the_ratio_is_taken_side_by_side_and_survives_a_loaded_machine(tmp_path)
     the reference process times between the candidate's see the same machine, and both sides time
     with one thread (evaluation.cpu_threads), so the speedup stays near 1.0 either way.
 
-    Tolerance 0.6-1.6: both sides run the same ops in alternating blocks of four calls and each
+    Tolerance BAND: both sides run the same ops in alternating blocks of four calls and each
     keeps the median block, so what is left is how differently the load falls on neighbouring
     blocks; over 13 runs on the 2-core CI box, with one to three spinners a core, the ratios were
     0.92-1.05 idle and 0.78-1.05 loaded (the margin is for a slower CI machine; the issue's report
-    was 0.07 against 11.6). Three spinners a core also push the parent's lower bound on times past
+    was 0.07 against 11.6). The band was 0.6-1.6 until a CI run on a box shared with other work
+    (2026-11-29; its windows 74% run-queue waits in another test) read 1.64 and 1.62 in the "idle" pair. Three spinners a core also push the parent's lower bound on times past
     honest kernels at times (README), so the test loads the machine fully, not over.
 
     One CI run (2026-11-23) saw a loaded ratio of 1.93 once, never reproduced in 20 runs here; the
@@ -146,12 +148,12 @@ def test_the_ratio_is_taken_side_by_side_and_survives_a_loaded_machine(tmp_path)
                     assert busy > 0.8 * total and spun > 0, \
                         f"the background load did not keep the cores busy ({busy} of {total} ticks, {spun:.1f} cpu-s)"
                 ratios[state].append(round(result.speedup_eager, 3))
-                if 0.6 <= result.speedup_eager <= 1.6:
+                if BAND[0] <= result.speedup_eager <= BAND[1]:
                     break
     finally:
         bench.close()
     print(f"side by side: {ratios}; the last load spun {spun:.1f} cpu-seconds in {wall:.1f} s")
-    assert all(0.6 <= r[-1] <= 1.6 for r in ratios.values()), ratios
+    assert all(BAND[0] <= r[-1] <= BAND[1] for r in ratios.values()), ratios
 
 
 def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
@@ -161,7 +163,7 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     cpu), so eager runs as it would alone. On the 2-core box the kernel's autogroups already keep the
     sessions apart: with the pause patched out the speedup read 0.87-1.15 (four runs, twelfth
     session), with it 0.84-1.17 (twelve runs), so here this test holds the red team to an honest
-    copy's band (0.6-1.6, as test_the_ratio_is_taken_side_by_side_...), not to the pause's own effect, which was
+    copy's band (BAND, as test_the_ratio_is_taken_side_by_side_...), not to the pause's own effect, which was
     1.40-1.48 against 0.93-0.94 on an earlier box. The helpers still spin in the gaps of the
     candidate's own blocks, which only slows the candidate: at times so much that the parent's clock
     on its Bound requests is three times its own (seen once in CI: 5.07 ms against 1.58) and it is
@@ -184,7 +186,7 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     # calls were as slow (speedup 1.12): the whole attempt ran on a slower machine.
     assert beside.median_ms <= 2.0 * alone, "the candidate's helpers slowed the eager side"
     if result.verdict is Verdict.correct:  # a fresh-clone CI run with 16 timed calls read 1.35
-        assert result.speedup_eager is not None and result.speedup_eager <= 1.6
+        assert result.speedup_eager is not None and result.speedup_eager <= BAND[1]
 
 
 def test_torch_compile_is_timed_side_by_side_too(tmp_path, monkeypatch):

@@ -31,6 +31,11 @@ def threads(pid: int) -> dict[int, tuple[int, int]]:
     return {int(tid): _stat(f"/proc/{pid}/task/{tid}/schedstat") for tid in tids}
 
 
+def waited_s(pid: int) -> float:
+    """Seconds the main thread of `pid` has spent runnable but waiting on a run queue (one read)."""
+    return _stat(f"/proc/{pid}/schedstat")[1] / 1e9
+
+
 def own() -> tuple[int, int]:
     """The calling thread's (ns on a cpu, ns waiting)."""
     return _stat("/proc/thread-self/schedstat")

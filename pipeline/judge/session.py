@@ -105,10 +105,8 @@ class Session:
         self.step = what
         limit = self.limit(request)
         # The values are written while every process of the child's session is stopped, and the
-        # clock starts after: the write is the parent's work, not the call's. Inside the window it
-        # cost twice what the calibration's did (lines the child had read must be taken back from
-        # its core; 1.0 ms against 0.48 for mse's eight sets), a third of the estimate on the 2-core
-        # box, more under load, and an honest kernel was refused (a fresh-clone CI run). A child
+        # clock starts after: the write is the parent's work, not the call's (inside the window it
+        # cost twice the calibration's, and an honest kernel was refused in a CI run). A child
         # that will not stop gets the write inside the window, as before.
         # What other processes take of the window (pipeline.judge.runqueue): the child's threads' account
         # once it is stopped, where it is to be (a stopped thread waits on no run queue, so no wait from
@@ -118,7 +116,9 @@ class Session:
         # The load is taken out of windows on the cpu only (judge.unloaded_ms): on a GPU the reads,
         # a third of a millisecond for a child's 32 threads, were all an ask's cost of it.
         counted = self.bench.device == "cpu"
-        child_before = runqueue.threads(self.child.proc.pid) if counted else {}
+        pid = self.child.proc.pid
+        child_before = runqueue.threads(pid) if counted else {}
+        waited = runqueue.waited_s(pid)
         parent_before = runqueue.own()
         sent = time.monotonic()
         for i, data in enumerate(reveal or []):
@@ -129,15 +129,26 @@ class Session:
             self.child.resume(stopped)
         if request is not None:
             self.child.send(request)
+        # The limit counts time the child could run: time its main thread waited on a run queue
+        # (other processes held its cores) is added, up to the ceiling (a step given the ceiling: up
+        # to the child's deadline). A CI run on a box whose windows were 74% waits timed out an honest
+        # profile at the 20 s floor. A hang waits on no run queue; crowding one's own core buys the cap.
+        ends = [sent + limit]
+        cap = sent + self.settings.step_ceiling_s if limit < self.settings.step_ceiling_s else self.child.deadline
+
+        def later() -> float:
+            ends.append(min(cap, sent + limit + runqueue.waited_s(pid) - waited))
+            return ends[-1]
+
         try:
-            reply, at = self.child.reply(sent + limit)
+            reply, at = self.child.reply(ends[0], later)
             parent_after = runqueue.own()
         except TimeoutError:
-            if sent + limit >= self.child.deadline:
+            if ends[-1] >= self.child.deadline:
                 raise Ended(None) from None  # the child's own deadline: finalize() names it
-            raise Ended(EvalResult(verdict=Verdict.timeout, error=f"no reply in {limit:.1f} s while waiting for "
-                                   f"{what} (the limit for that step: pipeline.judge.session.Session.limit)",
-                                   trials=list(self.judged))) from None
+            raise Ended(EvalResult(verdict=Verdict.timeout, error=f"no reply in {ends[-1] - sent:.1f} s while waiting "
+                                   f"for {what} (the limit for that step, {limit:.1f} s, and the time the child waited "
+                                   f"for a cpu: pipeline.judge.session.Session.limit)", trials=list(self.judged))) from None
         except P.ProtocolError as exc:
             self.child.kill()
             raise Ended(EvalResult(verdict=Verdict.protocol_error, error=f"while waiting for {what}: {exc}")) from None
@@ -486,5 +497,4 @@ class Session:
 
 
 def _at(message: Any) -> str:
-    index = getattr(message, "index", None)
-    return f" ({index})" if index is not None else ""
+    return f" ({message.index})" if getattr(message, "index", None) is not None else ""

@@ -150,18 +150,23 @@ class Child:
         self.messages.append(msg)
         return msg
 
-    def reply(self, deadline: float | None = None) -> tuple[protocol.Message | None, float]:
+    def reply(self, deadline: float | None = None,
+              later: Callable[[], float] | None = None) -> tuple[protocol.Message | None, float]:
         """The next typed reply of a candidate's child and when it arrived; (None, t) at end of
         stream. The wait ends at `deadline` or the child's own, whichever is first: TimeoutError.
+        `later`, asked when `deadline` passes, may move it (never past the child's own).
         Anything but a valid reply raises protocol.ProtocolError."""
         end = min(self.deadline, deadline) if deadline else self.deadline
-        try:
-            msg = self.reader.reply(end)
-        except TimeoutError:
-            self.timed_out = True
-            self.kill()
-            raise
-        return msg, time.monotonic()
+        while True:
+            try:
+                return self.reader.reply(end), time.monotonic()
+            except TimeoutError:
+                moved = min(self.deadline, later()) if later is not None and end < self.deadline else end
+                if moved <= time.monotonic():
+                    self.timed_out = True
+                    self.kill()
+                    raise
+                end = moved
 
     def log(self) -> str:
         """The last LOG_TAIL bytes the child wrote to its output, read through our own descriptor."""

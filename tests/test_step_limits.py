@@ -1,0 +1,81 @@
+"""A step's limit counts the time the child could run (pipeline.judge.session.Session.ask): what its
+main thread waited on a run queue is added, up to the ceiling. An honest child slowed by other
+processes on its core is not timed out at the floor, and a candidate that crowds its own core to buy
+time gets the ceiling, not the child's whole timeout. (A hang waits on no run queue: the red team's
+hang.py still ends at its step's limit, tests/test_redteam.py.)"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import sandbox
+from pipeline.child import tasks
+from pipeline.config import EvalConfig
+from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
+from pipeline.records import Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = EvalConfig(compile_baseline=False, trials=2, timed_calls=4, timed_ms=0, warmup_calls=1, check_shapes=False,
+                      profile=False, timeout_s=120, step_floor_s=2.0, step_ceiling_s=10.0)
+# One second of the child's own cpu time at import (the import step gets the floor, 2 s): idle it
+# fits; with two processes spinning on its core it takes about three seconds of wall time.
+SLOW_IMPORT = '''
+import time
+
+import torch
+
+_t = time.process_time()
+while time.process_time() - _t < 1.0:
+    pass
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean((predictions - targets) ** 2)
+'''
+_SPIN = "import os, sys\nos.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\nwhile True: pass\n"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    b = prepare(task, "small", "cpu", SETTINGS)
+    yield b
+    b.close()
+
+
+def test_an_honest_import_slowed_by_processes_on_its_core_is_not_a_timeout(bench, tmp_path):
+    code = tmp_path / "slow_import.py"
+    code.write_text(SLOW_IMPORT)
+    (tmp_path / "build").mkdir()
+    cores = sandbox.cpu_cores(SETTINGS.cpu_threads)
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, cores]) for _ in range(2)]
+    try:
+        result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert result.verdict is Verdict.correct, f"{result.verdict.value}: {result.error}"
+    # The import took more wall time than its floor: only the waits added to the limit let it finish.
+    assert result.phases["import"] > SETTINGS.step_floor_s, result.phases
+
+
+def test_crowding_its_own_core_buys_the_ceiling_and_no_more(bench, tmp_path):
+    (tmp_path / "build").mkdir()
+    started = time.monotonic()
+    result = evaluate.evaluate(bench, ROOT / "tests" / "redteam" / "crowd_own_core.py", tmp_path / "build", SETTINGS)
+    took = time.monotonic() - started
+    assert result.verdict is Verdict.timeout, f"{result.verdict.value}: {result.error}"
+    waited = float(re.search(r"no reply in ([0-9.]+) s while waiting for building ModelNew", result.error).group(1))
+    limit = float(re.search(r"that step, ([0-9.]+) s", result.error).group(1))
+    # The first calls' limit (three floors and the warm-up) was moved by the waits, and stopped at the ceiling.
+    assert limit < waited <= SETTINGS.step_ceiling_s + 0.05, result.error
+    assert took < SETTINGS.timeout_s / 2, f"{took:.1f} s"
