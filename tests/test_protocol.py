@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -365,3 +366,25 @@ def test_a_replayed_request_keeps_enough_sets_to_read_its_inputs_cold():
     assert set_count(3, 64 << 10, l2, 512) == 63  # capped at MAX_SETS, a multiple of 3
     assert set_count(4, 100 << 20, l2, 512) * 2 * (100 << 20) <= max(SETS_BYTES, 8 * (100 << 20))
     assert set_count(4, 2 << 20, l2, 6) == 4  # no more sets than the request replays
+
+
+def test_the_profile_reports_the_call_s_ops_without_importing_the_compiler(tmp_path):
+    """The child's profile (pipeline.child.profiling) in a fresh process: the ops of the call, and
+    torch.profiler.profile's first start, which imports inductor and dynamo (1.2 s of every cpu
+    attempt), never made."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, types, torch\n"
+        "from pipeline.child.profiling import profile\n"
+        "module = types.SimpleNamespace(get_inputs=lambda: [torch.rand(64, 64), torch.rand(64, 64)])\n"
+        "model = lambda a, b: torch.mean((a - b) ** 2)\n"
+        "out = profile(model, module, 7, 'cpu')\n"
+        "print(sorted(name for name, _ in out['top'])); print('torch._inductor' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ops, inductor = done.stdout.strip().splitlines()[-2:]
+    assert "aten::mean" in ops and "aten::sub" in ops, done.stdout
+    assert inductor == "False", done.stdout
