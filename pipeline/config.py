@@ -188,7 +188,9 @@ class EvalConfig(_Strict):
     timeout_s: float = Field(default=300.0, gt=0)
     """Wall-clock limit of one evaluation child, after which its process group is killed."""
     step_floor_s: float = Field(default=20.0, gt=0)
-    """Least time the child gets for any one request (loading, import, a trial, a timed block)."""
+    """Least time the child gets for any one request (loading, import, a trial, a timed block). Each
+    limit counts time the child could run: its main thread's run-queue waits are added, up to
+    step_ceiling_s (pipeline.judge.session.Session.ask)."""
     step_factor: float = Field(default=50.0, ge=1)
     """A request with calls gets step_floor_s plus this many times its calls at the eager baseline:
     a kernel 50x slower than eager still finishes, a hang costs seconds, not timeout_s."""
