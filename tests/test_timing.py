@@ -214,14 +214,16 @@ def test_torch_compile_is_timed_side_by_side_too(tmp_path, monkeypatch):
     assert any(p.is_file() for p in (tmp_path / "cache" / "inductor").rglob("*")), "no compile cache written"
 
 
-def test_the_reference_warms_its_compiler_beside_expect_and_keeps_inductors_header(tmp_path):
+def test_the_reference_warms_its_compiler_beside_expect_and_keeps_inductors_header(tmp_path, monkeypatch):
     """Where torch.compile is timed, a reference process compiles a probe in a thread from its start
     (pipeline.judge.reference.CompilerWarmup): `expect` is served beside it (answered before the warm-up
     ends), while `settle`, which the parent sends before its child's calibration, waits for it, so
     nothing is timed beside it. Inductor's precompiled header for cpu kernels lands in the reference's
     temp folder in kgen's cache (KGEN_CACHE_DIR, as the suite's builds), where the next reference
     process reuses it rather than spending 5 s of g++ on it again (a first warm-up: 15 s on the
-    2-core box, the next 3.5 s)."""
+    2-core box, the next 3.5 s). A cache of the test's own: another suite beside this one, sharing
+    ~/.cache/kgen, once rewrote a header between the two processes."""
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / "cache"))
     task, _, settings = _mse_setup(tmp_path, MSE_IN_TORCH, compile_baseline=True)
     spec = {"key": "a", "size": "small", "seed": 7, "variant": "base"}
     seen: list[dict[Path, int]] = []
@@ -261,7 +263,7 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
         for _ in range(2):
             result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
             assert result.verdict is Verdict.correct, (result.error, result.wall_ms_per_call)
-            assert result.time_ms < 1.0  # a short call indeed
+            assert result.time_ms < evaluate.CPU_SHORT_MS  # a short call indeed (0.1-0.15 ms idle, 1.16 beside another suite)
     finally:
         bench.close()
     e = evaluate
