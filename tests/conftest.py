@@ -22,3 +22,18 @@ def cpu_ticks():
         return int(fields[11]) + int(fields[12])
 
     return ticks
+
+
+@pytest.fixture(scope="module")
+def mse_bench(request):
+    """One reference process for the bundled mse at "small" on the cpu, under the test module's
+    SETTINGS, for the whole module."""
+    from pathlib import Path
+
+    from pipeline.child import tasks
+    from pipeline.judge.bench import prepare
+
+    task = tasks.discover(Path(__file__).resolve().parent.parent / "reference_tasks", ["mse"])[0]
+    bench = prepare(task, "small", "cpu", request.module.SETTINGS)
+    yield bench
+    bench.close()

@@ -5,20 +5,16 @@ a device that "went bad" is one whose run-start figure it can no longer reach.""
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 
 import pytest
 
 from pipeline.judge import evaluate, health
-from pipeline.judge.bench import prepare
-from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.judge.health import Probe
 from pipeline.leaderboard import is_verified
 from pipeline.records import Verdict
 from test_run import RIGHT, replay, run, write_config
 
-ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = EvalConfig(compile_baseline=False, trials=2, timed_calls=4, timed_ms=0, warmup_calls=1, timeout_s=60,
                       check_shapes=False, profile=False)
 H100 = "NVIDIA H100 80GB HBM3"
@@ -41,20 +37,12 @@ def test_unfit_reason(probe, start, device, words):
         assert reason is not None and words in reason
 
 
-@pytest.fixture(scope="module")
-def bench():
-    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    b = prepare(task, "small", "cpu", SETTINGS)
-    yield b
-    b.close()
-
-
-def test_an_attempt_on_an_unfit_device_is_judged_but_not_timed(bench, tmp_path):
+def test_an_attempt_on_an_unfit_device_is_judged_but_not_timed(mse_bench, tmp_path):
     code = tmp_path / "honest.py"
     code.write_text(RIGHT.split("```python\n")[1].split("```")[0])
     (tmp_path / "build").mkdir()
     fit = health.Watch(None)
-    result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS, watch=fit)
+    result = evaluate.evaluate(mse_bench, code, tmp_path / "build", SETTINGS, watch=fit)
     # Timed. On a busy box the timing may be marked unfit for its load (pipeline.judge.judge.loaded), or
     # for a machine that changed while it ran: the watch's probe after it read less bandwidth than at
     # its start (a fresh clone beside a busy loop: 9 GB/s against 13). Never for a device unfit before.
@@ -63,7 +51,7 @@ def test_an_attempt_on_an_unfit_device_is_judged_but_not_timed(bench, tmp_path):
     assert not unfit or unfit.startswith("the cpu was loaded") or "when the run began" in unfit, unfit
     assert fit.start is not None and fit.start.bandwidth_gbs > 0  # the first fit probe is the run's figure
     gone_bad = health.Watch(None, start=Probe(bandwidth_gbs=fit.start.bandwidth_gbs * 100))
-    result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS, watch=gone_bad)
+    result = evaluate.evaluate(mse_bench, code, tmp_path / "build", SETTINGS, watch=gone_bad)
     assert result.verdict is Verdict.correct, result.error
     assert result.timing is None and result.speedup_eager is None  # nothing timed on it
     assert result.device_unfit and "when the run began" in result.device_unfit

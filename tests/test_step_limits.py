@@ -12,13 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from pipeline import sandbox
-from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.judge import evaluate
-from pipeline.judge.bench import prepare
 from pipeline.records import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,22 +40,17 @@ class ModelNew(torch.nn.Module):
 _SPIN = "import os, sys\nos.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\nwhile True: pass\n"
 
 
-@pytest.fixture(scope="module")
-def bench():
-    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    b = prepare(task, "small", "cpu", SETTINGS)
-    yield b
-    b.close()
-
-
-def test_an_honest_import_slowed_by_processes_on_its_core_is_not_a_timeout(bench, tmp_path):
+def test_an_honest_import_slowed_by_processes_on_its_core_is_not_a_timeout(mse_bench, tmp_path):
     code = tmp_path / "slow_import.py"
     code.write_text(SLOW_IMPORT)
     (tmp_path / "build").mkdir()
     cores = sandbox.cpu_cores(SETTINGS.cpu_threads)
     spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, cores], start_new_session=True) for _ in range(2)]
     try:
-        result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
+        # A ceiling far above the floor: on a box already loaded, the child's share of its core may be
+        # a fifth, and the import then takes several times its 1.5 s.
+        patient = SETTINGS.model_copy(update={"step_ceiling_s": 60.0})
+        result = evaluate.evaluate(mse_bench, code, tmp_path / "build", patient)
     finally:
         for p in spinners:
             p.kill()
@@ -69,10 +60,10 @@ def test_an_honest_import_slowed_by_processes_on_its_core_is_not_a_timeout(bench
     assert result.phases["import"] > SETTINGS.step_floor_s, result.phases
 
 
-def test_crowding_its_own_core_buys_the_ceiling_and_no_more(bench, tmp_path):
+def test_crowding_its_own_core_buys_the_ceiling_and_no_more(mse_bench, tmp_path):
     (tmp_path / "build").mkdir()
     started = time.monotonic()
-    result = evaluate.evaluate(bench, ROOT / "tests" / "redteam" / "crowd_own_core.py", tmp_path / "build", SETTINGS)
+    result = evaluate.evaluate(mse_bench, ROOT / "tests" / "redteam" / "crowd_own_core.py", tmp_path / "build", SETTINGS)
     took = time.monotonic() - started
     assert result.verdict is Verdict.timeout, f"{result.verdict.value}: {result.error}"
     waited = float(re.search(r"no reply in ([0-9.]+) s while waiting for building ModelNew", result.error).group(1))
