@@ -262,6 +262,13 @@ def test_redteam_cuda(name, built, bench):
     if name == "honest":
         assert Flag.no_custom_kernel not in verdict.flags
         assert verdict.speedup_eager and verdict.speedup_eager > 0
+    if name.startswith("forged") and verdict.verdict is Verdict.correct:
+        # Refused, or judged at the time its honest twin is judged: a forged clock taken at its word
+        # is a hole, whatever the verdict says.
+        honest = evaluate.evaluate(bench, *_built_pair(built, "honest"), SETTINGS)
+        print(f"REDTEAM {name} time_ms {verdict.time_ms} vs honest {honest.time_ms}; bound={verdict.bound_note} "
+              f"trusted={verdict.trusted} {verdict.untrusted_reason}")
+        assert verdict.time_ms >= honest.time_ms / 1.3, (verdict.time_ms, honest.time_ms, verdict.bound_note)
     if name == "leftover_spinner" and verdict.verdict is Verdict.correct:
         honest = evaluate.evaluate(bench, *_built_pair(built, "honest"), SETTINGS)
         print(f"REDTEAM leftover_spinner speedup {verdict.speedup_eager:.3f} vs honest {honest.speedup_eager:.3f}")
@@ -558,3 +565,23 @@ def test_a_level_2_candidate_keeping_cudnn_is_not_flagged_and_its_own_share_is_r
     assert summary_fields(fused_v)["own_fraction"] == fused_v.own_fraction
     assert dropin.verdict is Verdict.correct and Flag.no_custom_kernel in dropin.flags
     assert Flag.no_custom_kernel not in dropin.claimed_flags  # the parent's finding: no code of its own
+
+
+def test_the_gpu_profile_lists_the_call_s_kernels():
+    """On a GPU the child's profile (pipeline.child.profiling) sees each kernel the call ran: with
+    torch.autograd's profiler in its fallback (no Kineto) it saw none, so no call's share of its own
+    kernels was known and no pure-PyTorch candidate was flagged `no_custom_kernel`."""
+    script = (
+        "import sys, types, torch\n"
+        "from pipeline.child.profiling import profile\n"
+        "module = types.SimpleNamespace(get_inputs=lambda: [torch.rand(256, 256), torch.rand(256, 256)])\n"
+        "model = lambda a, b: torch.mean((a - b) ** 2)\n"
+        "out = profile(model, module, 7, 'cuda')\n"
+        "print(out['total_us'] > 0, out['torch_fraction'], len(out['top'])); print('torch._inductor' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kernels, inductor = done.stdout.strip().splitlines()[-2:]
+    print(f"\nPROFILE {kernels} inductor={inductor}")
+    seen, fraction, count = kernels.split()
+    assert seen == "True" and float(fraction) == 1.0 and int(count) >= 2, done.stdout
+    assert inductor == "False", done.stdout

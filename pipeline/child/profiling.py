@@ -31,10 +31,12 @@ def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> 
 def _profiler(cuda: bool):
     """torch.autograd's profiler, which torch.profiler.profile wraps: the wrapper's first start asks
     hasattr(torch, "_inductor"), which imports inductor and dynamo, 1.2 s of every cpu attempt's
-    profile (2026-11-29, torch 2.13); the events are the same."""
+    profile (2026-11-29, torch 2.13); the events are the same. use_kineto as the wrapper sets it:
+    without it the GPU side falls back to CUDA events around each op, with no kernel events, so no
+    call showed its kernels and no `no_custom_kernel` flag was raised (H200, 2026-11-29)."""
     from torch.autograd import profiler
 
-    return profiler.profile(use_cpu=True, use_device="cuda" if cuda else None)
+    return profiler.profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True)
 
 
 # Ops that only allocate or reshape: a custom kernel legitimately calls them.
