@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 from pathlib import Path
 
 import pytest
@@ -224,7 +225,7 @@ def test_each_replayed_request_is_taken_net_of_a_null_replay_beside_it():
     again and the forged claim is refused; the honest one (0.0101) stands. One null replay stalled
     by chance makes its request's work look like nothing: the median of the pairs, not the fastest."""
     cal = [Window(7.4, 512)] * 5  # the child's null model before the import, parent's clock
-    null_cal = [7.0, 7.05, 6.95]  # the reference's null replays among them, its own clock
+    null_cal = [7.0, None, 7.05, None, 6.95]  # the reference's null replays beside three, its own clock
     windows = [Window(8.7, 512), Window(8.75, 512), Window(8.65, 512), Window(8.7, 512), Window(8.7, 512)]
     nulls = [5.7, 5.72, 5.68, 9.9, 5.7]  # beside each request; the fourth stalled
     per_call = judge.paired_per_call(cal, null_cal, windows, nulls)
@@ -242,6 +243,26 @@ def test_each_replayed_request_is_taken_net_of_a_null_replay_beside_it():
     assert judge.pooled([judge.Evidence(per_call, [0.0052], paired=True), judge.Evidence([0.004], [0.0052])])[0] == 0.0
     assert judge.paired_per_call(cal, null_cal, windows, nulls[:4] + [None]) is None
     assert judge.paired_per_call(cal, [], windows, nulls) is None
+    assert judge.paired_per_call(cal, [None] * 5, windows, nulls) is None
+
+
+def test_the_calibration_s_offset_is_taken_pair_by_pair():
+    """judge.paired_per_call's offset (the child's null model on the parent's clock, over the
+    reference's null replay) is the median of pairs taken side by side, not of two medians taken at
+    other moments. The shape of an H200 calibration whose GPU came up to speed halfway: the child's
+    windows fall from 20 to 16 ms and the reference's nulls from 16 to 12, so the true offset is 4 ms
+    throughout. Nulls beside every third window read 16, 16, 16, 12, 12 (median 16) against a window
+    median of 16, and the medians' offset, 0, would have put 4 ms too much of each request's window
+    down to the work: an 8 us call's estimate twice what it is, or, the other way, half."""
+    cal = [Window(20.0, 512)] * 7 + [Window(16.0, 512)] * 8
+    every_third = [20.0 - 4.0 if i % 3 == 0 else None for i in range(7)] + \
+                  [16.0 - 4.0 if (i + 7) % 3 == 0 else None for i in range(8)]
+    windows, nulls = [Window(15.0, 512)] * 4, [7.0] * 4  # 15 - (4 + 7) = 4 ms of work: 7.8 us a call
+    for null_cal in (every_third, [w.ms - 4.0 for w in cal]):
+        assert judge.paired_per_call(cal, null_cal, windows, nulls) == [pytest.approx(4.0 / 512)] * 4
+    medians = statistics.median(w.ms for w in cal) - statistics.median(n for n in every_third if n is not None)
+    assert medians == 0.0  # what the medians gave: the work read as 8 ms, twice what it is
+    assert judge.paired_per_call(cal, every_third[:-1], windows, nulls) is None  # not index for index
 
 
 def test_a_second_evaluation_decides_on_both_evaluations_evidence():

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import numpy as np
 import torch
 
@@ -176,8 +177,8 @@ def test_a_paired_estimate_s_note_names_each_term_it_was_made_of():
 
     calibration = [judge.Window(2.0, 512), judge.Window(2.4, 512), judge.Window(9.0, 512)]
     windows = [judge.Window(5.0, 512), judge.Window(6.5, 512)]
-    note = paired_terms(calibration, [1.0, 1.2], windows, [1.5, 1.25])
-    assert note == (" (calibration 2.400 ms over 3, the reference's null 1.100 ms over 2; "
-                    "window/null 5.000/1.500, 6.500/1.250)")
-    per_call = judge.paired_per_call(calibration, [1.0, 1.2], windows, [1.5, 1.25])
-    assert per_call == [(5.0 - (2.4 - 1.1 + 1.5)) / 512, (6.5 - (2.4 - 1.1 + 1.25)) / 512]
+    note = paired_terms(calibration, [1.0, 1.2, None], windows, [1.5, 1.25])
+    assert note == (" (calibration 2.400 ms over 3, the reference's null 1.100 ms over 2, offset 1.100 ms over "
+                    "the pairs; window/null 5.000/1.500, 6.500/1.250)")
+    per_call = judge.paired_per_call(calibration, [1.0, 1.2, None], windows, [1.5, 1.25])
+    assert per_call == [pytest.approx((5.0 - (1.1 + 1.5)) / 512), pytest.approx((6.5 - (1.1 + 1.25)) / 512)]

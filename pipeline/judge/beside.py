@@ -15,14 +15,17 @@ import numpy as np
 
 from ..child import protocol as P
 from .bench import _seed
-from .judge import Window
+from .judge import REPLAYS_MAX, Window
 
 # Null-model Bound requests before import: what a block costs besides the calls. Fifteen, not five:
 # on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five did the
 # fastest was as slow as the candidate's own requests, so the estimate said nothing and the red
 # team's forged clock was judged correct (two fresh-clone CI runs of four); each costs a few ms.
 CALIBRATION_BLOCKS = 15
-NULL_EVERY = 3  # a null replay of the reference's beside every third of the calibration's replayed ones
+# A null replay of the reference's beside every third of the calibration's replayed windows; beside
+# each where the plan's calls are short (judge.REPLAYS_MAX), where the offset the pairs give is most
+# of a call's estimate.
+NULL_EVERY = 3
 
 
 def calibrate(session: Any) -> None:
@@ -47,6 +50,7 @@ def calibrate(session: Any) -> None:
     noise = None  # a copy of the inputs' size, which the float64 forwards to come need more
     if not plan.replays:
         return
+    every = 1 if plan.replays >= REPLAYS_MAX else NULL_EVERY
     for i in range(CALIBRATION_BLOCKS + 1):
         ready, _ = session.ask(P.Bound(index=-100 - i, seeds=[_seed() for _ in range(calls)], replays=plan.replays,
                                        digest_seed=_seed()), P.BoundReady, "calibration")
@@ -54,13 +58,15 @@ def calibrate(session: Any) -> None:
             session.graph_failed = f"the null model could not be replayed: {ready.graph_error}"
             return
         _, ms = session.ask(P.Play(index=-100 - i, factor_seed=_seed()), P.BoundDone, "calibration")
-        if i:
-            session.replay_calibration.append(Window(ms, plan.replays))
-        if i % NULL_EVERY == 1:
+        if not i:
+            continue
+        session.replay_calibration.append(Window(ms, plan.replays))
+        null = None
+        if (i - 1) % every == 0:
             at = time.monotonic()
-            if (null := null_play(session, calls, pause=False)) is not None:
-                session.null_calibration.append(null)
+            null = null_play(session, calls, pause=False)
             session.spent("calibration_nulls", at)
+        session.null_calibration.append(null)
 
 
 def eager_block(session: Any, calls: int, first: bool) -> None:
@@ -133,14 +139,17 @@ def _busy(doing: str, busy: dict[str, Any]) -> str:
             f"{busy['idle_ms']:.3f} idle), after a wait and a re-timing: work the candidate left running")
 
 
-def paired_terms(calibration: list[Window], null_calibration: list[float], windows: list[Window],
+def paired_terms(calibration: list[Window], null_calibration: list[float | None], windows: list[Window],
                  nulls: list[float | None]) -> str:
     """What each paired estimate (judge.paired_per_call) was made of, in ms, for the stored note: the
-    child's calibration median and the reference's null median, then each request's window and its
-    null. At about 10 us a call the estimates scattered from a quarter of the work to more than all of it
-    between evaluations (docs/benchmarks.md, twenty-fifth session); these say which term moved."""
+    child's calibration median, the reference's null median and the pairs' offset, then each
+    request's window and its null. At about 10 us a call the estimates scattered from a quarter of the
+    work to more than all of it between evaluations (docs/benchmarks.md, twenty-fifth session); these
+    say which term moved."""
     def med(xs: list[float]) -> float:
         return float(np.median(xs)) if xs else float("nan")
+    beside = [n for n in null_calibration if n is not None]
+    offset = med([w.ms - n for w, n in zip(calibration, null_calibration) if n is not None])
     pairs = ", ".join(f"{w.ms:.3f}/{n:.3f}" if n is not None else f"{w.ms:.3f}/-" for w, n in zip(windows, nulls))
     return (f" (calibration {med([w.ms for w in calibration]):.3f} ms over {len(calibration)}, the reference's null "
-            f"{med(null_calibration):.3f} ms over {len(null_calibration)}; window/null {pairs})")
+            f"{med(beside):.3f} ms over {len(beside)}, offset {offset:.3f} ms over the pairs; window/null {pairs})")

@@ -35,6 +35,7 @@ from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
 from . import health, owncode, shapes
 from .bench import Ended, TaskBench, _seed, device_for, lane_of
+from .judge import REPLAYS_MAX, REPLAYS_MIN
 from .session import Session
 
 EVALUATOR_VERSION = "2"
@@ -66,7 +67,6 @@ CPU_BOUND_SET_BYTES = 256 << 20
 # cuda, forward: Bound requests replay CUDA graphs (pipeline.child.replays) for about this long at the
 # faster baseline's speed, REPLAYS_MIN to REPLAYS_MAX replays, REPLAY_CHECKS digests checked a request.
 REPLAY_TARGET_MS = 10.0
-REPLAYS_MIN, REPLAYS_MAX = 4, 512
 REPLAY_CHECKS = 3
 CHECKED_TIMED = 16  # timed calls whose outputs are compared in full, chosen in secret per attempt
 BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once

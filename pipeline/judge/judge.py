@@ -67,6 +67,10 @@ BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cpu": (0.35, 0
 # the eager bound counts their host work and says little about calls below this: it refuses nothing
 # there, and a correct result is kept, untrusted (pipeline.judge.session, evaluate).
 LOOSE_BELOW_MS = 0.5
+# Replays a replayed Bound request (pipeline.judge.evaluate.replay_count). A plan at REPLAYS_MAX is one
+# of calls too short to fill a request's target time: there the host's jitter, 1-2 ms a window, is
+# several microseconds a call, and the calibration takes a null replay beside each of its windows.
+REPLAYS_MIN, REPLAYS_MAX = 4, 512
 # A replayed call's digest (sum of output x weights, in float32) against the reference's: within the
 # elementwise tolerance's reach (its scale is sum |w| (|ref| + mean |ref|)), plus float32's summing.
 DIGEST_SUM_EPS = 1e-5
@@ -356,18 +360,21 @@ def net_per_call(calibration: list[Window], bounds: list[Window], device: str = 
     return [max(0.0, w.ms - base) / w.calls for w in bounds]
 
 
-def paired_per_call(calibration: list[Window], null_calibration: list[float], bounds: list[Window],
+def paired_per_call(calibration: list[Window], null_calibration: list[float | None], bounds: list[Window],
                     nulls: list[float | None]) -> list[float] | None:
-    """Each replayed Bound request's milliseconds a call less its own null request: the calibration's
-    (the child's null model before the import, on the parent's clock, so with the protocol's costs)
-    moved by how much the reference's null replay beside the request took over its replays beside the
-    calibration. The GPU's clock and state drift between a calibration and a request minutes later:
-    on an H200 that alone put the estimate of an honest 10 us call at 0.44 us in one evaluation of
-    four and let a clock forged to half pass (docs/benchmarks.md, 2026-11-29). None where a request
-    or the calibration has no null replay beside it (net_per_call then stands)."""
-    if not calibration or not null_calibration or not bounds or len(nulls) != len(bounds) or None in nulls:
+    """Each replayed Bound request's milliseconds a call less its own null request and the protocol's
+    offset. The offset is what the child's null model costs on the parent's clock (before the import,
+    so with the protocol's costs) over the reference's null replay: the median over the calibration's
+    pairs, `null_calibration[i]` the reference's null beside `calibration[i]` (None where none was).
+    Pairs, not the two medians: the GPU's clock and state drift within a calibration too, and
+    medians of windows and of nulls taken at other moments put the offset of an H200's 8 us calls
+    anywhere from 2.6 to 5.5 ms over 512 replays, the estimate from 4.2 us to 1.0 (docs/benchmarks.md,
+    twenty-seventh session), so a clock forged to half passed now and then. None where a request or
+    the calibration has no null replay beside it (net_per_call then stands)."""
+    pairs = [w.ms - n for w, n in zip(calibration, null_calibration) if n is not None]
+    if not pairs or len(null_calibration) != len(calibration) or not bounds or len(nulls) != len(bounds) or None in nulls:
         return None
-    offset = statistics.median(w.ms for w in calibration) - statistics.median(null_calibration)
+    offset = statistics.median(pairs)
     return [max(0.0, w.ms - (offset + null)) / w.calls for w, null in zip(bounds, nulls)]
 
 

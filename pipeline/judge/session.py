@@ -52,9 +52,9 @@ class Session:
         # reference's digests of the checked replays, and why the forward could not be captured.
         self.replay_calibration: list[Window] = []
         self.replay_windows: list[Window] = []
-        # The reference's null replays, on its own clock: some beside the calibration's, one beside each
-        # replayed request (beside.null_play, judge.paired_per_call).
-        self.null_calibration: list[float] = []
+        # The reference's null replays, on its own clock: index for index with replay_calibration (None
+        # where none), one beside each replayed request (beside.null_play, judge.paired_per_call).
+        self.null_calibration: list[float | None] = []
         self.null_windows: list[float | None] = []
         self.out_shape: list[int] = []
         self.digests: dict[str, dict[str, Any]] = {}
