@@ -7,6 +7,7 @@ import os
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -409,3 +410,54 @@ def test_the_profile_reports_the_call_s_ops_without_importing_the_compiler(tmp_p
     ops, inductor = done.stdout.strip().splitlines()[-2:]
     assert "aten::mean" in ops and "aten::sub" in ops, done.stdout
     assert inductor == "False", done.stdout
+
+
+def test_kept_draws_hand_each_attempt_descriptors_of_its_own():
+    """pipeline.judge.bench.Draws: a draw kept under a key is handed out as copies whose descriptors
+    the attempt may close (as it does once a call is checked) while the kept ones still read; a draw
+    that does not hold all its values is used once and not kept; past KEEP keys the oldest goes, its
+    descriptors closed; close() closes the rest."""
+    from pipeline.judge.bench import Draws, Secrets
+    from pipeline.judge.judge import Expected, mapped
+
+    made = []
+
+    def make(whole=True):
+        fd = os.memfd_create("kgen-test-expected")
+        os.write(fd, np.arange(4, dtype=np.float64).tobytes())
+        secrets = Secrets({"whole": whole, "n": len(made)}, {"trial0": Expected([4], 4, "float64", fd)}, {}, {})
+        made.append(secrets)
+        return secrets
+
+    whole = lambda s: s.plan["whole"]  # noqa: E731
+
+    def held() -> set[int]:  # this test's memfds among the process's descriptors
+        fds = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if "kgen-test-expected" in os.readlink(f"/proc/self/fd/{fd}"):
+                    fds.add(int(fd))
+            except OSError:
+                pass
+        return fds
+
+    draws = Draws()
+    a, shared_a = draws.take("turn 0", make, whole)
+    b, shared_b = draws.take("turn 0", make, whole)
+    assert (shared_a, shared_b) == (False, True) and len(made) == 1
+    assert a.plan == b.plan and a.plan is not b.plan
+    assert a.expected["trial0"].fd != b.expected["trial0"].fd != made[0].expected["trial0"].fd
+    a.close()
+    assert list(mapped(b.expected["trial0"].fd, np.float64, 4)) == [0.0, 1.0, 2.0, 3.0]
+    part, shared = draws.take("turn 9", lambda: make(False), whole)
+    assert not shared and part is made[1] and "turn 9" not in draws.kept
+    c, _ = draws.take("turn 1", make, whole)
+    d, _ = draws.take("turn 2", make, whole)
+    assert list(draws.kept) == ["turn 1", "turn 2"]
+    # The oldest draw's descriptor closed as it went: b's, part's, c's and d's and the two kept.
+    assert made[0].expected == {} and len(held()) == 6, held()
+    assert list(mapped(b.expected["trial0"].fd, np.float64, 4)) == [0.0, 1.0, 2.0, 3.0]  # a copy outlives it
+    draws.close()
+    for secrets in (b, part, c, d):
+        secrets.close()
+    assert held() == set(), "a kept draw's descriptors outlived close()"

@@ -668,6 +668,40 @@ def test_nothing_survives_from_one_attempt_to_the_next(bench, tmp_path):
     assert hashes[0] != hashes[1], "both attempts saw the same inputs: the seeds repeat"
 
 
+def test_siblings_share_a_draw_and_nothing_else(bench, tmp_path):
+    """Attempts of one task at one turn and generation (pipeline.judge.bench.Draws) are judged on one
+    draw: the second's inputs are the first's and the reference computed its values once (no expect
+    phase of its own), yet nothing the first left reaches it. An attempt of another turn draws
+    afresh, and a sibling that computes nothing is refused on the shared draw as on its own."""
+    tag = uuid.uuid4().hex[:12]
+    code = tmp_path / "cross_attempt.py"
+    code.write_text((REDTEAM / "cross_attempt.py").read_text().replace("__KGEN_TAG__", tag))
+    name = f"kgen-redteam-{tag}"
+    outside = [Path("/dev/shm") / name, Path("/tmp") / name, Path(tempfile.gettempdir()) / name]
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    key = f"siblings {tag}"
+    try:
+        first, second = (evaluate.evaluate(bench("mse"), code, build_dir, SETTINGS, draw=key) for _ in range(2))
+        other = evaluate.evaluate(bench("mse"), code, build_dir, SETTINGS, draw=f"{key}, next turn")
+        wrong = evaluate.evaluate(bench("mse"), REDTEAM / "constant.py", build_dir, SETTINGS, draw=key)
+        left = [p for p in outside if p.exists()]
+    finally:
+        for path in outside:
+            path.unlink(missing_ok=True)
+    for result in (first, second, other):
+        assert result.verdict is V.correct, describe(result)
+    assert first.phases["shared_draw"] == 0.0 and "expect" in first.phases, first.phases
+    assert second.phases["shared_draw"] == 1.0 and "expect" not in second.phases, second.phases
+    assert other.phases["shared_draw"] == 0.0, other.phases
+    seen = [notes(r) for r in (first, second, other)]
+    assert not [n for ns in seen for n in ns if n[0] == "found"], seen
+    assert left == [], left
+    hashes = [[n[1] for n in ns if n[0] == "inputs"] for ns in seen]
+    assert hashes[0] == hashes[1] != hashes[2], hashes
+    assert wrong.verdict is V.mismatch and wrong.phases["shared_draw"] == 1.0, describe(wrong)
+
+
 # ---- the result pipe ----------------------------------------------------------------------------
 
 

@@ -92,6 +92,11 @@ def test_replay_run_stores_each_outcome_and_resumes(tmp_path):
     right = store.attempt(next(a["id"] for a in store.attempts(run=run_id) if a["sample"] == 0))
     assert right["result"].speedup_eager > 0 and right["result"].baselines.floor_ms > 0
     assert (tmp_path / "generated" / f"{right['code_hash']}.py").read_text().startswith("import torch")
+    # Samples of one turn are siblings, judged on one draw (pipeline.judge.bench.Draws): the reference
+    # computed its values for the first judged, and the wrong one is refused on it all the same.
+    shared = [store.attempt(a["id"])["result"].phases.get("shared_draw") for a in store.attempts(run=run_id)
+              if a["sample"] in (0, 1)]
+    assert sorted(shared) == [0.0, 1.0], shared
     db = str(tmp_path / "db" / "kgen.db")
     listed = CliRunner().invoke(main, ["attempts", "--db", db, "--json", "--verdict", "mismatch"])
     (row,) = [json.loads(line) for line in listed.output.splitlines()]

@@ -8,9 +8,12 @@ the sizes every correct candidate is also run at. The attempt itself is pipeline
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -32,6 +35,68 @@ class EvaluationError(RuntimeError):
 
 def _seed() -> int:
     return int.from_bytes(os.urandom(6), "little")
+
+
+@dataclass
+class Secrets:
+    """An attempt's draw: its plan (pipeline.judge.evaluate.AttemptPlan), the float64 expected values
+    and packed Bound inputs as memfds only the parent holds, and the reference's replay digests."""
+
+    plan: Any
+    expected: dict[str, Expected]
+    inputs: dict[str, int]
+    digests: dict[str, dict[str, Any]]
+
+    def copy(self) -> Secrets:
+        """The same draw with descriptors of its own, which the attempt closes as it checks them."""
+        return Secrets(copy.deepcopy(self.plan),
+                       {k: dataclasses.replace(e, fd=os.dup(e.fd)) if e.fd is not None else e
+                        for k, e in self.expected.items()},
+                       {k: os.dup(fd) for k, fd in self.inputs.items()}, copy.deepcopy(self.digests))
+
+    def close(self) -> None:
+        for fd in [*self.inputs.values(), *(e.fd for e in self.expected.values() if e.fd is not None)]:
+            os.close(fd)
+        self.inputs, self.expected = {}, {}
+
+
+class Draws:
+    """Draws kept for sibling attempts: those of one task at one turn and generation of a batch,
+    whose code was written before any of them was judged. Each sibling is judged on the same
+    secrets, and the reference computes their values once (on an H200 they were 1.9 s of an
+    attempt's 8.9, docs/benchmarks.md, twenty-seventh session). Nothing flows between them: a child
+    never sees expected values, holds nothing past its attempt, and a prompt carries feedback only
+    from attempts of earlier turns or generations, each judged on a draw of its own. Only a draw
+    whose values all came before the child (the plan's `ahead`) is kept; the last KEEP of them."""
+
+    KEEP = 2
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.kept: dict[str, Secrets] = {}
+
+    def take(self, key: str, make: Callable[[], Secrets], shareable: Callable[[Secrets], bool]) -> tuple[Secrets, bool]:
+        """The attempt's copy of the draw kept under `key`, else a new one from `make` (kept where
+        `shareable`); and whether it was already kept."""
+        with self.lock:
+            if key in self.kept:
+                return self.kept[key].copy(), True
+            made = make()
+            if not shareable(made):
+                return made, False
+            self.kept[key] = made
+            while len(self.kept) > self.KEEP:
+                self.kept.pop(next(iter(self.kept))).close()
+            return made.copy(), False
+
+    def close(self) -> None:
+        with self.lock:
+            kept, self.kept = list(self.kept.values()), {}
+        for secrets in kept:
+            secrets.close()
+
+
+_DRAWS_MADE = threading.Lock()
 
 
 @dataclass
@@ -59,9 +124,17 @@ class TaskBench:
     # beside the lane's timing, and honest attempts were refused for a busy GPU (docs/benchmarks.md).
     early: bool = False
     output_bytes: int = 0  # the main size's output, from the meta device (0: unknown); sizes a timed block
+    kept_draws: Draws | None = None  # sibling attempts' shared secrets (Draws), made on first use
 
     def __getstate__(self):  # a bench sent to another process starts its own reference there
-        return {**self.__dict__, "references": {}, "detached": True}
+        return {**self.__dict__, "references": {}, "detached": True, "kept_draws": None}
+
+    @property
+    def draws(self) -> Draws:
+        with _DRAWS_MADE:
+            if self.kept_draws is None:
+                self.kept_draws = Draws()
+            return self.kept_draws
 
     def _key(self, env: dict[str, str] | None) -> frozenset:
         """Which reference process serves a lane. On the cpu there is one lane, and its reference is
@@ -186,6 +259,8 @@ class TaskBench:
             sandbox.pin_all(pid, lane.get("KGEN_CORES"))
 
     def close(self) -> None:
+        if self.kept_draws is not None:
+            self.kept_draws.close()
         references, self.references = list(self.references.values()), {}
         for ref in references:
             ref.kill()

@@ -5,7 +5,8 @@ reference process (pipeline.judge.bench) that ends in a verdict (pipeline.judge 
     result = evaluate(bench, code_path, build_dir, settings)  # one fresh sandboxed child per attempt
     bench.close()
 
-Every attempt draws its own seeds (weights, trials, timed and bound calls) from os.urandom; the
+Every attempt draws its own seeds (weights, trials, timed and bound calls) from os.urandom, but for
+a batch's siblings, which share one draw (pipeline.judge.bench.Draws); the
 long-lived reference process describes the outputs (shapes, dtypes) before the child starts, and
 computes each checked call's expected output, in full and in float64, as the parent checks that call
 (one call's at a time: issue 28). The child learns each call's seed only in
@@ -34,7 +35,7 @@ from ..config import EvalConfig
 from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
 from . import health, owncode, shapes
-from .bench import Ended, TaskBench, _seed, device_for, lane_of
+from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
 from .judge import REPLAYS_MAX, REPLAYS_MIN
 from .session import Session
 
@@ -239,8 +240,9 @@ def spare_init(backend: str, settings: EvalConfig) -> dict[str, Any]:
 
 def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig,
              env: dict[str, str] | None = None, spares: Spares | None = None,
-             watch: health.Watch | None = None) -> EvalResult:
+             watch: health.Watch | None = None, draw: str | None = None) -> EvalResult:
     """Judge one built candidate; `env` adds to the child's environment (a lane's CUDA_VISIBLE_DEVICES).
+    `draw` names the siblings this attempt shares its secrets with (bench.Draws; None: its own).
     With `spares`, the child is one started ahead of time, and the next attempt's is started now.
     With `watch`, the device is checked before and after: on an unfit one the candidate is judged
     for correctness only, and a device that went bad during the attempt marks its timing.
@@ -259,7 +261,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     first refused a clock claiming 0.56-0.60 of its time and the second, a fresh draw that forgot
     the first, accepted it). The second costs only where the first refused; its verdict is kept,
     the first's refusal beside it (`first_refusal`)."""
-    first, clock_alone, evidence = _judge(bench, code_path, build_dir, settings, env, spares, watch)
+    first, clock_alone, evidence = _judge(bench, code_path, build_dir, settings, env, spares, watch, draw=draw)
     if not clock_alone:
         return first
     second, _, _ = _judge(bench, code_path, build_dir, settings, env, spares, watch, prior=[evidence])
@@ -267,15 +269,44 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
                                      "eval_seconds": first.eval_seconds + second.eval_seconds})
 
 
+def _secrets(bench: TaskBench, lane_env: dict[str, str] | None, before: dict[str, float], timeout_s: float) -> Secrets:
+    """A fresh draw, and what the reference computes for it before the child starts: the expected
+    values first, beside its compiler's warm-up, which the health check (timed) waits for (in a fresh
+    `kgen eval` that warm-up is 10-11 s). They come as memfds only this process holds
+    (pipeline.judge.bench.TaskBench.expect): no path names them, and sandbox.start passes a child only
+    its own descriptors."""
+    plan = AttemptPlan.draw(bench)
+    mark = time.monotonic()
+    expected, inputs = bench.expect(plan.init_seed, plan.specs(), lane_env)
+    secrets = Secrets(plan, expected, {key.removeprefix("in:"): fd for key, fd in inputs.items()}, {})
+    before["expect"] = round(time.monotonic() - mark, 3)
+    mark = time.monotonic()
+    try:
+        secrets.digests = {m["key"]: m for m in bench.request(
+            {"op": "digests", "size": bench.size, "init_seed": plan.init_seed, "items": plan.digest_items()},
+            timeout_s, lane_env) if m.get("event") == "digest"} if plan.replays else {}
+    except BaseException:
+        secrets.close()
+        raise
+    before["digests"] = round(time.monotonic() - mark, 3)
+    return secrets
+
+
+def _whole(secrets: Secrets) -> bool:
+    """Whether a draw holds every value its attempt will check and every Bound input it will send
+    (AttemptPlan.specs), so siblings can share it (bench.Draws)."""
+    plan = secrets.plan
+    return plan.ahead and (not plan.inbox or plan.inputs_ahead)
+
+
 def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig, env: dict[str, str] | None,
            spares: Spares | None, watch: health.Watch | None,
-           prior: list | None = None) -> tuple[EvalResult, bool, Any]:
+           prior: list | None = None, draw: str | None = None) -> tuple[EvalResult, bool, Any]:
     """One evaluation, whether its verdict rests on the parent's clock alone, and the evidence that
     clock check took (pipeline.judge.judge.Evidence; `prior`: an earlier evaluation's, pooled with it)."""
 
     started = time.monotonic()
     env = child_environment(bench.backend, env)
-    plan = AttemptPlan.draw(bench)
     lane_env = lane_of(env)
     if bench.device == "cpu" and "KGEN_CORES" not in env:  # the cores eager is timed on (sandbox.cpu_cores)
         env = {**env, "KGEN_CORES": sandbox.cpu_cores(settings.cpu_threads)}
@@ -290,19 +321,13 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
     expected: dict[str, Any] = {}
     inputs: dict[str, int] = {}
     try:
-        # The expected values first: the reference computes them beside its compiler's warm-up,
-        # which the health check (timed) waits for; in a fresh `kgen eval` that warm-up is 10-11 s.
-        # They come as memfds only this process holds (pipeline.judge.bench.TaskBench.expect): no path
-        # names them, and sandbox.start passes a child only its own descriptors.
-        mark = time.monotonic()
-        expected, inputs = bench.expect(plan.init_seed, plan.specs(), lane_env)
-        inputs = {key.removeprefix("in:"): fd for key, fd in inputs.items()}
-        before["expect"] = round(time.monotonic() - mark, 3)
-        mark = time.monotonic()
-        digests = {m["key"]: m for m in bench.request({"op": "digests", "size": bench.size, "init_seed": plan.init_seed,
-                                                        "items": plan.digest_items()}, settings.timeout_s, lane_env)
-                   if m.get("event") == "digest"} if plan.replays else {}
-        before["digests"] = round(time.monotonic() - mark, 3)
+        if draw is None:
+            secrets = _secrets(bench, lane_env, before, settings.timeout_s)
+        else:
+            secrets, shared = bench.draws.take(draw, lambda: _secrets(bench, lane_env, before, settings.timeout_s),
+                                               _whole)
+            before["shared_draw"] = float(shared)
+        plan, expected, inputs, digests = secrets.plan, secrets.expected, secrets.inputs, secrets.digests
         mark = time.monotonic()
         unfit = watch.check(bench, lane_env) if watch is not None else None
         before["health"] = round(time.monotonic() - mark, 3)

@@ -263,7 +263,10 @@ class Runner:
                           diagnostics.compiler_errors(built.log, extraction.code or "", candidate_name=code_path.name))
         bench = await self._bench(slot)
         self.on_event(Evaluating(slot))
-        result = await self.executor.evaluate(bench, code_path, Path(built.build_dir), self.cfg.evaluation)
+        # Siblings (one task's attempts at one turn and generation, written before any was judged)
+        # share their secrets (pipeline.judge.bench.Draws).
+        result = await self.executor.evaluate(bench, code_path, Path(built.build_dir), self.cfg.evaluation,
+                                              draw=f"turn {slot.turn}, generation {slot.generation}")
         self.on_event(Evaluated(slot, result))
         if result.device_unfit:
             self.on_event(Unfit(slot, result.device_unfit))

@@ -41,7 +41,8 @@ class Executor(Protocol):
                       known_baselines: dict[str, str]) -> bench_stage.TaskBench: ...
 
     async def evaluate(self, bench: bench_stage.TaskBench, code_path: Path, build_dir: Path,
-                       settings: EvalConfig) -> EvalResult: ...
+                       settings: EvalConfig, draw: str | None = None) -> EvalResult: ...
+    # draw: the siblings whose attempts share their secrets (pipeline.judge.bench.Draws)
 
     def close(self) -> None: ...
 
@@ -230,9 +231,9 @@ class LocalExecutor:
                 bench.close()
                 raise
 
-    async def evaluate(self, bench, code_path, build_dir, settings):
+    async def evaluate(self, bench, code_path, build_dir, settings, draw=None):
         spares = self.spares if settings.warm_start else None
-        return await self._on_lane(lambda *args, **kw: evaluate_stage.evaluate(*args, spares=spares, **kw),
+        return await self._on_lane(lambda *args, **kw: evaluate_stage.evaluate(*args, spares=spares, draw=draw, **kw),
                                    bench, code_path, build_dir, settings, key=bench.task.name)
 
     def close(self) -> None:
@@ -266,7 +267,7 @@ class _RayLane:
         self.benches[(str(task.path), bench.size_name)] = bench
         return bench, self._failure()
 
-    def evaluate(self, bench, code_path, build_dir, settings):
+    def evaluate(self, bench, code_path, build_dir, settings, draw=None):
         # The bench arrives as a copy without a process; this lane's own copy keeps its reference.
         key = (str(bench.task.path), bench.size_name)
         live = self.benches.get(key)
@@ -274,7 +275,7 @@ class _RayLane:
             bench.detached = False
             live = self.benches[key] = bench
         spares = self.spares if settings.warm_start else None
-        result = evaluate_stage.evaluate(live, code_path, build_dir, settings, self.env, spares, self.watch)
+        result = evaluate_stage.evaluate(live, code_path, build_dir, settings, self.env, spares, self.watch, draw)
         return result, self._failure()
 
     def close(self) -> None:
@@ -335,8 +336,8 @@ class RayExecutor:
     async def prepare(self, task, size, backend, settings, known_baselines):
         return await self._on_lane("prepare", task.name, task, size, backend, settings, dict(known_baselines))
 
-    async def evaluate(self, bench, code_path, build_dir, settings):
-        return await self._on_lane("evaluate", bench.task.name, bench, code_path, build_dir, settings)
+    async def evaluate(self, bench, code_path, build_dir, settings, draw=None):
+        return await self._on_lane("evaluate", bench.task.name, bench, code_path, build_dir, settings, draw)
 
     def close(self) -> None:
         try:

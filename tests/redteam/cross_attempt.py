@@ -6,7 +6,8 @@ the folder above its HOME, and HOME itself (private to the attempt). It prints w
 what it could write (KGEN-NOTE found/wrote PATH), and a hash of its first trial's inputs (KGEN-NOTE
 inputs HASH) to show whether seeds repeat. The test fills in TAG so runs do not collide.
 Why it fails: the child can write only its own HOME, removed with the attempt; every attempt draws
-fresh seeds."""
+fresh seeds, but for a batch's siblings (one task, turn and generation), which share one draw and
+still find nothing."""
 import hashlib
 import os
 import sys
