@@ -30,6 +30,9 @@ def main(path: str) -> None:
     if evals:
         print(f"PHASES eval_seconds median {statistics.median(evals):.2f} (min {min(evals):.2f}, max {max(evals):.2f})")
     for k, v in phases.items():
+        if k == "shared_draw":  # 1 where a sibling's draw was taken (pipeline.judge.bench.Draws), 0 where made
+            print(f"PHASES shared draws: {int(sum(v))} of {len(v)} attempts took a sibling's")
+            continue
         print(f"PHASES {k}: median {statistics.median(v):.3f} s (min {min(v):.3f}, max {max(v):.3f}, n {len(v)})")
     # Per task, its correct attempts: a task's plan (timed calls, held-out sizes) sets most of an attempt.
     keys = ("expect", "digests", "startup_calibration", "trials", "timing", "other_sizes")
