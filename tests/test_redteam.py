@@ -672,7 +672,9 @@ def test_siblings_share_a_draw_and_nothing_else(bench, tmp_path):
     """Attempts of one task at one turn and generation (pipeline.judge.bench.Draws) are judged on one
     draw: the second's inputs are the first's and the reference computed its values once (no expect
     phase of its own), yet nothing the first left reaches it. An attempt of another turn draws
-    afresh, and a sibling that computes nothing is refused on the shared draw as on its own."""
+    afresh, and a sibling that computes nothing is refused on the shared draw as on its own. One
+    evaluation each (evaluate._judge): a refusal on the parent's clock alone is judged again on a
+    draw of its own, which is not what this test looks at."""
     tag = uuid.uuid4().hex[:12]
     code = tmp_path / "cross_attempt.py"
     code.write_text((REDTEAM / "cross_attempt.py").read_text().replace("__KGEN_TAG__", tag))
@@ -681,16 +683,21 @@ def test_siblings_share_a_draw_and_nothing_else(bench, tmp_path):
     build_dir = tmp_path / "build"
     build_dir.mkdir()
     key = f"siblings {tag}"
+
+    def judge(path: Path, draw: str) -> EvalResult:
+        return evaluate._judge(bench("mse"), path, build_dir, SETTINGS, None, None, None, draw=draw)[0]
+
     try:
-        first, second = (evaluate.evaluate(bench("mse"), code, build_dir, SETTINGS, draw=key) for _ in range(2))
-        other = evaluate.evaluate(bench("mse"), code, build_dir, SETTINGS, draw=f"{key}, next turn")
-        wrong = evaluate.evaluate(bench("mse"), REDTEAM / "constant.py", build_dir, SETTINGS, draw=key)
+        first, second = judge(code, key), judge(code, key)
+        other = judge(code, f"{key}, next turn")
+        wrong = judge(REDTEAM / "constant.py", key)
         left = [p for p in outside if p.exists()]
     finally:
+        bench("mse").draws.close()  # the session's bench would keep them for the rest of the run
         for path in outside:
             path.unlink(missing_ok=True)
-    for result in (first, second, other):
-        assert result.verdict is V.correct, describe(result)
+    for result in (first, second, other):  # honest, if slow: on a loaded box the clock may refuse it
+        assert result.verdict in (V.correct, V.impossible_timing), describe(result)
     assert first.phases["shared_draw"] == 0.0 and "expect" in first.phases, first.phases
     assert second.phases["shared_draw"] == 1.0 and "expect" not in second.phases, second.phases
     assert other.phases["shared_draw"] == 0.0, other.phases

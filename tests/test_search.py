@@ -133,7 +133,11 @@ def test_refine_fixes_what_single_cannot_and_only_from_the_feedback(tmp_path):
                                                                      a["device_unfit"]) for a in rows])
         assert turns["hinge"][0]["device_unfit"] or last["hinge"]["turn"] == 0  # right and fast enough at once
         fast = turns["cosine"][1]
-        assert fast["verdict"] == "correct" and fast["speedup_eager"] > 3 * slow, (slow, fast)
+        assert fast["verdict"] == "correct", fast
+        if not (single["cosine"]["device_unfit"] or fast["device_unfit"]):
+            # A ratio only between two timings fit to compare: beside another suite the slow one's
+            # eager, slowed 16x with it, read 1.53x, and the judge marked it loaded.
+            assert fast["speedup_eager"] > 3 * slow, (slow, fast)
         assert fast["device_unfit"] or last["cosine"]["turn"] == 1
         mse_feedback = store.attempt(store.attempts(run=refine_id, task="mse", turn=0)[0]["id"])["feedback"]
         assert f"line {MSE_BROKEN_LINE} of your code: error:" in mse_feedback
