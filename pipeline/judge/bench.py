@@ -96,9 +96,6 @@ class Draws:
             secrets.close()
 
 
-_DRAWS_MADE = threading.Lock()
-
-
 @dataclass
 class TaskBench:
     """One task in one run: its reference process (kept alive between attempts), baselines and sizes."""
@@ -124,17 +121,13 @@ class TaskBench:
     # beside the lane's timing, and honest attempts were refused for a busy GPU (docs/benchmarks.md).
     early: bool = False
     output_bytes: int = 0  # the main size's output, from the meta device (0: unknown); sizes a timed block
-    kept_draws: Draws | None = None  # sibling attempts' shared secrets (Draws), made on first use
+    draws: Draws = field(default_factory=Draws, repr=False, compare=False)  # sibling attempts' shared secrets
 
-    def __getstate__(self):  # a bench sent to another process starts its own reference there
-        return {**self.__dict__, "references": {}, "detached": True, "kept_draws": None}
+    def __getstate__(self):  # a bench sent to another process starts its own reference there, and draws
+        return {k: v for k, v in self.__dict__.items() if k != "draws"} | {"references": {}, "detached": True}
 
-    @property
-    def draws(self) -> Draws:
-        with _DRAWS_MADE:
-            if self.kept_draws is None:
-                self.kept_draws = Draws()
-            return self.kept_draws
+    def __setstate__(self, state):
+        self.__dict__.update(state, draws=Draws())
 
     def _key(self, env: dict[str, str] | None) -> frozenset:
         """Which reference process serves a lane. On the cpu there is one lane, and its reference is
@@ -259,8 +252,7 @@ class TaskBench:
             sandbox.pin_all(pid, lane.get("KGEN_CORES"))
 
     def close(self) -> None:
-        if self.kept_draws is not None:
-            self.kept_draws.close()
+        self.draws.close()
         references, self.references = list(self.references.values()), {}
         for ref in references:
             ref.kill()

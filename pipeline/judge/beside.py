@@ -15,7 +15,7 @@ import numpy as np
 
 from ..child import protocol as P
 from .bench import _seed
-from .judge import REPLAYS_MAX, Window
+from .judge import REPLAYS_MAX, Window, calibration_offset
 
 # Null-model Bound requests before import: what a block costs besides the calls. Fifteen, not five:
 # on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five did the
@@ -149,7 +149,8 @@ def paired_terms(calibration: list[Window], null_calibration: list[float | None]
     def med(xs: list[float]) -> float:
         return float(np.median(xs)) if xs else float("nan")
     beside = [n for n in null_calibration if n is not None]
-    offset = med([w.ms - n for w, n in zip(calibration, null_calibration) if n is not None])
+    offset = calibration_offset(calibration, null_calibration)
+    offset = float("nan") if offset is None else offset
     pairs = ", ".join(f"{w.ms:.3f}/{n:.3f}" if n is not None else f"{w.ms:.3f}/-" for w, n in zip(windows, nulls))
     return (f" (calibration {med([w.ms for w in calibration]):.3f} ms over {len(calibration)}, the reference's null "
             f"{med(beside):.3f} ms over {len(beside)}, offset {offset:.3f} ms over the pairs; window/null {pairs})")

@@ -371,11 +371,19 @@ def paired_per_call(calibration: list[Window], null_calibration: list[float | No
     anywhere from 2.6 to 5.5 ms over 512 replays, the estimate from 4.2 us to 1.0 (docs/benchmarks.md,
     twenty-seventh session), so a clock forged to half passed now and then. None where a request or
     the calibration has no null replay beside it (net_per_call then stands)."""
-    pairs = [w.ms - n for w, n in zip(calibration, null_calibration) if n is not None]
-    if not pairs or len(null_calibration) != len(calibration) or not bounds or len(nulls) != len(bounds) or None in nulls:
+    offset = calibration_offset(calibration, null_calibration)
+    if offset is None or not bounds or len(nulls) != len(bounds) or None in nulls:
         return None
-    offset = statistics.median(pairs)
     return [max(0.0, w.ms - (offset + null)) / w.calls for w, null in zip(bounds, nulls)]
+
+
+def calibration_offset(calibration: list[Window], null_calibration: list[float | None]) -> float | None:
+    """The median of the calibration's pairs, each window less the reference's null beside it
+    (paired_per_call); None where they are not index for index or no window has a null beside it."""
+    pairs = [w.ms - n for w, n in zip(calibration, null_calibration) if n is not None]
+    if not pairs or len(null_calibration) != len(calibration):
+        return None
+    return statistics.median(pairs)
 
 
 def unloaded_means(blocks: list[tuple[list[float], Window]], device: str, threads: int = 1) -> list[float]:
