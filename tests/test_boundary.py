@@ -195,6 +195,13 @@ def test_no_folder_holds_more_than_a_dozen_modules():
         assert count <= MAX_MODULES, f"{folder.relative_to(PIPELINE.parent)}: {count} modules"
 
 
+def test_no_module_is_over_five_hundred_lines():
+    """The house's size rule (docs/design.md): a module past it is split by what it does."""
+    long = {str(p.relative_to(PIPELINE.parent)): n for p in PIPELINE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long
+
+
 def test_the_package_never_imports_the_probes_or_the_tests():
     """bench/ and tests/ sit beside the package, not in it: a wheel has neither."""
     bad = []

@@ -34,33 +34,20 @@ from ..child.timing import summarize_blocks
 from ..records import Ratio, Timing, TrialResult, Verdict
 from .runqueue import Load
 
-# How far below the parent's estimate the child's per-call time may be. On a GPU the parent's
-# back-to-back estimate counts the host work of the candidate's forward, which the hold hides from
-# the child's events: on the H100 an honest 11 us kernel cost 110 us a call on the parent's clock,
-# hence 0.25 ms absolute (below that the bound says nothing; the bandwidth floor still holds); at
-# KernelBench's mse size the honest kernel's 2.80 ms sat at 0.76 of the parent's 3.67 ms, hence
-# half. On the CPU an honest call read up to 2.3x below the estimate while the parent wrote a
-# request's values inside its window (65% + 50 us then); written while the child is stopped, the
-# honest references of every bundled task at both test sizes, forward and in gradient mode, idle
-# and beside a neighbour's load, read 0.59-1.67 of it (2026-11-26, docs/benchmarks.md), and the red
-# team's cheats that understate 0.07-0.56. At 45% + 50 us a claim under 0.53 of a 2 ms estimate is
-# refused: every cheat's reading but the refill hook's highest (0.56, beside a memory-copying
-# neighbour), and no honest one. The estimate's calibration is its fastest request.
-# 35% since load is taken out of both sides (unloaded_ms; issue 27): at 45% a clock claiming 0.56-0.60
-# of its time passed one run in three; at 35%, beside load 6 on the 2-core box, it was refused in 3
-# of 4 (its claims read 0.53-0.60 of the estimate), while every bundled task's reference at "odd"
-# (tests/test_honest.py) and an honest fused mse (4 runs) were judged correct. The sweep over every
-# task and mode (bench/cpu_bound_ratios.py) has not been rerun at 35%.
-# With the Bound requests replayed from CUDA graphs (pipeline.child.replays) the parent's clock
-# counts the device's work alone: a claim below 0.65 of that, less a microsecond, is refused. That
-# held from about 0.1 ms a call; below it the child's clock reads mostly what any call costs under
-# its protocol (the flush's after-effects, events, a launch): 8-12 us for an honest mse whose replays
-# took 1-3 us (docs/benchmarks.md, 2026-11-26d), so half of it still cleared the bound. The claim is
-# now first taken the protocol's reading for a call that does no work less (Baselines.null_ms,
-# measured by the reference), which halving a clock cannot keep.
-# In gradient mode on the cpu the Bound calls draw their upstream gradients inside the window and the
-# null model's calibration does not, so the estimate counts that draw too: an honest huber reference
-# read 0.55 of it (a full-suite run, 2026-11-26) and was refused at 35%. There the slack stays 45%.
+# How far below the parent's estimate the child's per-call time may be: (relative, milliseconds).
+# The measurements behind each entry, and the history of each, are in docs/benchmarks.md (search
+# "slack"); what they came to:
+# - cuda (eager Bound requests): the estimate counts the forward's host work, which the hold hides
+#   from the child's events (an honest 11 us kernel cost 110 us a call on the H100's parent clock),
+#   hence 0.25 ms absolute, and LOOSE_BELOW_MS below which it refuses nothing.
+# - cuda_graph (replayed, pipeline.child.replays): the parent's clock counts the device's work alone;
+#   the claim is first taken the protocol's no-work call less (Baselines.null_ms), which halving a
+#   clock cannot keep.
+# - cpu: load taken out of both sides (unloaded_ms), the values written while the child is stopped:
+#   at 45% a clock claiming 0.56-0.60 of its time passed one run in three; at 35% every bundled
+#   reference at "odd" is judged correct and those clocks are refused.
+# - cpu_grad: the Bound calls draw their upstream gradients inside the window and the null model's
+#   calibration does not; an honest huber read 0.55 of the estimate, refused at 35%.
 BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cpu": (0.35, 0.05),
                "cpu_grad": (0.45, 0.05)}  # (relative, milliseconds)
 # Where the calls are not replayed from a graph (gradient mode, or a forward that cannot be captured),
