@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from ..child import protocol as P
-from ..records import Verdict
 from .bench import _seed
 from .judge import REPLAYS_MAX, Window, calibration_offset
 
@@ -71,9 +70,9 @@ def calibrate(session: Any) -> None:
 
 
 def eager_block(session: Any, calls: int, first: bool) -> None:
-    """As many eager calls, then as many torch.compile calls, timed by the reference process after the
-    candidate's block (on the cpu, after the Bound requests that follow it; never beside it): the
-    speedups are ratios of times taken in the same window."""
+    """As many eager calls, then as many torch.compile calls, timed by the reference process right
+    after the candidate's block (never beside it): the speedups are ratios of times taken in the
+    same window."""
     at = time.monotonic()
     session.child.pause()  # what the candidate left running must not slow the other side (sandbox.Child.pause)
     try:
@@ -89,12 +88,6 @@ def eager_block(session: Any, calls: int, first: bool) -> None:
                 session.compiled.extend(times)
     finally:
         session.child.resume()
-
-def eager_checked(session: Any, calls: int, j: int) -> tuple[Verdict, str] | None:
-    """Timed block `j`'s eager block; the verdict where the parent's probe found the device busy around it."""
-    eager_block(session, calls, first=j == 0)
-    return (Verdict.impossible_timing, session.device_busy) if session.device_busy else None
-
 
 def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=None) -> list[float] | None:
     """One block timed by the reference process (eager, or torch.compile of the same model), at

@@ -48,10 +48,12 @@ class Session:
         self.judged: list[TrialResult] = []
         self.calibration: list[Window] = []
         self.bound_windows: list[Window] = []
-        # Replayed Bound requests (cuda, pipeline.child.replays): their calibration and windows, and the
-        # reference's null replays beside them, index for index (None where none; judge.paired_per_call).
+        # Replayed Bound requests (cuda, pipeline.child.replays): their calibration and windows, the
+        # reference's digests of the checked replays, and why the forward could not be captured.
         self.replay_calibration: list[Window] = []
         self.replay_windows: list[Window] = []
+        # The reference's null replays, on its own clock: index for index with replay_calibration (None
+        # where none), one beside each replayed request (beside.null_play, judge.paired_per_call).
         self.null_calibration: list[float | None] = []
         self.null_windows: list[float | None] = []
         self.out_shape: list[int] = []
@@ -62,13 +64,15 @@ class Session:
         self.timed: list[tuple[list[float], Window]] = []
         self.estimate: float | None = None
         self.load: runqueue.Load | None = runqueue.Load()  # the last window's (ask); None on a GPU
-        self.clock_alone = False  # the verdict rests on the parent's estimate alone (evaluate judges again)
+        # The verdict rests on the parent's estimate alone (pipeline.judge.evaluate judges again, on both).
+        self.clock_alone = False
         self.load_unfit: str | None = None  # timed on a loaded cpu (judge.loaded): its timing is unfit
         self.prior = prior or []  # an earlier evaluation's evidence, which the clock check pools with ours
         self.evidence: judge.Evidence | None = None
         self.eager: list[float] = []  # the reference's eager calls, timed between the candidate's blocks
         self.compiled: list[float] = []  # and its torch.compile calls, where the baseline compiled
-        self.compile_beside = bool(bench.baselines and bench.baselines.compiled and self.settings.compile_baseline)
+        b = bench.baselines
+        self.compile_beside = bool(b and b.compiled and self.settings.compile_baseline)
         self.lane = lane_of(env)
         self.own = None  # the parent's look at the built code (pipeline.judge.owncode), set by evaluate
         self.block_error: str | None = None  # why the reference's last failed block failed
@@ -402,12 +406,9 @@ class Session:
             if (problem := self.check_block(f"timed{j}", "timed call", j * len(seeds), reply.outputs)):
                 return problem
             at = self.spent("timing_checks", at)
-            # On the cpu, eager after the block's Bound requests: the reference runs on the child's cores,
-            # and a request right after its eager block ran 2-3x slower in the child's evicted caches
-            # (docs/benchmarks.md, "Eager after the Bound requests"). Each side now follows the other's work.
-            eager_after = self.bench.device == "cpu"
-            if not eager_after and (problem := beside.eager_checked(self, len(seeds), j)):
-                return problem
+            beside.eager_block(self, len(seeds), first=j == 0)
+            if self.device_busy:
+                return Verdict.impossible_timing, self.device_busy
             at = time.monotonic()
             # Spread, not bunched at the end: on a machine whose speed drifts (the 2-core CI box ran
             # one attempt's calls at 1.1 ms and the next's at 2.4), Bound requests all sent after the
@@ -436,8 +437,6 @@ class Session:
                 if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
                     return problem
                 at = self.spent("timing_checks", at)
-            if eager_after and (problem := beside.eager_checked(self, len(seeds), j)):
-                return problem
         return None
 
     def replayed(self, k: int, seeds: list[int]) -> tuple[Verdict, str] | bool | None:
@@ -471,7 +470,8 @@ class Session:
         return True
 
     def bound_request(self, index: int, seeds: list[int]) -> P.Bound:
-        """Values through the inbox, or a seed a call; in gradient mode the seeds go with the inbox too."""
+        """Values through the inbox (the parent's, written in the window) or a seed per call; in
+        gradient mode the seeds go with the inbox too: each call's upstream comes from its seed."""
         if not self.inbox:
             return P.Bound(index=index, seeds=seeds)
         return P.Bound(index=index, inbox=len(seeds), seeds=seeds if self.bench.settings.grad else [])
