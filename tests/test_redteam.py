@@ -176,7 +176,9 @@ def test_timer_patch_has_no_effect(bench, tmp_path):
     assert result.verdict is V.correct, describe(result)
     assert Flag.no_custom_kernel in result.flags
     assert result.time_ms >= 50.0, describe(result)
-    assert result.wall_ms_per_call >= 50.0
+    # The parent's estimate is net of the calibration's fastest null request, whose own noise a
+    # fresh clone's busy run put 0.34 ms past the protocol's cost: 49.66 ms for the 50 ms sleep.
+    assert result.wall_ms_per_call >= 49.0, describe(result)
 
 
 def _alive(pids: list[int], pgid: int) -> list[str]:
