@@ -130,6 +130,7 @@ def test_samples_of_one_turn_are_judged_on_one_draw(tmp_path):
     assert first.expected == second.expected and first.expected is not None
     assert first.max_rel_err != second.max_rel_err
 
+
 def _count(db: Path, sql: str) -> int:
     try:
         with sqlite3.connect(db) as con:
