@@ -80,13 +80,13 @@ CORRECT = [
 @pytest.fixture(scope="session")
 def bench():
     """One reference process per task for the whole session."""
-    cache: dict[str, TaskBench] = {}
+    cache: dict[tuple[str, str], TaskBench] = {}
 
-    def get(name: str) -> TaskBench:
-        if name not in cache:
+    def get(name: str, size: str = "small") -> TaskBench:
+        if (name, size) not in cache:
             task = tasks.discover(TEST_TASKS if (TEST_TASKS / f"{name}.py").exists() else TASKS, [name])[0]
-            cache[name] = prepare(task, "small", "cpu", SETTINGS)
-        return cache[name]
+            cache[name, size] = prepare(task, size, "cpu", SETTINGS)
+        return cache[name, size]
 
     yield get
     for bench_ in cache.values():
@@ -676,7 +676,9 @@ def test_siblings_share_a_draw_and_nothing_else(bench, tmp_path):
     phase of its own), yet nothing the first left reaches it. An attempt of another turn draws
     afresh, and a sibling that computes nothing is refused on the shared draw as on its own. One
     evaluation each (evaluate._judge): a refusal on the parent's clock alone is judged again on a
-    draw of its own, which is not what this test looks at."""
+    draw of its own, which is not what this test looks at. At "odd", where every draw is whole (Draws
+    keeps only those): at "small" mse's Bound inputs fit ahead only where eager is slow, and CI's
+    box kept none."""
     tag = uuid.uuid4().hex[:12]
     code = tmp_path / "cross_attempt.py"
     code.write_text((REDTEAM / "cross_attempt.py").read_text().replace("__KGEN_TAG__", tag))
@@ -687,7 +689,7 @@ def test_siblings_share_a_draw_and_nothing_else(bench, tmp_path):
     key = f"siblings {tag}"
 
     def judge(path: Path, draw: str) -> EvalResult:
-        return evaluate._judge(bench("mse"), path, build_dir, SETTINGS, None, None, None, draw=draw)[0]
+        return evaluate._judge(bench("mse", "odd"), path, build_dir, SETTINGS, None, None, None, draw=draw)[0]
 
     try:
         first, second = judge(code, key), judge(code, key)
@@ -695,7 +697,7 @@ def test_siblings_share_a_draw_and_nothing_else(bench, tmp_path):
         wrong = judge(REDTEAM / "constant.py", key)
         left = [p for p in outside if p.exists()]
     finally:
-        bench("mse").draws.close()  # the session's bench would keep them for the rest of the run
+        bench("mse", "odd").draws.close()  # the session's bench would keep them for the rest of the run
         for path in outside:
             path.unlink(missing_ok=True)
     for result in (first, second, other):  # honest, if slow: on a loaded box the clock may refuse it
