@@ -48,7 +48,10 @@ def test_the_reference_as_its_own_candidate_is_correct_in_gradient_mode(name, tm
     """Forward plus backward, each call under its own random upstream gradient (pipeline.child.grad):
     the child's draw and the reference's match on every checked call, trials, timed and Bound."""
     result = judge_the_reference(name, "odd", "cpu", tmp_path, SETTINGS.model_copy(update={"grad": True}))
-    assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
+    # The failed trial's worst element, for a flake seen twice on hinge's heavy trial and not yet
+    # explained (docs/benchmarks.md, twenty-ninth session): its index, expected and got.
+    failed = [(t.variant, t.worst_index, t.expected, t.got, t.max_rel_err) for t in result.trials if not t.ok]
+    assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call, failed)
     assert result.grad
 
 
