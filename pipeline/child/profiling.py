@@ -19,13 +19,24 @@ def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> 
     import torch
 
     inputs = tasks.make_inputs(module, warm_seed, "base", device)
-    reseed(model, inputs, warm_seed)  # gradient mode: the call's upstream, from the same seed
     cuda = device.startswith("cuda")
-    with torch.no_grad(), _profiler(cuda) as prof:
-        model(*inputs)
-        if cuda:
-            torch.cuda.synchronize()
-    return summarize_profile(prof.function_events, cuda, own)
+    found = []
+    for _ in range(1 if cuda else SHORT_PROFILES):
+        reseed(model, inputs, warm_seed)  # gradient mode: the call's upstream, from the same seed
+        with torch.no_grad(), _profiler(cuda) as prof:
+            model(*inputs)
+            if cuda:
+                torch.cuda.synchronize()
+        found.append(summarize_profile(prof.function_events, cuda, own))
+        if (found[-1]["total_us"] or 0) >= SHORT_SPAN_US:
+            break
+    # The median share: on the cpu a short call's span holds the gaps between its ops, and one
+    # preemption there put a pure-PyTorch mse at "odd" at 0.40 of it (a loaded fresh clone, 2026-11-29).
+    return sorted(found, key=lambda f: f["torch_fraction"] or 0.0)[len(found) // 2]
+
+
+# On the cpu, calls whose profiled span is under this are profiled SHORT_PROFILES times.
+SHORT_SPAN_US, SHORT_PROFILES = 20_000, 3
 
 
 def _profiler(cuda: bool):
