@@ -14,6 +14,10 @@ from . import tasks
 from .grad import reseed
 
 
+# On the cpu, calls whose profiled span is under this are profiled SHORT_PROFILES times.
+SHORT_SPAN_US, SHORT_PROFILES = 20_000, 3
+
+
 def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> dict[str, Any]:
     """Where one call's time went: the candidate's own code, or PyTorch's kernels and ops."""
     import torch
@@ -31,12 +35,8 @@ def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> 
         if (found[-1]["total_us"] or 0) >= SHORT_SPAN_US:
             break
     # The median share: on the cpu a short call's span holds the gaps between its ops, and one
-    # preemption there put a pure-PyTorch mse at "odd" at 0.40 of it (a loaded fresh clone, 2026-11-29).
+    # preemption there can put a pure-PyTorch call under half (docs/benchmarks.md, 29th session).
     return sorted(found, key=lambda f: f["torch_fraction"] or 0.0)[len(found) // 2]
-
-
-# On the cpu, calls whose profiled span is under this are profiled SHORT_PROFILES times.
-SHORT_SPAN_US, SHORT_PROFILES = 20_000, 3
 
 
 def _profiler(cuda: bool):
