@@ -39,7 +39,6 @@ values and ops on the same device, so the inputs are the child's bit for bit.
 from __future__ import annotations
 
 import math
-import random
 from typing import Any, Callable
 
 import torch
@@ -50,13 +49,24 @@ AMPLITUDE = 0.05
 PERTURBED = ("real", "positive")  # a positive factor keeps both domains
 
 
+def factors(factor_seed: int, replays: int) -> torch.Tensor:
+    """The first `replays` replays' factors (float32, on the cpu): 1 +- AMPLITUDE, from the request's
+    `play` seed, drawn in one call of a seeded generator. The table is made inside the parent's window:
+    a Python draw per replay cost 6.3 ms of a 512-replay request's 17 on an H200 and 0.6 ms of jitter
+    (sd), while the graphs' device time varied by 0.01-0.03 ms (docs/benchmarks.md, thirtieth session)."""
+    gen = torch.Generator()
+    gen.manual_seed(factor_seed % (1 << 63))
+    u = torch.rand(replays, generator=gen, dtype=torch.float64)
+    return (1.0 + AMPLITUDE * (2.0 * u - 1.0)).to(torch.float32)
+
+
 def factor(factor_seed: int, replay: int) -> float:
-    """Replay number `replay`'s factor (from 0): 1 +- AMPLITUDE, from the request's `play` seed."""
-    return 1.0 + AMPLITUDE * (2.0 * random.Random(f"{factor_seed}:{replay}").random() - 1.0)
+    """Replay number `replay`'s factor (from 0), as the table holds it."""
+    return float(factors(factor_seed, replay + 1)[replay])
 
 
 def table(factor_seed: int, replays: int, device: str) -> torch.Tensor:
-    return torch.tensor([factor(factor_seed, r) for r in range(replays)], dtype=torch.float32, device=device)
+    return factors(factor_seed, replays).to(device)
 
 
 def _perturbed(x: Any, domain: str) -> bool:
@@ -66,7 +76,7 @@ def _perturbed(x: Any, domain: str) -> bool:
 def inputs_for(module, seeds: list[int], replay: int, factor_seed: int, device: str) -> list[Any]:
     """Replay `replay`'s inputs of a request whose sets come from `seeds` (the reference's copy)."""
     inputs = tasks.make_inputs(module, seeds[replay % len(seeds)], "base", device)
-    f = torch.tensor([factor(factor_seed, replay)], dtype=torch.float32, device=device)
+    f = factors(factor_seed, replay + 1)[replay:].to(device)
     return [x * f.to(x.dtype) if _perturbed(x, d) else x
             for x, d in zip(inputs, tasks.domains(module, len(inputs)))]
 
