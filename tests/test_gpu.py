@@ -352,11 +352,14 @@ def test_a_clock_forged_to_half_is_refused_at_every_call_length(built, size):
         print(f"\nREDTEAM {name}@{size}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
               f"ratio={r.time_ms / r.wall_ms_per_call if r.time_ms and r.wall_ms_per_call else None} error={r.error} "
               f"bound={r.bound_note} null_ms={r.baselines.null_ms if r.baselines else None}")
-    for name, r in results:
+    # The issue's rule: a forger is refused, or judged at a time within 1.3x of its honest twin's (the
+    # one evaluated just before it). Once in 11 on the H200 the forger's clock claimed 8.4 us beside
+    # its twin's 9.7, not half, and the bound rightly let that claim through (docs/benchmarks.md).
+    for (name, r), (_, twin) in zip(results, [results[0]] + results[:-1]):
         if name == "honest":
             assert r.verdict is Verdict.correct and r.trusted, (r.error, r.untrusted_reason)
-        else:
-            assert r.verdict is Verdict.impossible_timing, r.error
+        elif r.verdict is not Verdict.impossible_timing:
+            assert r.verdict is Verdict.correct and r.time_ms * 1.3 >= twin.time_ms, (r.verdict, r.time_ms, twin.time_ms)
 
 
 BUSY_GPU = """
