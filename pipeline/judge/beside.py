@@ -41,7 +41,8 @@ def calibrate(session: Any) -> None:
     noise = [np.random.default_rng().integers(0, 256, session.inbox.set_bytes, dtype=np.uint8)
              for _ in range(calls)] if session.inbox else None
     # Fifteen also where the plan replays CUDA graphs: with five before the replayed calibration, a
-    # clock forged to half at 20 us was once judged correct (docs/benchmarks.md, 25th session; cause unknown).
+    # clock forged to half at 20 us was once judged correct (docs/benchmarks.md, 25th session). The
+    # likely cause, the factor table's jitter, went in the 30th; five are untried since.
     for i in range(CALIBRATION_BLOCKS + 1):
         _, ms = session.ask(session.bound_request(-1 - i, [_seed() for _ in range(calls)]), P.BoundDone,
                             "calibration", noise)
