@@ -62,7 +62,7 @@ CPU_BOUND_REQUESTS = 12
 # 0.46 of the estimate in four-call requests in a fresh-clone run, refused by 0.3 us. Requests of up
 # to 8 calls (1 ms) needed 0.05 ms of absolute slack (judge.BOUND_SLACK), half of a 0.1 ms call, and
 # a clock forged to half passed at "odd" every time; at 4 ms and up to 32 calls the slack is 0.01 ms
-# and it was refused 6 of 6 there and at "small", the references correct with claims at 0.75-1.9 of
+# and it was refused 8 of 8 there and at "small", the references correct with claims at 0.75-1.9 of
 # the estimate (docs/benchmarks.md, thirtieth session). The sets together stay within CPU_BOUND_SET_BYTES.
 CPU_SHORT_MS = 4.0
 CPU_BOUND_MS = 4.0

@@ -47,7 +47,7 @@ from .runqueue import Load
 #   0.01 ms absolute since requests last about 4 ms (evaluate.CPU_BOUND_MS): with 1 ms requests it was
 #   0.05, half of a call at "odd", and clocks forged to half passed there. Now on the idle 2-core box
 #   the references at "odd" and "small" claimed 0.75-1.9 of the estimate on a first evaluation, and
-#   a clock forged to half read 0.31-0.58 (refused 6 of 6), to 0.6 0.37-0.63 (refused 5 of 6).
+#   a clock forged to half read 0.31-0.58 (refused 8 of 8), to 0.6 0.37-0.66 (refused 5 of 8).
 # - cpu_grad: the Bound calls draw their upstream gradients inside the window and the null model's
 #   calibration does not; an honest huber read 0.55 of the estimate, refused at 35%.
 BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cpu": (0.35, 0.01),
