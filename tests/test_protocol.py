@@ -390,8 +390,6 @@ def test_a_replayed_request_keeps_enough_sets_to_read_its_inputs_cold():
     assert set_count(4, 2 << 20, l2, 6) == 4  # no more sets than the request replays
 
 
-
-
 def test_a_replay_s_factor_is_the_table_s_and_the_table_is_cheap():
     """pipeline.child.replays: the reference makes a checked replay's inputs from `factor` (one replay)
     while the child writes the whole table in the parent's window: the two must agree value for value
@@ -401,7 +399,7 @@ def test_a_replay_s_factor_is_the_table_s_and_the_table_is_cheap():
 
     from pipeline.child.replays import AMPLITUDE, factor, factors, table
 
-    seed = 0xFFFF_FFFF_FFFF_FFFF  # the largest seed a request may carry
+    seed = 0xFFFF_FFFF_FFFF_FFFF  # past a torch seed's 63 bits (plans draw 48): folded in, still its own
     full = factors(seed, 2600)
     for n in (1, 15, 16, 17, 64, 511, 600):
         assert torch.equal(factors(seed, n), full[:n])
@@ -414,6 +412,8 @@ def test_a_replay_s_factor_is_the_table_s_and_the_table_is_cheap():
         table(seed, 2600, "cpu")
         costs.append(time.perf_counter() - start)
     assert min(costs) < 2e-3  # seconds: not the 6 ms a Python draw per replay took for 512
+
+
 def test_the_profile_reports_the_call_s_ops_without_importing_the_compiler(tmp_path):
     """The child's profile (pipeline.child.profiling) in a fresh process: the ops of the call, and
     torch.profiler.profile's first start, which imports inductor and dynamo (1.2 s of every cpu

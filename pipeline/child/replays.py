@@ -76,7 +76,7 @@ def _perturbed(x: Any, domain: str) -> bool:
 def inputs_for(module, seeds: list[int], replay: int, factor_seed: int, device: str) -> list[Any]:
     """Replay `replay`'s inputs of a request whose sets come from `seeds` (the reference's copy)."""
     inputs = tasks.make_inputs(module, seeds[replay % len(seeds)], "base", device)
-    f = factors(factor_seed, replay + 1)[replay:].to(device)
+    f = torch.tensor([factor(factor_seed, replay)], dtype=torch.float32, device=device)
     return [x * f.to(x.dtype) if _perturbed(x, d) else x
             for x, d in zip(inputs, tasks.domains(module, len(inputs)))]
 
