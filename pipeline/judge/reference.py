@@ -455,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         elif request["op"] == "release":
             ref.release()
             ref.null = None
+        elif request["op"] == "floor":  # the floor again, beside a time below it (TaskBench.floor_now)
+            send({"event": "floor", "bandwidth_gbs": measure_bandwidth(ref.device, ref.clock, request["input_bytes"])})
         elif request["op"] == "settle":  # sent before a child's calibration, which must see a quiet machine
             send({"event": "settled", **warmed})
         if ref.device.startswith("cuda") and (request["op"] != "null_play" or ref.null is None) and request["op"] != "time_block":

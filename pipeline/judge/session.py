@@ -25,7 +25,6 @@ from . import beside, judge, owncode, runqueue, shapes
 from .bench import Ended, TaskBench, ended_early, lane_of
 from .judge import Expected, Window, pair_ratios, summarize
 
-
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
 PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
 DISCARD_SLOT_BYTES = 64 << 20  # outbox slots this large are given back once judged (Session.discard)
@@ -358,8 +357,9 @@ class Session:
         self.estimate, claim = judge.pooled(self.prior + [self.evidence])
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
-        b = bench.baselines
-        if b and b.floor_ms and median < b.floor_ms * bench.settings.floor_slack:
+        slack, b = bench.settings.floor_slack, bench.baselines
+        if b and b.floor_ms and median < b.floor_ms * slack and median < bench.floor_now(self.lane) * slack:
+            b = bench.baselines  # below the floor as it was and as measured again now (TaskBench.floor_now)
             return (Verdict.impossible_timing, f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms "
                     f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
         if (problem := judge.check_windows(self.timed)):
