@@ -166,14 +166,15 @@ def test_huge_hostile_log_is_fast_and_capped():
     error = "/b/main.cpp:3:1: error: " + "m" * 10_000 + "\n    3 | " + "s" * 10_000 + "\n"
     log = junk + error + junk[:1_000_000]
     assert len(log) > 5_000_000
-    started = time.monotonic()
+    # The process's cpu time, not the wall's: a busy box's other work does not count against it.
+    started = time.process_time()
     [d] = compiler_errors(log, "s" * 10_000)
-    assert time.monotonic() - started < 1.0
+    assert time.process_time() - started < 1.0
     assert d.message == "m" * MESSAGE_CAP and d.source_line == "s" * SOURCE_CAP and d.line == 3
     # No error at all: the whole log is scanned for an exception, still quickly.
-    started = time.monotonic()
+    started = time.process_time()
     assert compiler_errors(junk, "", candidate_name="c.py") == []
-    assert time.monotonic() - started < 1.0
+    assert time.process_time() - started < 1.0
 
 
 # A real load_inline build failure, end to end through the build stage and into the feedback, is

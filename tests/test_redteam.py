@@ -488,13 +488,19 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
 
 
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
-    """The same patch reporting 85% of the real time is accepted, and the test of the stated bound:
-    what is recorded is no lower than the parent's estimate x (1 - 0.45) - 0.05 ms (pipeline.judge.judge.BOUND_SLACK)."""
+    """The same patch reporting 85% of the real time, and the test of the stated bound: refused by the
+    parent's clock, or what is recorded is no lower than its estimate x (1 - 0.35) - 0.05 ms
+    (pipeline.judge.judge.BOUND_SLACK["cpu"])."""
     code = tmp_path / "forged_time_blocks.py"
     code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
     result = run(bench, "", "mse", tmp_path, code=code)
     real = real_ms(result)
     assert real is not None, f"the patched time_blocks never ran: {describe(result)}"
+    # Honest claims on the 2-core box have read 0.59-1.67 of the parent's estimate, so 0.85 of one can
+    # fall below the bound: a refused forged clock is a right verdict too. A time recorded below the
+    # bound is the defect.
+    if result.verdict is V.impossible_timing and "parent's own clock" in (result.error or ""):
+        return
     assert result.verdict is V.correct, describe(result)
     assert result.wall_ms_per_call is not None and result.wall_ms_per_call > 0, describe(result)
     assert result.time_ms >= lower_bound(result), \

@@ -4,6 +4,7 @@ taken side by side on an idle and on a loaded machine."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -173,9 +174,14 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     bench = prepare(task, "small", "cpu", settings)
     try:
         result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
+        # Eager alone again, now the candidate is gone: the slower of this and the baseline is the one
+        # to hold the eager beside it to (a busy box slows every side at its own moments).
+        msgs = bench.request({"op": "time_block", "size": bench.size, "init_seed": 1, "seeds": list(range(48)),
+                              "warmup": settings.warmup_calls}, settings.timeout_s)
+        after = statistics.median(t for m in msgs if m.get("event") == "block" for t in m["times_ms"])
     finally:
         bench.close()
-    alone = bench.baselines.eager.median_ms
+    alone = max(bench.baselines.eager.median_ms, after)
     beside = result.eager_beside
     print(f"{result.verdict.value}: speedup {result.speedup_eager}; eager beside the spinning candidate "
           f"{beside.median_ms if beside else None} ms, alone {alone:.4g} ms")
@@ -185,7 +191,7 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     # 0.95-1.15x here, and in fresh-clone CI runs 1.31x and once 1.63x, where the candidate's own
     # calls were as slow (speedup 1.12): the whole attempt ran on a slower machine.
     assert beside.median_ms <= 2.0 * alone, "the candidate's helpers slowed the eager side"
-    if result.verdict is Verdict.correct:  # a fresh-clone CI run with 16 timed calls read 1.35
+    if result.verdict is Verdict.correct and not result.device_unfit:  # a fresh-clone CI run with 16 timed calls read 1.35
         assert result.speedup_eager is not None and result.speedup_eager <= BAND[1]
 
 
