@@ -186,13 +186,13 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     print(f"{result.verdict.value}: speedup {result.speedup_eager}; eager beside the spinning candidate "
           f"{beside.median_ms if beside else None} ms, alone {alone:.4g} ms")
     assert result.verdict in (Verdict.correct, Verdict.impossible_timing), result.error
-    assert beside is not None and beside.n >= settings.timed_calls
+    assert beside is not None and beside.n >= settings.timed_calls, beside
     # Eager alone was timed at another moment (prepare), so against it only a gross slowdown shows:
     # 0.95-1.15x here, and in fresh-clone CI runs 1.31x and once 1.63x, where the candidate's own
     # calls were as slow (speedup 1.12): the whole attempt ran on a slower machine.
-    assert beside.median_ms <= 2.0 * alone, "the candidate's helpers slowed the eager side"
+    assert beside.median_ms <= 2.0 * alone, f"the candidate's helpers slowed the eager side: {beside} against {alone:.4g} ms"
     if result.verdict is Verdict.correct and not result.device_unfit:  # a fresh-clone CI run with 16 timed calls read 1.35
-        assert result.speedup_eager is not None and result.speedup_eager <= BAND[1]
+        assert result.speedup_eager is not None and result.speedup_eager <= BAND[1], (result.speedup_eager, result.error)
 
 
 def test_torch_compile_is_timed_side_by_side_too(tmp_path, monkeypatch):
