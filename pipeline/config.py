@@ -218,6 +218,9 @@ class EvalConfig(_Strict):
     """Profile one call to flag kernels whose time goes to PyTorch's own ops."""
     floor_slack: float = Field(default=0.85, gt=0, le=1)
     """A time below floor x this is rejected as impossible_timing."""
+    compute_floor: bool = True
+    """Refuse a time below the compute floor (the reference's flops at the device's best measured
+    rate) x floor_slack too. Off for tasks whose algebra lets a right answer skip the arithmetic."""
     warm_start: bool = True
     """On GPU lanes, start the next attempt's child (Python and torch loaded, no candidate code, no
     device work until this attempt's timing is over) while this attempt runs."""

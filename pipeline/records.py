@@ -188,6 +188,14 @@ class Baselines(Record):
     second): of a large buffer on a GPU, of a warm one of the inputs' size on the cpu."""
     input_bytes: int = 0
     """Bytes of all inputs at the timed size."""
+    compute_floor_ms: float | None = None
+    """The reference's floating-point operations over the device's best measured rate (None: the
+    flop counter sees none, as in every loss): a time below it x floor_slack is impossible_timing
+    where EvalConfig.compute_floor is on."""
+    flops: int | None = None
+    """Floating-point operations of one reference call at the timed size (torch.utils.flop_counter)."""
+    flops_per_s: float | None = None
+    """The device's best measured rate: square matmuls in float32 and bfloat16 (float16 too on a GPU)."""
     eager_plain_ms: float | None = None
     """Eager timed the way other benchmarks commonly do (synced back-to-back calls on one input set,
     no flush): for comparison with numbers measured elsewhere, never for a verdict. GPU only."""

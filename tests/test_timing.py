@@ -316,3 +316,76 @@ def test_a_memfd_is_sealed_once_the_kernel_stops_answering_busy():
     finally:
         held.close()
         os.close(fd)
+
+
+# ---- the compute floor (issue 27, item 3) ----------------------------------------------------------
+
+_MATMUL_TASK = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+def get_inputs():
+    return [torch.randn(512, 512), torch.randn(512, 512)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_the_compute_floor_counts_the_reference_s_arithmetic_and_measures_nothing_for_a_loss():
+    import torch
+
+    from pipeline.child.timing import Clock, compute_floor, flop_count
+
+    linear, x = torch.nn.Linear(256, 128), torch.randn(64, 256)
+    assert flop_count(lambda: linear(x)) == 2 * 64 * 256 * 128
+    assert flop_count(lambda: torch.mean((x - x) ** 2)) == 0
+    # No arithmetic the counter sees: no floor, and no matmul is timed (nothing to wait for).
+    started = time.perf_counter()
+    assert compute_floor("cpu", Clock("cpu"), lambda: torch.mean(x ** 2)) == \
+        {"flops": 0, "flops_per_s": None, "compute_floor_ms": None}
+    assert time.perf_counter() - started < 0.5
+    got = compute_floor("cpu", Clock("cpu"), lambda: linear(x))
+    assert got["flops"] == 2 * 64 * 256 * 128 and got["flops_per_s"] > 1e9
+    assert got["compute_floor_ms"] == pytest.approx(got["flops"] / got["flops_per_s"] * 1e3)
+
+
+def test_a_forged_clock_on_a_compute_bound_task_is_below_its_compute_floor(tmp_path):
+    """A 512 x 512 matmul: its inputs' bytes (2 MB) are read in microseconds, so the bandwidth floor
+    says nothing about a clock that claims a tenth of the call. Its 268 MFLOP at the cpu's best
+    measured rate do: the forged clock is refused there, and the honest matmul beside it is
+    correct, not held below its own floor. With evaluation.compute_floor off, the floor refuses
+    nothing (the parent's clock still may)."""
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "matmul.py").write_text(_MATMUL_TASK)
+    task = tasks.discover(tmp_path / "tasks", ["matmul"])[0]
+    forged = (Path(__file__).parent / "redteam" / "forged_time_blocks.py").read_text().replace(
+        "def forward(self, predictions, targets):\n        return torch.mean((predictions - targets) ** 2)",
+        "def forward(self, a, b):\n        return a @ b")
+    assert "return a @ b" in forged
+    _, code, settings = _mse_setup(tmp_path, forged)
+    honest = tmp_path / "honest.py"
+    honest.write_text("import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, a, b):\n"
+                      "        return a @ b\n")
+    bench = prepare(task, "small", "cpu", settings)
+    try:
+        b = bench.baselines
+        assert b.flops == 2 * 512 ** 3 and b.compute_floor_ms > 20 * b.floor_ms, b
+        assert b.compute_floor_ms < b.eager.median_ms, b  # eager itself is never below it
+        refused = evaluate.evaluate(bench, code, tmp_path / "build", settings)
+        right = evaluate.evaluate(bench, honest, tmp_path / "build", settings)
+        off = settings.model_copy(update={"compute_floor": False})
+        bench.settings = off
+        unfloored = evaluate.evaluate(bench, code, tmp_path / "build", off)
+    finally:
+        bench.close()
+    assert refused.verdict is Verdict.impossible_timing and "below the compute floor" in refused.error, refused.error
+    assert right.verdict is Verdict.correct, right.error
+    assert "compute floor" not in (unfloored.error or ""), unfloored.error
+    print(refused.error, "|", right.time_ms, "|", unfloored.verdict.value, unfloored.error)

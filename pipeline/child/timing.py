@@ -28,7 +28,7 @@ L2_FLUSH_BYTES = 256 << 20  # twice the largest L2 of current parts
 # Bound request, and that gap was room for a cheat.)
 SIDE_WORK_RATIO, SIDE_WORK_MS = 1.5, 0.05  # busy-until-idle over events, beyond sync latency
 HOLD_MS = 1.0  # covers torch.compile's cold launch path (90-260 us) and most host stalls
-TIMING_VERSION = "8"  # part of the baseline cache key: a change of method invalidates cached times
+TIMING_VERSION = "9"  # part of the baseline cache key: a change of method invalidates cached times
 # Timed calls come in blocks of this many input sets, each filled with fresh values before the block:
 # only a block's first call follows the refill (whose host-side work leaves the launch path cold and
 # cost torch.compile's Python wrapper 50-250 us a call on the H100), and every call is timed, so
@@ -261,3 +261,46 @@ def measure_bandwidth(device: str, clock: Clock | None = None, nbytes: int | Non
         reads.append(numel * 4 / (ms / 1e3) / 1e9)
     pick = max if cached else statistics.median  # the cache's best, which no honest read beats
     return max(pick(copies), pick(reads))
+
+
+def flop_count(call: Callable[[], Any]) -> int:
+    """Floating-point operations of one call as PyTorch's flop counter sees them: matmuls,
+    convolutions, attention; elementwise work counts 0. No kernel computing the same formula the same
+    way does less, but one that rewrites the algebra to skip it does (EvalConfig.compute_floor)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        call()
+    return int(counter.get_total_flops())
+
+
+def measure_flops(device: str, clock: Clock | None = None) -> float:
+    """The device's best measured arithmetic rate, in FLOP/s: square matmuls in float32 and bfloat16
+    (and float16 on a GPU, whose tensor cores set the peak), the fastest of five each, with the
+    caller's threads. A kernel may compute in any dtype its tolerance allows, so the best of them is
+    the rate no honest kernel beats; fp8 (twice bfloat16's on an H100) is not tried."""
+    clock = clock or Clock(device)
+    n = 8192 if clock.cuda else 384
+    best = 0.0
+    for dtype in (torch.float32, torch.bfloat16) + ((torch.float16,) if clock.cuda else ()):
+        a = torch.ones(n, n, dtype=dtype, device=device)
+        b = torch.ones(n, n, dtype=dtype, device=device)
+        for _ in range(5):
+            ms, _ = clock.time_call(lambda: a @ b)
+            best = max(best, 2 * n ** 3 / (ms / 1e3))
+        del a, b
+    return best
+
+
+def compute_floor(device: str, clock: Clock | None, call: Callable[[], Any] | None = None,
+                  flops: int = 0) -> dict[str, float | None]:
+    """The compute floor beside the bandwidth floor (Baselines.compute_floor_ms): the flops of one
+    `call` (or `flops`, counted before) at the device's best measured rate. A task whose forward the
+    counter sees no arithmetic in (every loss) gets none, and nothing is measured; nor does one the
+    counter or the matmuls fail on (out of memory beside a paused child)."""
+    try:
+        flops = flop_count(call) if call is not None else flops
+        rate = measure_flops(device, clock) if flops > 0 else None
+    except Exception:  # noqa: BLE001 - no compute floor is the loss tasks' state: only the bandwidth floor
+        rate = None
+    return {"flops": flops, "flops_per_s": rate, "compute_floor_ms": flops / rate * 1e3 if rate else None}

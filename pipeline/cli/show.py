@@ -116,7 +116,9 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
         eager = f"{b.eager.median_ms:.4g}" if b.eager else "-"
         comp = f"{b.compiled.median_ms:.4g}" if b.compiled else "-"
         lines.append(f"eager {eager} ms, torch.compile {comp} ms, floor {b.floor_ms or 0:.4g} ms "
-                     f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs or 0:.0f} GB/s)")
+                     f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs or 0:.0f} GB/s)"
+                     + (f", compute floor {b.compute_floor_ms:.4g} ms ({b.flops / 1e9:.3g} GFLOP at "
+                        f"{b.flops_per_s / 1e12:.3g} TFLOP/s)" if b.compute_floor_ms else ""))
     for name, value, ratio in (("x eager", result.speedup_eager, result.eager_ratio),
                                ("x compile", result.speedup_compile, result.compiled_ratio),
                                ("floor fraction", result.floor_fraction, None)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import random
 import signal
@@ -200,17 +201,38 @@ class TaskBench:
             raise EvaluationError(f"task {self.task.name}: reference process failed on {message['op']}: {_tail(log)}")
         return out
 
-    def floor_now(self, env: dict[str, str] | None = None) -> float:
-        """The bandwidth floor measured again by the lane's reference, now, beside the time it judges; the
-        bench keeps the lower of it and the floor it had. A floor taken while the box was busy, or cached
-        from such a run, refused honest kernels timed in a quiet moment (CI, 2026-11-30: mse's floor at
-        0.111 ms against a warm read of its inputs at 0.088)."""
+    def floor_now(self, env: dict[str, str] | None = None) -> Baselines:
+        """The floors measured again by the lane's reference, now, beside the time they judge; the bench
+        keeps the lower of each. A floor taken while the box was busy, or cached from such a run,
+        refused honest kernels timed in a quiet moment (CI, 2026-11-30: mse's floor at 0.111 ms against
+        a warm read of its inputs at 0.088)."""
         b = self.baselines
-        msgs = self.request({"op": "floor", "input_bytes": b.input_bytes}, self.settings.timeout_s, env)
-        gbs = next(m["bandwidth_gbs"] for m in msgs if m.get("event") == "floor")
-        if (floor := b.input_bytes / (gbs * 1e9) * 1e3) < b.floor_ms:
-            self.baselines = b.model_copy(update={"floor_ms": floor, "bandwidth_gbs": gbs})
-        return self.baselines.floor_ms
+        msgs = self.request({"op": "floor", "input_bytes": b.input_bytes, "flops": b.flops or 0}, self.settings.timeout_s, env)
+        got = next(m for m in msgs if m.get("event") == "floor")
+        if (floor := b.input_bytes / (got["bandwidth_gbs"] * 1e9) * 1e3) < (b.floor_ms or math.inf):
+            b = b.model_copy(update={"floor_ms": floor, "bandwidth_gbs": got["bandwidth_gbs"]})
+        if got.get("compute_floor_ms") and got["compute_floor_ms"] < (b.compute_floor_ms or math.inf):
+            b = b.model_copy(update={"compute_floor_ms": got["compute_floor_ms"], "flops_per_s": got["flops_per_s"]})
+        self.baselines = b
+        return b
+
+    def below_floor(self, median: float, env: dict[str, str] | None = None) -> str | None:
+        """Why a median time is impossible: below the bandwidth floor, or the compute floor (where
+        EvalConfig.compute_floor is on), x floor_slack, as the bench had it and as measured again now
+        (floor_now). None when it is not below both."""
+        slack, b = self.settings.floor_slack, self.baselines
+        floors = (b.floor_ms or 0, (b.compute_floor_ms or 0) if self.settings.compute_floor else 0) if b else (0, 0)
+        if median >= max(floors) * slack:
+            return None
+        b = self.floor_now(env)
+        if b.floor_ms and median < b.floor_ms * slack:
+            return (f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms ({b.input_bytes / 1e6:.1f} MB "
+                    f"at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
+        if self.settings.compute_floor and b.compute_floor_ms and median < b.compute_floor_ms * slack:
+            return (f"median {median:.4g} ms is below the compute floor {b.compute_floor_ms:.4g} ms ({b.flops / 1e9:.3g} "
+                    f"GFLOP at the device's best measured {b.flops_per_s / 1e12:.3g} TFLOP/s): the reference's "
+                    f"arithmetic cannot have been done (evaluation.compute_floor: false for a task whose algebra skips it)")
+        return None
 
     def expect(self, init_seed: int, specs: dict[str, dict[str, Any]],
                env: dict[str, str] | None = None) -> tuple[dict[str, Expected], dict[str, int]]:
@@ -415,7 +437,8 @@ def _baselines(msg: dict[str, Any]) -> Baselines:
     return Baselines(eager=Timing(**msg["eager"]), compiled=Timing(**msg["compiled"]) if "compiled" in msg else None,
                      floor_ms=msg["floor_ms"], bandwidth_gbs=msg["bandwidth_gbs"], input_bytes=msg["input_bytes"],
                      eager_plain_ms=msg.get("eager_plain_ms"), compiled_plain_ms=msg.get("compiled_plain_ms"),
-                     compile_error=msg.get("compile_error"), null_ms=msg.get("null_ms"))
+                     compile_error=msg.get("compile_error"), null_ms=msg.get("null_ms"), flops=msg.get("flops"),
+                     flops_per_s=msg.get("flops_per_s"), compute_floor_ms=msg.get("compute_floor_ms"))
 
 
 def _tail(log: str, lines: int = 3) -> str:

@@ -34,7 +34,8 @@ from ..child.grad import ForwardBackward, Grads, reseed
 from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
 from ..child.protocol import write_line
-from ..child.timing import BLOCK, Clock, calls_for, hold_ms, measure_bandwidth, plain_ms, summarize_blocks, time_blocks
+from ..child.timing import (BLOCK, Clock, calls_for, compute_floor, hold_ms, measure_bandwidth, plain_ms, summarize_blocks,
+                            time_blocks)
 from ..sandbox import pin_all
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .handover import give, sealed_memfd
@@ -326,7 +327,7 @@ class Reference:
         bandwidth = measure_bandwidth(self.device, clock, result["input_bytes"])  # where the inputs sit
         result["bandwidth_gbs"] = bandwidth
         result["floor_ms"] = result["input_bytes"] / (bandwidth * 1e9) * 1e3
-        send(result)
+        send(result | compute_floor(self.device, clock, lambda: m32(*inputs)))
 
     def _time(self, model, module, seeds: list[int], clock: Clock, warmup: int) -> dict[str, float]:
         """The candidate's protocol exactly (pipeline.child.timing.time_blocks), with as many calls as the
@@ -455,8 +456,9 @@ def main(argv: list[str] | None = None) -> int:
         elif request["op"] == "release":
             ref.release()
             ref.null = None
-        elif request["op"] == "floor":  # the floor again, beside a time below it (TaskBench.floor_now)
-            send({"event": "floor", "bandwidth_gbs": measure_bandwidth(ref.device, ref.clock, request["input_bytes"])})
+        elif request["op"] == "floor":  # the floors again, beside a time below one (TaskBench.floor_now)
+            send({"event": "floor", "bandwidth_gbs": measure_bandwidth(ref.device, ref.clock, request["input_bytes"]),
+                  **compute_floor(ref.device, ref.clock, flops=request["flops"])})
         elif request["op"] == "settle":  # sent before a child's calibration, which must see a quiet machine
             send({"event": "settled", **warmed})
         if ref.device.startswith("cuda") and (request["op"] != "null_play" or ref.null is None) and request["op"] != "time_block":

@@ -357,11 +357,9 @@ class Session:
         self.estimate, claim = judge.pooled(self.prior + [self.evidence])
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
-        slack, b = bench.settings.floor_slack, bench.baselines
-        if b and b.floor_ms and median < b.floor_ms * slack and median < bench.floor_now(self.lane) * slack:
-            b = bench.baselines  # below the floor as it was and as measured again now (TaskBench.floor_now)
-            return (Verdict.impossible_timing, f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms "
-                    f"({b.input_bytes / 1e6:.1f} MB at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
+        if (why := bench.below_floor(median, self.lane)):  # the floors as they were and as measured again now
+            return (Verdict.impossible_timing, why)
+        b = bench.baselines
         if (problem := judge.check_windows(self.timed)):
             return problem
         problem = judge.check_estimate(kind, claim if claim is not None else median, self.estimate,
