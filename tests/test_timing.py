@@ -266,6 +266,10 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
         eager = bench.baselines.eager.median_ms
         calls = evaluate.cpu_bound_calls(eager, bench.baselines.input_bytes, bench.output_bytes)
         assert calls >= block > 1 and (calls == block or calls * eager < 2 * evaluate.CPU_BOUND_MS), (calls, eager)
+        # As many requests as fit ahead, never fewer than BOUND_REQUESTS: packed between the child's
+        # requests instead, their inputs ran cold and honest calls were refused.
+        plan = evaluate.AttemptPlan.draw(bench)
+        assert plan.inputs_ahead and evaluate.BOUND_REQUESTS <= len(plan.bounds) <= evaluate.CPU_BOUND_REQUESTS, plan.bounds
         for _ in range(2):
             result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
             assert result.verdict is Verdict.correct, (result.error, result.wall_ms_per_call)
@@ -275,7 +279,8 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
     e = evaluate
     mib = 1 << 20
     assert e.cpu_bound_calls(e.CPU_SHORT_MS * 1.25, mib, 4) == 1 == e.cpu_bound_calls(None, mib, 4)
-    assert e.cpu_bound_calls(0.5, mib, 4) == e.BLOCK == 4  # a block's calls
+    assert e.cpu_bound_calls(1.5, mib, 4) == e.BLOCK == 4  # a block's calls
+    assert e.cpu_bound_calls(0.5, mib, 4) == 8  # CPU_BOUND_MS (4 ms) of calls where a block's take less
     assert e.cpu_bound_calls(0.01, mib, 4) == e.CPU_BOUND_MAX_CALLS  # more for the shortest
     # the sets of a request within CPU_BOUND_SET_BYTES, the outputs within BLOCK_OUTPUT_BYTES, never below one
     assert e.cpu_bound_calls(0.5, e.CPU_BOUND_SET_BYTES // 2, 4) == 2

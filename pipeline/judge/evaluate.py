@@ -59,11 +59,16 @@ CPU_BOUND_REQUESTS = 12
 # there, and a one-call request fits between a loaded box's preemptions. A call so short that a
 # block's calls take under CPU_BOUND_MS gets more (up to CPU_BOUND_MAX_CALLS), so that what a request
 # costs besides its calls is spread thinner: triplet at the "odd" size (0.08-0.12 ms a call) claimed
-# 0.46 of the estimate in four-call requests in a fresh-clone run, refused by 0.3 us. The sets
-# together stay within CPU_BOUND_SET_BYTES.
+# 0.46 of the estimate in four-call requests in a fresh-clone run, refused by 0.3 us. Requests of up
+# to 8 calls (1 ms) needed 0.05 ms of absolute slack (judge.BOUND_SLACK), half of a 0.1 ms call, and
+# a clock forged to half passed at "odd" every time; at 4 ms and up to 32 calls the slack is 0.01 ms.
+# Then only as many requests as fit ahead (AHEAD_BYTES: 6 at mse "small", 5 at "odd"): on the idle
+# 2-core box a clock forged to half was refused 8 of 8 at "odd" and "small", one forged to 0.6 6 of
+# 8, and the bundled references were correct 28 of 28 with claims at 0.77-1.34 of the estimate
+# (docs/benchmarks.md, thirty-first session). The sets together stay within CPU_BOUND_SET_BYTES.
 CPU_SHORT_MS = 4.0
-CPU_BOUND_MS = 1.0
-CPU_BOUND_MAX_CALLS = 8
+CPU_BOUND_MS = 4.0
+CPU_BOUND_MAX_CALLS = 32
 CPU_BOUND_SET_BYTES = 256 << 20
 # cuda, forward: Bound requests replay CUDA graphs (pipeline.child.replays) for about this long at the
 # faster baseline's speed, REPLAYS_MIN to REPLAYS_MAX replays, REPLAY_CHECKS digests checked a request.
@@ -116,7 +121,9 @@ class AttemptPlan:
         if inbox:  # short requests: the fastest is then one no other process preempted
             per = cpu_bound_calls(bench.baselines.eager.median_ms if bench.baselines else None, input_bytes,
                                   bench.output_bytes)
-            bounds = [[_seed() for _ in range(per)] for _ in range(CPU_BOUND_REQUESTS)]
+            # As many as fit ahead (AHEAD_BYTES): packed between the child's requests they ran cold.
+            requests = max(BOUND_REQUESTS, min(CPU_BOUND_REQUESTS, AHEAD_BYTES // max(per * input_bytes, 1)))
+            bounds = [[_seed() for _ in range(per)] for _ in range(requests)]
         else:
             per_bound = max(1, min(calls, BOUND_SET_BYTES // max(input_bytes, 1)))
             bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(BOUND_REQUESTS, min(8, len(timed))))]
