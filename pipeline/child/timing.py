@@ -304,3 +304,14 @@ def compute_floor(device: str, clock: Clock | None, call: Callable[[], Any] | No
     except Exception:  # noqa: BLE001 - no compute floor is the loss tasks' state: only the bandwidth floor
         rate = None
     return {"flops": flops, "flops_per_s": rate, "compute_floor_ms": flops / rate * 1e3 if rate else None}
+
+
+def floors_again(device: str, clock: Clock | None, input_bytes: int, flops: int) -> dict[str, float | None]:
+    """Both floors measured again (pipeline.judge.bench.TaskBench.floor_now), beside a time below one:
+    on a GPU beside a paused child whose memory may leave too little for the buffers; then None, and
+    the floor the bench had stands."""
+    try:
+        bandwidth = measure_bandwidth(device, clock, input_bytes)
+    except Exception:  # noqa: BLE001 - out of memory: the bench's own floor is the one to judge by
+        bandwidth = None
+    return {"bandwidth_gbs": bandwidth, **compute_floor(device, clock, flops=flops)}

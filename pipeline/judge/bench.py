@@ -209,7 +209,8 @@ class TaskBench:
         b = self.baselines
         msgs = self.request({"op": "floor", "input_bytes": b.input_bytes, "flops": b.flops or 0}, self.settings.timeout_s, env)
         got = next(m for m in msgs if m.get("event") == "floor")
-        if (floor := b.input_bytes / (got["bandwidth_gbs"] * 1e9) * 1e3) < (b.floor_ms or math.inf):
+        floor = b.input_bytes / (got["bandwidth_gbs"] * 1e9) * 1e3 if got["bandwidth_gbs"] else math.inf
+        if floor < (b.floor_ms or math.inf):
             b = b.model_copy(update={"floor_ms": floor, "bandwidth_gbs": got["bandwidth_gbs"]})
         if got.get("compute_floor_ms") and got["compute_floor_ms"] < (b.compute_floor_ms or math.inf):
             b = b.model_copy(update={"compute_floor_ms": got["compute_floor_ms"], "flops_per_s": got["flops_per_s"]})

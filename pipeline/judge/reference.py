@@ -34,8 +34,8 @@ from ..child.grad import ForwardBackward, Grads, reseed
 from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
 from ..child.protocol import write_line
-from ..child.timing import (BLOCK, Clock, calls_for, compute_floor, hold_ms, measure_bandwidth, plain_ms, summarize_blocks,
-                            time_blocks)
+from ..child.timing import (BLOCK, Clock, calls_for, compute_floor, floors_again, hold_ms, measure_bandwidth, plain_ms,
+                            summarize_blocks, time_blocks)
 from ..sandbox import pin_all
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .handover import give, sealed_memfd
@@ -457,8 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             ref.release()
             ref.null = None
         elif request["op"] == "floor":  # the floors again, beside a time below one (TaskBench.floor_now)
-            send({"event": "floor", "bandwidth_gbs": measure_bandwidth(ref.device, ref.clock, request["input_bytes"]),
-                  **compute_floor(ref.device, ref.clock, flops=request["flops"])})
+            send({"event": "floor", **floors_again(ref.device, ref.clock, request["input_bytes"], request["flops"])})
         elif request["op"] == "settle":  # sent before a child's calibration, which must see a quiet machine
             send({"event": "settled", **warmed})
         if ref.device.startswith("cuda") and (request["op"] != "null_play" or ref.null is None) and request["op"] != "time_block":
