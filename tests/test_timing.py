@@ -363,16 +363,19 @@ def test_the_compute_floor_counts_the_reference_s_arithmetic_and_measures_nothin
 
 def test_a_forged_clock_on_a_compute_bound_task_is_below_its_compute_floor(tmp_path):
     """A 512 x 512 matmul: its inputs' bytes (2 MB) are read in microseconds, so the bandwidth floor
-    says nothing about a clock that claims a tenth of the call. Its 268 MFLOP at the cpu's best
+    says nothing about a clock that claims a fiftieth of the call. Its 268 MFLOP at the cpu's best
     measured rate do: the forged clock is refused there, and the honest matmul beside it is
     correct, not held below its own floor. With evaluation.compute_floor off, the floor refuses
     nothing (the parent's clock still may)."""
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "matmul.py").write_text(_MATMUL_TASK)
     task = tasks.discover(tmp_path / "tasks", ["matmul"])[0]
+    # A fiftieth, not a tenth: beside a running suite the real call took 6-9 ms (2.7 idle), and a tenth
+    # of that came within 15% of the floor's slack.
     forged = (Path(__file__).parent / "redteam" / "forged_time_blocks.py").read_text().replace(
         "def forward(self, predictions, targets):\n        return torch.mean((predictions - targets) ** 2)",
-        "def forward(self, a, b):\n        return a @ b")
+        "def forward(self, a, b):\n        return a @ b").replace("FACTOR = 0.1\n", "FACTOR = 0.02\n")
+    assert "FACTOR = 0.02\n" in forged
     assert "return a @ b" in forged
     _, code, settings = _mse_setup(tmp_path, forged)
     honest = tmp_path / "honest.py"
