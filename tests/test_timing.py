@@ -184,14 +184,17 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     alone = max(bench.baselines.eager.median_ms, after)
     beside = result.eager_beside
     print(f"{result.verdict.value}: speedup {result.speedup_eager}; eager beside the spinning candidate "
-          f"{beside.median_ms if beside else None} ms, alone {alone:.4g} ms")
+          f"{beside.median_ms if beside else None} ms, alone {alone:.4g} ms; unfit: {result.device_unfit}")
     assert result.verdict in (Verdict.correct, Verdict.impossible_timing), result.error
     assert beside is not None and beside.n >= settings.timed_calls, beside
-    # Eager alone was timed at another moment (prepare), so against it only a gross slowdown shows:
-    # 0.95-1.15x here, and in fresh-clone CI runs 1.31x and once 1.63x, where the candidate's own
-    # calls were as slow (speedup 1.12): the whole attempt ran on a slower machine.
-    assert beside.median_ms <= 2.0 * alone, f"the candidate's helpers slowed the eager side: {beside} against {alone:.4g} ms"
-    if result.verdict is Verdict.correct and not result.device_unfit:  # a fresh-clone CI run with 16 timed calls read 1.35
+    # Eager alone is timed at other moments (prepare, after), so against it only a gross slowdown
+    # shows: the median read 0.95-1.15x here, 1.31x and once 1.63x in fresh-clone CI runs (the whole
+    # attempt on a slower machine), and 2.26x beside a fresh-clone suite and three more test
+    # processes, where its lower quartile read 1.18x (2026-11-30). Other work slows some blocks; a
+    # candidate that slows eager slows them all, so the quartile is held to it. (The judge marks this
+    # candidate's timing unfit every time, on an idle box too: its own helpers wait on the run queue.)
+    assert beside.p25_ms <= 2.0 * alone, f"the candidate's helpers slowed the eager side: {beside} against {alone:.4g} ms"
+    if result.verdict is Verdict.correct:  # a fresh-clone CI run with 16 timed calls read 1.35
         assert result.speedup_eager is not None and result.speedup_eager <= BAND[1], (result.speedup_eager, result.error)
 
 
