@@ -140,7 +140,8 @@ class TreeMemory:
         self.at_peak: dict[str, int] = {}
         # Bytes each process of the tree sent to storage (/proc/<pid>/io write_bytes), from when it was
         # first seen to when it was last seen. Processes alive before the meter started, but this one,
-        # are left out: an earlier test's leftover, reaped now, would otherwise add its whole life's writes.
+        # are left out, of the writes and of the memory: an earlier test's leftover, reaped now, would
+        # otherwise add its whole life's writes.
         self.before = set(_descendants(os.getpid())) - {os.getpid()}
         self.writes: dict[int, tuple[str, int, int]] = {}
         self.done = threading.Event()
@@ -149,10 +150,12 @@ class TreeMemory:
 
     def _run(self) -> None:
         while not self.done.is_set():
-            tree = _descendants(os.getpid())
+            # Processes an earlier test left alive under this worker (a session's reference processes,
+            # 1.4 GiB of them in a fresh-clone run, 2026-11-30) are not the evaluation's: left out.
+            tree = [pid for pid in _descendants(os.getpid()) if pid not in self.before]
             anon = {pid: _field(f"/proc/{pid}/status", "RssAnon") for pid in tree}
             for pid in tree:
-                if pid not in self.before and (io := _io_written(pid)) is not None:
+                if (io := _io_written(pid)) is not None:
                     name, first, _ = self.writes.get(pid, (_comm(pid), io, io))
                     self.writes[pid] = (name, first, io)
             shmem = _shared_pages(tree)
