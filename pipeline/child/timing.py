@@ -247,20 +247,34 @@ def measure_bandwidth(device: str, clock: Clock | None = None, nbytes: int | Non
     dst = torch.empty_like(src)
     copies, reads = [], []
     rounds = 30 if cached else 7
-    for _ in range(rounds):
+
+    def copy() -> None:
         ms, _ = clock.time_call(lambda: dst.copy_(src))
         copies.append(2 * numel * 4 / (ms / 1e3) / 1e9)
-        if clock.cuda:
-            ms, _ = clock.time_call(lambda: src.sum())
-            reads.append(numel * 4 / (ms / 1e3) / 1e9)
-    # On the cpu the reads come after all the copies, back to back: a read right after a copy wrote
-    # back the copy's dirty lines, and mse's 8.4 MB floor read 0.11-0.125 ms against 0.088 for a
-    # plain warm read of the same bytes on the 2-core box, which an honest kernel may match.
-    for _ in range(0 if clock.cuda else rounds):
+
+    def read() -> None:
         ms, _ = clock.time_call(lambda: src.sum())
         reads.append(numel * 4 / (ms / 1e3) / 1e9)
+
+    # On a GPU each call starts from a flushed L2, so they alternate. On the cpu the reads come after
+    # all the copies, back to back: a read right after a copy wrote back the copy's dirty lines, and
+    # mse's 8.4 MB floor read 0.11-0.125 ms against 0.088 for a plain warm read of the same bytes on
+    # the 2-core box, which an honest kernel may match.
+    for _ in range(rounds):
+        copy()
+        if clock.cuda:
+            read()
+    if not clock.cuda:
+        for _ in range(rounds):
+            read()
     pick = max if cached else statistics.median  # the cache's best, which no honest read beats
     return max(pick(copies), pick(reads))
+
+
+def bandwidth_floor(device: str, clock: Clock | None, input_bytes: int) -> dict[str, float]:
+    """The bandwidth floor (Baselines.floor_ms): the inputs' bytes at the bandwidth where they sit."""
+    bandwidth = measure_bandwidth(device, clock, input_bytes)
+    return {"bandwidth_gbs": bandwidth, "floor_ms": input_bytes / (bandwidth * 1e9) * 1e3}
 
 
 def flop_count(call: Callable[[], Any]) -> int:
@@ -311,7 +325,7 @@ def floors_again(device: str, clock: Clock | None, input_bytes: int, flops: int)
     on a GPU beside a paused child whose memory may leave too little for the buffers; then None, and
     the floor the bench had stands."""
     try:
-        bandwidth = measure_bandwidth(device, clock, input_bytes)
+        floor: dict[str, float | None] = bandwidth_floor(device, clock, input_bytes)
     except Exception:  # noqa: BLE001 - out of memory: the bench's own floor is the one to judge by
-        bandwidth = None
-    return {"bandwidth_gbs": bandwidth, **compute_floor(device, clock, flops=flops)}
+        floor = {"bandwidth_gbs": None, "floor_ms": None}
+    return floor | compute_floor(device, clock, flops=flops)

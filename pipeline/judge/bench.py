@@ -207,13 +207,12 @@ class TaskBench:
         refused honest kernels timed in a quiet moment (CI, 2026-11-30: mse's floor at 0.111 ms against
         a warm read of its inputs at 0.088)."""
         b = self.baselines
-        msgs = self.request({"op": "floor", "input_bytes": b.input_bytes, "flops": b.flops or 0}, self.settings.timeout_s, env)
+        flops = (b.flops or 0) if self.settings.compute_floor else 0  # no rate to measure for a floor not checked
+        msgs = self.request({"op": "floor", "input_bytes": b.input_bytes, "flops": flops}, self.settings.timeout_s, env)
         got = next(m for m in msgs if m.get("event") == "floor")
-        floor = b.input_bytes / (got["bandwidth_gbs"] * 1e9) * 1e3 if got["bandwidth_gbs"] else math.inf
-        if floor < (b.floor_ms or math.inf):
-            b = b.model_copy(update={"floor_ms": floor, "bandwidth_gbs": got["bandwidth_gbs"]})
-        if got.get("compute_floor_ms") and got["compute_floor_ms"] < (b.compute_floor_ms or math.inf):
-            b = b.model_copy(update={"compute_floor_ms": got["compute_floor_ms"], "flops_per_s": got["flops_per_s"]})
+        for floor, rate in (("floor_ms", "bandwidth_gbs"), ("compute_floor_ms", "flops_per_s")):
+            if got[floor] and got[floor] < (getattr(b, floor) or math.inf):
+                b = b.model_copy(update={floor: got[floor], rate: got[rate]})
         self.baselines = b
         return b
 
@@ -222,8 +221,8 @@ class TaskBench:
         EvalConfig.compute_floor is on), x floor_slack, as the bench had it and as measured again now
         (floor_now). None when it is not below both."""
         slack, b = self.settings.floor_slack, self.baselines
-        floors = (b.floor_ms or 0, (b.compute_floor_ms or 0) if self.settings.compute_floor else 0) if b else (0, 0)
-        if median >= max(floors) * slack:
+        compute = b.compute_floor_ms if b and self.settings.compute_floor else None
+        if not b or median >= max(b.floor_ms or 0, compute or 0) * slack:
             return None
         b = self.floor_now(env)
         if b.floor_ms and median < b.floor_ms * slack:

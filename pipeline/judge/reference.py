@@ -34,8 +34,8 @@ from ..child.grad import ForwardBackward, Grads, reseed
 from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
 from ..child.protocol import write_line
-from ..child.timing import (BLOCK, Clock, calls_for, compute_floor, floors_again, hold_ms, measure_bandwidth, plain_ms,
-                            summarize_blocks, time_blocks)
+from ..child.timing import (BLOCK, Clock, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
+                            measure_bandwidth, plain_ms, summarize_blocks, time_blocks)
 from ..sandbox import pin_all
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .handover import give, sealed_memfd
@@ -324,10 +324,8 @@ class Reference:
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
                 result["compile_error"] = one_line(exc)
                 self.drop_compiled(_size_key(job["size"]))
-        bandwidth = measure_bandwidth(self.device, clock, result["input_bytes"])  # where the inputs sit
-        result["bandwidth_gbs"] = bandwidth
-        result["floor_ms"] = result["input_bytes"] / (bandwidth * 1e9) * 1e3
-        send(result | compute_floor(self.device, clock, lambda: m32(*inputs)))
+        floors = bandwidth_floor(self.device, clock, result["input_bytes"])  # where the inputs sit
+        send(result | floors | compute_floor(self.device, clock, lambda: m32(*inputs)))
 
     def _time(self, model, module, seeds: list[int], clock: Clock, warmup: int) -> dict[str, float]:
         """The candidate's protocol exactly (pipeline.child.timing.time_blocks), with as many calls as the
