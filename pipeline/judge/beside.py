@@ -17,11 +17,13 @@ from ..child import protocol as P
 from .bench import _seed
 from .judge import REPLAYS_MAX, Window, calibration_offset
 
-# Null-model Bound requests before import: what a block costs besides the calls. Fifteen, not five:
-# on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five did the
-# fastest was as slow as the candidate's own requests, so the estimate said nothing and the red
-# team's forged clock was judged correct (two fresh-clone CI runs of four); each costs a few ms.
-CALIBRATION_BLOCKS = 15
+# Null-model Bound requests before import: what a block costs besides the calls. Fifteen on the cpu,
+# not five: on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five
+# did the fastest was as slow as the candidate's own requests, so the estimate said nothing and the
+# red team's forged clock was judged correct (two fresh-clone CI runs of four). On a GPU five (a
+# sixth of an attempt's start-up in a batch): the 25th session's forged half passing at 20 us with five
+# came from the factor table's jitter, gone since the 30th (docs/benchmarks.md, 32nd session).
+CALIBRATION_BLOCKS = {"cpu": 15, "cuda": 5}
 # A null replay of the reference's beside every third of the calibration's replayed windows; beside
 # each where the plan's calls are short (judge.REPLAYS_MAX), where the offset the pairs give is most
 # of a call's estimate.
@@ -40,10 +42,8 @@ def calibrate(session: Any) -> None:
     session.part("startup_settle")
     noise = [np.random.default_rng().integers(0, 256, session.inbox.set_bytes, dtype=np.uint8)
              for _ in range(calls)] if session.inbox else None
-    # Fifteen also where the plan replays CUDA graphs: with five before the replayed calibration, a
-    # clock forged to half at 20 us was once judged correct (docs/benchmarks.md, 25th session). The
-    # likely cause, the factor table's jitter, went in the 30th; five are untried since.
-    for i in range(CALIBRATION_BLOCKS + 1):
+    blocks = CALIBRATION_BLOCKS["cpu" if bench.device == "cpu" else "cuda"]
+    for i in range(blocks + 1):
         _, ms = session.ask(session.bound_request(-1 - i, [_seed() for _ in range(calls)]), P.BoundDone,
                             "calibration", noise)
         if i:
@@ -52,7 +52,7 @@ def calibrate(session: Any) -> None:
     if not plan.replays:
         return
     every = 1 if plan.replays >= REPLAYS_MAX else NULL_EVERY
-    for i in range(CALIBRATION_BLOCKS + 1):
+    for i in range(blocks + 1):
         ready, _ = session.ask(P.Bound(index=-100 - i, seeds=[_seed() for _ in range(calls)], replays=plan.replays,
                                        digest_seed=_seed()), P.BoundReady, "calibration")
         if ready.graph_error:

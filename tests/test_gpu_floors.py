@@ -1,0 +1,83 @@
+"""The compute floor on a GPU (issue 27, item 3): a matmul whose inputs are read in microseconds, so
+its bandwidth floor says nothing, and whose arithmetic at the device's best measured matmul rate
+does. Skipped without CUDA (CI); run on the device machine by bench/gpu_check.sh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.child import tasks
+from pipeline.config import EvalConfig
+from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
+from pipeline.records import Verdict
+
+pytestmark = pytest.mark.gpu
+
+REDTEAM = Path(__file__).parent / "redteam"
+N = 2048  # float32, no TF32: about 0.3 ms a call on an H200; 17 GFLOP
+
+TASK = f'''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+def get_inputs():
+    return [torch.randn({N}, {N}), torch.randn({N}, {N})]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("factor", ["0.02", "0.5"])
+def test_a_forged_clock_on_a_gpu_matmul_is_refused_and_the_honest_one_is_correct(tmp_path, factor):
+    """The floor the reference measured lies below eager (the fastest matmul rate of float32,
+    bfloat16 and float16 at 8192), a clock forged to a fiftieth of a 2048 matmul's time is refused
+    below it, and the honest `a @ b` beside it is correct and trusted. A clock forged to half is
+    above the floor: the parent's bound refuses it, or it is judged within 1.3x of its twin."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "matmul.py").write_text(TASK)
+    task = tasks.discover(tmp_path / "tasks", ["matmul"])[0]
+    forged = (REDTEAM / "forged_time_blocks.py").read_text().replace(
+        "def forward(self, predictions, targets):\n        return torch.mean((predictions - targets) ** 2)",
+        "def forward(self, a, b):\n        return a @ b").replace("FACTOR = 0.1\n", f"FACTOR = {factor}\n")
+    assert f"FACTOR = {factor}\n" in forged and "return a @ b" in forged
+    (tmp_path / "forged.py").write_text(forged)
+    (tmp_path / "honest.py").write_text("import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                                        "    def forward(self, a, b):\n        return a @ b\n")
+    (tmp_path / "build").mkdir()
+    settings = EvalConfig(trials=5, timed_calls=20, warmup_calls=3, timeout_s=120, compile_baseline=False,
+                          check_shapes=False)
+    bench = prepare(task, "small", "cuda", settings)
+    try:
+        b = bench.baselines
+        results = [(name, evaluate.evaluate(bench, tmp_path / f"{name}.py", tmp_path / "build", settings))
+                   for name in ("honest", "forged") * 3]
+    finally:
+        bench.close()
+    print(f"\nREDTEAM floor matmul {N}: eager {b.eager.median_ms:.4f} ms, compute floor {b.compute_floor_ms} ms "
+          f"({b.flops} flop at {b.flops_per_s / 1e12 if b.flops_per_s else None} TFLOP/s), bandwidth floor {b.floor_ms}")
+    for name, r in results:
+        print(f"REDTEAM floor {name}@{factor}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
+              f"trusted={r.trusted} error={r.error}")
+    assert b.flops == 2 * N ** 3 and b.flops_per_s > 1e14, b  # a Hopper's bfloat16 matmuls: hundreds of TFLOP/s
+    assert b.floor_ms < b.compute_floor_ms < b.eager.median_ms, b
+    for (name, r), (_, twin) in zip(results, [results[0]] + results[:-1]):
+        if name == "honest":
+            assert r.verdict is Verdict.correct and r.trusted, (r.error, r.untrusted_reason)
+        elif factor == "0.02":
+            assert r.verdict is Verdict.impossible_timing and "below the compute floor" in r.error, r.error
+        elif r.verdict is not Verdict.impossible_timing:
+            assert r.verdict is Verdict.correct and r.time_ms * 1.3 >= twin.time_ms, (r.verdict, r.time_ms, twin.time_ms)
