@@ -60,7 +60,7 @@ def test_a_forged_clock_on_a_gpu_matmul_is_refused_and_the_honest_one_is_correct
     (tmp_path / "build").mkdir()
     settings = EvalConfig(trials=5, timed_calls=20, warmup_calls=3, timeout_s=120, compile_baseline=False,
                           check_shapes=False)
-    bench = prepare(task, "small", "cuda", settings)
+    bench = prepare(task, "default", "cuda", settings)
     try:
         b = bench.baselines
         results = [(name, evaluate.evaluate(bench, tmp_path / f"{name}.py", tmp_path / "build", settings))
