@@ -322,3 +322,19 @@ def test_a_build_child_started_ahead_builds_confined_as_a_fresh_one(tmp_path, se
     finally:
         spares.close()
     assert later.proc.wait(timeout=10) is not None  # close() ends the ones still waiting
+
+
+def test_kgen_cpu_cores_names_the_cores_a_cpu_evaluation_takes_first(monkeypatch):
+    """Two cpu jobs on one machine each time on cores of their own (KGEN_CPU_CORES), not both on the
+    first; a value that names no usable core is one line naming it."""
+    cores = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("KGEN_CPU_CORES", str(cores[-1]))
+    assert sandbox.cpu_cores(1) == str(cores[-1])
+    taken = [int(c) for c in sandbox.cpu_cores(len(cores)).split(",")]
+    assert taken[0] == cores[-1] and sorted(taken) == cores  # then the others, none twice
+    monkeypatch.delenv("KGEN_CPU_CORES")
+    assert sandbox.cpu_cores(1) == str(cores[0])
+    for bad, why in (("one", "expected core numbers"), (str(max(cores) + 4096), "none of these cores")):
+        monkeypatch.setenv("KGEN_CPU_CORES", bad)
+        with pytest.raises(ValueError, match=f"KGEN_CPU_CORES='{bad}': {why}"):
+            sandbox.cpu_cores(1)

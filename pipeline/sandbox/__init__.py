@@ -402,8 +402,19 @@ def cpu_cores(threads: int) -> str:
     threads eager and torch.compile are timed with (EvalConfig.cpu_threads), the first of ours. Both
     sides of a speedup then get the same cores: an honest C++ mse spreading its work over both
     cores of the 2-core box recorded 1.15x eager, timed on one thread, against its one-thread
-    twin's 0.65x. They take turns on them (the child is stopped while eager is timed)."""
+    twin's 0.65x. They take turns on them (the child is stopped while eager is timed).
+    KGEN_CPU_CORES ("1" or "2,3") names the cores to take first, in that order: two cpu jobs (or two
+    test workers) on one machine otherwise both time on its first core, and the suite's two workers
+    kept core 0 busy while core 1 sat two-thirds idle (docs/benchmarks.md, 32nd session)."""
     cores = sorted(os.sched_getaffinity(0))
+    if (wanted := os.environ.get("KGEN_CPU_CORES", "").strip()):
+        try:
+            first = [int(c) for c in wanted.split(",")]
+        except ValueError:
+            raise ValueError(f"KGEN_CPU_CORES={wanted!r}: expected core numbers, comma-separated (like 1 or 2,3)") from None
+        if not (mine := [c for c in first if c in cores]):
+            raise ValueError(f"KGEN_CPU_CORES={wanted!r}: none of these cores is among this process's {cores}")
+        cores = mine + [c for c in cores if c not in mine]
     return ",".join(map(str, cores[:max(1, threads)]))
 
 
