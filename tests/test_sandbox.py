@@ -324,7 +324,7 @@ def test_a_build_child_started_ahead_builds_confined_as_a_fresh_one(tmp_path, se
     assert later.proc.wait(timeout=10) is not None  # close() ends the ones still waiting
 
 
-def test_kgen_cpu_cores_names_the_cores_a_cpu_evaluation_takes_first(monkeypatch):
+def test_kgen_cpu_cores_names_the_cores_a_cpu_evaluation_takes_first(monkeypatch, tmp_path):
     """Two cpu jobs on one machine each time on cores of their own (KGEN_CPU_CORES), not both on the
     first; a value that names no usable core is one line naming it."""
     cores = sorted(os.sched_getaffinity(0))
@@ -338,3 +338,20 @@ def test_kgen_cpu_cores_names_the_cores_a_cpu_evaluation_takes_first(monkeypatch
         monkeypatch.setenv("KGEN_CPU_CORES", bad)
         with pytest.raises(ValueError, match=f"KGEN_CPU_CORES='{bad}': {why}"):
             sandbox.cpu_cores(1)
+    # `kgen run` on the cpu says it in one line before it builds anything (not once per attempt after).
+    from click.testing import CliRunner
+
+    from pipeline.cli.main import main
+
+    db = tmp_path / "kgen.db"
+    ran = CliRunner().invoke(main, ["run", "-c", str(Path(__file__).parent.parent / "config.yaml"), "--db", str(db),
+                                    "--backend", "cpu"])
+    assert ran.exit_code == 1 and ran.output.strip().splitlines() == [
+        f"Error: KGEN_CPU_CORES='{bad}': none of these cores is among this process's {cores}"], ran.output
+    import sqlite3  # the database was opened for the run, and nothing was asked, built or judged
+
+    con = sqlite3.connect(db)
+    try:
+        assert [con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("runs", "builds", "attempts")] == [0, 0, 0]
+    finally:
+        con.close()

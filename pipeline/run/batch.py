@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-from .. import backends
+from .. import backends, sandbox
 from ..build import build as build_stage
 from ..child import sizes, tasks
 from ..config import Config, ModelConfig
@@ -85,6 +85,11 @@ class Runner:
         self.cfg = cfg
         self.store = store
         self.backend, self.gpu = resolve_backend(backend or cfg.backend, cfg.auto_backends)
+        if not backends.on_gpu(self.backend):  # a KGEN_CPU_CORES naming no usable core: now, not after every build
+            try:
+                sandbox.cpu_cores(1)
+            except ValueError as exc:
+                raise backends.BackendError(str(exc)) from None
         self.on_event = on_event or (lambda event: None)
         self.providers: dict[str, Provider] = {m.name: make_provider(m, cfg.base_dir) for m in cfg.models}
         self.slots = plan_slots(cfg, self.backend)
