@@ -332,6 +332,8 @@ def test_kgen_cpu_cores_names_the_cores_a_cpu_evaluation_takes_first(monkeypatch
     assert sandbox.cpu_cores(1) == str(cores[-1])
     taken = [int(c) for c in sandbox.cpu_cores(len(cores)).split(",")]
     assert taken[0] == cores[-1] and sorted(taken) == cores  # then the others, none twice
+    monkeypatch.setenv("KGEN_CPU_CORES", f"{cores[-1]},{cores[-1]}")  # named twice, taken once
+    assert [int(c) for c in sandbox.cpu_cores(len(cores)).split(",")] == taken
     monkeypatch.delenv("KGEN_CPU_CORES")
     assert sandbox.cpu_cores(1) == str(cores[0])
     for bad, why in (("one", "expected core numbers"), (str(max(cores) + 4096), "none of these cores")):

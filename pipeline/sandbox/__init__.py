@@ -412,7 +412,7 @@ def cpu_cores(threads: int) -> str:
             first = [int(c) for c in wanted.split(",")]
         except ValueError:
             raise ValueError(f"KGEN_CPU_CORES={wanted!r}: expected core numbers, comma-separated (like 1 or 2,3)") from None
-        if not (mine := [c for c in first if c in cores]):
+        if not (mine := list(dict.fromkeys(c for c in first if c in cores))):  # each once: "1,1" is one core
             raise ValueError(f"KGEN_CPU_CORES={wanted!r}: none of these cores is among this process's {cores}")
         cores = mine + [c for c in cores if c not in mine]
     return ",".join(map(str, cores[:max(1, threads)]))
