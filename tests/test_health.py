@@ -57,6 +57,30 @@ def test_an_attempt_on_an_unfit_device_is_judged_but_not_timed(mse_bench, tmp_pa
     assert result.device_unfit and "when the run began" in result.device_unfit
 
 
+def test_a_fit_check_just_taken_stands_for_the_next_attempt_s_own(mse_bench, tmp_path, monkeypatch):
+    """In a batch the check after one attempt (its child dead) comes a second or two before the next
+    attempt's: within health.RECENT_S the next attempt takes it for its own and the lane skips a
+    probe; past it, or after a check that found the device unfit, it probes again."""
+    code = tmp_path / "honest.py"
+    code.write_text(RIGHT.split("```python\n")[1].split("```")[0])
+    (tmp_path / "build").mkdir()
+    watch = health.Watch(None)
+    evaluate.evaluate(mse_bench, code, tmp_path / "build", SETTINGS, watch=watch)
+    assert len(watch.history) == 2  # before and after the attempt
+    for recent_s, taken in ((3600.0, 1), (0.0, 2)):
+        monkeypatch.setattr(health, "RECENT_S", recent_s)
+        fit = watch.history[-1][1] is None  # a loaded box may read its bandwidth low: then no reuse
+        before = len(watch.history)
+        result = evaluate.evaluate(mse_bench, code, tmp_path / "build", SETTINGS, watch=watch)
+        assert result.verdict is Verdict.correct, result.error
+        checks = len(watch.history) - before
+        if result.timing is not None:
+            assert checks == (taken if fit else 2), (recent_s, fit, watch.history[before:])
+    assert watch.recent(3600.0) is (watch.history[-1][1] is None)
+    watch._record(None, "the reference process sent no health figures")  # as a failed check records it
+    assert not watch.recent(3600.0)
+
+
 def test_a_resume_retimes_what_an_unfit_device_judged(tmp_path):
     config = write_config(tmp_path, [replay(tmp_path, [("mse", RIGHT)])], samples=1)
     run_id, store = run(config)

@@ -182,3 +182,58 @@ def test_a_paired_estimate_s_note_names_each_term_it_was_made_of():
                     "the pairs; window/null 5.000/1.500, 6.500/1.250)")
     per_call = judge.paired_per_call(calibration, [1.0, 1.2, None], windows, [1.5, 1.25])
     assert per_call == [pytest.approx((5.0 - (1.1 + 1.5)) / 512), pytest.approx((6.5 - (1.1 + 1.25)) / 512)]
+
+
+def test_the_two_sides_of_a_pair_see_one_draw_per_call_and_a_fresh_one_each_call():
+    """timing.time_sides as the reference's paired block uses it (eager then torch.compile on each
+    set once drawn): both callables see the very same values in a call, no two calls see the same
+    values, and the set list is the one the block holds (tasks.redraw_inputs drops, then draws)."""
+    from pipeline.child.timing import Clock, time_sides
+
+    module = tasks.load_module(tasks.load_file(ROOT / "reference_tasks" / "mse.py"), "small", "float32")
+    sets = tasks.block_sets(module, tasks.make_inputs(module, 1, "base", "cpu"), "cpu")
+    held = [id(s) for s in sets]
+    seen: dict[str, list[float]] = {"a": [], "b": []}
+
+    def side(name):
+        return lambda x: seen[name].append(float(x[0].reshape(-1)[0]))
+
+    seeds = list(range(100, 106))  # six calls: a second block of two
+    times = time_sides(Clock("cpu"), [side("a"), side("b")], sets, len(seeds), lambda i, n: seeds[i:i + n],
+                       lambda x, seed: tasks.redraw_inputs(x, module, seed, "cpu"))
+    assert [len(t) for t in times] == [6, 6] and all(t > 0 for t in times[0] + times[1])
+    assert seen["a"] == seen["b"]
+    assert len(set(seen["a"])) == 6
+    want = [float(tasks.make_inputs(module, s, "base", "cpu")[0].reshape(-1)[0]) for s in seeds]
+    assert seen["a"] == want
+    assert [id(s) for s in sets] == held
+
+
+def test_a_paired_block_whose_torch_compile_fails_is_timed_eager_alone(tmp_path):
+    """The reference process itself (its `time_block` op with `pair`): where torch.compile fails
+    beside eager, the block comes back with eager's times, no compiled ones and the compile's
+    error, not as a failed block; a compilable model gets both sides, call for call."""
+    from pipeline.config import EvalConfig
+    from pipeline.judge.bench import open_bench
+
+    settings = EvalConfig(compile_baseline=True, trials=2, timed_calls=4, timed_ms=0, warmup_calls=1, timeout_s=120,
+                          profile=False)
+    for name, text, compiles in (("uncompilable", UNCOMPILABLE, False), ("mse", None, True)):
+        path = tmp_path / f"{name}.py"
+        path.write_text(text if text else (ROOT / "reference_tasks" / "mse.py").read_text())
+        bench = open_bench(tasks.load_file(path), "small" if compiles else "default", "cpu", settings)
+        try:
+            for first in (True, False):
+                msgs = bench.request({"op": "time_block", "size": bench.size, "held_out": False, "init_seed": 3,
+                                      "seeds": [11, 12, 13, 14, 15], "compiled": False, "pair": True,
+                                      "warmup": 1 if first else 0}, 120)
+                blocks = [m for m in msgs if m.get("event") == "block"]
+                assert len(blocks) == 1 and not [m for m in msgs if m.get("event") == "block_failed"], msgs
+                assert len(blocks[0]["times_ms"]) == 5 and min(blocks[0]["times_ms"]) > 0
+                if compiles:
+                    assert len(blocks[0]["compiled_ms"]) == 5 and min(blocks[0]["compiled_ms"]) > 0
+                    assert not blocks[0].get("compile_error")
+                else:
+                    assert blocks[0]["compiled_ms"] is None and blocks[0]["compile_error"], blocks[0]
+        finally:
+            bench.close()

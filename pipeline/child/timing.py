@@ -28,7 +28,7 @@ L2_FLUSH_BYTES = 256 << 20  # twice the largest L2 of current parts
 # Bound request, and that gap was room for a cheat.)
 SIDE_WORK_RATIO, SIDE_WORK_MS = 1.5, 0.05  # busy-until-idle over events, beyond sync latency
 HOLD_MS = 1.0  # covers torch.compile's cold launch path (90-260 us) and most host stalls
-TIMING_VERSION = "9"  # part of the baseline cache key: a change of method invalidates cached times
+TIMING_VERSION = "10"  # part of the baseline cache key: a change of method invalidates cached times
 # Timed calls come in blocks of this many input sets, each filled with fresh values before the block:
 # only a block's first call follows the refill (whose host-side work leaves the launch path cold and
 # cost torch.compile's Python wrapper 50-250 us a call on the H100), and every call is timed, so
@@ -149,7 +149,18 @@ def time_blocks(clock: Clock, call: Callable[[list[Any]], Any], sets: list[list[
     """Milliseconds of `total` timed calls in blocks of BLOCK. Before a block its sets get fresh values
     (`seeds_for(first, count)`, then `refill`); a block longer than the sets refills a set again
     right before reusing it, so no call ever sees values it saw before. `keep` gets each output."""
-    times: list[float] = []
+    return time_sides(clock, [call], sets, total, seeds_for, refill, keep)[0]
+
+
+def time_sides(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list[list[Any]], total: int,
+               seeds_for: Callable[[int, int], list[int]], refill: Callable[[list[Any], int], None],
+               keep: Callable[[Any], None] = lambda out: None) -> list[list[float]]:
+    """time_blocks for several callables: each set, once refilled, is timed with each of `calls` in
+    turn (the reference's eager and torch.compile, pipeline.judge.reference): one draw of fresh values
+    serves both sides, and each timed call is flushed and held as any other (Clock.time_call), so the
+    second runs on inputs as far out of cache as the first. One list of times per callable; `keep`
+    gets the first callable's outputs."""
+    times: list[list[float]] = [[] for _ in calls]
     for first in range(0, total, BLOCK):
         seeds = seeds_for(first, min(BLOCK, total - first))
         for j, seed in enumerate(seeds[:len(sets)]):
@@ -158,10 +169,12 @@ def time_blocks(clock: Clock, call: Callable[[list[Any]], Any], sets: list[list[
             inputs = sets[j % len(sets)]
             if j >= len(sets):
                 refill(inputs, seed)
-            ms, out = clock.time_call(lambda: call(inputs))
-            times.append(ms)
-            keep(out)
-            del out
+            for side, call in enumerate(calls):
+                ms, out = clock.time_call(lambda: call(inputs))
+                times[side].append(ms)
+                if not side:
+                    keep(out)
+                del out
     return times
 
 

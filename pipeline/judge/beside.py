@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..child import protocol as P
-from .bench import _seed
+from .bench import EvaluationError, _seed
 from .judge import REPLAYS_MAX, Window, calibration_offset
 
 # Null-model Bound requests before import: what a block costs besides the calls. Fifteen on the cpu,
@@ -71,24 +71,45 @@ def calibrate(session: Any) -> None:
 
 
 def eager_block(session: Any, calls: int, first: bool) -> None:
-    """As many eager calls, then as many torch.compile calls, timed by the reference process right
+    """As many eager calls, and as many torch.compile calls, timed by the reference process right
     after the candidate's block (never beside it): the speedups are ratios of times taken in the
-    same window."""
+    same window. Where torch.compile is timed beside, each input set the reference draws is timed
+    eager then compiled (reference.Reference.time_block's `pair`): one draw for both sides, which
+    was most of a block's time on a task of gigabytes (bench/probe_blocks.py)."""
     at = time.monotonic()
     session.child.pause()  # what the candidate left running must not slow the other side (sandbox.Child.pause)
     try:
         at = session.spent("timing_pause", at)
-        session.eager.extend(reference_block(session, calls, first, compiled=False))
-        at = session.spent("timing_eager", at)
-        if session.compile_beside:
-            times = reference_block(session, calls, first, compiled=True)
-            session.spent("timing_compiled", at)
-            if times is None:  # torch.compile failed in the reference: the prepared baseline stands in
-                session.compile_beside, session.compiled = False, []
-            else:
-                session.compiled.extend(times)
+        if not session.compile_beside:
+            session.eager.extend(reference_block(session, calls, first, compiled=False))
+            session.spent("timing_eager", at)
+            return
+        eager, compiled = reference_pair(session, calls, first)
+        session.spent("timing_reference", at)
+        session.eager.extend(eager)
+        if compiled is None:  # torch.compile failed in the reference: the prepared baseline stands in
+            session.compile_beside, session.compiled = False, []
+        else:
+            session.compiled.extend(compiled)
     finally:
         session.child.resume()
+
+
+def reference_pair(session: Any, calls: int, first: bool) -> tuple[list[float], list[float] | None]:
+    """One block timed eager and torch.compile call by call (eager_block): the eager times, and the
+    compiled ones or None where torch.compile failed and eager was timed alone (its error kept in
+    session.block_error)."""
+    bench = session.bench
+    msgs = bench.request({"op": "time_block", "size": bench.size, "held_out": False, "init_seed": session.plan.init_seed,
+                          "seeds": [_seed() for _ in range(calls)], "compiled": False, "pair": True,
+                          "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, session.lane)
+    blocks = [m for m in msgs if m.get("event") == "block"]
+    if not blocks:
+        raise EvaluationError(f"the reference timed no eager block: {msgs[-1] if msgs else 'no reply'}")
+    _note_busy(session, blocks[0])
+    session.block_error = blocks[0].get("compile_error") or session.block_error
+    return list(blocks[0]["times_ms"]), (None if blocks[0].get("compiled_ms") is None else list(blocks[0]["compiled_ms"]))
+
 
 def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=None) -> list[float] | None:
     """One block timed by the reference process (eager, or torch.compile of the same model), at
@@ -102,10 +123,17 @@ def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=
         session.block_error = failed[0].get("error")
         return None
     for m in msgs:
-        if m.get("event") == "block" and m.get("busy") and "after_ms" in m["busy"]:
-            busy = m["busy"]
-            session.device_busy = _busy("timed", busy)
+        if m.get("event") == "block":
+            _note_busy(session, m)
     return [t for m in msgs if m.get("event") == "block" for t in m["times_ms"]]
+
+
+def _note_busy(session: Any, message: dict[str, Any]) -> None:
+    """A block the reference timed on a GPU still busy after a wait and a re-timing: the attempt is
+    refused for it (IdleProbe)."""
+    busy = message.get("busy")
+    if busy and "after_ms" in busy:
+        session.device_busy = _busy("timed", busy)
 
 
 def null_play(session: Any, calls: int, pause: bool) -> float | None:

@@ -336,7 +336,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
             before["shared_draw"] = float(shared)
         plan, expected, inputs, digests = secrets.plan, secrets.expected, secrets.inputs, secrets.digests
         mark = time.monotonic()
-        unfit = watch.check(bench, lane_env) if watch is not None else None
+        unfit = watch.check(bench, lane_env) if watch is not None and not watch.recent() else None
         before["health"] = round(time.monotonic() - mark, 3)
         mark = time.monotonic()
         main = expected["trial0"]

@@ -19,6 +19,7 @@ candidate and its baselines are timed side by side instead (pipeline.judge.sessi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -39,6 +40,7 @@ HOLD_TOL = 0.05  # a 1 ms hold that takes over 1.05 ms shares the GPU (or every 
 STORED_BANDWIDTH = {"NVIDIA H100 80GB HBM3": 2995.0}
 # clocks_event_reasons bits that mean the device is slowed by something other than its work: HW
 # slowdown, SW and HW thermal slowdown, HW power brake (nvidia-smi --help-query-gpu).
+RECENT_S = 3.0  # a fit check this recent stands for the check before an attempt (Watch.recent)
 THROTTLE_BITS = {0x8: "hardware slowdown", 0x20: "thermal slowdown (software)", 0x40: "thermal slowdown (hardware)",
                  0x80: "power brake"}
 
@@ -79,6 +81,7 @@ class Watch:
     start: Probe | None = None
     uuid: str | None = None  # the lane's GPU as the driver names it ("" where nvidia-smi cannot say)
     history: list[tuple[Probe | None, str | None]] = field(default_factory=list)
+    fit_at: float | None = None  # time.monotonic() of the last check that found the device fit
 
     def check(self, bench: Any, env: dict[str, str] | None) -> str | None:
         """Probe the lane's device through `bench`'s reference process; why it is unfit, or None."""
@@ -100,12 +103,31 @@ class Watch:
 
     def _record(self, probe: Probe | None, reason: str | None) -> str | None:
         self.history.append((probe, reason))
+        self.fit_at = time.monotonic() if probe is not None and reason is None else None
         return reason
+
+    def recent(self, within_s: float | None = None) -> bool:
+        """Whether the last check found the device fit within `within_s` seconds: the check before an
+        attempt takes it for its own (pipeline.judge.evaluate). A check costs the lane a tenth of a
+        second (a bandwidth copy, a hold, two nvidia-smi queries), and in a batch the one after an
+        attempt, taken once its child is dead, comes a second or two before the next attempt's: only
+        kgen's own work ran on the device between them, and the check after that next attempt still
+        sees whatever came up meanwhile."""
+        within_s = RECENT_S if within_s is None else within_s
+        return self.fit_at is not None and time.monotonic() - self.fit_at < within_s
 
     @property
     def failure(self) -> str | None:
         """Why the last check found the device unfit; None if it was fit (or nothing was checked)."""
         return self.history[-1][1] if self.history else None
+
+
+def cpu_name() -> str:
+    """The cpu's model name, as the device's name for a cpu run."""
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(("cpu: " + x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "cpu")
+    return "cpu"
 
 
 def _smi(*args: str) -> list[list[str]]:

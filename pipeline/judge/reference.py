@@ -35,11 +35,11 @@ from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
 from ..child.protocol import write_line
 from ..child.timing import (BLOCK, Clock, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
-                            measure_bandwidth, plain_ms, summarize_blocks, time_blocks)
+                            measure_bandwidth, plain_ms, summarize_blocks, time_blocks, time_sides)
 from ..sandbox import pin_all
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .handover import give, sealed_memfd
-from .health import IdleProbe
+from .health import IdleProbe, cpu_name
 
 
 # Values a step where a whole output is worked through in pieces (_errs).
@@ -235,10 +235,12 @@ class Reference:
         free = torch.cuda.mem_get_info()[0] // 10 if self.device.startswith("cuda") else LARGE_SETS
         return tasks.input_bytes(inputs) <= free
 
-    def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False) -> list[float]:
+    def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False,
+                   pair: bool = False) -> list[float] | list[list[float]]:
         """One block of eager calls (or, with `compiled`, of torch.compile of the same model), timed
         exactly as the candidate's (timing.time_blocks), between the candidate's own blocks: the
-        speedups are ratios of times taken side by side."""
+        speedups are ratios of times taken side by side. With `pair`, each set once drawn is timed
+        eager then compiled (timing.time_sides): [eager times, compiled times]."""
         module, m32, _ = self.models_for(size, init_seed)
         if self.clock is None:
             self.clock = Clock(self.device)
@@ -251,16 +253,17 @@ class Reference:
                 for _ in range(warmup):
                     m32(*self.sets[0])
                 self.clock.sync()
-            model = m32
-            if compiled:
+            models = [m32] if not compiled else []
+            if compiled or pair:
                 key = _size_key(size)
-                model = self.compiled_for(key, m32)
+                models.append(self.compiled_for(key, m32))
                 if key not in self.warmed:  # warmed as the baseline was, at the attempt's first block
                     self.warmed.add(key)
                     for _ in range(warmup + 2):
-                        model(*self.sets[0])
+                        models[-1](*self.sets[0])
                     self.clock.sync()
-            return self._blocks(model, module, self.sets, seeds, len(seeds), self.clock)
+            times = self._blocks(models, module, self.sets, seeds, len(seeds), self.clock)
+            return times if pair else times[0]
 
     def compiled_for(self, key: str, m32):
         """torch.compile of the size's model `m32`: the kept one where `m32` is kept (Reference.kept)."""
@@ -337,7 +340,7 @@ class Reference:
             job = self.job
             count = calls_for(clock.block_ms(lambda: model(*inputs), 3) / 3, job["timed_ms"], job["timed_calls"],
                               min(job["max_timed_calls"], len(seeds)))
-            times = self._blocks(model, module, tasks.block_sets(module, inputs, self.device), seeds, count, clock)
+            times = self._blocks([model], module, tasks.block_sets(module, inputs, self.device), seeds, count, clock)[0]
         return summarize_blocks(times)
 
     def _null_ms(self, clock: Clock, count: int) -> float:
@@ -348,10 +351,11 @@ class Reference:
         times = time_blocks(clock, call, [[]], count, lambda first, n: [0] * n, lambda inputs, seed: None)
         return min(statistics.fmean(times[i:i + BLOCK]) for i in range(0, len(times), BLOCK))
 
-    def _blocks(self, model, module, sets: list[list[Any]], seeds: list[int], count: int, clock: Clock) -> list[float]:
-        """`count` calls timed in blocks, each set refilled from the next seeds (timing.time_blocks)."""
-        return time_blocks(clock, lambda x: model(*x), sets, count, lambda i, n: seeds[i:i + n],
-                           lambda x, seed: tasks.refill_inputs(x, module, seed, self.device))
+    def _blocks(self, models, module, sets: list[list[Any]], seeds: list[int], count: int, clock: Clock) -> list[list[float]]:
+        """`count` calls of each of `models` timed in blocks, each set drawn anew from the next seeds
+        (timing.time_sides, tasks.redraw_inputs): one list of times per model."""
+        return time_sides(clock, [lambda x, m=m: m(*x) for m in models], sets, count, lambda i, n: seeds[i:i + n],
+                          lambda x, seed: tasks.redraw_inputs(x, module, seed, self.device))
 
 
 BESIDE_WARMUP = ("expect", "digests", "release")  # may run while the compiler warms up: none times anything
@@ -380,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     warming = (CompilerWarmup(job["device"], bool(job.get("grad")), bool(job.get("off_lane")))
                if job.get("warm_compiler") else None)
     warmed: dict[str, Any] = {"warm_s": None, "waited_s": 0.0, "error": None}
-    env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else _cpu_name(),
+    env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else cpu_name(),
            "torch_version": torch.__version__, "cuda_version": torch.version.cuda}
     send({"event": "ready", **env})
     while (line := sys.stdin.readline()).strip():
@@ -403,28 +407,30 @@ def main(argv: list[str] | None = None) -> int:
                   "hold_ms": hold_ms(clock) if clock.cuda else None})
             del clock
         elif request["op"] == "time_block":
-            compiled = request.get("compiled", False)
+            compiled, pair, busy = request.get("compiled", False), request.get("pair", False), None
+            idle = idle or (IdleProbe() if ref.device.startswith("cuda") else None)
+
+            def block(pair: bool = pair) -> list[float]:
+                return ref.time_block(request["size"], request["init_seed"], request["seeds"],
+                                      request.get("warmup", 0), compiled, pair)
             try:
-                def block() -> list[float]:
-                    return ref.time_block(request["size"], request["init_seed"], request["seeds"],
-                                          request.get("warmup", 0), compiled)
-                if ref.device.startswith("cuda"):
-                    idle = idle or IdleProbe()
-                    times, busy = idle.timed(block)
-                    send({"event": "block", "times_ms": times, "busy": busy})
-                else:
-                    send({"event": "block", "times_ms": block()})
+                times, busy = idle.timed(block) if idle else (block(), None)
+                reply = {"times_ms": times[0], "compiled_ms": times[1]} if pair else {"times_ms": times}
             except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs its ratio, not the run
                 held_out = bool(request.get("held_out"))
-                if not (compiled or held_out):
+                if not (compiled or held_out or pair):
                     raise  # eager failing at the main size is the reference's own fault, as it always was
-                if compiled:  # the next attempt compiles anew, as it did before compiles were kept
+                if compiled or pair:  # the next attempt compiles anew, as it did before compiles were kept
                     ref.drop_compiled(_size_key(request["size"]))
                 if held_out:  # a held-out size (pipeline.judge.shapes), e.g. out of memory beside the paused child:
                     ref.release()  # its flag goes unmeasured; the attempt and this process go on
                     if ref.device.startswith("cuda"):
                         torch.cuda.empty_cache()
-                send({"event": "block_failed", "error": one_line(exc)})
+                reply = {"error": one_line(exc)}
+                if pair:  # torch.compile failed beside eager: eager alone (were it eager, it raises again here)
+                    times, busy = idle.timed(lambda: block(False)) if idle else (block(False), None)
+                    reply = {"times_ms": times, "compiled_ms": None, "compile_error": reply["error"]}
+            send({"event": "block" if "times_ms" in reply else "block_failed", **reply, "busy": busy})
         elif request["op"] == "expect":
             ref.drop_sets()  # a call's float64 forward needs the room more than the next eager block does
             with _spread(job.get("spread_cores") if ref.device == "cpu" else None):
@@ -483,13 +489,6 @@ def _spread(cores: list[int] | None):
     finally:
         torch.set_num_threads(threads)
         pin_all(os.getpid(), before)  # threads torch started meanwhile too
-
-
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(("cpu: " + x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "cpu")
-    return "cpu"
 
 
 if __name__ == "__main__":
