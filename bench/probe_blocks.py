@@ -13,7 +13,6 @@ probe's checks around a block.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -25,15 +24,9 @@ from pipeline.child import tasks
 from pipeline.child.timing import BLOCK, Clock, calls_for
 from pipeline.judge import reference as R
 from pipeline.judge.health import IdleProbe
+from probe_kit import DEV, SIZE, seed, sync
 
 ROOT = Path(__file__).resolve().parent.parent
-DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the cpu at "small": a smoke of the probe itself
-SIZE = "default" if DEV == "cuda" else "small"
-
-
-def sync() -> None:
-    if DEV == "cuda":
-        torch.cuda.synchronize()
 
 
 def ms_of(fn, repeat: int = 5) -> tuple[float, float]:
@@ -46,10 +39,6 @@ def ms_of(fn, repeat: int = 5) -> tuple[float, float]:
         sync()
         out.append((time.perf_counter() - t) * 1e3)
     return statistics.median(out), min(out)
-
-
-def seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
 
 
 def probe(name: str) -> None:

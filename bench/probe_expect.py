@@ -17,17 +17,9 @@ import torch
 from pipeline.child import tasks
 from pipeline.judge import reference as R
 from pipeline.judge.evaluate import CHECKED_TIMED, REPLAY_CHECKS
+from probe_kit import DEV, SIZE, seed, sync
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the cpu at "small": a smoke of the probe itself
-SIZE = "default" if DEV == "cuda" else "small"
-
-
-def sync() -> None:
-    if DEV == "cuda":
-        torch.cuda.synchronize()
 
 
 def clock(label, fn, *args, **kw):
@@ -37,10 +29,6 @@ def clock(label, fn, *args, **kw):
     sync()
     ms = (time.perf_counter() - t) * 1e3
     return out, ms
-
-
-def seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
 
 
 def one_spec(module, m32, m64, steps: dict[str, list[float]]) -> None:
