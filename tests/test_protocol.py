@@ -281,6 +281,18 @@ def test_a_second_evaluation_decides_on_both_evaluations_evidence():
     assert judge.check_estimate("cpu", claim, est) is None
 
 
+def test_a_claim_near_the_cpu_bound_is_doubted_and_judged_again():
+    """pipeline.judge.judge.doubtful (issue 27): on the cpu a claim that passes its bound (0.65 of the
+    estimate less 10 us) but reads below 0.80 of it less the same 10 us sends the attempt to a second
+    evaluation, as a refusal does; above it, or on a GPU or in gradient mode, one evaluation decides."""
+    est = 1.0  # 0.65 - 0.01 = 0.64 refuses, 0.80 - 0.01 = 0.79 doubts
+    assert judge.check_estimate("cpu", 0.63, est)[0] is judge.Verdict.impossible_timing
+    assert judge.check_estimate("cpu", 0.65, est) is None and judge.doubtful("cpu", 0.65, est)
+    assert judge.check_estimate("cpu", 0.80, est) is None and not judge.doubtful("cpu", 0.80, est)
+    assert not judge.doubtful("cpu", 0.65, None)
+    assert not judge.doubtful("cpu_grad", 0.60, est) and not judge.doubtful("cuda_graph", 0.001, 0.003)
+
+
 def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():
     """pipeline.judge.judge.loaded: run-queue waits took more than LOADED_SHARE of the windows: the timing
     is unfit (kept out of `best`, re-timed by a resume). Idle, or on a GPU, it stands."""
