@@ -41,35 +41,24 @@ from .runqueue import Load
 #   from the child's events (an honest 11 us kernel cost 110 us a call on the H100's parent clock),
 #   hence 0.25 ms absolute, and LOOSE_BELOW_MS below which it refuses nothing.
 # - cuda_graph (replayed, pipeline.child.replays): the parent's clock counts the device's work alone;
-#   the claim is first taken the protocol's no-work call less (Baselines.null_ms), which halving a
-#   clock cannot keep.
-# - cpu: load taken out of both sides (unloaded_ms), the values written while the child is stopped.
-#   0.01 ms absolute since requests last about 4 ms (evaluate.CPU_BOUND_MS): with 1 ms requests it was
-#   0.05, half of a call at "odd", and clocks forged to half passed there. Now on the idle 2-core box
-#   the references at "odd" and "small" claimed 0.77-1.34 of the estimate on a first evaluation, and
-#   a clock forged to half read 0.39-0.56 (refused 8 of 8), to 0.6 0.43-0.68 (refused 6 of 8: a
-#   known gap, docs/threat-model.md).
+#   the claim is first taken the protocol's no-work call less (Baselines.null_ms).
+# - cpu: load taken out of both sides (unloaded_ms), the values written while the child is stopped;
+#   0.01 ms absolute since requests last about 4 ms (evaluate.CPU_BOUND_MS). A first claim within
+#   DOUBT_SLACK of its bound is judged again.
 # - cpu_grad: the Bound calls draw their upstream gradients inside the window and the null model's
 #   calibration does not; an honest huber read 0.55 of the estimate, refused at 35%.
-#   A claim that passes by less than DOUBT_SLACK is judged again (issue 27).
 BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cpu": (0.35, 0.01),
                "cpu_grad": (0.45, 0.05)}  # (relative, milliseconds)
-# A first evaluation whose claim passes its bound but reads below the estimate x (1 - this) less the
-# same absolute slack is judged again (pipeline.judge.evaluate.evaluate), on both evaluations' evidence
-# (pooled), as a refusal is. On the 2-core box one evaluation's claim over its estimate scatters by
-# about 9% (sd of the log; mse "small", idle box, eager-speed calls: 0.69-1.10 over 49 first
-# evaluations), and a fused kernel that reads its inputs once sits lower still (0.58-1.13 at "small",
-# 0.47-0.64 at "odd"): no single threshold tells a clock forged to 0.6 (0.41-0.74 at "small") from
-# honest claims. A forged clock now passes only where its first evaluation reads 0.8 or more or the
-# pooled evidence of two clears the bound; an honest claim in the band pays one more evaluation.
+# A first claim that passes its bound but reads below the estimate x (1 - this) less the same absolute
+# slack is judged again on both evaluations' evidence, as a refusal is (evaluate.evaluate): on the
+# 2-core box honest fused kernels' claims overlap a clock forged to 0.6 (docs/benchmarks.md, 33rd session).
 DOUBT_SLACK = {"cpu": 0.20}
 # Where the calls are not replayed from a graph (gradient mode, or a forward that cannot be captured),
 # the eager bound counts their host work and says little about calls below this: it refuses nothing
 # there, and a correct result is kept, untrusted (pipeline.judge.session, evaluate).
 LOOSE_BELOW_MS = 0.5
-# Replays a replayed Bound request (pipeline.judge.evaluate.replay_count). A plan at REPLAYS_MAX is one
-# of calls too short to fill a request's target time: there the host's jitter, 1-2 ms a window, is
-# several microseconds a call, and the calibration takes a null replay beside each of its windows.
+# Replays a replayed Bound request (evaluate.replay_count). A plan at REPLAYS_MAX has calls too short to
+# fill a request: the host's jitter is microseconds a call, and a null replay goes beside each window.
 REPLAYS_MIN, REPLAYS_MAX = 4, 512
 # A replayed call's digest (sum of output x weights, in float32) against the reference's: within the
 # elementwise tolerance's reach (its scale is sum |w| (|ref| + mean |ref|)), plus float32's summing.
@@ -120,9 +109,8 @@ def mapped(fd: int, dtype=np.uint8, count: int = -1) -> np.ndarray:
     return np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), dtype=dtype, count=count)
 
 
-# The least relative tolerance a dtype gets: its machine epsilon (2**-7 for bfloat16, 2**-10 for
-# float16). A fixed 1e-4 fails every honest bfloat16 kernel; the rounding of the output alone is
-# up to half an epsilon.
+# The least relative tolerance a dtype gets: its machine epsilon. A fixed 1e-4 fails every honest
+# bfloat16 kernel; the rounding of the output alone is up to half an epsilon.
 DTYPE_EPS = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
 REF_ERR_FACTOR = 4  # and at least this many times PyTorch's own error in the dtype against float64
 # float32 widens the task's tolerance to REF_ERR_FACTOR x PyTorch's own reading in the judge's
@@ -337,11 +325,9 @@ def parent_estimate(calibration: list[Window], bounds: list[Window], device: str
     it: to shorten one it would have to skip calls, and each request has one call, chosen in secret,
     whose output is checked in full. The median calibration is robust to a stalled null request
     (seen: 15.3 ms among 7.3-7.9); BOUND_SLACK's relative part covers what is left of its noise.
-    On the cpu the calibration is its fastest request, for the reason the Bound requests are: on the
-    2-core box in gradient mode half its requests took 1.5-2 ms more than the rest, three of five
-    at times, and the median then put the estimate of the red team's forged clock (work of 3 ms a
-    call) at 0.6 ms and let it through in one run of five (a CI run too). No null request can be
-    faster than the work every request does, so the fastest is the least stalled."""
+    On the cpu the calibration is its fastest request too: on the 2-core box in gradient mode half its
+    requests stalled 1.5-2 ms, and the median let the red team's forged clock through in one run of
+    five. No null request can be faster than the work every request does."""
     per_call = net_per_call(calibration, bounds, device)
     return min(per_call) if per_call else None
 
@@ -484,9 +470,8 @@ def check_estimate(device: str, median_ms: float, estimate: float | None,
 
 def doubtful(device: str, median_ms: float, estimate: float | None) -> bool:
     """Whether a claim that passed check_estimate is close enough to it to be judged again (DOUBT_SLACK)."""
-    if device not in DOUBT_SLACK or estimate is None:
-        return False
-    return median_ms < estimate * (1 - DOUBT_SLACK[device]) - BOUND_SLACK[device][1]
+    return (device in DOUBT_SLACK and estimate is not None
+            and median_ms < estimate * (1 - DOUBT_SLACK[device]) - BOUND_SLACK[device][1])
 
 
 def digest_ok(digest: float, want: float, scale: float, tol: float) -> bool:

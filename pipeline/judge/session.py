@@ -65,9 +65,7 @@ class Session:
         self.load: runqueue.Load | None = runqueue.Load()  # the last window's (ask); None on a GPU
         # The verdict rests on the parent's estimate alone (pipeline.judge.evaluate judges again, on both).
         self.clock_alone = False
-        # The claim passed the bound by a margin a single draw cannot vouch for (judge.DOUBT_SLACK):
-        # pipeline.judge.evaluate judges again, on both evaluations' evidence.
-        self.doubtful = False
+        self.doubtful = False  # passed the bound by less than judge.DOUBT_SLACK: evaluate judges again, on both
         self.load_unfit: str | None = None  # timed on a loaded cpu (judge.loaded): its timing is unfit
         self.prior = prior or []  # an earlier evaluation's evidence, which the clock check pools with ours
         self.evidence: judge.Evidence | None = None
@@ -381,13 +379,11 @@ class Session:
                 self.loose_bound += f"; it read: {problem[1][:300]}"
                 problem = None
         self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing
-        self.doubtful = (problem is None and not self.prior
-                         and judge.doubtful(kind, claim if claim is not None else median, self.estimate))
+        self.doubtful = problem is None and not self.prior and judge.doubtful(kind, claim if claim is not None else median, self.estimate)
         if (unfit := judge.loaded(self.evidence, bench.device)):
             # Neither side's clock means much here: the timing is marked unfit, and a refusal on the
             # clocks alone is not a verdict (judge.LOADED_SHARE).
             self.load_unfit = unfit if not self.clock_alone else f"{unfit}; the parent's clock refused the child's: {problem[1]}"
-            self.doubtful = False
             if self.clock_alone:
                 self.clock_alone = False
                 return None
