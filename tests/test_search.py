@@ -105,7 +105,8 @@ def test_refine_fixes_what_single_cannot_and_only_from_the_feedback(tmp_path):
     shows only the verdict: the same model cannot fix mse (it needs the compiler's line). (A
     separate single-shot run would judge the same seven first answers again: 60 s of CI.)"""
     with serve([answer], max_requests=200) as server:
-        # The target: slow cosine measured 0.12-0.14x eager on the 2-core box, everything else 0.36x
+        # The target: slow cosine (24 recomputes) sits far below it; with 8 it read 0.14-0.20x eager
+        # idle on the 2-core box and once reached 0.25 in a fresh-clone run. Everything else 0.36x
         # (mse's serial C++ loop) to 1.08x.
         search = {"strategy": "refine", "max_turns": 3, "target": {"speedup_eager": 0.25}}
         tasks = ("cosine", "hinge", "huber", "mse")
