@@ -8,7 +8,7 @@ what the judge's feedback shows it:
   of its own code and the compiler's message.
 - huber: its first version uses the wrong beta; it corrects it only when the feedback shows the
   worst element (expected against got).
-- cosine: its first version is correct but recomputes the similarity 24 times; it writes the
+- cosine: its first version is correct but recomputes the similarity 64 times; it writes the
   fast one only when the feedback shows its time against the bandwidth floor.
 - the other four are right the first time.
 In an evolve prompt it answers with the fastest version it knows once it sees a parent's code.
@@ -67,11 +67,11 @@ COSINE_SLOW = '''import torch
 
 class ModelNew(torch.nn.Module):
     def forward(self, predictions, targets):
-        for _ in range(24):  # recomputed: the slow first version
+        for _ in range(64):  # recomputed: the slow first version
             sim = torch.nn.functional.cosine_similarity(predictions, targets, dim=1)
         return torch.mean(1 - sim)
 '''
-COSINE_FAST = COSINE_SLOW.replace("        for _ in range(24):  # recomputed: the slow first version\n    ", "")
+COSINE_FAST = COSINE_SLOW.replace("        for _ in range(64):  # recomputed: the slow first version\n    ", "")
 
 RIGHT_FIRST_TIME = {
     "cross_entropy": "return torch.nn.functional.cross_entropy(predictions, targets)",
