@@ -480,9 +480,11 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
         f"recorded {result.time_ms} ms for calls that took {real:.4g} ms (parent's bound " \
         f"{lower_bound(result) if result.wall_ms_per_call else None}): {describe(result)}"
     # Refused on the parent's clock alone, it was judged twice (pipeline.judge.evaluate.evaluate) and both
-    # refused; below the bandwidth floor (a measured bound of another kind), once.
+    # refused; below the bandwidth floor (a measured bound of another kind), once, or on the second
+    # evaluation after the first was refused on the clock (its claim of 10% sits near 0.85 of the
+    # floor on the 2-core box: 0.083 ms against 0.074, then 0.071).
     if "bandwidth floor" in (result.error or ""):
-        assert result.first_refusal is None, describe(result)
+        assert result.first_refusal is None or "parent's own clock" in result.first_refusal, describe(result)
     else:
         assert result.first_refusal and "parent's own clock" in result.first_refusal, describe(result)
 
