@@ -99,10 +99,7 @@ def reference_pair(session: Any, calls: int, first: bool) -> tuple[list[float], 
     """One block timed eager and torch.compile call by call (eager_block): the eager times, and the
     compiled ones or None where torch.compile failed and eager was timed alone (its error kept in
     session.block_error)."""
-    bench = session.bench
-    msgs = bench.request({"op": "time_block", "size": bench.size, "held_out": False, "init_seed": session.plan.init_seed,
-                          "seeds": [_seed() for _ in range(calls)], "compiled": False, "pair": True,
-                          "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, session.lane)
+    msgs = _time_block(session, calls, first, compiled=False, pair=True)
     blocks = [m for m in msgs if m.get("event") == "block"]
     if not blocks:
         raise EvaluationError(f"the reference timed no eager block: {msgs[-1] if msgs else 'no reply'}")
@@ -114,11 +111,7 @@ def reference_pair(session: Any, calls: int, first: bool) -> tuple[list[float], 
 def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=None) -> list[float] | None:
     """One block timed by the reference process (eager, or torch.compile of the same model), at
     the main size or `size`; None when it reports the block failed."""
-    bench = session.bench
-    msgs = bench.request({"op": "time_block", "size": bench.size if size is None else size,
-                          "held_out": size is not None, "init_seed": session.plan.init_seed,
-                          "seeds": [_seed() for _ in range(calls)], "compiled": compiled,
-                          "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, session.lane)
+    msgs = _time_block(session, calls, first, compiled=compiled, size=size)
     if (failed := [m for m in msgs if m.get("event") == "block_failed"]):
         session.block_error = failed[0].get("error")
         return None
@@ -126,6 +119,15 @@ def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=
         if m.get("event") == "block":
             _note_busy(session, m)
     return [t for m in msgs if m.get("event") == "block" for t in m["times_ms"]]
+
+
+def _time_block(session: Any, calls: int, first: bool, compiled: bool, size=None, pair: bool = False) -> list[dict[str, Any]]:
+    """The reference's `time_block` request (Reference.time_block) with fresh seeds: its messages."""
+    bench = session.bench
+    return bench.request({"op": "time_block", "size": bench.size if size is None else size,
+                          "held_out": size is not None, "init_seed": session.plan.init_seed,
+                          "seeds": [_seed() for _ in range(calls)], "compiled": compiled, "pair": pair,
+                          "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, session.lane)
 
 
 def _note_busy(session: Any, message: dict[str, Any]) -> None:

@@ -312,8 +312,9 @@ def _whole(secrets: Secrets) -> bool:
 def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig, env: dict[str, str] | None,
            spares: Spares | None, watch: health.Watch | None,
            prior: list | None = None, draw: str | None = None) -> tuple[EvalResult, bool, Any]:
-    """One evaluation, whether its verdict rests on the parent's clock alone, and the evidence that
-    clock check took (pipeline.judge.judge.Evidence; `prior`: an earlier evaluation's, pooled with it)."""
+    """One evaluation, whether it is to be judged again (refused on the parent's clock alone, or a
+    doubted pass), and the evidence that clock check took (pipeline.judge.judge.Evidence; `prior`: an
+    earlier evaluation's, pooled with it)."""
 
     started = time.monotonic()
     env = child_environment(bench.backend, env)
@@ -408,14 +409,14 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
     ended = time.monotonic()
     # Judged again: a refusal on the parent's clock alone, or a correct claim the bound doubts
     # (judge.DOUBT_SLACK), on a machine fit to time.
-    clock_alone = ((session.clock_alone and result.verdict is Verdict.impossible_timing)
-                   or (session.doubtful and result.verdict is Verdict.correct and not unfit))
+    again = ((session.clock_alone and result.verdict is Verdict.impossible_timing)
+             or (session.doubtful and result.verdict is Verdict.correct and not unfit))
     return result.model_copy(update={
         "device": bench.env.get("device_name", ""), "torch_version": bench.env.get("torch_version", ""),
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,
         "grad": bench.settings.grad, "dtype": bench.settings.dtype, "own_code": own,
         "eval_seconds": ended - started,
-        "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), clock_alone, session.evidence
+        "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), again, session.evidence
 
 
 def stage(child: sandbox.Child, task_path: Path, code_path: Path, build_dir: Path) -> tuple[str, str, str]:
