@@ -294,3 +294,48 @@ def test_library_says_once_when_a_forward_only_kernel_trains(bench, builds, tmp_
     p2 = p.detach().clone().requires_grad_(True)
     torch.nn.functional.smooth_l1_loss(p2, t).backward()
     torch.testing.assert_close(p.grad, p2.grad)
+
+
+@pytest.mark.parametrize("task", ["huber", "triplet"])
+def test_a_replayed_calls_digest_in_gradient_mode_is_the_references(task):
+    """A replayed Bound call in gradient mode (pipeline.child.replays, as a GPU's Captured makes it):
+    the child's float32 digest over the output and every gradient, under the upstream of its set's
+    seed, is the reference process's float64 one within the judge's reach (judge.digest_ok); the
+    forward alone, or an upstream of another seed, is not. One input's backward skipped is caught
+    in most replays, not all: the reach is a worst case, n x the tolerance, and a skipped part moves
+    the digest by about sqrt(n) of its values (on triplet about 3 sigma). A skip in every call is
+    caught by some of a request's checked replays, each under its own weights; wrong values are the
+    checked calls' to find."""
+    import torch
+
+    from pipeline.child import replays
+    from pipeline.child.grad import ForwardBackward, Grads
+    from pipeline.judge import judge
+    from pipeline.judge.reference import Reference
+
+    found = tasks.discover(ROOT / "reference_tasks", [task])[0]
+    ref = Reference({"task_path": str(found.path), "device": "cpu", "grad": True, "dtype": "float32"})
+    module = tasks.load_module(found, "small", "float32")
+    child = ForwardBackward(tasks.make_model(module, module.Model, 7, "cpu"), 7)
+    seeds, digest_seed, factor_seed = [11, 12, 13], 99, 1234
+    caught = []
+    for replay in range(6):
+        want = ref.digest("small", 7, seeds, replay, digest_seed, factor_seed)
+        inputs = replays.inputs_for(module, seeds, replay, factor_seed, "cpu")
+        assert any(not torch.equal(a, b) for a, b in zip(inputs, tasks.make_inputs(module, seeds[replay % 3], "base", "cpu")))
+        child.reseed(inputs, seeds[replay % 3])
+        result = child(*inputs)
+        assert isinstance(result, Grads) and len(result.grads) == len(replays.parts(result)) - 1 >= 1
+        w = replays.weights(sum(p.numel() for p in replays.parts(result)), digest_seed, "cpu")
+
+        def ok(r) -> bool:
+            return judge.digest_ok(float(replays.digest(r, w)), want["digest"], want["scale"], 1e-4, "float32", None)
+
+        assert ok(result), (replay, float(replays.digest(result, w)), want)
+        skipped = Grads(result.output, [torch.zeros_like(result.grads[0]), *result.grads[1:]], result.labels)
+        caught.append(not ok(skipped))
+        child.reseed(inputs, seeds[(replay + 1) % 3])
+        assert not ok(child(*inputs))
+        forward = Grads(result.output, [torch.zeros_like(g) for g in result.grads], result.labels)
+        assert not ok(forward)
+    assert sum(caught) >= 4, caught

@@ -102,6 +102,17 @@ def test_the_replayed_bound_takes_the_no_work_call_off_a_claim():
     assert judge.check_estimate("cuda", 0.4, 1.225, 0.3) is None
 
 
+def test_gradient_mode_replays_are_held_closer():
+    """An H200's readings in gradient mode (docs/benchmarks.md, 34th session): mse forward plus
+    backward at 26 us a call, replays put it at 0.0207 ms, and a clock forged to half claimed 0.0133,
+    through the forward's 35% + 1 us; gradient mode's 25% refuses it, and the honest 0.0263 stands."""
+    est, null = 0.0207, 0.0002
+    assert judge.check_estimate("cuda_graph", 0.0133, est, null) is None
+    refused = judge.check_estimate("cuda_graph_grad", 0.0133, est, null)
+    assert refused[0] is judge.Verdict.impossible_timing and "beyond the 0.0002 ms" in refused[1]
+    assert judge.check_estimate("cuda_graph_grad", 0.0263, est, null) is None
+
+
 def test_the_estimate_is_the_fastest_request_over_a_robust_calibration():
     """Stalls only add time: neither a slow Bound request nor a stalled calibration request moves
     the estimate. On a GPU the calibration is its median request and a claim below half the

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from . import tasks
+
 UPSTREAM_SALT = 0x6A09E667  # keeps the upstream draw apart from the model's weights under the same seed
 
 
@@ -129,6 +131,19 @@ class ForwardBackward:
             raise GradError("missing_gradient", f"no gradient for {', '.join(missing)}: its backward returned "
                             "None (or it never used that input)")
         return Grads(out.detach(), [g.detach() for g in grads], labels)
+
+
+def grad_null(module, shape: tuple, dtype: torch.dtype, device: str):
+    """Gradient mode's null model: zeros of the output's shape and of every floating input's and
+    parameter's, so a calibration writes (and a replay's digest reads) as many values as a real call."""
+    meta = tasks.make_model(module, module.Model, 0, "meta")
+    params = [p.shape for p in meta.parameters()] if isinstance(meta, torch.nn.Module) else []
+
+    def null(*inputs):
+        wanted = [x for x in inputs if _wants_grad(x)]
+        grads = [torch.zeros_like(x) for x in wanted] + [torch.zeros(s, device=device, dtype=dtype) for s in params]
+        return Grads(torch.zeros(shape, device=device, dtype=dtype), grads, [])
+    return null
 
 
 def _first_tensor(inputs) -> torch.Tensor | None:

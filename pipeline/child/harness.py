@@ -28,7 +28,7 @@ from typing import Any
 from . import HARNESS, replays, tasks, timing
 from . import protocol as P
 from . import memfd
-from .grad import ForwardBackward, GradError, Grads, reseed
+from .grad import ForwardBackward, GradError, grad_null, reseed
 from .jail import landlock
 from .jail.seccomp import die_with_parent, forbid_setsid
 from .profiling import profile, warm_profiler
@@ -189,14 +189,7 @@ class Evaluator:
         dtype = self.main.__kgen_dtype__ or torch.float32
         if not self.job.grad:
             return lambda *inputs: torch.zeros(shape, device=device, dtype=dtype)
-        meta = tasks.make_model(self.main, self.main.Model, 0, "meta")
-        params = [p.shape for p in meta.parameters()] if isinstance(meta, torch.nn.Module) else []
-
-        def null(*inputs):
-            wanted = [x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()]
-            grads = [torch.zeros_like(x) for x in wanted] + [torch.zeros(s, device=device, dtype=dtype) for s in params]
-            return Grads(torch.zeros(shape, device=device, dtype=dtype), grads, [])
-        return null
+        return grad_null(self.main, shape, dtype, device)
 
     def candidate_model(self, module, init_seed: int):
         """ModelNew at a size, called as forward plus backward in gradient mode."""
@@ -349,12 +342,9 @@ class Evaluator:
     def bound_replays(self, req: P.Bound) -> P.BoundReady:
         """Capture a Bound request's CUDA graphs (pipeline.child.replays) for the Play that follows;
         a forward that cannot be captured is said so."""
-        import math
-
         self.captured = None
         try:
-            self.captured = replays.Captured(self.model, self.main, req.seeds, req.replays, req.digest_seed,
-                                             math.prod(self.job.out_shape), self.device)
+            self.captured = replays.Captured(self.model, self.main, req.seeds, req.replays, req.digest_seed, self.device)
         except Exception as exc:  # noqa: BLE001 - the parent falls back to eager requests
             return P.BoundReady(index=req.index, graph_error=f"{type(exc).__name__}: {_first_line(exc)}")
         return P.BoundReady(index=req.index)

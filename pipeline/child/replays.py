@@ -17,7 +17,9 @@ estimate of a 10 us call anywhere from 0 to 6 us. Each replay, in the graph:
    every time and nothing can be computed ahead while the capture is not timed;
 2. the forward runs;
 3. a digest of its output, sum(output x weights) with weights drawn from the request's secret seed,
-   goes to the replay's slot.
+   goes to the replay's slot. In gradient mode a call is the forward and the backward
+   (pipeline.child.grad): the graph holds both, each set's upstream gradient is drawn from its seed
+   before the capture, and the digest runs over the output and every gradient, one after another.
 
 Nothing else runs in the window: whatever of the harness's own work the calibration subtracts, a
 candidate could leave out (rebinding torch's fill_ would drop an L2 flush from its graphs, and the
@@ -44,6 +46,7 @@ from typing import Any, Callable
 import torch
 
 from . import tasks
+from .grad import ForwardBackward, Grads, grad_null
 
 AMPLITUDE = 0.05
 PERTURBED = ("real", "positive")  # a positive factor keeps both domains
@@ -88,9 +91,41 @@ def weights(numel: int, seed: int, device: str) -> torch.Tensor:
     return torch.randn(numel, generator=gen, device=device, dtype=torch.float32)
 
 
-def digest(output: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """sum(output x weights) in float32 (cuBLAS's dot: no temporaries of the output's size)."""
-    return torch.dot(output.reshape(-1).to(torch.float32), w)
+def parts(result: Any) -> list[torch.Tensor]:
+    """What a call's digest covers, in order: the output, then in gradient mode each gradient."""
+    if isinstance(result, Grads):
+        return [result.output, *result.grads]
+    if not isinstance(result, torch.Tensor):
+        raise TypeError(f"the model returned {type(result).__name__}, not a tensor")
+    return [result]
+
+
+def digest(result: Any, w: torch.Tensor) -> torch.Tensor:
+    """sum(values x weights) in float32 over the call's parts laid one after another (cuBLAS's dot
+    per part: no temporaries of the output's size)."""
+    total, at = None, 0
+    for part in parts(result):
+        n = part.numel()
+        d = torch.dot(part.reshape(-1).to(torch.float32), w.narrow(0, at, n))
+        total, at = d if total is None else total + d, at + n
+    return total
+
+
+def expected_digest(parts64: list[torch.Tensor], w: torch.Tensor, chunk: int) -> dict[str, float]:
+    """The reference's digest of float64 parts with the child's float32 weights, and its scale:
+    sum |w| (|ref| + the part's mean |ref|), which bounds how far parts within the elementwise
+    tolerance can move the digest. A chunk at a time: whole float64 copies of the weights and |ref|
+    were three more outputs (issue 28)."""
+    digest_, scale, at = 0.0, 0.0, 0
+    for part in parts64:
+        flat, n = part.double().reshape(-1), part.numel()
+        mean = sum(float(flat[i:i + chunk].abs().sum()) for i in range(0, n, chunk)) / max(n, 1)
+        for i in range(0, n, chunk):
+            values, wd = flat[i:i + chunk], w[at + i:at + min(i + chunk, n)].double()
+            digest_ += float(torch.dot(values, wd))
+            scale += float(torch.dot(wd.abs_(), values.abs().add_(mean)))
+        at += n
+    return {"digest": digest_, "scale": scale}
 
 
 def _clean_capture(device: str) -> None:
@@ -137,7 +172,7 @@ class Captured:
     round's inputs."""
 
     def __init__(self, model: Callable[..., Any], module, seeds: list[int], replays: int, digest_seed: int,
-                 out_numel: int, device: str):
+                 device: str):
         self.replays, self.device = replays, device
         first = tasks.make_inputs(module, seeds[0], "base", device)
         l2 = getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0)
@@ -149,19 +184,21 @@ class Captured:
         # Replay r's inputs are written at replay r - ahead (the prologue writes the first `ahead`):
         # the other sets' traffic in between takes them out of the L2.
         self.ahead = ahead = n - 1
-        w = weights(out_numel, digest_seed, device)
         self.digests = torch.zeros(replays, dtype=torch.float32, device=device)
         self.table = torch.ones(replays + ahead, dtype=torch.float32, device=device)
         self.count = torch.zeros((), dtype=torch.long, device=device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # capture wants every lazy initialisation (cuBLAS's too) done before it
+            w = weights(sum(p.numel() for p in parts(model(*first))), digest_seed, device)
             for inputs in sets[:len(seeds)]:
-                out = model(*inputs)
-                if not isinstance(out, torch.Tensor):
-                    raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
-                digest(out, w)
+                digest(model(*inputs), w)
         torch.cuda.current_stream().wait_stream(side)
+        if isinstance(model, ForwardBackward):
+            # Each set's upstream, drawn now from its seed (the reference draws the same): a draw
+            # inside the capture would be baked into the graph as the capture's values anyway.
+            for j, inputs in enumerate(sets):
+                model.reseed(inputs, seeds[j % len(seeds)])
         torch.cuda.synchronize()
 
         def rewrite(j: int, f: torch.Tensor) -> None:
@@ -177,21 +214,25 @@ class Captured:
             self.count.add_(1)
 
         self.graphs, self.round, self.prologue = [], None, None
+        # One memory pool for every graph: they run one after another on one stream and keep nothing
+        # of theirs past a replay (what outlives one lives outside the pool), and a pool each held a
+        # call's temporaries once per graph, in gradient mode its gradients and saved tensors too.
+        pool = torch.cuda.graph_pool_handle()
         try:
             if ahead:
                 self.prologue = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.prologue):
+                with torch.cuda.graph(self.prologue, pool=pool):
                     for j in range(ahead):
                         rewrite(j, self.table.narrow(0, j, 1))
             for j in range(n):
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                with torch.cuda.graph(graph, pool=pool):
                     replay(j)
                 self.graphs.append(graph)
             self.round_replays = n * math.ceil(ROUND_REPLAYS / n)
             if self.round_replays <= replays:
                 self.round = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.round):
+                with torch.cuda.graph(self.round, pool=pool):
                     for r in range(self.round_replays):
                         replay(r % n)
         except Exception:
@@ -232,10 +273,11 @@ class Captured:
         return self.digests.tolist()
 
 
-def null_request(module, n_seeds: int, replays: int, out_shape: list[int], device: str) -> Captured:
+def null_request(module, n_seeds: int, replays: int, out_shape: list[int], device: str, grad: bool = False) -> Captured:
     """A null model's request shaped as a candidate's (the child's null model: zeros of the output's
-    shape and dtype; values from any seeds, only how many sets matters), which the reference replays
-    beside the candidate's (pipeline.judge.reference.Reference.null_play)."""
+    shape and dtype, in gradient mode of every gradient's too; values from any seeds, only how many
+    sets matters), which the reference replays beside the candidate's
+    (pipeline.judge.reference.Reference.null_play)."""
     shape, dtype = tuple(out_shape), module.__kgen_dtype__ or torch.float32
-    return Captured(lambda *inputs: torch.zeros(shape, device=device, dtype=dtype), module,
-                    list(range(1, n_seeds + 1)), replays, 0, math.prod(shape), device)
+    null = grad_null(module, shape, dtype, device) if grad else lambda *inputs: torch.zeros(shape, device=device, dtype=dtype)
+    return Captured(null, module, list(range(1, n_seeds + 1)), replays, 0, device)

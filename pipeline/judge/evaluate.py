@@ -70,7 +70,7 @@ CPU_SHORT_MS = 4.0
 CPU_BOUND_MS = 4.0
 CPU_BOUND_MAX_CALLS = 32
 CPU_BOUND_SET_BYTES = 256 << 20
-# cuda, forward: Bound requests replay CUDA graphs (pipeline.child.replays) for about this long at the
+# cuda: Bound requests replay CUDA graphs (pipeline.child.replays) for about this long at the
 # faster baseline's speed, REPLAYS_MIN to REPLAYS_MAX replays, REPLAY_CHECKS digests checked a request.
 REPLAY_TARGET_MS = 10.0
 REPLAY_CHECKS = 3
@@ -97,7 +97,7 @@ class AttemptPlan:
     inbox: bool = False  # Bound inputs come from the parent (their reference specs ask for "inputs")
     size: str | dict[str, Any] = ""  # the main size, at which every timed and bound call runs
     shape_timed: dict[int, list[list[int]]] = field(default_factory=dict)  # held-out trial -> its blocks' seeds
-    # cuda, forward: each Bound request replays CUDA graphs (pipeline.child.replays) this many times,
+    # cuda: each Bound request replays CUDA graphs (pipeline.child.replays) this many times,
     # with its digests' seed, and the replays whose digests are checked, chosen in secret.
     replays: int = 0
     digest_seeds: list[int] = field(default_factory=list)
@@ -150,7 +150,7 @@ class AttemptPlan:
         # packed by the reference between the child's requests, on its cores, they slowed the Bound
         # calls (cold caches) and honest kernels were refused at half the estimate.
         plan.inputs_ahead = bound_bytes <= AHEAD_BYTES
-        if bench.device.startswith("cuda") and not s.grad and bench.settings.replay_bound:
+        if bench.device.startswith("cuda") and bench.settings.replay_bound:
             plan.replays = replay_count(fastest_ms(bench))
             plan.digest_seeds = [_seed() for _ in bounds]
             plan.factor_seeds = [_seed() for _ in bounds]

@@ -139,21 +139,16 @@ class Reference:
 
     def digest(self, size: str, init_seed: int, seeds: list[int], replay: int, digest_seed: int,
                factor_seed: int) -> dict[str, float]:
-        """A replayed Bound call's expected digest (pipeline.child.replays) from the float64 output for
-        the replay's own inputs, and its scale: sum |w| (|ref| + mean |ref|), which bounds how far an
-        output within the elementwise tolerance can move the digest."""
+        """A replayed Bound call's expected digest and its scale (pipeline.child.replays) from the float64
+        output for the replay's own inputs; in gradient mode from the output and every gradient, with
+        the upstream of the replay's seed, as the child's set draws it."""
         module, _, m64 = self.models_for(size, init_seed)
+        inputs = _as64(replays.inputs_for(module, seeds, replay, factor_seed, self.device))
+        reseed(m64, inputs, seeds[replay % len(seeds)])
         with torch.no_grad():
-            out = m64(*_as64(replays.inputs_for(module, seeds, replay, factor_seed, self.device)))
-        out = out.double().reshape(-1)
-        w = replays.weights(out.numel(), digest_seed, self.device)  # float32, as the child's; widened a chunk at a time
-        n, digest, scale = out.numel(), 0.0, 0.0
-        mean = sum(float(out[i:i + CHUNK].abs().sum()) for i in range(0, n, CHUNK)) / max(n, 1)
-        for i in range(0, n, CHUNK):  # whole float64 copies of the weights and |out| were 3 more outputs (issue 28)
-            part, wd = out[i:i + CHUNK], w[i:i + CHUNK].double()
-            digest += float(torch.dot(part, wd))
-            scale += float(torch.dot(wd.abs_(), part.abs().add_(mean)))
-        return {"digest": digest, "scale": scale}
+            parts = replays.parts(m64(*inputs))
+        w = replays.weights(sum(p.numel() for p in parts), digest_seed, self.device)  # float32, as the child's
+        return replays.expected_digest(parts, w, CHUNK)
 
     def null_play(self, size, n_seeds: int, replay_count: int, out_shape: list[int]) -> float:
         """Milliseconds on this process's clock to play a null model's replayed Bound request shaped as
@@ -163,7 +158,7 @@ class Reference:
         if self.null is None or self.null[0] != key:
             self.null = None
             module = tasks.load_module(self.task, size, self.dtype)
-            self.null = key, replays.null_request(module, n_seeds, replay_count, out_shape, self.device)
+            self.null = key, replays.null_request(module, n_seeds, replay_count, out_shape, self.device, self.grad)
         captured = self.null[1]
         start = time.perf_counter()
         captured.play(int.from_bytes(os.urandom(4), "little"))

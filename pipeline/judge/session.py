@@ -339,7 +339,7 @@ class Session:
         threads = self.settings.cpu_threads if bench.device == "cpu" else 1
         paired = False
         if self.replay_windows and not self.bound_windows:
-            kind = "cuda_graph"
+            kind = "cuda_graph_grad" if bench.settings.grad else "cuda_graph"
             per_call = judge.paired_per_call(self.replay_calibration, self.null_calibration, self.replay_windows,
                                              self.null_windows)
             if (paired := per_call is not None):
@@ -365,13 +365,12 @@ class Session:
             return problem
         problem = judge.check_estimate(kind, claim if claim is not None else median, self.estimate,
                                        b.null_ms if b else None)
-        if kind != "cuda_graph" and bench.device.startswith("cuda") and median < judge.LOOSE_BELOW_MS:
+        if not kind.startswith("cuda_graph") and bench.device.startswith("cuda") and median < judge.LOOSE_BELOW_MS:
             # The eager GPU bound counts the calls' host work, which the hold keeps out of the child's
             # events: in gradient mode on an H200 autograd's 0.4-0.9 ms a call put honest references'
             # 0.02-0.14 ms below it (docs/benchmarks.md, 2026-11-29). Below LOOSE_BELOW_MS it cannot tell
             # a forged clock from host work, so it refuses nothing there: the result is kept, untrusted.
-            why = (f"its forward could not be replayed from a CUDA graph ({self.graph_failed[:160]})" if self.graph_failed
-                   else "gradient mode's calls are not replayed from CUDA graphs" if self.settings.grad
+            why = (f"its calls could not be replayed from a CUDA graph ({self.graph_failed[:160]})" if self.graph_failed
                    else "replay_bound is off, so its calls were not replayed from CUDA graphs")
             self.loose_bound = (f"{why}, so the parent's bound, which counts the calls' host work, says little below "
                                 f"{judge.LOOSE_BELOW_MS} ms a call")
@@ -454,12 +453,12 @@ class Session:
         reply, ms = self.ask(P.Play(index=k, factor_seed=plan.factor_seeds[k]), P.BoundDone, f"bound block {k}")
         if len(reply.digests) != plan.replays:
             return Verdict.protocol_error, f"bound block {k}: {len(reply.digests)} digests for {plan.replays} replays"
-        tol = judge.tolerance_for(self.bench.tolerance, self.bench.settings.dtype, None)
         for r in plan.replay_checks[k]:
             want = self.digests.get(f"bound{k}@{r}")
             if want is None:
                 return Verdict.protocol_error, f"no reference digest for bound block {k}, replay {r}"
-            if not judge.digest_ok(reply.digests[r], want["digest"], want["scale"], tol):
+            if not judge.digest_ok(reply.digests[r], want["digest"], want["scale"], self.bench.tolerance,
+                                   self.bench.settings.dtype, self.expected.get("trial0")):
                 return (Verdict.mismatch, f"bound block {k}, replayed call {r}: its digest {reply.digests[r]:.6g} is not "
                         f"the reference's {want['digest']:.6g}: the work of a call was skipped or wrong")
         self.replay_windows.append(Window(ms, plan.replays))
