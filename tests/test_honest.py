@@ -71,8 +71,11 @@ def test_the_reference_as_its_own_candidate_is_correct_on_the_gpu(name, size, tm
 def test_the_reference_as_its_own_candidate_is_correct_in_gradient_mode_on_the_gpu(name, tmp_path):
     """Forward plus backward on a GPU under each call's secret upstream gradient."""
     result = judge_the_reference(name, "odd", "cuda", tmp_path, SETTINGS.model_copy(update={"grad": True}))
-    print(f"HONEST {name} grad {result.verdict.value} claim {result.time_ms} parent {result.wall_ms_per_call}")
+    print(f"HONEST {name} grad {result.verdict.value} claim {result.time_ms} parent {result.wall_ms_per_call} "
+          f"trusted {result.trusted} bound {(result.bound_note or '')[:60]}")
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
+    # Its bound replayed from CUDA graphs, as the forward's is (pipeline.child.replays): trusted at any length.
+    assert result.trusted and "replayed from CUDA graphs" in (result.bound_note or ""), (result.untrusted_reason, result.bound_note)
 
 
 def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypatch):
