@@ -1,9 +1,10 @@
 """Probe: the cpu judge, again and again, on one candidate: idle or beside two busy loops.
 
-    python bench/cpu_judge_probe.py CANDIDATE [--runs 10] [--load none|spin] [--factor F]
+    python bench/cpu_judge_probe.py CANDIDATE [--runs 10] [--load none|spin] [--grad] [--task mse]
 
 CANDIDATE: a file under tests/redteam (honest_fast_mse.py, honest_cpp.py, omp_all_cores.py, ...), or
-`clock-F`: tests/redteam/clock_instance_patch.py claiming F of each call's real time. mse at the
+`clock-F`: tests/redteam/clock_instance_patch.py claiming F of each call's real time (its memo has no
+gradient), or `forge-F`: tests/redteam/forged_time_blocks.py at FACTOR F (torch's mse, gradient mode too). mse at the
 tests' "small" size, the red team's settings. Each line: the verdict, the recorded and the claimed
 (less what load took) times against the parent's estimate, the speedup over eager, whether it was
 judged twice (`*`), and the run-queue wait the parent saw. For issue 27 items 6-8 (docs/benchmarks.md).
@@ -41,9 +42,18 @@ def main() -> None:
     ap.add_argument("candidate")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--load", choices=["none", "spin"], default="none")
+    ap.add_argument("--grad", action="store_true", help="gradient mode: forward plus backward")
+    ap.add_argument("--task", default="mse", help="a bundled task (the forge-F and clock-F candidates are mse's)")
     args = ap.parse_args()
+    settings = R.SETTINGS.model_copy(update={"grad": args.grad})
     work = Path(tempfile.mkdtemp(prefix="kgen-probe-"))
-    if args.candidate.startswith("clock-"):
+    if args.candidate.startswith("forge-"):  # forged_time_blocks.py at FACTOR F: plain torch mse, so gradient mode too
+        code = work / "forge.py"
+        code.write_text((R.REDTEAM / "forged_time_blocks.py").read_text().replace(
+            "FACTOR = 0.1\n", f"FACTOR = {float(args.candidate[6:])}\n"))
+        build_dir = work / "build"
+        build_dir.mkdir()
+    elif args.candidate.startswith("clock-"):
         code = work / "clock.py"
         code.write_text((R.REDTEAM / "clock_instance_patch.py").read_text().replace(
             "return ms * 0.3, out", f"return ms * {float(args.candidate[6:])}, out"))
@@ -59,14 +69,14 @@ def main() -> None:
               for _ in range(2 if args.load == "spin" else 0)]
     for p in others:
         p.start()
-    task = tasks.discover(R.TASKS, ["mse"])[0]
-    bench = prepare(task, "small", "cpu", R.SETTINGS)
-    print(f"{args.candidate} load={args.load} loadavg={os.getloadavg()[0]:.2f} floor={bench.baselines.floor_ms:.4g} ms "
+    task = tasks.discover(R.TASKS, [args.task])[0]
+    bench = prepare(task, "small", "cpu", settings)
+    print(f"{args.candidate} task={args.task} load={args.load} grad={args.grad} loadavg={os.getloadavg()[0]:.2f} floor={bench.baselines.floor_ms:.4g} ms "
           f"({bench.baselines.bandwidth_gbs:.0f} GB/s) eager={bench.baselines.eager.median_ms:.4g} ms", flush=True)
     verdicts = []
     try:
         for i in range(args.runs):
-            r = evaluate.evaluate(bench, code, build_dir, R.SETTINGS)
+            r = evaluate.evaluate(bench, code, build_dir, settings)
             verdicts.append(r.verdict.value)
             real = R.real_ms(r)
             est = r.wall_ms_per_call

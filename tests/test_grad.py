@@ -30,7 +30,8 @@ BASE = EvalConfig(compile_baseline=False, trials=4, timed_calls=10, timed_ms=0, 
 GRAD = BASE.model_copy(update={"grad": True})
 BF16 = BASE.model_copy(update={"dtype": "bfloat16"})
 CANDIDATES = ("grad_honest_huber", "grad_wrong_backward_huber", "grad_detached_huber", "grad_missing_input_huber",
-              "grad_ignores_upstream_huber", "huber_forward_only", "bf16_fp32acc_mse", "bf16_naive_mse")
+              "grad_ignores_upstream_huber", "huber_forward_only", "bf16_fp32acc_mse", "bf16_naive_mse",
+              "grad_honest_fast_mse")
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,15 @@ def test_honest_forward_and_backward_is_correct_in_gradient_mode(bench, builds):
     assert len(r.sizes) >= 3 and r.sizes[0] == "small", r.sizes  # small, odd, and two drawn shapes
     # the eager baseline timed forward plus backward, side by side with the candidate's calls
     assert r.eager_beside is not None and r.time_ms is not None and r.speedup_eager > 0
+
+
+def test_a_fast_fused_backward_is_not_refused_on_the_parents_clock(bench, builds):
+    """An honest mse several times faster than eager's forward plus backward (a one-pass C++ forward
+    and a one-pass backward writing both gradients): correct, however low its claim reads against the
+    parent's estimate (0.61-1.09 on the idle 2-core box: a first look that refuses it is judged again
+    on both evaluations' evidence)."""
+    r = judge(bench, builds, "grad_honest_fast_mse", "mse", GRAD)
+    assert r.verdict is V.correct, describe(r)
 
 
 def test_wrong_backward_is_wrong_gradient_naming_the_input(bench, builds):
@@ -183,14 +193,19 @@ def test_honest_kernel_is_correct_in_gradient_mode_in_bf16(bench, builds):
     assert r.grad and r.dtype == "bfloat16"
 
 
-def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path):
-    """The red team's forged clock (times_blocks reports 10% of each call) on forward plus backward:
-    the parent's own clock around Bound requests puts the forged median below its bound. (A null
-    model calibrated through the autograd wrapper made the bound tighter for honest kernels, and let
-    this one through in one CI run of three: reverted in d26f42f.)"""
+@pytest.mark.parametrize("factor", ["0.1", "0.5"])
+def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path, factor):
+    """The red team's forged clock (times_blocks reports a tenth, or half, of each call) on forward
+    plus backward: the parent's own clock around Bound requests puts the forged median below its
+    bound. (A null model calibrated through the autograd wrapper made the bound tighter for honest
+    kernels, and let the tenth through in one CI run of three: reverted in d26f42f. At 45% + 50 us
+    the half read 0.55-0.58 of the estimate and passed 5 times in 5: docs/benchmarks.md, 34th session.)"""
     build_dir = tmp_path / "build"
     build_dir.mkdir()
-    r = evaluate.evaluate(bench("mse", GRAD), REDTEAM / "forged_time_blocks.py", build_dir, GRAD)
+    code = tmp_path / "forged.py"
+    code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", f"FACTOR = {factor}\n"))
+    assert f"FACTOR = {factor}\n" in code.read_text()
+    r = evaluate.evaluate(bench("mse", GRAD), code, build_dir, GRAD)
     # On a cpu too loaded to time, its timing is marked unfit instead (pipeline.judge.judge.loaded).
     loaded = r.verdict is V.correct and (r.device_unfit or "").startswith("the cpu was loaded")
     assert r.grad and (r.verdict is V.impossible_timing or loaded), describe(r)

@@ -1,0 +1,12 @@
+"""Each bundled reference as its own candidate in gradient mode at "odd" on the cpu, N times: claim / estimate."""
+import sys, tempfile
+from pathlib import Path
+ROOT = Path(sys.argv[1]); sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import test_honest as H
+runs = int(sys.argv[2]); size = sys.argv[3] if len(sys.argv) > 3 else "odd"
+for name in H.TASKS:
+    for i in range(runs):
+        r = H.judge_the_reference(name, size, "cpu", Path(tempfile.mkdtemp()), H.SETTINGS.model_copy(update={"grad": True}))
+        est = r.wall_ms_per_call
+        print(f"{name} {size} {i} {r.verdict.value}{'*' if r.first_refusal else ''} claim {r.time_ms} est {est} "
+              f"ratio {r.time_ms / est if r.time_ms and est else None} unfit {bool(r.device_unfit)}", flush=True)
