@@ -190,9 +190,12 @@ class Captured:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # capture wants every lazy initialisation (cuBLAS's too) done before it
-            w = weights(sum(p.numel() for p in parts(model(*first))), digest_seed, device)
+            w = None
             for inputs in sets[:len(seeds)]:
-                digest(model(*inputs), w)
+                result = model(*inputs)
+                if w is None:  # the digest's weights, one per value of the call's parts
+                    w = weights(sum(p.numel() for p in parts(result)), digest_seed, device)
+                digest(result, w)
         torch.cuda.current_stream().wait_stream(side)
         if isinstance(model, ForwardBackward):
             # Each set's upstream, drawn now from its seed (the reference draws the same): a draw

@@ -40,9 +40,8 @@ from .runqueue import Load
 # - cuda (eager Bound requests): the estimate counts the forward's host work, which the hold hides
 #   from the child's events (an honest 11 us kernel cost 110 us a call on the H100's parent clock),
 #   hence 0.25 ms absolute, and LOOSE_BELOW_MS below which it refuses nothing.
-# - cuda_graph (replayed, pipeline.child.replays): the parent's clock counts the device's work alone;
-#   the claim is first taken the protocol's no-work call less (Baselines.null_ms). In gradient mode
-#   (_grad) honest claims read 0.98-1.49 of the estimate, and a half-forged 26 us call 0.63-0.64.
+# - cuda_graph (pipeline.child.replays): the device's work alone, the claim less the no-work call
+#   (Baselines.null_ms). _grad: honest claims read 0.98-1.49 of the estimate, a half-forged 26 us 0.63-0.64.
 # - cpu: load taken out of both sides (unloaded_ms), the values written while the child is stopped;
 #   0.01 ms absolute since requests last about 4 ms (evaluate.CPU_BOUND_MS). A first claim within
 #   DOUBT_SLACK of its bound is judged again.
@@ -96,6 +95,11 @@ class Expected:
         if not self.parts:
             return [("output", list(self.shape), self.numel)]
         return [(label, list(shape), int(np.prod(shape, dtype=np.int64))) for label, shape in self.parts]
+
+    def tolerances(self, tol: float, dtype: str) -> list[float]:
+        """Each part's relative tolerance in the run's dtype (tolerance_for), in layout order."""
+        n = len(self.layout())
+        return [tolerance_for(tol, dtype, e, o) for e, o in zip(self.rel_errs or [self.fp32_rel_err] * n, self.own_errs or [None] * n)]
 
 
 def mapped(fd: int, dtype=np.uint8, count: int = -1) -> np.ndarray:
@@ -165,15 +169,12 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         return fail(Verdict.mismatch, "the output's values did not reach the parent")
     got_at = values.chunk if isinstance(values, Slot) else (lambda i, j: values[i:j])
     b = want.values()
-    errs = want.rel_errs or [want.fp32_rel_err] * len(layout)
-    owns = want.own_errs or [None] * len(layout)
     start, worst_part = 0, None
-    for (label, shape, n), ref_err, own_err in zip(layout, errs, owns):
+    for (label, shape, n), part_tol in zip(layout, want.tolerances(tol, dtype)):
         part = range(start, start + n)
         start += n
         wrong = Verdict.mismatch if label == "output" else Verdict.wrong_gradient
         where = "output" if label == "output" else label
-        part_tol = tolerance_for(tol, dtype, ref_err, own_err)
         # Magnitude-aware: relative per element, with the part's mean magnitude as the absolute
         # floor, so zeros never pass against a non-zero reference (KernelBench #165). In chunks of
         # CHUNK values (issue 28: whole-part float64 copies were several times a 1 GiB output),
@@ -475,8 +476,7 @@ def doubtful(device: str, median_ms: float, estimate: float | None) -> bool:
 def digest_ok(digest: float, want: float, scale: float, tol: float, dtype: str, parts: Expected | None) -> bool:
     """A replayed call's digest, sum(values x w) in float32, against the reference's (pipeline.child.replays): parts
     within their tolerances (as `compare` widens a checked call's) move it at most the widest x scale."""
-    errs = (parts.rel_errs or [parts.fp32_rel_err] * len(parts.layout())) if parts else [None]
-    tol = max(tolerance_for(tol, dtype, e, o) for e, o in zip(errs, (parts and parts.own_errs) or [None] * len(errs)))
+    tol = max(parts.tolerances(tol, dtype)) if parts else tolerance_for(tol, dtype, None)
     return bool(np.isfinite(digest)) and abs(digest - want) <= (tol + DIGEST_SUM_EPS) * scale + 1e-30
 
 
