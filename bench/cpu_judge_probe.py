@@ -1,6 +1,6 @@
 """Probe: the cpu judge, again and again, on one candidate: idle or beside two busy loops.
 
-    python bench/cpu_judge_probe.py CANDIDATE [--runs 10] [--load none|spin] [--grad] [--task mse]
+    python bench/cpu_judge_probe.py CANDIDATE [--runs 10] [--load none|spin] [--grad] [--task mse] [--size small]
 
 CANDIDATE: a file under tests/redteam (honest_fast_mse.py, honest_cpp.py, omp_all_cores.py, ...), or
 `clock-F`: tests/redteam/clock_instance_patch.py claiming F of each call's real time (its memo has no
@@ -43,14 +43,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--load", choices=["none", "spin"], default="none")
     ap.add_argument("--grad", action="store_true", help="gradient mode: forward plus backward")
-    ap.add_argument("--task", default="mse", help="a bundled task (the forge-F and clock-F candidates are mse's)")
+    ap.add_argument("--task", default="mse", help="a bundled task, or one of tests/tasks (the forge-F and clock-F "
+                    "candidates are mse's; forge-F on big_add adds instead)")
+    ap.add_argument("--size", default="small", help="the task's size preset, or 'default' for its own globals")
     args = ap.parse_args()
     settings = R.SETTINGS.model_copy(update={"grad": args.grad})
     work = Path(tempfile.mkdtemp(prefix="kgen-probe-"))
     if args.candidate.startswith("forge-"):  # forged_time_blocks.py at FACTOR F: plain torch mse, so gradient mode too
         code = work / "forge.py"
         code.write_text((R.REDTEAM / "forged_time_blocks.py").read_text().replace(
-            "FACTOR = 0.1\n", f"FACTOR = {float(args.candidate[6:])}\n"))
+            "FACTOR = 0.1\n", f"FACTOR = {float(args.candidate[6:])}\n").replace(
+            "return torch.mean((predictions - targets) ** 2)",
+            "return predictions + targets" if args.task == "big_add" else "return torch.mean((predictions - targets) ** 2)"))
         build_dir = work / "build"
         build_dir.mkdir()
     elif args.candidate.startswith("clock-"):
@@ -69,8 +73,9 @@ def main() -> None:
               for _ in range(2 if args.load == "spin" else 0)]
     for p in others:
         p.start()
-    task = tasks.discover(R.TASKS, [args.task])[0]
-    bench = prepare(task, "small", "cpu", settings)
+    folder = R.TASKS if (R.TASKS / f"{args.task}.py").exists() else R.TEST_TASKS
+    task = tasks.discover(folder, [args.task])[0]
+    bench = prepare(task, args.size, "cpu", settings)
     print(f"{args.candidate} task={args.task} load={args.load} grad={args.grad} loadavg={os.getloadavg()[0]:.2f} floor={bench.baselines.floor_ms:.4g} ms "
           f"({bench.baselines.bandwidth_gbs:.0f} GB/s) eager={bench.baselines.eager.median_ms:.4g} ms", flush=True)
     verdicts = []

@@ -23,6 +23,8 @@ from pipeline.config import EvalConfig
 from pipeline.leaderboard import is_verified
 from pipeline.records import Flag, Verdict, summary_fields
 
+from forgers import assert_refused_or_near_twin, honest_and_trusted
+
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -355,11 +357,7 @@ def test_a_clock_forged_to_half_is_refused_at_every_call_length(built, size):
     # The issue's rule: a forger is refused, or judged at a time within 1.3x of its honest twin's (the
     # one evaluated just before it). Once in 11 on the H200 the forger's clock claimed 8.4 us beside
     # its twin's 9.7, not half, and the bound rightly let that claim through (docs/benchmarks.md).
-    for (name, r), (_, twin) in zip(results, [results[0]] + results[:-1]):
-        if name == "honest":
-            assert r.verdict is Verdict.correct and r.trusted, (r.error, r.untrusted_reason)
-        elif r.verdict is not Verdict.impossible_timing:
-            assert r.verdict is Verdict.correct and r.time_ms * 1.3 >= twin.time_ms, (r.verdict, r.time_ms, twin.time_ms)
+    assert_refused_or_near_twin(results, honest_and_trusted)
 
 
 BUSY_GPU = """

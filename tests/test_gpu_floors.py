@@ -14,9 +14,10 @@ from pipeline.judge import evaluate
 from pipeline.judge.bench import prepare
 from pipeline.records import Verdict
 
+from forgers import assert_refused_or_near_twin, forged_clock, honest_and_trusted
+
 pytestmark = pytest.mark.gpu
 
-REDTEAM = Path(__file__).parent / "redteam"
 N = 2048  # float32, no TF32: about 0.3 ms a call on an H200; 17 GFLOP
 
 TASK = f'''import torch
@@ -50,11 +51,7 @@ def test_a_forged_clock_on_a_gpu_matmul_is_refused_and_the_honest_one_is_correct
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "matmul.py").write_text(TASK)
     task = tasks.discover(tmp_path / "tasks", ["matmul"])[0]
-    forged = (REDTEAM / "forged_time_blocks.py").read_text().replace(
-        "def forward(self, predictions, targets):\n        return torch.mean((predictions - targets) ** 2)",
-        "def forward(self, a, b):\n        return a @ b").replace("FACTOR = 0.1\n", f"FACTOR = {factor}\n")
-    assert f"FACTOR = {factor}\n" in forged and "return a @ b" in forged
-    (tmp_path / "forged.py").write_text(forged)
+    (tmp_path / "forged.py").write_text(forged_clock(factor, "def forward(self, a, b):\n        return a @ b"))
     (tmp_path / "honest.py").write_text("import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
                                         "    def forward(self, a, b):\n        return a @ b\n")
     (tmp_path / "build").mkdir()
@@ -74,10 +71,7 @@ def test_a_forged_clock_on_a_gpu_matmul_is_refused_and_the_honest_one_is_correct
               f"trusted={r.trusted} error={r.error}")
     assert b.flops == 2 * N ** 3 and b.flops_per_s > 1e14, b  # a Hopper's bfloat16 matmuls: hundreds of TFLOP/s
     assert b.floor_ms < b.compute_floor_ms < b.eager.median_ms, b
-    for (name, r), (_, twin) in zip(results, [results[0]] + results[:-1]):
-        if name == "honest":
-            assert r.verdict is Verdict.correct and r.trusted, (r.error, r.untrusted_reason)
-        elif factor == "0.02":
-            assert r.verdict is Verdict.impossible_timing and "below the compute floor" in r.error, r.error
-        elif r.verdict is not Verdict.impossible_timing:
-            assert r.verdict is Verdict.correct and r.time_ms * 1.3 >= twin.time_ms, (r.verdict, r.time_ms, twin.time_ms)
+    def below_the_floor(r):
+        assert r.verdict is Verdict.impossible_timing and "below the compute floor" in r.error, r.error
+
+    assert_refused_or_near_twin(results, honest_and_trusted, below_the_floor if factor == "0.02" else None)

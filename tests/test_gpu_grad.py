@@ -17,10 +17,11 @@ from pipeline.judge import evaluate
 from pipeline.judge.bench import prepare
 from pipeline.records import Verdict
 
+from forgers import assert_refused_or_near_twin, forged_clock, honest_and_trusted
+
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
-REDTEAM = Path(__file__).parent / "redteam"
 SETTINGS = EvalConfig(trials=5, timed_calls=20, warmup_calls=3, timeout_s=120, compile_baseline=False,
                       check_shapes=False, grad=True)
 # mse forward plus backward: about 30 us, 60 us and 0.3 ms a call on an H200.
@@ -39,9 +40,7 @@ def test_a_clock_forged_to_half_is_refused_in_gradient_mode_on_a_gpu(tmp_path, s
     if not torch.cuda.is_available():
         pytest.skip("no CUDA")
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
-    forged = (REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.5\n")
-    assert "FACTOR = 0.5\n" in forged
-    (tmp_path / "forged.py").write_text(forged)
+    (tmp_path / "forged.py").write_text(forged_clock(0.5))
     (tmp_path / "honest.py").write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")
     (tmp_path / "build").mkdir()
     bench = prepare(task, SIZES[size], "cuda", SETTINGS)
@@ -53,10 +52,10 @@ def test_a_clock_forged_to_half_is_refused_in_gradient_mode_on_a_gpu(tmp_path, s
     for name, r in results:
         print(f"\nREDTEAM grad {name}@{size}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
               f"trusted={r.trusted} error={r.error} bound={r.bound_note} untrusted={r.untrusted_reason}")
-    for (name, r), (_, twin) in zip(results, [results[0]] + results[:-1]):
-        assert r.grad
-        if name == "honest":
-            assert r.verdict is Verdict.correct and r.trusted, (r.error, r.untrusted_reason, r.bound_note)
-            assert "replayed from CUDA graphs" in (r.bound_note or ""), r.bound_note
-        elif r.verdict is not Verdict.impossible_timing:
-            assert r.verdict is Verdict.correct and r.time_ms * 1.3 >= twin.time_ms, (r.verdict, r.time_ms, twin.time_ms)
+    assert all(r.grad for _, r in results)
+
+    def honest(r):
+        honest_and_trusted(r)
+        assert "replayed from CUDA graphs" in (r.bound_note or ""), r.bound_note
+
+    assert_refused_or_near_twin(results, honest)

@@ -22,6 +22,8 @@ from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Provenance, Verdict as V
 
+from forgers import forged_clock
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,20 +195,44 @@ def test_honest_kernel_is_correct_in_gradient_mode_in_bf16(bench, builds):
     assert r.grad and r.dtype == "bfloat16"
 
 
-def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path):
-    """The red team's forged clock (times_blocks reports 10% of each call) on forward plus backward:
-    the parent's own clock around Bound requests puts the forged median below its bound. (A null
-    model calibrated through the autograd wrapper made the bound tighter for honest kernels, and let
-    this one through in one CI run of three: reverted in d26f42f.) A clock forged to half is refused
-    on an idle box (5 of 5 by bench/cpu_judge_probe.py forge-0.5 --grad), but passed once in a
-    fresh-clone run of this suite beside its other worker, so it is not asserted here: the gap is
-    recorded in docs/threat-model.md and docs/benchmarks.md (34th session)."""
+@pytest.mark.parametrize("factor", [0.1, 0.5])
+def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path, factor):
+    """The red team's forged clock (times_blocks reports `factor` of each call) on forward plus
+    backward: the parent's own clock around Bound requests puts the forged median below its bound.
+    The half passed 5 of 5 at 45% + 50 us (34th session), and once in a fresh-clone run of this suite
+    at 35% + 10 us, while the null model wrote its gradients afresh each call (the estimate a quarter
+    to a third low). With the null's results made once a position (pipeline.child.harness.NullRing)
+    and 30% + 10 us: the half refused 8 of 8 and a clock forged to 0.6 10 of 10 on the idle 2-core box,
+    reading 0.41-0.64 of the estimate against an honest twin's 0.83-1.10 (docs/benchmarks.md, 35th
+    session)."""
+    code = tmp_path / "forged.py"
+    code.write_text(forged_clock(factor))
     build_dir = tmp_path / "build"
     build_dir.mkdir()
-    r = evaluate.evaluate(bench("mse", GRAD), REDTEAM / "forged_time_blocks.py", build_dir, GRAD)
+    r = evaluate.evaluate(bench("mse", GRAD), code, build_dir, GRAD)
     # On a cpu too loaded to time, its timing is marked unfit instead (pipeline.judge.judge.loaded).
     loaded = r.verdict is V.correct and (r.device_unfit or "").startswith("the cpu was loaded")
     assert r.grad and (r.verdict is V.impossible_timing or loaded), describe(r)
+
+
+def test_an_output_of_many_values_is_timed_without_the_upstream_draws(tmp_path):
+    """Gradient mode on a task whose output is not a scalar (big_add, 512 x 512): each call's
+    upstream is drawn from its seed at an Arm before the Bound request, not in its window. Drawn in
+    the window the draws cost 3 ms a call, the estimate read 3.1 ms for a 0.22 ms call, and an honest
+    add was refused 3 of 3 (35th session)."""
+    code = tmp_path / "add.py"
+    code.write_text("import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                    "    def forward(self, a, b):\n        return a + b\n")
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    task = tasks.discover(ROOT / "tests" / "tasks", ["big_add"])[0]
+    b = prepare(task, "small", "cpu", GRAD)
+    try:
+        r = evaluate.evaluate(b, code, build_dir, GRAD)
+    finally:
+        b.close()
+    assert r.verdict is V.correct and r.grad, describe(r)
+    assert r.wall_ms_per_call is not None and r.wall_ms_per_call < 4 * r.time_ms, describe(r)
 
 
 def _as_stored(r: EvalResult) -> EvalResult:

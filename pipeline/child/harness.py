@@ -28,7 +28,7 @@ from typing import Any
 from . import HARNESS, replays, tasks, timing
 from . import protocol as P
 from . import memfd
-from .grad import ForwardBackward, GradError, grad_null, reseed
+from .grad import ForwardBackward, GradError, draw_upstream, grad_null, reseed
 from .jail import landlock
 from .jail.seccomp import die_with_parent, forbid_setsid
 from .profiling import profile, warm_profiler
@@ -162,6 +162,32 @@ def _failed(op: str, exc: BaseException, index: int | None = None) -> P.Failed:
                     traceback=traceback.format_exc()[-4000:])
 
 
+class NullRing:
+    """The cpu's null model in gradient mode: one result made for each position of a Bound request,
+    then handed out again by every later request (`rewind` at each), so a calibration request costs
+    what a candidate's does besides its calls (the copy into the outbox) and not the writing of the
+    gradients too, which a candidate's backward does as its own work. Zeros made afresh each call cost
+    as much again (two 4 MB gradients a call of mse): the estimate came out a quarter to a third low,
+    and a clock forged to 0.6 passed 5 of 5 (docs/benchmarks.md, 35th session). One result a position,
+    not one for all, so the copies read as many distinct bytes as a candidate's request.
+    The forward keeps zeros made each call: there the fresh output's write offsets the Bound
+    request's cold inputs, which the ring left in and which put an honest add's estimate at 1.6x its
+    calls at a cache-resident size (refused 2 of 3) (docs/benchmarks.md)."""
+
+    def __init__(self, make):
+        self.make, self.ring, self.at = make, [], 0
+
+    def rewind(self) -> None:
+        self.at = 0
+
+    def __call__(self, *inputs):
+        if self.at == len(self.ring):
+            self.ring.append(self.make(*inputs))
+        out = self.ring[self.at]
+        self.at += 1
+        return out
+
+
 class Evaluator:
     """Answers one request at a time. Before Import the model is a null one (zeros of the reference's
     shape), so the parent's calibration blocks measure exactly what a block costs besides the calls."""
@@ -179,17 +205,21 @@ class Evaluator:
         self.model = self.null_model()
         self.sets: list[list[Any]] = []
         self.captured = None  # a Bound request's graphs, waiting for their Play
+        self.armed: tuple[int, list[list[Any]]] | None = None  # an Arm's request index and sets
 
     def null_model(self):
         """Zeros of the reference's shape; in gradient mode with zero gradients of every floating
-        input's and parameter's shape too, so calibration copies as many values as a real call."""
+        input's and parameter's shape too, so calibration copies as many values as a real call. On
+        the cpu in gradient mode made once a position of a request (NullRing); else made every call."""
         import torch
 
         shape, device = tuple(self.job.out_shape), self.device
         dtype = self.main.__kgen_dtype__ or torch.float32
         if not self.job.grad:
-            return lambda *inputs: torch.zeros(shape, device=device, dtype=dtype)
-        return grad_null(self.main, shape, dtype, device)
+            make = lambda *inputs: torch.zeros(shape, device=device, dtype=dtype)
+        else:
+            make = grad_null(self.main, shape, dtype, device)
+        return NullRing(make) if device == "cpu" and self.job.grad else make
 
     def candidate_model(self, module, init_seed: int):
         """ModelNew at a size, called as forward plus backward in gradient mode."""
@@ -254,6 +284,8 @@ class Evaluator:
             return self.timed(req)
         if isinstance(req, P.Bound):
             return self.bound(req)
+        if isinstance(req, P.Arm):
+            return self.arm(req)
         if isinstance(req, P.Play):
             return self.play(req)
         if isinstance(req, P.Profile):
@@ -319,25 +351,47 @@ class Evaluator:
 
         if req.replays:
             return self.bound_replays(req)
-        if req.inbox and (self.inbox is None or req.inbox > self.inbox.sets):
-            raise ValueError(f"a Bound request for {req.inbox} inbox sets; this child's inbox holds "
-                             f"{self.inbox.sets if self.inbox else 0}")
         with torch.no_grad():
-            if req.inbox:
-                like = self.block_sets(1)[0]
-                sets = [self.inbox.inputs(i, like) for i in range(req.inbox)]
+            if req.inbox and self.job.grad:  # the sets, and their upstreams, the Arm before made
+                if self.armed is None or self.armed[0] != req.index or len(self.armed[1]) != req.inbox:
+                    raise ValueError(f"a Bound request {req.index} in gradient mode that no Arm prepared")
+                sets, self.armed = self.armed[1], None
+            elif req.inbox:
+                sets = self.inbox_sets(req.inbox)
             else:
                 sets = [tasks.make_inputs(self.main, seed, "base", self.device) for seed in req.seeds]
-            if isinstance(self.model, ForwardBackward):  # each call's upstream, from its seed (pipeline.child.grad)
+            if self.job.grad and not req.inbox:  # each call's upstream, from its seed (pipeline.child.grad)
                 if len(req.seeds) != len(sets):
                     raise ValueError(f"a Bound request in gradient mode with {len(req.seeds)} seeds for {len(sets)} calls")
                 for inputs, seed in zip(sets, req.seeds):
-                    self.model.reseed(inputs, seed)
+                    if isinstance(self.model, ForwardBackward):
+                        self.model.reseed(inputs, seed)
+                    else:  # the null model draws as much, so the calibration takes the draws out of the estimate
+                        draw_upstream(seed, tuple(self.job.out_shape), self.main.__kgen_dtype__ or torch.float32, self.device)
+            if isinstance(self.model, NullRing):
+                self.model.rewind()
             outs = [self.model(*inputs) for inputs in sets]
             self.clock.sync()
             headers = [P.put(self.outbox, i, out) for i, out in enumerate(outs)]
         return P.BoundDone(index=req.index, outputs=headers)
 
+    def inbox_sets(self, count: int) -> list[list[Any]]:
+        """`count` sets as views of the inbox, which the parent fills while the child is stopped."""
+        if self.inbox is None or count > self.inbox.sets:
+            raise ValueError(f"a Bound request for {count} inbox sets; this child's inbox holds "
+                             f"{self.inbox.sets if self.inbox else 0}")
+        like = self.block_sets(1)[0]
+        return [self.inbox.inputs(i, like) for i in range(count)]
+
+    def arm(self, req: P.Arm) -> P.BoundReady:
+        """The next Bound request's sets, and each call's upstream drawn from its seed, untimed (P.Arm);
+        the null model draws none, as none of this is in the window."""
+        sets = self.inbox_sets(len(req.seeds))
+        if isinstance(self.model, ForwardBackward):
+            for inputs, seed in zip(sets, req.seeds):
+                self.model.reseed(inputs, seed)
+        self.armed = (req.index, sets)
+        return P.BoundReady(index=req.index)
 
     def bound_replays(self, req: P.Bound) -> P.BoundReady:
         """Capture a Bound request's CUDA graphs (pipeline.child.replays) for the Play that follows;

@@ -127,8 +127,9 @@ class Bound(Message):
     op: Literal["bound"] = "bound"
     index: int
     seeds: list[int] = Field(default_factory=list)
-    """One seed per call: the child fills a set from each on the device (cuda, where that is cheap).
-    In gradient mode sent with `inbox` too, for each call's upstream gradient (pipeline.child.grad)."""
+    """One seed per call: the child fills a set from each on the device (cuda, where that is cheap),
+    in gradient mode each call's upstream gradient too (pipeline.child.grad). With `inbox` empty: the
+    Arm before it brought the upstreams' seeds."""
     inbox: int = 0
     """Or this many calls on the sets the parent wrote into the inbox, read there in place (cpu,
     where making the values costs ten times the call and would drown it in the parent's clock)."""
@@ -141,6 +142,18 @@ class Bound(Message):
     @property
     def calls(self) -> int:
         return self.replays or self.inbox or len(self.seeds)
+
+
+class Arm(Message):
+    """Gradient mode on inbox sets (cpu), untimed, right before the Bound request `index`: make its
+    sets (views of the inbox, which the parent fills in its window) and draw each call's upstream
+    gradient from `seeds`. Drawn inside the window, the draws cost 3 ms a call for a 512 x 512 output
+    against a 0.2 ms call, and the estimate said nothing (docs/benchmarks.md, 35th session). An
+    upstream known early buys a candidate nothing: the inputs come in the window, and a backward needs
+    them. Answered with BoundReady."""
+    op: Literal["arm"] = "arm"
+    index: int
+    seeds: list[int]
 
 
 class Play(Message):
@@ -172,7 +185,7 @@ class BuildJob(Message):
     candidate's module is imported."""
 
 
-Request = Annotated[Union[Init, Job, Import, Setup, Trial, Timed, Bound, Play, Profile, Finish, BuildJob],
+Request = Annotated[Union[Init, Job, Import, Setup, Trial, Timed, Bound, Arm, Play, Profile, Finish, BuildJob],
                     Field(discriminator="op")]
 REQUEST = TypeAdapter(Request)
 
@@ -278,7 +291,8 @@ class TimedDone(Message):
 
 
 class BoundReady(Message):
-    """The graphs of a Bound request with `replays` are captured (or could not be: `graph_error`)."""
+    """The graphs of a Bound request with `replays` are captured (or could not be: `graph_error`), or an
+    Arm's sets are ready."""
     event: Literal["bound_ready"] = "bound_ready"
     index: int
     graph_error: str | None = None

@@ -44,8 +44,7 @@ def calibrate(session: Any) -> None:
              for _ in range(calls)] if session.inbox else None
     blocks = CALIBRATION_BLOCKS["cpu" if bench.device == "cpu" else "cuda"]
     for i in range(blocks + 1):
-        _, ms = session.ask(session.bound_request(-1 - i, [_seed() for _ in range(calls)]), P.BoundDone,
-                            "calibration", noise)
+        _, ms = session.ask_bound(-1 - i, [_seed() for _ in range(calls)], "calibration", noise)
         if i:
             session.calibration.append(Window(ms, calls, session.load))
     noise = None  # a copy of the inputs' size, which the float64 forwards to come need more

@@ -47,14 +47,12 @@ class Session:
         self.judged: list[TrialResult] = []
         self.calibration: list[Window] = []
         self.bound_windows: list[Window] = []
-        # Replayed Bound requests (cuda, pipeline.child.replays): their calibration and windows, the
-        # reference's digests of the checked replays, and why the forward could not be captured.
-        self.replay_calibration: list[Window] = []
-        self.replay_windows: list[Window] = []
-        # The reference's null replays, on its own clock: index for index with replay_calibration (None
-        # where none), one beside each replayed request (beside.null_play, judge.paired_per_call).
-        self.null_calibration: list[float | None] = []
-        self.null_windows: list[float | None] = []
+        # Replayed Bound requests (cuda, pipeline.child.replays): their calibration and windows; the
+        # reference's null replays on its own clock, index for index with those (None where none:
+        # beside.null_play, judge.paired_per_call); the reference's digests of the checked replays, and
+        # why the forward could not be captured.
+        self.replay_calibration, self.replay_windows = [], []
+        self.null_calibration, self.null_windows = [], []  # list[float | None] each
         self.out_shape: list[int] = []
         self.digests: dict[str, dict[str, Any]] = {}
         self.graph_failed: str | None = None
@@ -104,14 +102,13 @@ class Session:
         inbox while the child is stopped, so that no work on them can happen before the clock starts."""
         self.step = what
         limit = self.limit(request)
-        # The values are written while every process of the child's session is stopped, and the
-        # clock starts after: the write is the parent's work, not the call's (inside the window it
-        # cost twice the calibration's, and an honest kernel was refused in a CI run). A child
-        # that will not stop gets the write inside the window, as before.
-        # What other processes take of the window (pipeline.judge.runqueue): the child's threads' account
-        # once it is stopped, where it is to be (a stopped thread waits on no run queue, so no wait from
-        # before the clock starts is taken out of the window: read before the stop, the red team's 50 ms
-        # sleeper once read 46.6 ms a call beside load), ours from the clock's start.
+        # The values are written while every process of the child's session is stopped, and the clock
+        # starts after: the write is the parent's work, not the call's (inside the window it cost twice
+        # the calibration's; an honest kernel was refused in CI). A child that will not stop gets the
+        # write inside the window. What other processes take of the window (pipeline.judge.runqueue):
+        # the child's threads' account once it is stopped (a stopped thread waits on no run queue; read
+        # before the stop, the red team's 50 ms sleeper read 46.6 ms a call beside load), ours from the
+        # clock's start.
         stopped = self.child.pause() if reveal else None
         # The load is taken out of windows on the cpu only (judge.unloaded_ms): on a GPU the reads,
         # a third of a millisecond for a child's 32 threads, were all an ask's cost of it.
@@ -363,13 +360,14 @@ class Session:
         b = bench.baselines
         if (problem := judge.check_windows(self.timed)):
             return problem
-        problem = judge.check_estimate(kind, claim if claim is not None else median, self.estimate,
+        claim = claim if claim is not None else median
+        # On the cpu the recorded median too: a block mean above the bound had hidden one below it.
+        problem = judge.check_estimate(kind, min(claim, median) if bench.device == "cpu" else claim, self.estimate,
                                        b.null_ms if b else None)
         if not kind.startswith("cuda_graph") and bench.device.startswith("cuda") and median < judge.LOOSE_BELOW_MS:
-            # The eager GPU bound counts the calls' host work, which the hold keeps out of the child's
-            # events: in gradient mode on an H200 autograd's 0.4-0.9 ms a call put honest references'
-            # 0.02-0.14 ms below it (docs/benchmarks.md, 2026-11-29). Below LOOSE_BELOW_MS it cannot tell
-            # a forged clock from host work, so it refuses nothing there: the result is kept, untrusted.
+            # The eager GPU bound counts the calls' host work, which the hold keeps out of the child's events
+            # (an H200's autograd put honest references below it, docs/benchmarks.md 2026-11-29): below
+            # LOOSE_BELOW_MS it cannot tell a forged clock from host work, and keeps the result untrusted.
             why = (f"its calls could not be replayed from a CUDA graph ({self.graph_failed[:160]})" if self.graph_failed
                    else "replay_bound is off, so its calls were not replayed from CUDA graphs")
             self.loose_bound = (f"{why}, so the parent's bound, which counts the calls' host work, says little below "
@@ -378,7 +376,7 @@ class Session:
                 self.loose_bound += f"; it read: {problem[1][:300]}"
                 problem = None
         self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing
-        self.doubtful = problem is None and not self.prior and judge.doubtful(kind, claim if claim is not None else median, self.estimate)
+        self.doubtful = problem is None and not self.prior and judge.doubtful(kind, claim, self.estimate)
         if (unfit := judge.loaded(self.evidence, bench.device)):
             # Neither side's clock means much here: the timing is marked unfit, and a refusal on the
             # clocks alone is not a verdict (judge.LOADED_SHARE).
@@ -428,7 +426,7 @@ class Session:
                 # Private copies, read before the window as the files were: a child that will not
                 # stop gets the write inside it (ask), and a first touch of a map's pages there costs.
                 values = self.bench.bound_inputs(plan, k, self.inputs, self.lane, self.inbox.set_bytes) if self.inbox else None
-                reply, ms = self.ask(self.bound_request(k, bound_seeds), P.BoundDone, f"bound block {k}", values)
+                reply, ms = self.ask_bound(k, bound_seeds, f"bound block {k}", values)
                 at = self.spent("timing_bounds", at)
                 if len(reply.outputs) != len(bound_seeds):
                     return Verdict.protocol_error, f"bound block {k}: {len(reply.outputs)} outputs for {len(bound_seeds)}"
@@ -468,12 +466,15 @@ class Session:
         self.bound_note = f"replayed from CUDA graphs, {plan.replays} calls a request"
         return True
 
-    def bound_request(self, index: int, seeds: list[int]) -> P.Bound:
-        """Values through the inbox (the parent's, written in the window) or a seed per call; in
-        gradient mode the seeds go with the inbox too: each call's upstream comes from its seed."""
+    def ask_bound(self, index: int, seeds: list[int], what: str, values: list[np.ndarray] | None) -> tuple[P.BoundDone, float]:
+        """An eager Bound request and its milliseconds: values through the inbox (the parent's, written
+        in the window) or a seed per call. In gradient mode on the inbox an Arm goes first, untimed,
+        with the seeds each call's upstream is drawn from (P.Arm)."""
         if not self.inbox:
-            return P.Bound(index=index, seeds=seeds)
-        return P.Bound(index=index, inbox=len(seeds), seeds=seeds if self.bench.settings.grad else [])
+            return self.ask(P.Bound(index=index, seeds=seeds), P.BoundDone, what)
+        if self.bench.settings.grad:
+            self.ask(P.Arm(index=index, seeds=seeds), P.BoundReady, what)
+        return self.ask(P.Bound(index=index, inbox=len(seeds)), P.BoundDone, what, values)
 
     def check_block(self, prefix: str, what: str, first: int, headers: list[P.OutputHeader],
                     like: str = "trial0") -> tuple[Verdict, str] | None:

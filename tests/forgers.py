@@ -1,0 +1,43 @@
+"""The red team's forged clock, and the issue's rule for judging it, shared by the cpu and GPU tests.
+
+`forged_clock` is tests/redteam/forged_time_blocks.py (torch's mse; its time_blocks claims FACTOR of
+each call's real time) at another factor, or with another forward. The rule (issue 27): a forging
+candidate is refused, or judged at a time within TWIN_RATIO of its honest twin's, the one evaluated
+just before it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from pipeline.records import EvalResult, Verdict
+
+REDTEAM = Path(__file__).resolve().parent / "redteam"
+TWIN_RATIO = 1.3
+MSE_FORWARD = "def forward(self, predictions, targets):\n        return torch.mean((predictions - targets) ** 2)"
+
+
+def forged_clock(factor: float | str, forward: str | None = None) -> str:
+    """The forged clock's source at `factor`; `forward` replaces its mse forward (a whole def)."""
+    text = (REDTEAM / "forged_time_blocks.py").read_text()
+    assert "FACTOR = 0.1\n" in text and MSE_FORWARD in text, "forged_time_blocks.py changed its form"
+    return text.replace("FACTOR = 0.1\n", f"FACTOR = {factor}\n").replace(MSE_FORWARD, forward or MSE_FORWARD)
+
+
+def assert_refused_or_near_twin(results: list[tuple[str, EvalResult]], honest: Callable[[EvalResult], None],
+                                forger: Callable[[EvalResult], None] | None = None) -> None:
+    """`results` in the order evaluated, (name, result), each forger right after its honest twin:
+    `honest` checks every "honest" one; every other is refused (impossible_timing) or correct at a time
+    within TWIN_RATIO of the result before it. `forger`, where given, checks the others instead."""
+    for (name, r), (_, twin) in zip(results, [results[0]] + results[:-1]):
+        if name == "honest":
+            honest(r)
+        elif forger is not None:
+            forger(r)
+        elif r.verdict is not Verdict.impossible_timing:
+            assert r.verdict is Verdict.correct and r.time_ms * TWIN_RATIO >= twin.time_ms, \
+                (name, r.verdict, r.time_ms, twin.time_ms, r.error)
+
+
+def honest_and_trusted(r: EvalResult) -> None:
+    assert r.verdict is Verdict.correct and r.trusted, (r.verdict, r.error, r.untrusted_reason, r.bound_note)
