@@ -201,7 +201,7 @@ def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path, factor):
     backward: the parent's own clock around Bound requests puts the forged median below its bound.
     The half passed 5 of 5 at 45% + 50 us (34th session), and once in a fresh-clone run of this suite
     at 35% + 10 us, while the null model wrote its gradients afresh each call (the estimate a quarter
-    to a third low). With the null's results made once a position (pipeline.child.harness.NullRing)
+    to a third low). With the null's results made once an input set (pipeline.child.grad.KeptNull)
     and 30% + 10 us: the half refused 8 of 8 and a clock forged to 0.6 10 of 10 on the idle 2-core box,
     reading 0.41-0.64 of the estimate against an honest twin's 0.83-1.10 (docs/benchmarks.md, 35th
     session)."""

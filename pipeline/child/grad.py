@@ -133,17 +133,45 @@ class ForwardBackward:
         return Grads(out.detach(), [g.detach() for g in grads], labels)
 
 
-def grad_null(module, shape: tuple, dtype: torch.dtype, device: str):
-    """Gradient mode's null model: zeros of the output's shape and of every floating input's and
-    parameter's, so a calibration writes (and a replay's digest reads) as many values as a real call."""
-    meta = tasks.make_model(module, module.Model, 0, "meta")
-    params = [p.shape for p in meta.parameters()] if isinstance(meta, torch.nn.Module) else []
+def null_model(module, shape: tuple, dtype: torch.dtype, device: str, grad: bool, kept: bool):
+    """The null model a calibration times in the candidate's place: zeros of the output's shape; in
+    gradient mode with zeros of every floating input's and parameter's shape too, so it copies (and a
+    replay's digest reads) as many values as a real call. `kept`: made once an input set (KeptNull)."""
+    if grad:
+        meta = tasks.make_model(module, module.Model, 0, "meta")
+        params = [p.shape for p in meta.parameters()] if isinstance(meta, torch.nn.Module) else []
 
-    def null(*inputs):
-        wanted = [x for x in inputs if _wants_grad(x)]
-        grads = [torch.zeros_like(x) for x in wanted] + [torch.zeros(s, device=device, dtype=dtype) for s in params]
-        return Grads(torch.zeros(shape, device=device, dtype=dtype), grads, [])
-    return null
+        def make(*inputs):
+            wanted = [x for x in inputs if _wants_grad(x)]
+            grads = [torch.zeros_like(x) for x in wanted] + [torch.zeros(s, device=device, dtype=dtype) for s in params]
+            return Grads(torch.zeros(shape, device=device, dtype=dtype), grads, [])
+    else:
+        def make(*inputs):
+            return torch.zeros(shape, device=device, dtype=dtype)
+    return KeptNull(make) if kept else make
+
+
+class KeptNull:
+    """A null model whose result for an input set (keyed by its first tensor's storage: an inbox
+    set's place, a replayed set's) is made once and handed back at every later call on that set, so
+    the null the estimate subtracts writes no output, which a candidate's call writes as its own work.
+    Zeros made afresh each call put the estimate a quarter to a third low in gradient mode on the cpu
+    (two 4 MB gradients a call of mse: a clock forged to 0.6 passed 5 of 5) and at half on an H200's
+    16 MB add (a clock forged to half passed 2 of 2) (docs/benchmarks.md, 35th session). The cpu's
+    forward keeps zeros made each call: there the fresh output's write offsets the Bound request's
+    inputs, cold to the child's core, which kept results left in (an honest add's estimate at a
+    cache-resident size read 1.6x its calls, refused 2 of 3)."""
+
+    def __init__(self, make, most: int = 128):
+        self.make, self.most, self.kept = make, most, {}
+
+    def __call__(self, *inputs):
+        key = next((x.data_ptr() for x in inputs if isinstance(x, torch.Tensor)), None)
+        if key not in self.kept:
+            if len(self.kept) >= self.most:  # sets made afresh each request (eager GPU requests)
+                self.kept.clear()
+            self.kept[key] = self.make(*inputs)
+        return self.kept[key]
 
 
 def _first_tensor(inputs) -> torch.Tensor | None:

@@ -28,7 +28,7 @@ from typing import Any
 from . import HARNESS, replays, tasks, timing
 from . import protocol as P
 from . import memfd
-from .grad import ForwardBackward, GradError, draw_upstream, grad_null, reseed
+from .grad import ForwardBackward, GradError, draw_upstream, null_model, reseed
 from .jail import landlock
 from .jail.seccomp import die_with_parent, forbid_setsid
 from .profiling import profile, warm_profiler
@@ -162,32 +162,6 @@ def _failed(op: str, exc: BaseException, index: int | None = None) -> P.Failed:
                     traceback=traceback.format_exc()[-4000:])
 
 
-class NullRing:
-    """The cpu's null model in gradient mode: one result made for each position of a Bound request,
-    then handed out again by every later request (`rewind` at each), so a calibration request costs
-    what a candidate's does besides its calls (the copy into the outbox) and not the writing of the
-    gradients too, which a candidate's backward does as its own work. Zeros made afresh each call cost
-    as much again (two 4 MB gradients a call of mse): the estimate came out a quarter to a third low,
-    and a clock forged to 0.6 passed 5 of 5 (docs/benchmarks.md, 35th session). One result a position,
-    not one for all, so the copies read as many distinct bytes as a candidate's request.
-    The forward keeps zeros made each call: there the fresh output's write offsets the Bound
-    request's cold inputs, which the ring left in and which put an honest add's estimate at 1.6x its
-    calls at a cache-resident size (refused 2 of 3) (docs/benchmarks.md)."""
-
-    def __init__(self, make):
-        self.make, self.ring, self.at = make, [], 0
-
-    def rewind(self) -> None:
-        self.at = 0
-
-    def __call__(self, *inputs):
-        if self.at == len(self.ring):
-            self.ring.append(self.make(*inputs))
-        out = self.ring[self.at]
-        self.at += 1
-        return out
-
-
 class Evaluator:
     """Answers one request at a time. Before Import the model is a null one (zeros of the reference's
     shape), so the parent's calibration blocks measure exactly what a block costs besides the calls."""
@@ -208,18 +182,12 @@ class Evaluator:
         self.armed: tuple[int, list[list[Any]]] | None = None  # an Arm's request index and sets
 
     def null_model(self):
-        """Zeros of the reference's shape; in gradient mode with zero gradients of every floating
-        input's and parameter's shape too, so calibration copies as many values as a real call. On
-        the cpu in gradient mode made once a position of a request (NullRing); else made every call."""
+        """Zeros of the reference's shape (pipeline.child.grad.null_model), made once an input set
+        except in the cpu's forward."""
         import torch
 
-        shape, device = tuple(self.job.out_shape), self.device
-        dtype = self.main.__kgen_dtype__ or torch.float32
-        if not self.job.grad:
-            make = lambda *inputs: torch.zeros(shape, device=device, dtype=dtype)
-        else:
-            make = grad_null(self.main, shape, dtype, device)
-        return NullRing(make) if device == "cpu" and self.job.grad else make
+        return null_model(self.main, tuple(self.job.out_shape), self.main.__kgen_dtype__ or torch.float32, self.device,
+                          self.job.grad, kept=self.device != "cpu" or self.job.grad)
 
     def candidate_model(self, module, init_seed: int):
         """ModelNew at a size, called as forward plus backward in gradient mode."""
@@ -368,8 +336,6 @@ class Evaluator:
                         self.model.reseed(inputs, seed)
                     else:  # the null model draws as much, so the calibration takes the draws out of the estimate
                         draw_upstream(seed, tuple(self.job.out_shape), self.main.__kgen_dtype__ or torch.float32, self.device)
-            if isinstance(self.model, NullRing):
-                self.model.rewind()
             outs = [self.model(*inputs) for inputs in sets]
             self.clock.sync()
             headers = [P.put(self.outbox, i, out) for i, out in enumerate(outs)]

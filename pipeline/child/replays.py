@@ -46,7 +46,7 @@ from typing import Any, Callable
 import torch
 
 from . import tasks
-from .grad import ForwardBackward, Grads, grad_null
+from .grad import ForwardBackward, Grads, null_model
 
 AMPLITUDE = 0.05
 PERTURBED = ("real", "positive")  # a positive factor keeps both domains
@@ -191,7 +191,7 @@ class Captured:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # capture wants every lazy initialisation (cuBLAS's too) done before it
             w = None
-            for inputs in sets[:len(seeds)]:
+            for inputs in sets:  # every set, so that a KeptNull (grad) makes its results outside the capture
                 result = model(*inputs)
                 if w is None:  # the digest's weights, one per value of the call's parts
                     w = weights(sum(p.numel() for p in parts(result)), digest_seed, device)
@@ -241,7 +241,9 @@ class Captured:
         except Exception:
             _clean_capture(device)
             raise
-        self.keep = (sets, bases, w)  # what the graphs read and write lives as long as they do
+        # What the graphs read and write lives as long as they do: the model too, whose KeptNull (grad) holds
+        # the null's results (the reference's null, freed with its model, once had graphs write freed memory).
+        self.keep = (sets, bases, w, model)
         self._upload()
 
     def _upload(self) -> None:
@@ -281,6 +283,5 @@ def null_request(module, n_seeds: int, replays: int, out_shape: list[int], devic
     shape and dtype, in gradient mode of every gradient's too; values from any seeds, only how many
     sets matters), which the reference replays beside the candidate's
     (pipeline.judge.reference.Reference.null_play)."""
-    shape, dtype = tuple(out_shape), module.__kgen_dtype__ or torch.float32
-    null = grad_null(module, shape, dtype, device) if grad else lambda *inputs: torch.zeros(shape, device=device, dtype=dtype)
+    null = null_model(module, tuple(out_shape), module.__kgen_dtype__ or torch.float32, device, grad, kept=True)
     return Captured(null, module, list(range(1, n_seeds + 1)), replays, 0, device)
