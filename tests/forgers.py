@@ -41,3 +41,24 @@ def assert_refused_or_near_twin(results: list[tuple[str, EvalResult]], honest: C
 
 def honest_and_trusted(r: EvalResult) -> None:
     assert r.verdict is Verdict.correct and r.trusted, (r.verdict, r.error, r.untrusted_reason, r.bound_note)
+
+
+def judge_in_turn(task, size, device: str, settings, codes: dict[str, tuple[Path, Path]], rounds: int,
+                  label: str) -> list[tuple[str, EvalResult]]:
+    """Each of `codes` (name -> (source, build dir)) in order, `rounds` times over, on one bench of
+    `task` at `size`; each result printed as a REDTEAM line tagged `label` (the GPU logs' grep)."""
+    from pipeline.judge import evaluate
+    from pipeline.judge.bench import prepare
+
+    bench = prepare(task, size, device, settings)
+    try:
+        results = [(name, evaluate.evaluate(bench, code, build_dir, settings))
+                   for _ in range(rounds) for name, (code, build_dir) in codes.items()]
+    finally:
+        bench.close()
+    for name, r in results:
+        ratio = r.time_ms / r.wall_ms_per_call if r.time_ms and r.wall_ms_per_call else None
+        print(f"\nREDTEAM {label} {name}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
+              f"ratio={ratio} trusted={r.trusted} error={r.error} bound={r.bound_note} "
+              f"null_ms={r.baselines.null_ms if r.baselines else None} untrusted={r.untrusted_reason}")
+    return results

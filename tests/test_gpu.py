@@ -23,7 +23,7 @@ from pipeline.config import EvalConfig
 from pipeline.leaderboard import is_verified
 from pipeline.records import Flag, Verdict, summary_fields
 
-from forgers import assert_refused_or_near_twin, honest_and_trusted
+from forgers import assert_refused_or_near_twin, honest_and_trusted, judge_in_turn
 
 pytestmark = pytest.mark.gpu
 
@@ -344,16 +344,8 @@ def test_a_clock_forged_to_half_is_refused_at_every_call_length(built, size):
     impossible_timing, from calls of a few microseconds to KernelBench's size."""
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
     settings = SETTINGS.model_copy(update={"compile_baseline": False, "check_shapes": False})
-    bench = prepare(task, CALL_SIZES[size], "cuda", settings)
-    try:
-        results = [(name, evaluate.evaluate(bench, built[name][0], Path(built[name][1].build_dir), settings))
-                   for name in ("honest", "forged_half") * FORGE_ROUNDS]
-    finally:
-        bench.close()
-    for name, r in results:
-        print(f"\nREDTEAM {name}@{size}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
-              f"ratio={r.time_ms / r.wall_ms_per_call if r.time_ms and r.wall_ms_per_call else None} error={r.error} "
-              f"bound={r.bound_note} null_ms={r.baselines.null_ms if r.baselines else None}")
+    codes = {name: (built[name][0], Path(built[name][1].build_dir)) for name in ("honest", "forged_half")}
+    results = judge_in_turn(task, CALL_SIZES[size], "cuda", settings, codes, FORGE_ROUNDS, f"forward@{size}")
     # The issue's rule: a forger is refused, or judged at a time within 1.3x of its honest twin's (the
     # one evaluated just before it). Once in 11 on the H200 the forger's clock claimed 8.4 us beside
     # its twin's 9.7, not half, and the bound rightly let that claim through (docs/benchmarks.md).

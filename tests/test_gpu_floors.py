@@ -4,8 +4,6 @@ does. Skipped without CUDA (CI); run on the device machine by bench/gpu_check.sh
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from pipeline.child import tasks

@@ -13,11 +13,8 @@ import pytest
 
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
-from pipeline.judge import evaluate
-from pipeline.judge.bench import prepare
-from pipeline.records import Verdict
 
-from forgers import assert_refused_or_near_twin, forged_clock, honest_and_trusted
+from forgers import assert_refused_or_near_twin, forged_clock, honest_and_trusted, judge_in_turn
 
 pytestmark = pytest.mark.gpu
 
@@ -43,15 +40,8 @@ def test_a_clock_forged_to_half_is_refused_in_gradient_mode_on_a_gpu(tmp_path, s
     (tmp_path / "forged.py").write_text(forged_clock(0.5))
     (tmp_path / "honest.py").write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")
     (tmp_path / "build").mkdir()
-    bench = prepare(task, SIZES[size], "cuda", SETTINGS)
-    try:
-        results = [(name, evaluate.evaluate(bench, tmp_path / f"{name}.py", tmp_path / "build", SETTINGS))
-                   for name in ("honest", "forged") * FORGE_ROUNDS]
-    finally:
-        bench.close()
-    for name, r in results:
-        print(f"\nREDTEAM grad {name}@{size}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
-              f"trusted={r.trusted} error={r.error} bound={r.bound_note} untrusted={r.untrusted_reason}")
+    codes = {name: (tmp_path / f"{name}.py", tmp_path / "build") for name in ("honest", "forged")}
+    results = judge_in_turn(task, SIZES[size], "cuda", SETTINGS, codes, FORGE_ROUNDS, f"grad@{size}")
     assert all(r.grad for _, r in results)
 
     def honest(r):

@@ -12,10 +12,8 @@ import pytest
 
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
-from pipeline.judge import evaluate
-from pipeline.judge.bench import prepare
 
-from forgers import assert_refused_or_near_twin, forged_clock, honest_and_trusted
+from forgers import assert_refused_or_near_twin, forged_clock, honest_and_trusted, judge_in_turn
 
 pytestmark = pytest.mark.gpu
 
@@ -38,14 +36,6 @@ def test_a_clock_forged_to_half_on_a_large_output_is_refused(tmp_path, size):
     (tmp_path / "build").mkdir()
     settings = EvalConfig(trials=5, timed_calls=20, warmup_calls=3, timeout_s=120, compile_baseline=False,
                           check_shapes=False)
-    bench = prepare(task, SIZES[size], "cuda", settings)
-    try:
-        results = [(name, evaluate.evaluate(bench, tmp_path / f"{name}.py", tmp_path / "build", settings))
-                   for name in ("honest", "forged") * FORGE_ROUNDS]
-    finally:
-        bench.close()
-    for name, r in results:
-        print(f"\nREDTEAM add {name}@{size}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
-              f"ratio={r.time_ms / r.wall_ms_per_call if r.time_ms and r.wall_ms_per_call else None} "
-              f"trusted={r.trusted} error={r.error} bound={r.bound_note}")
+    codes = {name: (tmp_path / f"{name}.py", tmp_path / "build") for name in ("honest", "forged")}
+    results = judge_in_turn(task, SIZES[size], "cuda", settings, codes, FORGE_ROUNDS, f"add@{size}")
     assert_refused_or_near_twin(results, honest_and_trusted)

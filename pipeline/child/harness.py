@@ -167,8 +167,6 @@ class Evaluator:
     shape), so the parent's calibration blocks measure exactly what a block costs besides the calls."""
 
     def __init__(self, job: P.Job, outbox: memfd.Outbox, clock: Clock, inbox: memfd.Inbox | None = None):
-        import torch
-
         self.job, self.outbox, self.clock, self.inbox = job, outbox, clock, inbox
         self.device = job.device
         self.task = tasks.load_file(Path(job.task_path))
