@@ -378,3 +378,24 @@ def test_a_replayed_calls_digest_in_gradient_mode_is_the_references(task):
         forward = Grads(result.output, [torch.zeros_like(g) for g in result.grads], result.labels)
         assert not ok(forward)
     assert sum(caught) >= 4, caught
+
+
+def test_the_kept_null_makes_one_result_a_set_and_forgets_past_its_bound():
+    """The null model a calibration subtracts (pipeline.child.grad.KeptNull) writes no output after
+    a set's first call: the same result comes back for that set (its storage, as an inbox set keeps
+    it), another set gets its own, and past `most` sets it starts again rather than grow."""
+    import torch
+
+    from pipeline.child.grad import KeptNull, null_model
+
+    module = tasks.load_module(tasks.discover(ROOT / "reference_tasks", ["mse"])[0], "small")
+    null = null_model(module, (), torch.float32, "cpu", grad=True, kept=True)
+    a, b = tasks.make_inputs(module, 1, "base", "cpu"), tasks.make_inputs(module, 2, "base", "cpu")
+    first = null(*a)
+    assert null(*[x.view_as(x) for x in a]) is first  # a new view of the same storage: the same result
+    other = null(*b)
+    assert other is not first and all(g.shape == x.shape and not g.any() for g, x in zip(other.grads, b))
+    small = KeptNull(lambda *inputs: object(), most=2)
+    sets = [torch.zeros(1) for _ in range(3)]  # alive together: three storages
+    made = [small(x) for x in sets]
+    assert len(small.kept) <= 2 and len({id(m) for m in made}) == 3
