@@ -248,3 +248,25 @@ def test_a_server_that_dies_mid_request_is_one_line_and_a_new_one_starts(tmp_pat
     assert sock.exists()  # left behind by the killed server
     with _server(config, db):  # a new one starts on the stale socket
         pass
+
+
+def test_a_sigterm_the_moment_the_token_is_written_ends_the_server_cleanly(tmp_path):
+    """The server takes SIGTERM and SIGINT before it writes its token or binds its socket: a signal
+    the moment the token exists ends it with status 0 and nothing left behind. Its handlers were
+    installed after `listen` (and the judge's import), and a SIGTERM in between killed it outright
+    (-15), its socket and token left for the next server (a fresh-clone CI run on a busy box)."""
+    config, db = _config(tmp_path), tmp_path / "db" / "kgen.db"
+    sock, token = serve.address(db)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "-c", str(config), "--db", str(db)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not token.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "kgen serve wrote no token"
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert not sock.exists() and not token.exists(), out

@@ -108,6 +108,9 @@ def serve(cfg: Config | None, config: str | None, db_path: Path, say: Callable[[
     started them: pipeline.child.harness.die_with_parent)."""
     from .single import Warm
 
+    # Signals first: a SIGTERM between the socket's listen and the handlers once killed the server
+    # outright (-15), leaving its socket and token behind (a fresh-clone CI run on a busy box).
+    stop = _stop_on_signals()
     sock_path, token_path = address(db_path)
     sock_path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(sock_path.parent, 0o700)
@@ -127,7 +130,7 @@ def serve(cfg: Config | None, config: str | None, db_path: Path, say: Callable[[
     warm, admitted, closing = Warm(), queue.Queue(), threading.Event()
     judge = threading.Thread(target=_judge_loop, args=(admitted, closing, cfg, db_path, warm, say), name="kgen-judge")
     judge.start()
-    stop, admitting = _stop_on_signals(), threading.BoundedSemaphore(ADMITTING)
+    admitting = threading.BoundedSemaphore(ADMITTING)
     say(f"kgen serve: pid {os.getpid()}, database {db_path}, socket {sock_path}")
     try:
         while not stop and judge.is_alive():
