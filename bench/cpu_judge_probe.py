@@ -29,6 +29,7 @@ from pipeline.judge import evaluate  # noqa: E402
 from pipeline.judge.bench import prepare
 from pipeline.child import tasks  # noqa: E402
 import test_redteam as R  # noqa: E402
+from forgers import forged_clock  # noqa: E402
 
 
 def spin(seconds: float) -> None:
@@ -51,10 +52,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="kgen-probe-"))
     if args.candidate.startswith("forge-"):  # forged_time_blocks.py at FACTOR F: plain torch mse, so gradient mode too
         code = work / "forge.py"
-        code.write_text((R.REDTEAM / "forged_time_blocks.py").read_text().replace(
-            "FACTOR = 0.1\n", f"FACTOR = {float(args.candidate[6:])}\n").replace(
-            "return torch.mean((predictions - targets) ** 2)",
-            "return predictions + targets" if args.task == "big_add" else "return torch.mean((predictions - targets) ** 2)"))
+        add = "def forward(self, a, b):\n        return a + b" if args.task == "big_add" else None
+        code.write_text(forged_clock(float(args.candidate[6:]), add))
         build_dir = work / "build"
         build_dir.mkdir()
     elif args.candidate.startswith("clock-"):

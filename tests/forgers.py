@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from pipeline.judge import evaluate
+from pipeline.judge.bench import prepare
 from pipeline.records import EvalResult, Verdict
 
 REDTEAM = Path(__file__).resolve().parent / "redteam"
@@ -47,9 +49,6 @@ def judge_in_turn(task, size, device: str, settings, codes: dict[str, tuple[Path
                   label: str) -> list[tuple[str, EvalResult]]:
     """Each of `codes` (name -> (source, build dir)) in order, `rounds` times over, on one bench of
     `task` at `size`; each result printed as a REDTEAM line tagged `label` (the GPU logs' grep)."""
-    from pipeline.judge import evaluate
-    from pipeline.judge.bench import prepare
-
     bench = prepare(task, size, device, settings)
     try:
         results = [(name, evaluate.evaluate(bench, code, build_dir, settings))

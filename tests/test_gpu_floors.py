@@ -69,6 +69,7 @@ def test_a_forged_clock_on_a_gpu_matmul_is_refused_and_the_honest_one_is_correct
               f"trusted={r.trusted} error={r.error}")
     assert b.flops == 2 * N ** 3 and b.flops_per_s > 1e14, b  # a Hopper's bfloat16 matmuls: hundreds of TFLOP/s
     assert b.floor_ms < b.compute_floor_ms < b.eager.median_ms, b
+
     def below_the_floor(r):
         assert r.verdict is Verdict.impossible_timing and "below the compute floor" in r.error, r.error
 
