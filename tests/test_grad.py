@@ -385,7 +385,7 @@ def test_the_kept_null_makes_one_result_a_set_and_forgets_past_its_bound():
     from pipeline.child.grad import KeptNull, null_model
 
     module = tasks.load_module(tasks.discover(ROOT / "reference_tasks", ["mse"])[0], "small")
-    null = null_model(module, (), torch.float32, "cpu", grad=True, kept=True)
+    null = null_model(module, (), torch.float32, "cpu", grad=True)
     a, b = tasks.make_inputs(module, 1, "base", "cpu"), tasks.make_inputs(module, 2, "base", "cpu")
     first = null(*a)
     assert null(*[x.view_as(x) for x in a]) is first  # a new view of the same storage: the same result

@@ -54,6 +54,35 @@ def test_a_set_written_by_the_parent_arrives_whole_in_place(inputs):
         os.close(fd)
 
 
+def test_the_parent_reveals_sets_from_the_childs_cores_and_goes_back_to_its_own():
+    """Inbox.reveal writes every set from a thread held to the cores it is given (the child's: its
+    caches then hold what a timed call's do) and leaves the thread with the cores it had; cores it may
+    not take leave the write where it was."""
+    sets = [memfd.pack_set([torch.full((64,), float(i))]) for i in range(3)]
+    fd, at = _memfd(64, 3 * len(sets[0]))
+    before = os.sched_getaffinity(0)
+    last = {max(before)}
+    seen: list[set[int]] = []
+
+    class Watched(memfd.Inbox):
+        def write(self, index, data):
+            seen.append(os.sched_getaffinity(0))
+            super().write(index, data)
+
+    try:
+        inbox = Watched(fd, at, len(sets[0]), 3)
+        inbox.reveal(sets, last)
+        assert seen == [last] * 3 and os.sched_getaffinity(0) == before
+        like = [torch.zeros(64)]
+        assert [float(inbox.inputs(i, like)[0][0]) for i in range(3)] == [0.0, 1.0, 2.0]
+        seen.clear()
+        inbox.reveal(sets, {10 ** 4})  # no such core: written from here
+        assert seen == [before] * 3 and os.sched_getaffinity(0) == before
+        inbox.close()
+    finally:
+        os.close(fd)
+
+
 def test_an_inbox_refuses_a_set_of_another_size():
     inputs = [torch.randn(4, 4)]
     set_bytes = len(memfd.pack_set(inputs))

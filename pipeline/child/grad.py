@@ -133,10 +133,10 @@ class ForwardBackward:
         return Grads(out.detach(), [g.detach() for g in grads], labels)
 
 
-def null_model(module, shape: tuple, dtype: torch.dtype, device: str, grad: bool, kept: bool):
+def null_model(module, shape: tuple, dtype: torch.dtype, device: str, grad: bool) -> KeptNull:
     """The null model a calibration times in the candidate's place: zeros of the output's shape; in
     gradient mode with zeros of every floating input's and parameter's shape too, so it copies (and a
-    replay's digest reads) as many values as a real call. `kept`: made once an input set (KeptNull)."""
+    replay's digest reads) as many values as a real call; made once an input set (KeptNull)."""
     if grad:
         meta = tasks.make_model(module, module.Model, 0, "meta")
         params = [p.shape for p in meta.parameters()] if isinstance(meta, torch.nn.Module) else []
@@ -148,7 +148,7 @@ def null_model(module, shape: tuple, dtype: torch.dtype, device: str, grad: bool
     else:
         def make(*inputs):
             return torch.zeros(shape, device=device, dtype=dtype)
-    return KeptNull(make) if kept else make
+    return KeptNull(make)
 
 
 class KeptNull:
@@ -156,11 +156,12 @@ class KeptNull:
     set's place, a replayed set's) is made once and handed back at every later call on that set, so
     the null the estimate subtracts writes no output, which a candidate's call writes as its own work.
     Zeros made afresh each call put the estimate a quarter to a third low in gradient mode on the cpu
-    (two 4 MB gradients a call of mse: a clock forged to 0.6 passed 5 of 5) and at half on an H200's
-    16 MB add (a clock forged to half passed 2 of 2) (docs/benchmarks.md, 35th session). The cpu's
-    forward keeps zeros made each call: there the fresh output's write offsets the Bound request's
-    inputs, cold to the child's core, which kept results left in (an honest add's estimate at a
-    cache-resident size read 1.6x its calls, refused 2 of 3)."""
+    (two 4 MB gradients a call of mse: a clock forged to 0.6 passed 5 of 5), at half on an H200's
+    16 MB add (a clock forged to half passed 2 of 2) (docs/benchmarks.md, 35th session), and at 0.6
+    of the call on the cpu's 2048 x 2048 add in the forward (the half passed 3 of 3). The cpu's
+    forward had kept them while its Bound requests held every output to the request's end: the
+    candidate's fresh allocations cost faults a timed block's calls, which free each output, never
+    pay, and the null's fresh zeros had offset them (36th session: pipeline.child.harness's bound)."""
 
     def __init__(self, make, most: int = 128):
         self.make, self.most, self.kept = make, most, {}

@@ -180,12 +180,11 @@ class Evaluator:
         self.armed: tuple[int, list[list[Any]]] | None = None  # an Arm's request index and sets
 
     def null_model(self):
-        """Zeros of the reference's shape (pipeline.child.grad.null_model), made once an input set
-        except in the cpu's forward."""
+        """Zeros of the reference's shape (pipeline.child.grad.null_model), made once an input set."""
         import torch
 
         return null_model(self.main, tuple(self.job.out_shape), self.main.__kgen_dtype__ or torch.float32, self.device,
-                          self.job.grad, kept=self.device != "cpu" or self.job.grad)
+                          self.job.grad)
 
     def candidate_model(self, module, init_seed: int):
         """ModelNew at a size, called as forward plus backward in gradient mode."""
@@ -312,7 +311,10 @@ class Evaluator:
         device sync, then the outputs: the parent's clock around this request bounds the calls' time
         (pipeline.judge). Nothing here copies the inputs, so nothing here is work a candidate could
         skip by taking the values where they were made: all that is left besides the calls is what
-        the null model's calibration measured and the candidate cannot do without."""
+        the null model's calibration measured and the candidate cannot do without. On the cpu each
+        output goes to its slot as its call returns and is freed, as in a timed block: held to the
+        request's end, each call's output took fresh pages (faults a timed call never pays), and an
+        honest 512 x 512 add's estimate read 1.6x its calls (docs/benchmarks.md, 36th session)."""
         import torch
 
         if req.replays:
@@ -334,9 +336,12 @@ class Evaluator:
                         self.model.reseed(inputs, seed)
                     else:  # the null model draws as much, so the calibration takes the draws out of the estimate
                         draw_upstream(seed, tuple(self.job.out_shape), self.main.__kgen_dtype__ or torch.float32, self.device)
-            outs = [self.model(*inputs) for inputs in sets]
-            self.clock.sync()
-            headers = [P.put(self.outbox, i, out) for i, out in enumerate(outs)]
+            if self.device == "cpu":  # each output to its slot as it comes, and freed, as a timed block does
+                headers = [P.put(self.outbox, i, self.model(*inputs)) for i, inputs in enumerate(sets)]
+            else:
+                outs = [self.model(*inputs) for inputs in sets]
+                self.clock.sync()
+                headers = [P.put(self.outbox, i, out) for i, out in enumerate(outs)]
         return P.BoundDone(index=req.index, outputs=headers)
 
     def inbox_sets(self, count: int) -> list[list[Any]]:

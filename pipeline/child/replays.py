@@ -283,5 +283,5 @@ def null_request(module, n_seeds: int, replays: int, out_shape: list[int], devic
     shape and dtype, in gradient mode of every gradient's too; values from any seeds, only how many
     sets matters), which the reference replays beside the candidate's
     (pipeline.judge.reference.Reference.null_play)."""
-    null = null_model(module, tuple(out_shape), module.__kgen_dtype__ or torch.float32, device, grad, kept=True)
+    null = null_model(module, tuple(out_shape), module.__kgen_dtype__ or torch.float32, device, grad)
     return Captured(null, module, list(range(1, n_seeds + 1)), replays, 0, device)

@@ -61,3 +61,11 @@ def between(before: tuple[dict[int, tuple[int, int]], tuple[int, int]],
     busiest = max(deltas, default=(0, 0))
     return Load(cpu_ms=sum(d[0] for d in deltas) / 1e6,
                 wait_ms=(max(0, busiest[1]) + max(0, parent_now[1] - parent_was[1])) / 1e6)
+
+
+def cores_of(pid: int) -> set[int] | None:
+    """The cores `pid`'s main thread may run on (the parent pinned them: sandbox.pin), None if gone."""
+    try:
+        return os.sched_getaffinity(pid)
+    except OSError:
+        return None

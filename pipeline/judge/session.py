@@ -118,8 +118,8 @@ class Session:
         waited = runqueue.waited_s(pid)
         parent_before = runqueue.own()
         sent = time.monotonic()
-        for i, data in enumerate(reveal or []):
-            self.inbox.write(i, data)
+        if reveal:
+            self.inbox.reveal(reveal, runqueue.cores_of(pid))
         if stopped is not None:
             parent_before = runqueue.own()
             sent = time.monotonic()

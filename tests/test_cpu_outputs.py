@@ -1,0 +1,48 @@
+"""A clock forged to half on a task whose output is as large as its inputs (tests/tasks/big_add, an
+elementwise add), on the cpu in the forward: the bound subtracts a null model's Bound requests, and
+a null that writes its output afresh each call takes the write of the output off the estimate too,
+a third of an add's traffic (a clock forged to half passed 3 of 3 at 2048 x 2048). The null now
+hands back one result a set, and a Bound request hands each output over as it comes, so its
+allocations are a timed block's (before, every output of a request was held to its end, and an
+honest add's estimate read 1.6x its calls at 512 x 512). The GPU's twin: tests/test_gpu_outputs.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.child import tasks
+from pipeline.config import EvalConfig
+from pipeline.records import Verdict
+
+from forgers import TWIN_RATIO, forged_clock, judge_in_turn
+
+ROOT = Path(__file__).resolve().parent.parent
+ADD = "def forward(self, a, b):\n        return a + b"
+# 1 MB and 16 MB outputs: about 0.1 ms and 3 ms a call on one core of the 2-core box.
+SIZES = {"512": {"rows": 512, "cols": 512}, "2048": {"rows": 2048, "cols": 2048}}
+SETTINGS = EvalConfig(compile_baseline=False, trials=5, timed_calls=10, timed_ms=0, warmup_calls=2, timeout_s=60,
+                      check_shapes=False)
+
+
+def _loaded(r) -> bool:
+    """Timed on a cpu too loaded to time (pipeline.judge.judge.loaded): correct, its timing unfit, never
+    believed; a refusal on the clocks alone is no verdict there."""
+    return r.verdict is Verdict.correct and (r.device_unfit or "").startswith("the cpu was loaded")
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_a_clock_forged_to_half_on_a_large_output_is_refused_on_the_cpu(tmp_path, size):
+    task = tasks.discover(ROOT / "tests" / "tasks", ["big_add"])[0]
+    (tmp_path / "forged.py").write_text(forged_clock(0.5, ADD))
+    (tmp_path / "honest.py").write_text(f"import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    {ADD}\n")
+    (tmp_path / "build").mkdir()
+    codes = {name: (tmp_path / f"{name}.py", tmp_path / "build") for name in ("honest", "forged")}
+    (_, honest), (_, forged) = judge_in_turn(task, SIZES[size], "cpu", SETTINGS, codes, 1, f"add@{size}")
+    assert honest.verdict is Verdict.correct and honest.trusted, (honest.verdict, honest.error, honest.bound_note)
+    # The honest add's estimate reads about its own calls (0.96-1.04 at 512 x 512 on the idle box).
+    assert _loaded(honest) or honest.wall_ms_per_call < 1.5 * honest.time_ms, (honest.time_ms, honest.wall_ms_per_call)
+    assert (forged.verdict is Verdict.impossible_timing or _loaded(forged)
+            or (forged.verdict is Verdict.correct and forged.time_ms * TWIN_RATIO >= honest.time_ms)), \
+        (forged.verdict, forged.time_ms, forged.wall_ms_per_call, honest.time_ms, forged.error)
