@@ -491,7 +491,7 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
 
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
     """The same patch reporting 85% of the real time, and the test of the stated bound: refused by the
-    parent's clock, or what is recorded is no lower than its estimate x (1 - 0.35) - 0.01 ms
+    parent's clock, or what is recorded is no lower than its estimate x (1 - 0.35) - 0.003 ms
     (pipeline.judge.judge.BOUND_SLACK["cpu"], which lower_bound reads)."""
     code = tmp_path / "forged_time_blocks.py"
     code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
