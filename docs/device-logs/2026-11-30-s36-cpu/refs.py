@@ -1,0 +1,15 @@
+"""Each bundled reference as its own candidate on the cpu, N times: claim / estimate.
+    python refs.py ROOT RUNS [SIZE] [grad]"""
+import sys, tempfile
+from pathlib import Path
+ROOT = Path(sys.argv[1]); sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import test_honest as H
+runs = int(sys.argv[2]); size = sys.argv[3] if len(sys.argv) > 3 else "odd"
+grad = len(sys.argv) > 4 and sys.argv[4] == "grad"
+import os
+for name in (os.environ["TASKS"].split(",") if os.environ.get("TASKS") else H.TASKS):
+    for i in range(runs):
+        r = H.judge_the_reference(name, size, "cpu", Path(tempfile.mkdtemp()), H.SETTINGS.model_copy(update={"grad": grad}))
+        est = r.wall_ms_per_call
+        print(f"{name} {size} {'grad' if grad else 'fwd'} {i} {r.verdict.value}{'*' if r.first_refusal else ''} claim {r.time_ms} est {est} "
+              f"ratio {r.time_ms / est if r.time_ms and est else None} unfit {bool(r.device_unfit)}", flush=True)
