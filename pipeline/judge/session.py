@@ -102,13 +102,11 @@ class Session:
         inbox while the child is stopped, so that no work on them can happen before the clock starts."""
         self.step = what
         limit = self.limit(request)
-        # The values are written while every process of the child's session is stopped, and the clock
-        # starts after: the write is the parent's work, not the call's (inside the window it cost twice
-        # the calibration's; an honest kernel was refused in CI). A child that will not stop gets the
-        # write inside the window. What other processes take of the window (pipeline.judge.runqueue):
-        # the child's threads' account once it is stopped (a stopped thread waits on no run queue; read
-        # before the stop, the red team's 50 ms sleeper read 46.6 ms a call beside load), ours from the
-        # clock's start.
+        # The values are written while the child's session is stopped, then the clock starts: the write
+        # is the parent's work (in the window it cost twice the calibration's; an honest kernel was
+        # refused in CI); a child that will not stop gets it in the window. What other processes take
+        # of the window (runqueue): the child's threads' once it is stopped (a stopped thread waits on
+        # no run queue; the red team's 50 ms sleeper read 46.6 ms beside load), ours from the start.
         stopped = self.child.pause() if reveal else None
         # The load is taken out of windows on the cpu only (judge.unloaded_ms): on a GPU the reads,
         # a third of a millisecond for a child's 32 threads, were all an ask's cost of it.
@@ -236,9 +234,8 @@ class Session:
             profile, _ = self.ask(P.Profile(), P.ProfileDone, "the profile")
         self.mark("profile")
         shape_results, shape_runs = [], []
-        # Eager as timed beside this attempt's blocks, seconds before the profile, where it was: against
-        # the baseline, timed minutes before under another load, PyTorch's ops in a fallback's profile
-        # read under half of eager on a busy box, and the red team's falls_back went unflagged.
+        # Eager as timed beside this attempt's blocks, where it was: against the baseline (minutes before,
+        # another load) a fallback's PyTorch ops read under half of eager and falls_back went unflagged.
         interpreted = ((statistics.median(self.eager) if self.eager else self.bench.baselines.eager.median_ms)
                        if backends.interpreted(self.bench.backend) and self.bench.baselines else None)
         for trial in plan.trials[len(main):]:
@@ -361,9 +358,12 @@ class Session:
         if (problem := judge.check_windows(self.timed)):
             return problem
         claim = claim if claim is not None else median
-        # On the cpu the recorded median too: a block mean above the bound had hidden one below it.
-        problem = judge.check_estimate(kind, min(claim, median) if bench.device == "cpu" else claim, self.estimate,
-                                       b.null_ms if b else None)
+        # On the cpu the recorded median too (a block mean above the bound had hidden one below it), and in
+        # gradient mode the claim mixed as the Bound requests mix first and later calls (judge.mixed_claim).
+        checked = min(claim, median) if bench.device == "cpu" else claim
+        if kind == "cpu_grad" and self.bound_windows:
+            checked = min(checked, judge.mixed_claim([t for t, _ in self.timed], self.bound_windows[0].calls) or checked)
+        problem = judge.check_estimate(kind, checked, self.estimate, b.null_ms if b else None)
         if not kind.startswith("cuda_graph") and bench.device.startswith("cuda") and median < judge.LOOSE_BELOW_MS:
             # The eager GPU bound counts the calls' host work, which the hold keeps out of the child's events
             # (an H200's autograd put honest references below it, docs/benchmarks.md 2026-11-29): below
