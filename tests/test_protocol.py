@@ -540,10 +540,10 @@ def test_kept_draws_hand_each_attempt_descriptors_of_its_own():
 
 
 def test_the_gradient_claim_is_mixed_as_a_bound_request_mixes_its_calls():
-    """judge.mixed_claim: each block's first call once and its others' mean `calls - 1` times, over
-    `calls`; the median block. Blocks of a slow first call (0.5) and three at 0.2 mean 0.275, but as
-    a Bound request of 23 calls mixes them 0.213: what the parent's estimate of such a call reads."""
-    blocks = [[0.5, 0.2, 0.2, 0.2], [0.5, 0.2, 0.2, 0.2], [0.9, 0.3, 0.3, 0.3]]
-    assert judge.mixed_claim(blocks, 23) == pytest.approx((0.5 + 22 * 0.2) / 23)
-    assert judge.mixed_claim(blocks, 4) == pytest.approx(statistics.fmean(blocks[0]))  # a request a block long
-    assert judge.mixed_claim([[0.4]], 10) == pytest.approx(0.4) and judge.mixed_claim([], 10) is None
+    """judge.mixed_calls: each block's first call once and its others' mean `calls - 1` times, over
+    `calls`. Blocks of a slow first call (0.5) and three at 0.2 mean 0.275, but as a Bound request
+    of 23 calls mixes them 0.213: what the parent's estimate of such a call reads."""
+    blocks = [[0.5, 0.2, 0.2, 0.2], [0.9, 0.3, 0.3, 0.3]]
+    assert judge.mixed_calls(blocks, 23) == pytest.approx([(0.5 + 22 * 0.2) / 23, (0.9 + 22 * 0.3) / 23])
+    assert judge.mixed_calls(blocks, 4) == pytest.approx([statistics.fmean(b) for b in blocks])  # a block-long request
+    assert judge.mixed_calls([[0.4]], 10) == pytest.approx([0.4]) and judge.mixed_calls([], 10) == []

@@ -44,7 +44,7 @@ from .runqueue import Load
 # - cpu: load out of both sides (unloaded_ms); requests of about 4 ms (evaluate.CPU_BOUND_MS). 0.003 ms
 #   absolute: at 0.01 a clock forged to half passed at 0.54 of a 0.09 ms call's estimate; honest forward
 #   claims read 0.80-1.21 (36th session). A first claim within DOUBT_SLACK of its bound is judged again.
-# - cpu_grad: no second look; the claim as a Bound request mixes first and later calls (mixed_claim).
+# - cpu_grad: no second look; the claim as a Bound request mixes first and later calls (mixed_calls).
 #   Honest references read 0.91-1.17, a fused mse 0.94-1.06 (36th session; 45% + 50 us passed the half).
 BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cuda_graph_grad": (0.25, 0.001),
                "cpu": (0.35, 0.003), "cpu_grad": (0.30, 0.003)}  # (relative, milliseconds)
@@ -391,6 +391,8 @@ class Evidence:
     """Whether per_call came from paired_per_call: each request net of a null request of its own, so
     the estimate is their median, not the fastest (a null replay slowed by chance would make its
     request the fastest)."""
+    mixed: tuple[float, ...] = ()
+    """Gradient mode on the cpu: each timed block's claimed calls as a Bound request mixes them (mixed_calls)."""
 
 
 # On the cpu, an evaluation whose windows spent this share of their time in run-queue waits was
@@ -472,12 +474,10 @@ def digest_ok(digest: float, want: float, scale: float, tol: float, dtype: str, 
     return bool(np.isfinite(digest)) and abs(digest - want) <= (tol + DIGEST_SUM_EPS) * scale + 1e-30
 
 
-def mixed_claim(blocks: list[list[float]], calls: int) -> float | None:
-    """The median block's claimed calls mixed as a Bound request of `calls` mixes them: its first (after
-    the refills) once, the mean of the rest `calls - 1` times. In gradient mode a 512 x 512 add's first
-    ran 0.5 ms, the rest 0.2: block means weigh it 1 in 4, a request of 23 calls 1 in 23 (36th session)."""
-    mixed = [(b[0] + (calls - 1) * (statistics.fmean(b[1:]) if len(b) > 1 else b[0])) / calls for b in blocks if b]
-    return statistics.median(mixed) if mixed and calls > 0 else None
+def mixed_calls(blocks: list[list[float]], calls: int) -> list[float]:
+    """Each block's claims as a Bound request of `calls` mixes them: its first once, the rest's mean `calls - 1`
+    times (a 512 x 512 add's gradient: first 0.5 ms, then 0.2; 1 in 4 in a block, 1 in 23 a request)."""
+    return [(b[0] + (calls - 1) * (statistics.fmean(b[1:]) if len(b) > 1 else b[0])) / calls for b in blocks if b and calls > 0]
 
 
 def summarize(times: list[float]) -> Timing:

@@ -47,10 +47,9 @@ class Session:
         self.judged: list[TrialResult] = []
         self.calibration: list[Window] = []
         self.bound_windows: list[Window] = []
-        # Replayed Bound requests (cuda, pipeline.child.replays): their calibration and windows; the
-        # reference's null replays on its own clock, index for index with those (None where none:
-        # beside.null_play, judge.paired_per_call); the reference's digests of the checked replays, and
-        # why the forward could not be captured.
+        # Replayed Bound requests (cuda, pipeline.child.replays): calibration and windows; the reference's null
+        # replays, index for index (None where none: beside.null_play, judge.paired_per_call); the reference's
+        # digests of the checked replays; why the forward could not be captured.
         self.replay_calibration, self.replay_windows = [], []
         self.null_calibration, self.null_windows = [], []  # list[float | None] each
         self.out_shape: list[int] = []
@@ -108,8 +107,7 @@ class Session:
         # of the window (runqueue): the child's threads' once it is stopped (a stopped thread waits on
         # no run queue; the red team's 50 ms sleeper read 46.6 ms beside load), ours from the start.
         stopped = self.child.pause() if reveal else None
-        # The load is taken out of windows on the cpu only (judge.unloaded_ms): on a GPU the reads,
-        # a third of a millisecond for a child's 32 threads, were all an ask's cost of it.
+        # Load out of windows on the cpu only (judge.unloaded_ms): on a GPU the reads (0.3 ms, 32 threads) were all of it.
         counted = self.bench.device == "cpu"
         pid = self.child.proc.pid
         child_before = runqueue.threads(pid) if counted else {}
@@ -347,8 +345,10 @@ class Session:
             per_call = judge.net_per_call(self.calibration, self.bound_windows, bench.device, threads)
             kind = "cpu_grad" if bench.device == "cpu" and bench.settings.grad else bench.device
         windows = [w for _, w in self.timed] + self.bound_windows + self.calibration
+        calls = self.bound_windows[0].calls if kind == "cpu_grad" and self.bound_windows else 0
+        mixed = judge.mixed_calls([t for t, _ in self.timed], calls)
         self.evidence = judge.Evidence(per_call, judge.unloaded_means(self.timed, bench.device, threads),
-                                       judge.load_share(windows), paired)
+                                       judge.load_share(windows), paired, tuple(mixed))
         self.estimate, claim = judge.pooled(self.prior + [self.evidence])
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
@@ -359,10 +359,10 @@ class Session:
             return problem
         claim = claim if claim is not None else median
         # On the cpu the recorded median too (a block mean above the bound had hidden one below it), and in
-        # gradient mode the claim mixed as the Bound requests mix first and later calls (judge.mixed_claim).
+        # gradient mode the claim mixed as the Bound requests mix first and later calls (judge.mixed_calls).
         checked = min(claim, median) if bench.device == "cpu" else claim
-        if kind == "cpu_grad" and self.bound_windows:
-            checked = min(checked, judge.mixed_claim([t for t, _ in self.timed], self.bound_windows[0].calls) or checked)
+        if (mixed := [x for e in self.prior + [self.evidence] for x in e.mixed]):  # both evaluations' blocks
+            checked = min(checked, statistics.median(mixed))
         problem = judge.check_estimate(kind, checked, self.estimate, b.null_ms if b else None)
         if not kind.startswith("cuda_graph") and bench.device.startswith("cuda") and median < judge.LOOSE_BELOW_MS:
             # The eager GPU bound counts the calls' host work, which the hold keeps out of the child's events
