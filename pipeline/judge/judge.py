@@ -44,7 +44,7 @@ from .runqueue import Load
 # - cpu: load out of both sides (unloaded_ms); requests of about 4 ms (evaluate.CPU_BOUND_MS). 0.003 ms
 #   absolute: at 0.01 a clock forged to half passed at 0.54 of a 0.09 ms call's estimate; honest forward
 #   claims read 0.80-1.21 (36th session). A first claim within DOUBT_SLACK of its bound is judged again.
-# - cpu_grad: no second look; the claim as a Bound request mixes first and later calls (mixed_calls).
+# - cpu_grad: no second look (session); the claim as a Bound request mixes first and later calls (mixed_calls).
 #   Honest references read 0.91-1.17, a fused mse 0.94-1.06 (36th session; 45% + 50 us passed the half).
 BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cuda_graph_grad": (0.25, 0.001),
                "cpu": (0.35, 0.003), "cpu_grad": (0.30, 0.003)}  # (relative, milliseconds)

@@ -365,9 +365,8 @@ class Session:
             checked = min(checked, statistics.median(mixed))
         problem = judge.check_estimate(kind, checked, self.estimate, b.null_ms if b else None)
         if not kind.startswith("cuda_graph") and bench.device.startswith("cuda") and median < judge.LOOSE_BELOW_MS:
-            # The eager GPU bound counts the calls' host work, which the hold keeps out of the child's events
-            # (an H200's autograd put honest references below it, docs/benchmarks.md 2026-11-29): below
-            # LOOSE_BELOW_MS it cannot tell a forged clock from host work, and keeps the result untrusted.
+            # The eager GPU bound counts host work the hold keeps out of the child's events (an H200's autograd put
+            # honest references below it): below LOOSE_BELOW_MS it refuses nothing, and the result is untrusted.
             why = (f"its calls could not be replayed from a CUDA graph ({self.graph_failed[:160]})" if self.graph_failed
                    else "replay_bound is off, so its calls were not replayed from CUDA graphs")
             self.loose_bound = (f"{why}, so the parent's bound, which counts the calls' host work, says little below "
@@ -375,13 +374,14 @@ class Session:
             if problem is not None and problem[0] is Verdict.impossible_timing:
                 self.loose_bound += f"; it read: {problem[1][:300]}"
                 problem = None
-        self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing
+        # Judged again, but not in cpu gradient mode: a second look's pooled estimate passed a half-forged clock (36th).
+        refused = problem is not None and problem[0] is Verdict.impossible_timing
+        self.clock_alone = refused and kind != "cpu_grad"
         self.doubtful = problem is None and not self.prior and judge.doubtful(kind, claim, self.estimate)
         if (unfit := judge.loaded(self.evidence, bench.device)):
-            # Neither side's clock means much here: the timing is marked unfit, and a refusal on the
-            # clocks alone is not a verdict (judge.LOADED_SHARE).
-            self.load_unfit = unfit if not self.clock_alone else f"{unfit}; the parent's clock refused the child's: {problem[1]}"
-            if self.clock_alone:
+            # Neither clock means much here: the timing is unfit, a refusal on the clocks no verdict (LOADED_SHARE).
+            self.load_unfit = unfit if not refused else f"{unfit}; the parent's clock refused the child's: {problem[1]}"
+            if refused:
                 self.clock_alone = False
                 return None
         return problem
