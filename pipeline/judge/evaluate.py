@@ -268,9 +268,11 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     first refused a clock claiming 0.56-0.60 of its time and the second, a fresh draw that forgot
     the first, accepted it). On the cpu a first evaluation whose claim passed its bound by less than
     judge.DOUBT_SLACK is judged again the same way: one draw's claim over its estimate scatters too
-    far there to tell a clock forged to 0.6 from an honest claim at the low end (issue 27). The
-    second costs only where the first refused or doubted; its verdict is kept, the first's refusal
-    beside it (`first_refusal`)."""
+    far there to tell a clock forged to 0.6 from an honest claim at the low end (issue 27). In
+    gradient mode on the cpu neither is judged again: honest claims sit well above the bound there,
+    and the pooled estimate passed a clock forged to half (pipeline.judge.session). The second costs
+    only where the first refused or doubted; its verdict is kept, the first's refusal beside it
+    (`first_refusal`)."""
     first, again, evidence = _judge(bench, code_path, build_dir, settings, env, spares, watch, draw=draw)
     if not again:
         return first
