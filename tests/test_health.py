@@ -65,17 +65,22 @@ def test_a_fit_check_just_taken_stands_for_the_next_attempt_s_own(mse_bench, tmp
     code.write_text(RIGHT.split("```python\n")[1].split("```")[0])
     (tmp_path / "build").mkdir()
     watch = health.Watch(None)
+    # An attempt may be judged twice (a claim the cpu's bound doubts: pipeline.judge.evaluate), each
+    # evaluation with its own checks; the count is per evaluation.
+    evaluations, real_judge = [], evaluate._judge
+    monkeypatch.setattr(evaluate, "_judge", lambda *a, **k: evaluations.append(1) or real_judge(*a, **k))
     evaluate.evaluate(mse_bench, code, tmp_path / "build", SETTINGS, watch=watch)
-    assert len(watch.history) == 2  # before and after the attempt
+    # Before and after; a second evaluation's own "before" may be the first's "after" (RECENT_S).
+    assert len(watch.history) == 2 if len(evaluations) == 1 else 3 <= len(watch.history) <= 4, watch.history
     for recent_s, taken in ((3600.0, 1), (0.0, 2)):
         monkeypatch.setattr(health, "RECENT_S", recent_s)
         fit = watch.history[-1][1] is None  # a loaded box may read its bandwidth low: then no reuse
-        before = len(watch.history)
+        before, evaluations[:] = len(watch.history), []
         result = evaluate.evaluate(mse_bench, code, tmp_path / "build", SETTINGS, watch=watch)
         assert result.verdict is Verdict.correct, result.error
         checks = len(watch.history) - before
         if result.timing is not None:
-            assert checks == (taken if fit else 2), (recent_s, fit, watch.history[before:])
+            assert checks == (taken if fit else 2) * len(evaluations), (recent_s, fit, len(evaluations), watch.history[before:])
     assert watch.recent(3600.0) is (watch.history[-1][1] is None)
     watch._record(None, "the reference process sent no health figures")  # as a failed check records it
     assert not watch.recent(3600.0)
