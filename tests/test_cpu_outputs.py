@@ -16,7 +16,7 @@ from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict
 
-from forgers import TWIN_RATIO, forged_clock, judge_in_turn
+from forgers import assert_refused_or_near_twin, forged_clock, judge_in_turn, load_unfit
 
 ROOT = Path(__file__).resolve().parent.parent
 ADD = "def forward(self, a, b):\n        return a + b"
@@ -26,10 +26,11 @@ SETTINGS = EvalConfig(compile_baseline=False, trials=5, timed_calls=10, timed_ms
                       check_shapes=False)
 
 
-def _loaded(r) -> bool:
-    """Timed on a cpu too loaded to time (pipeline.judge.judge.loaded): correct, its timing unfit, never
-    believed; a refusal on the clocks alone is no verdict there."""
-    return r.verdict is Verdict.correct and (r.device_unfit or "").startswith("the cpu was loaded")
+def honest_and_estimated(r) -> None:
+    """Correct and trusted, and the estimate reads about its own calls (0.96-1.04 of them at 512 x 512
+    on the idle box) unless the load made the timing unfit."""
+    assert r.verdict is Verdict.correct and r.trusted, (r.verdict, r.error, r.bound_note)
+    assert load_unfit(r) or r.wall_ms_per_call < 1.5 * r.time_ms, (r.time_ms, r.wall_ms_per_call)
 
 
 @pytest.mark.parametrize("size", list(SIZES))
@@ -39,10 +40,5 @@ def test_a_clock_forged_to_half_on_a_large_output_is_refused_on_the_cpu(tmp_path
     (tmp_path / "honest.py").write_text(f"import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    {ADD}\n")
     (tmp_path / "build").mkdir()
     codes = {name: (tmp_path / f"{name}.py", tmp_path / "build") for name in ("honest", "forged")}
-    (_, honest), (_, forged) = judge_in_turn(task, SIZES[size], "cpu", SETTINGS, codes, 1, f"add@{size}")
-    assert honest.verdict is Verdict.correct and honest.trusted, (honest.verdict, honest.error, honest.bound_note)
-    # The honest add's estimate reads about its own calls (0.96-1.04 at 512 x 512 on the idle box).
-    assert _loaded(honest) or honest.wall_ms_per_call < 1.5 * honest.time_ms, (honest.time_ms, honest.wall_ms_per_call)
-    assert (forged.verdict is Verdict.impossible_timing or _loaded(forged)
-            or (forged.verdict is Verdict.correct and forged.time_ms * TWIN_RATIO >= honest.time_ms)), \
-        (forged.verdict, forged.time_ms, forged.wall_ms_per_call, honest.time_ms, forged.error)
+    results = judge_in_turn(task, SIZES[size], "cpu", SETTINGS, codes, 1, f"add@{size}")
+    assert_refused_or_near_twin(results, honest_and_estimated)

@@ -31,6 +31,8 @@ from pipeline.child import HARNESS, tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Flag, Verdict
 
+from forgers import load_unfit
+
 ROOT = Path(__file__).resolve().parent.parent
 REDTEAM = Path(__file__).resolve().parent / "redteam"
 TASKS = ROOT / "reference_tasks"
@@ -125,13 +127,6 @@ def lower_bound(result: EvalResult) -> float:
     """The parent's stated lower bound on a recorded time (pipeline.judge.judge.BOUND_SLACK, cpu)."""
     rel, abs_ms = judge.BOUND_SLACK["cpu"]
     return result.wall_ms_per_call * (1 - rel) - abs_ms
-
-
-def load_unfit(result: EvalResult) -> bool:
-    """Judged on a cpu too loaded to time (pipeline.judge.judge.loaded): correct, its timing marked unfit,
-    so it never reaches `best` or the library and a resume re-times it. On an idle box its clock's
-    refusal is the verdict."""
-    return result.verdict is V.correct and (result.device_unfit or "").startswith("the cpu was loaded")
 
 
 def assert_time_earned(result: EvalResult, real: float | None = None) -> None:
