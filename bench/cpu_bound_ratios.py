@@ -3,7 +3,7 @@
 For every bundled task at the tests' two cpu sizes ("small", "odd"), forward and in gradient mode,
 the reference itself as the candidate (`class ModelNew(Model)`), and the red team's timing cheats on
 mse: the child's median call over the parent's own estimate of a call (`claim/est`). The judge
-refuses below (1 - rel) - abs/est of it (pipeline.judge.judge.BOUND_SLACK); a `*` marks a result that was
+refuses below (1 - rel) - abs/est of it (pipeline.judge.clocks.BOUND_SLACK); a `*` marks a result that was
 judged twice (its first evaluation refused on the parent's clock alone).
 
     python bench/cpu_bound_ratios.py --runs 2 --load none|spin|copy [--modes fwd,grad] [--cheat-sizes small,odd]

@@ -27,7 +27,7 @@ def forged_clock(factor: float | str, forward: str | None = None) -> str:
 
 
 def load_unfit(result: EvalResult) -> bool:
-    """Judged on a cpu too loaded to time (pipeline.judge.judge.loaded): correct, its timing marked unfit,
+    """Judged on a cpu too loaded to time (pipeline.judge.clocks.loaded): correct, its timing marked unfit,
     so it never reaches `best` or the library and a resume re-times it. On an idle box its clock's
     refusal is the verdict. (A GPU's result never carries this mark.)"""
     return result.verdict is Verdict.correct and (result.device_unfit or "").startswith("the cpu was loaded")

@@ -206,13 +206,13 @@ def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path, factor):
     and 30% + 10 us: the half refused 8 of 8 and a clock forged to 0.6 10 of 10 on the idle 2-core box,
     reading 0.41-0.64 of the estimate against an honest twin's 0.83-1.10 (docs/benchmarks.md, 35th
     session). Since the 36th, 30% + 3 us of the claim mixed as a Bound request mixes first and later
-    calls (judge.mixed_calls): the 0.6 refused 4 of 4."""
+    calls (clocks.mixed_calls): the 0.6 refused 4 of 4."""
     code = tmp_path / "forged.py"
     code.write_text(forged_clock(factor))
     build_dir = tmp_path / "build"
     build_dir.mkdir()
     r = evaluate.evaluate(bench("mse", GRAD), code, build_dir, GRAD)
-    # On a cpu too loaded to time, its timing is marked unfit instead (pipeline.judge.judge.loaded).
+    # On a cpu too loaded to time, its timing is marked unfit instead (pipeline.judge.clocks.loaded).
     assert r.grad and (r.verdict is V.impossible_timing or load_unfit(r)), describe(r)
 
 
@@ -235,7 +235,7 @@ def _as_stored(r: EvalResult) -> EvalResult:
     """A judged result as these library tests store it. Speed is not at issue here (the library's
     "faster" rule has its own tests in test_library.py): the time is pinned at half the faster
     baseline, so a noisy 2-core box cannot keep the kernel out, nor can a busy one (whose timing the
-    judge marks unfit: pipeline.judge.judge.loaded); and no flags (the profile may flag a cpu kernel
+    judge marks unfit: pipeline.judge.clocks.loaded); and no flags (the profile may flag a cpu kernel
     beside torch's ops)."""
     from pipeline.records import Timing
 

@@ -103,7 +103,7 @@ def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypa
     result = judge_the_reference("mse", "odd", "cpu", tmp_path)
     if len(evaluations) == 1:
         # A busy box (real load, not only the stall): the judge marks the timing unfit for the load,
-        # and a refusal on the clocks alone is then not a verdict (pipeline.judge.judge.LOADED_SHARE).
+        # and a refusal on the clocks alone is then not a verdict (pipeline.judge.clocks.LOADED_SHARE).
         assert result.verdict is Verdict.correct, (result.verdict.value, result.error)
         assert (result.device_unfit or "").startswith("the cpu was loaded"), result.device_unfit
         assert "the parent's clock refused" in result.device_unfit and result.first_refusal is None

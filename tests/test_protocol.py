@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.judge import judge
+from pipeline.judge import clocks, judge
 from pipeline.child import protocol as P
 from pipeline.child import memfd
-from pipeline.judge.judge import Window
+from pipeline.judge.clocks import Window
 
 
 def _memfd(outbox_bytes: int, inbox_bytes: int) -> tuple[int, int]:
@@ -122,13 +122,13 @@ def test_the_replayed_bound_takes_the_no_work_call_off_a_claim():
     bound (0.65 x 0.003 - 0.001); less, say, 0.0055 ms the protocol reads for a call that does no work,
     it claims 0.0005 of work and is refused, while the honest claim's 0.0065 stands."""
     est, null = 0.003, 0.0055
-    assert judge.check_estimate("cuda_graph", 0.006, est) is None  # the hole, without the no-work call
-    refused = judge.check_estimate("cuda_graph", 0.006, est, null)
+    assert clocks.check_estimate("cuda_graph", 0.006, est) is None  # the hole, without the no-work call
+    refused = clocks.check_estimate("cuda_graph", 0.006, est, null)
     assert refused[0] is judge.Verdict.impossible_timing and "beyond the 0.0055 ms" in refused[1]
-    assert judge.check_estimate("cuda_graph", 0.012, est, null) is None
+    assert clocks.check_estimate("cuda_graph", 0.012, est, null) is None
     # Only the replayed bound: the eager GPU bound and the cpu's are set against calls with their host work.
-    assert judge.check_estimate("cpu", 0.88, 1.35, 0.5) is None  # 0.65 x 1.35 - 0.01 = 0.8675, no null taken off
-    assert judge.check_estimate("cuda", 0.4, 1.225, 0.3) is None
+    assert clocks.check_estimate("cpu", 0.88, 1.35, 0.5) is None  # 0.65 x 1.35 - 0.01 = 0.8675, no null taken off
+    assert clocks.check_estimate("cuda", 0.4, 1.225, 0.3) is None
 
 
 def test_gradient_mode_replays_are_held_closer():
@@ -136,10 +136,10 @@ def test_gradient_mode_replays_are_held_closer():
     backward at 26 us a call, replays put it at 0.0207 ms, and a clock forged to half claimed 0.0133,
     through the forward's 35% + 1 us; gradient mode's 25% refuses it, and the honest 0.0263 stands."""
     est, null = 0.0207, 0.0002
-    assert judge.check_estimate("cuda_graph", 0.0133, est, null) is None
-    refused = judge.check_estimate("cuda_graph_grad", 0.0133, est, null)
+    assert clocks.check_estimate("cuda_graph", 0.0133, est, null) is None
+    refused = clocks.check_estimate("cuda_graph_grad", 0.0133, est, null)
     assert refused[0] is judge.Verdict.impossible_timing and "beyond the 0.0002 ms" in refused[1]
-    assert judge.check_estimate("cuda_graph_grad", 0.0263, est, null) is None
+    assert clocks.check_estimate("cuda_graph_grad", 0.0263, est, null) is None
 
 
 def test_the_estimate_is_the_fastest_request_over_a_robust_calibration():
@@ -149,16 +149,16 @@ def test_the_estimate_is_the_fastest_request_over_a_robust_calibration():
     runs) and a claim below 65% of the estimate (less 3 us) is refused; one near it is not."""
     calibration = [Window(ms, 4) for ms in (7.8, 7.9, 7.7, 15.3, 7.3)]
     bounds = [Window(ms, 4) for ms in (13.6, 24.1, 22.6, 12.7, 13.0)]
-    on_gpu = judge.parent_estimate(calibration, bounds, "cuda")
+    on_gpu = clocks.parent_estimate(calibration, bounds, "cuda")
     assert on_gpu == pytest.approx((12.7 - 7.8) / 4)
-    assert judge.check_estimate("cuda", 0.35, on_gpu)[0] is judge.Verdict.impossible_timing
-    assert judge.check_estimate("cuda", 0.4, on_gpu) is None
-    on_cpu = judge.parent_estimate(calibration, bounds, "cpu")
+    assert clocks.check_estimate("cuda", 0.35, on_gpu)[0] is judge.Verdict.impossible_timing
+    assert clocks.check_estimate("cuda", 0.4, on_gpu) is None
+    on_cpu = clocks.parent_estimate(calibration, bounds, "cpu")
     assert on_cpu == pytest.approx((12.7 - 7.3) / 4)
-    assert judge.check_estimate("cpu", 0.87, on_cpu)[0] is judge.Verdict.impossible_timing  # 0.65 x 1.35 - 0.003 = 0.8745
-    assert judge.check_estimate("cpu", 0.875, on_cpu) is None
+    assert clocks.check_estimate("cpu", 0.87, on_cpu)[0] is judge.Verdict.impossible_timing  # 0.65 x 1.35 - 0.003 = 0.8745
+    assert clocks.check_estimate("cpu", 0.875, on_cpu) is None
     stalled = [Window(ms, 4) for ms in (7.8, 14.9, 15.3, 15.1, 7.3)]  # three of five, as seen in gradient mode
-    assert judge.parent_estimate(stalled, bounds, "cpu") == on_cpu
+    assert clocks.parent_estimate(stalled, bounds, "cpu") == on_cpu
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
@@ -237,28 +237,28 @@ def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_to
 
 
 def test_load_is_taken_out_of_both_sides_and_never_below_the_child_s_work():
-    """pipeline.judge.judge.unloaded_ms: a window less the run-queue wait the kernel counted, never less
+    """pipeline.judge.clocks.unloaded_ms: a window less the run-queue wait the kernel counted, never less
     than the child's time on a cpu over its cores. A loaded box slowed the timed blocks' claims and
     not the fastest Bound request, and a clock claiming 30% read 0.6 of the estimate; taken out of
     both, it reads 0.3. A candidate that makes its own threads wait cannot go below its cpu time."""
-    from pipeline.judge.runqueue import Load
+    from pipeline.judge.clocks import Load
 
     calibration = [Window(0.9, 1, Load(cpu_ms=0.8, wait_ms=0.0)), Window(5.0, 1, Load(cpu_ms=0.8, wait_ms=4.2))]
     bounds = [Window(6.0, 1, Load(cpu_ms=2.9, wait_ms=3.1))]  # every request stalled: 3 ms of work
-    assert judge.parent_estimate(calibration, bounds, "cpu") == pytest.approx(2.9 - 0.8)
+    assert clocks.parent_estimate(calibration, bounds, "cpu") == pytest.approx(2.9 - 0.8)
     # a block of calls each claimed at 30% of a loaded 6 ms (2 ms of it the call's own work)
     blocks = [([1.8] * 4, Window(60.0, 4, Load(cpu_ms=20.0, wait_ms=40.0)))]
-    claim = judge.unloaded_means(blocks, "cpu")[0]
+    claim = clocks.unloaded_means(blocks, "cpu")[0]
     assert claim == pytest.approx(0.6)
-    assert judge.check_estimate("cpu", claim, 2.1)[0] is judge.Verdict.impossible_timing
-    assert judge.check_estimate("cpu", 1.8, 2.1) is None  # as claimed, the load hid it
+    assert clocks.check_estimate("cpu", claim, 2.1)[0] is judge.Verdict.impossible_timing
+    assert clocks.check_estimate("cpu", 1.8, 2.1) is None  # as claimed, the load hid it
     # a thread made to wait by the candidate's own spinner: the cpu time still counts
-    assert judge.unloaded_ms(Window(4.0, 1, Load(cpu_ms=4.0, wait_ms=3.9))) == pytest.approx(4.0)
-    assert judge.unloaded_ms(Window(4.0, 1, Load(cpu_ms=4.0, wait_ms=3.9)), threads=2) == pytest.approx(2.0)
+    assert clocks.unloaded_ms(Window(4.0, 1, Load(cpu_ms=4.0, wait_ms=3.9))) == pytest.approx(4.0)
+    assert clocks.unloaded_ms(Window(4.0, 1, Load(cpu_ms=4.0, wait_ms=3.9)), threads=2) == pytest.approx(2.0)
 
 
 def test_each_replayed_request_is_taken_net_of_a_null_replay_beside_it():
-    """pipeline.judge.judge.paired_per_call, on the shape of an H200 miss (docs/benchmarks.md,
+    """pipeline.judge.clocks.paired_per_call, on the shape of an H200 miss (docs/benchmarks.md,
     2026-11-29): the calibration ran with the GPU slower than it was by the Bound requests, so the
     calibration alone took 1.3 ms too much off each 512-replay window, and a clock forged to half
     (claim 0.0052 ms, 0.0032 of it the no-work call) cleared the bound. The reference's null replays,
@@ -269,26 +269,26 @@ def test_each_replayed_request_is_taken_net_of_a_null_replay_beside_it():
     null_cal = [7.0, None, 7.05, None, 6.95]  # the reference's null replays beside three, its own clock
     windows = [Window(8.7, 512), Window(8.75, 512), Window(8.65, 512), Window(8.7, 512), Window(8.7, 512)]
     nulls = [5.7, 5.72, 5.68, 9.9, 5.7]  # beside each request; the fourth stalled
-    per_call = judge.paired_per_call(cal, null_cal, windows, nulls)
+    per_call = clocks.paired_per_call(cal, null_cal, windows, nulls)
     assert per_call[0] == pytest.approx((8.7 - (7.4 - 7.0 + 5.7)) / 512)
     assert per_call[3] == 0.0  # the stalled pair
     null_ms = 0.0032
-    alone = min(judge.net_per_call(cal, windows))  # the estimate before: 1.3 ms / 512 a call
+    alone = min(clocks.net_per_call(cal, windows))  # the estimate before: 1.3 ms / 512 a call
     assert alone == pytest.approx(1.25 / 512)
-    assert judge.check_estimate("cuda_graph", 0.0052, alone, null_ms) is None  # the miss
-    est, _ = judge.pooled([judge.Evidence(per_call, [0.0052], paired=True)])
+    assert clocks.check_estimate("cuda_graph", 0.0052, alone, null_ms) is None  # the miss
+    est, _ = clocks.pooled([clocks.Evidence(per_call, [0.0052], paired=True)])
     assert est == pytest.approx(2.6 / 512, rel=0.02)
-    assert judge.check_estimate("cuda_graph", 0.0052, est, null_ms)[0] is judge.Verdict.impossible_timing
-    assert judge.check_estimate("cuda_graph", 0.0101, est, null_ms) is None
+    assert clocks.check_estimate("cuda_graph", 0.0052, est, null_ms)[0] is judge.Verdict.impossible_timing
+    assert clocks.check_estimate("cuda_graph", 0.0101, est, null_ms) is None
     # Min where any evaluation was not paired; no pairs where a request has no null replay beside it.
-    assert judge.pooled([judge.Evidence(per_call, [0.0052], paired=True), judge.Evidence([0.004], [0.0052])])[0] == 0.0
-    assert judge.paired_per_call(cal, null_cal, windows, nulls[:4] + [None]) is None
-    assert judge.paired_per_call(cal, [], windows, nulls) is None
-    assert judge.paired_per_call(cal, [None] * 5, windows, nulls) is None
+    assert clocks.pooled([clocks.Evidence(per_call, [0.0052], paired=True), clocks.Evidence([0.004], [0.0052])])[0] == 0.0
+    assert clocks.paired_per_call(cal, null_cal, windows, nulls[:4] + [None]) is None
+    assert clocks.paired_per_call(cal, [], windows, nulls) is None
+    assert clocks.paired_per_call(cal, [None] * 5, windows, nulls) is None
 
 
 def test_the_calibration_s_offset_is_taken_pair_by_pair():
-    """judge.paired_per_call's offset (the child's null model on the parent's clock, over the
+    """clocks.paired_per_call's offset (the child's null model on the parent's clock, over the
     reference's null replay) is the median of pairs taken side by side, not of two medians taken at
     other moments. The shape of an H200 calibration whose GPU came up to speed halfway: the child's
     windows fall from 20 to 16 ms and the reference's nulls from 16 to 12, so the true offset is 4 ms
@@ -300,52 +300,52 @@ def test_the_calibration_s_offset_is_taken_pair_by_pair():
                   [16.0 - 4.0 if (i + 7) % 3 == 0 else None for i in range(8)]
     windows, nulls = [Window(15.0, 512)] * 4, [7.0] * 4  # 15 - (4 + 7) = 4 ms of work: 7.8 us a call
     for null_cal in (every_third, [w.ms - 4.0 for w in cal]):
-        assert judge.paired_per_call(cal, null_cal, windows, nulls) == [pytest.approx(4.0 / 512)] * 4
+        assert clocks.paired_per_call(cal, null_cal, windows, nulls) == [pytest.approx(4.0 / 512)] * 4
     medians = statistics.median(w.ms for w in cal) - statistics.median(n for n in every_third if n is not None)
     assert medians == 0.0  # what the medians gave: the work read as 8 ms, twice what it is
-    assert judge.paired_per_call(cal, every_third[:-1], windows, nulls) is None  # not index for index
+    assert clocks.paired_per_call(cal, every_third[:-1], windows, nulls) is None  # not index for index
 
 
 def test_a_second_evaluation_decides_on_both_evaluations_evidence():
-    """pipeline.judge.judge.pooled: the fastest Bound request of either evaluation, the median block of
+    """pipeline.judge.clocks.pooled: the fastest Bound request of either evaluation, the median block of
     both. A cheat refused once (its claims at 0.58 of its work) is not accepted by a second draw
     whose requests read faster: its first blocks still count, and more requests only bring the
     estimate down to the work. An honest kernel whose first evaluation was stalled gets through."""
-    cheat_first = judge.Evidence(per_call=[3.1, 3.4], means=[1.2, 1.15, 1.25])
-    cheat_second = judge.Evidence(per_call=[2.0, 2.2], means=[1.2, 1.18, 1.22])
-    est, claim = judge.pooled([cheat_first, cheat_second])
+    cheat_first = clocks.Evidence(per_call=[3.1, 3.4], means=[1.2, 1.15, 1.25])
+    cheat_second = clocks.Evidence(per_call=[2.0, 2.2], means=[1.2, 1.18, 1.22])
+    est, claim = clocks.pooled([cheat_first, cheat_second])
     assert est == 2.0 and claim == pytest.approx(1.2)
-    assert judge.check_estimate("cpu", claim, est)[0] is judge.Verdict.impossible_timing
-    honest_first = judge.Evidence(per_call=[3.1, 3.4], means=[2.05, 1.95, 2.0])  # every request stalled
-    est, claim = judge.pooled([honest_first, judge.Evidence(per_call=[2.0, 2.3], means=[2.0, 2.1])])
-    assert judge.check_estimate("cpu", claim, est) is None
+    assert clocks.check_estimate("cpu", claim, est)[0] is judge.Verdict.impossible_timing
+    honest_first = clocks.Evidence(per_call=[3.1, 3.4], means=[2.05, 1.95, 2.0])  # every request stalled
+    est, claim = clocks.pooled([honest_first, clocks.Evidence(per_call=[2.0, 2.3], means=[2.0, 2.1])])
+    assert clocks.check_estimate("cpu", claim, est) is None
 
 
 def test_a_claim_near_the_cpu_bound_is_doubted_and_judged_again():
-    """pipeline.judge.judge.doubtful (issue 27): on the cpu a claim that passes its bound (0.65 of the
+    """pipeline.judge.clocks.doubtful (issue 27): on the cpu a claim that passes its bound (0.65 of the
     estimate less 10 us) but reads below 0.80 of it less the same 10 us sends the attempt to a second
     evaluation, as a refusal does; above it, or on a GPU or in gradient mode, one evaluation decides."""
     est = 1.0  # 0.65 - 0.01 = 0.64 refuses, 0.80 - 0.01 = 0.79 doubts
-    assert judge.check_estimate("cpu", 0.63, est)[0] is judge.Verdict.impossible_timing
-    assert judge.check_estimate("cpu", 0.65, est) is None and judge.doubtful("cpu", 0.65, est)
-    assert judge.check_estimate("cpu", 0.80, est) is None and not judge.doubtful("cpu", 0.80, est)
-    assert not judge.doubtful("cpu", 0.65, None)
-    assert not judge.doubtful("cpu_grad", 0.60, est) and not judge.doubtful("cuda_graph", 0.001, 0.003)
+    assert clocks.check_estimate("cpu", 0.63, est)[0] is judge.Verdict.impossible_timing
+    assert clocks.check_estimate("cpu", 0.65, est) is None and clocks.doubtful("cpu", 0.65, est)
+    assert clocks.check_estimate("cpu", 0.80, est) is None and not clocks.doubtful("cpu", 0.80, est)
+    assert not clocks.doubtful("cpu", 0.65, None)
+    assert not clocks.doubtful("cpu_grad", 0.60, est) and not clocks.doubtful("cuda_graph", 0.001, 0.003)
 
 
 def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():
-    """pipeline.judge.judge.loaded: run-queue waits took more than LOADED_SHARE of the windows: the timing
+    """pipeline.judge.clocks.loaded: run-queue waits took more than LOADED_SHARE of the windows: the timing
     is unfit (kept out of `best`, re-timed by a resume). Idle, or on a GPU, it stands."""
-    from pipeline.judge.runqueue import Load
+    from pipeline.judge.clocks import Load
 
     idle = [Window(2.0, 1, Load(cpu_ms=2.0, wait_ms=0.05)), Window(8.0, 4, Load(cpu_ms=8.0, wait_ms=0.1))]
     busy = [Window(2.0, 1, Load(cpu_ms=0.9, wait_ms=1.1)), Window(8.0, 4, Load(cpu_ms=5.0, wait_ms=3.0))]
-    assert judge.load_share(idle) == pytest.approx(0.015)
-    assert judge.load_share(busy) == pytest.approx(0.41)
-    assert judge.load_share([Window(1.0, 1)]) == 0.0  # no account (GPU windows): nothing waited
-    assert judge.loaded(judge.Evidence([2.0], [0.5], judge.load_share(idle)), "cpu") is None
-    assert judge.loaded(judge.Evidence([2.0], [0.5], judge.load_share(busy)), "cuda:0") is None
-    assert judge.loaded(judge.Evidence([2.0], [0.5], judge.load_share(busy)), "cpu").startswith("the cpu was loaded: 41%")
+    assert clocks.load_share(idle) == pytest.approx(0.015)
+    assert clocks.load_share(busy) == pytest.approx(0.41)
+    assert clocks.load_share([Window(1.0, 1)]) == 0.0  # no account (GPU windows): nothing waited
+    assert clocks.loaded(clocks.Evidence([2.0], [0.5], clocks.load_share(idle)), "cpu") is None
+    assert clocks.loaded(clocks.Evidence([2.0], [0.5], clocks.load_share(busy)), "cuda:0") is None
+    assert clocks.loaded(clocks.Evidence([2.0], [0.5], clocks.load_share(busy)), "cpu").startswith("the cpu was loaded: 41%")
 
 
 def test_an_output_compared_in_chunks_on_several_threads_is_judged_as_in_one_piece(monkeypatch):
@@ -540,10 +540,10 @@ def test_kept_draws_hand_each_attempt_descriptors_of_its_own():
 
 
 def test_the_gradient_claim_is_mixed_as_a_bound_request_mixes_its_calls():
-    """judge.mixed_calls: each block's first call once and its others' mean `calls - 1` times, over
+    """clocks.mixed_calls: each block's first call once and its others' mean `calls - 1` times, over
     `calls`. Blocks of a slow first call (0.5) and three at 0.2 mean 0.275, but as a Bound request
     of 23 calls mixes them 0.213: what the parent's estimate of such a call reads."""
     blocks = [[0.5, 0.2, 0.2, 0.2], [0.9, 0.3, 0.3, 0.3]]
-    assert judge.mixed_calls(blocks, 23) == pytest.approx([(0.5 + 22 * 0.2) / 23, (0.9 + 22 * 0.3) / 23])
-    assert judge.mixed_calls(blocks, 4) == pytest.approx([statistics.fmean(b) for b in blocks])  # a block-long request
-    assert judge.mixed_calls([[0.4]], 10) == pytest.approx([0.4]) and judge.mixed_calls([], 10) == []
+    assert clocks.mixed_calls(blocks, 23) == pytest.approx([(0.5 + 22 * 0.2) / 23, (0.9 + 22 * 0.3) / 23])
+    assert clocks.mixed_calls(blocks, 4) == pytest.approx([statistics.fmean(b) for b in blocks])  # a block-long request
+    assert clocks.mixed_calls([[0.4]], 10) == pytest.approx([0.4]) and clocks.mixed_calls([], 10) == []

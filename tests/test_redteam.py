@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.build import build
-from pipeline.judge import evaluate, judge, owncode
+from pipeline.judge import clocks, evaluate, owncode
 from pipeline.judge.bench import TaskBench, measure_baselines, open_bench, prepare
 from pipeline.library import kernels
 from pipeline import sandbox
@@ -124,8 +124,8 @@ def real_ms(result: EvalResult) -> float | None:
 
 
 def lower_bound(result: EvalResult) -> float:
-    """The parent's stated lower bound on a recorded time (pipeline.judge.judge.BOUND_SLACK, cpu)."""
-    rel, abs_ms = judge.BOUND_SLACK["cpu"]
+    """The parent's stated lower bound on a recorded time (pipeline.judge.clocks.BOUND_SLACK, cpu)."""
+    rel, abs_ms = clocks.BOUND_SLACK["cpu"]
     return result.wall_ms_per_call * (1 - rel) - abs_ms
 
 
@@ -487,7 +487,7 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
     """The same patch reporting 85% of the real time, and the test of the stated bound: refused by the
     parent's clock, or what is recorded is no lower than its estimate x (1 - 0.35) - 0.003 ms
-    (pipeline.judge.judge.BOUND_SLACK["cpu"], which lower_bound reads)."""
+    (pipeline.judge.clocks.BOUND_SLACK["cpu"], which lower_bound reads)."""
     code = tmp_path / "forged_time_blocks.py"
     code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
     result = run(bench, "", "mse", tmp_path, code=code)
@@ -830,7 +830,7 @@ def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_cloc
     """Two processes spinning on the very cores the child and eager are held to (sandbox.cpu_cores):
     the honest fused mse is judged correct every time, its timing trusted or marked unfit for the
     load (never refused), and the clock forged to 10% of its work is refused or marked unfit, never a
-    trusted time (pipeline.judge.judge.loaded). The child gets 300 s, not 60: with the spinners on its
+    trusted time (pipeline.judge.clocks.loaded). The child gets 300 s, not 60: with the spinners on its
     core, on a CI box shared with other work, loading the task alone once took 60 s."""
     settings = SETTINGS.model_copy(update={"timeout_s": 300})
     cores = sandbox.cpu_cores(SETTINGS.cpu_threads)

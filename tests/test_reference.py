@@ -172,15 +172,15 @@ def test_a_paired_estimate_s_note_names_each_term_it_was_made_of():
     """The stored note of a replayed bound (beside.paired_terms): the child's calibration median and
     the reference's null median, then each request's window and its null, which is what the next GPU
     call needs to tell which term moved where the estimates scattered."""
-    from pipeline.judge import judge
+    from pipeline.judge import clocks
     from pipeline.judge.beside import paired_terms
 
-    calibration = [judge.Window(2.0, 512), judge.Window(2.4, 512), judge.Window(9.0, 512)]
-    windows = [judge.Window(5.0, 512), judge.Window(6.5, 512)]
+    calibration = [clocks.Window(2.0, 512), clocks.Window(2.4, 512), clocks.Window(9.0, 512)]
+    windows = [clocks.Window(5.0, 512), clocks.Window(6.5, 512)]
     note = paired_terms(calibration, [1.0, 1.2, None], windows, [1.5, 1.25])
     assert note == (" (calibration 2.400 ms over 3, the reference's null 1.100 ms over 2, offset 1.100 ms over "
                     "the pairs; window/null 5.000/1.500, 6.500/1.250)")
-    per_call = judge.paired_per_call(calibration, [1.0, 1.2, None], windows, [1.5, 1.25])
+    per_call = clocks.paired_per_call(calibration, [1.0, 1.2, None], windows, [1.5, 1.25])
     assert per_call == [pytest.approx((5.0 - (1.1 + 1.5)) / 512), pytest.approx((6.5 - (1.1 + 1.25)) / 512)]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.judge import evaluate, judge
+from pipeline.judge import clocks, evaluate
 from pipeline.judge.bench import open_bench, prepare
 from pipeline.judge.handover import close_all
 from pipeline.child import tasks
@@ -58,13 +58,13 @@ def test_the_speedup_is_taken_pair_by_pair():
     those ratios; blocks that do not line up give no ratio rather than a wrong one."""
     candidate = [[1.0] * 4, [2.0] * 4, [1.5] * 4, [3.0, 3.0, 3.0, 3.0]]
     eager = [1.1] * 4 + [2.2] * 4 + [1.65] * 4 + [3.0, 3.3, 3.6, 3.3]  # drift moves both sides of a pair alike
-    r = judge.pair_ratios(candidate, eager)
+    r = clocks.pair_ratios(candidate, eager)
     assert r.pairs == 4 and r.median == pytest.approx(1.1) and r.p25 == pytest.approx(1.1) and r.p75 == pytest.approx(1.1)
-    r = judge.pair_ratios([[1.0, 1.0], [2.0, 2.0]], [2.0, 2.0, 2.0, 2.0])
+    r = clocks.pair_ratios([[1.0, 1.0], [2.0, 2.0]], [2.0, 2.0, 2.0, 2.0])
     assert (r.median, r.pairs) == (1.5, 2)  # 2.0 and 1.0
-    assert judge.pair_ratios([[1.0] * 4], [1.0] * 3) is None  # the blocks do not line up
-    assert judge.pair_ratios([[1.0] * 4], [1.0] * 8) is None
-    assert judge.pair_ratios([], []) is None
+    assert clocks.pair_ratios([[1.0] * 4], [1.0] * 3) is None  # the blocks do not line up
+    assert clocks.pair_ratios([[1.0] * 4], [1.0] * 8) is None
+    assert clocks.pair_ratios([], []) is None
 
 
 def test_a_short_task_is_timed_with_more_calls_on_both_sides(tmp_path):

@@ -4,7 +4,7 @@ timed by the reference process right after each of the candidate's timed blocks 
 while the candidate's process is stopped): eager, then torch.compile of the same model, so each
 speedup is a ratio of times taken in the same window. And a null replay of the reference's beside
 each replayed Bound request. `session` is the attempt's pipeline.judge.session.Session (not
-imported: the session imports this)."""
+imported: the session imports this). And a Bound request replayed from CUDA graphs (replayed)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import numpy as np
 
 from ..child import protocol as P
 from .bench import EvaluationError, _seed
-from .judge import REPLAYS_MAX, Window, calibration_offset
+from ..records import Verdict
+from .clocks import REPLAYS_MAX, Window, calibration_offset
+from .judge import digest_ok
 
 # Null-model Bound requests before import: what a block costs besides the calls. Fifteen on the cpu,
 # not five: on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five
@@ -25,7 +27,7 @@ from .judge import REPLAYS_MAX, Window, calibration_offset
 # came from the factor table's jitter, gone since the 30th (docs/benchmarks.md, 32nd session).
 CALIBRATION_BLOCKS = {"cpu": 15, "cuda": 5}
 # A null replay of the reference's beside every third of the calibration's replayed windows; beside
-# each where the plan's calls are short (judge.REPLAYS_MAX), where the offset the pairs give is most
+# each where the plan's calls are short (clocks.REPLAYS_MAX), where the offset the pairs give is most
 # of a call's estimate.
 NULL_EVERY = 3
 
@@ -162,6 +164,37 @@ def null_play(session: Any, calls: int, pause: bool) -> float | None:
     return float(played[0]["ms"])
 
 
+def replayed(session: Any, k: int, seeds: list[int]) -> tuple[Verdict, str] | bool | None:
+    """Bound request `k` replayed from CUDA graphs: True when its window counts; None where the
+    forward could not be captured (the eager request follows, and the bound is loose from here);
+    else the verdict of a checked replay whose digest is wrong."""
+    plan = session.plan
+    ready, _ = session.ask(P.Bound(index=k, seeds=seeds, replays=plan.replays, digest_seed=plan.digest_seeds[k]),
+                           P.BoundReady, f"bound block {k}")
+    if ready.graph_error:
+        session.graph_failed = ready.graph_error
+        session.bound_note = f"eager Bound requests: the forward could not be captured ({ready.graph_error[:200]})"
+        return None
+    # Timed alone: the capture, which costs milliseconds that vary, stays out of the window.
+    reply, ms = session.ask(P.Play(index=k, factor_seed=plan.factor_seeds[k]), P.BoundDone, f"bound block {k}")
+    if len(reply.digests) != plan.replays:
+        return Verdict.protocol_error, f"bound block {k}: {len(reply.digests)} digests for {plan.replays} replays"
+    for r in plan.replay_checks[k]:
+        want = session.digests.get(f"bound{k}@{r}")
+        if want is None:
+            return Verdict.protocol_error, f"no reference digest for bound block {k}, replay {r}"
+        if not digest_ok(reply.digests[r], want["digest"], want["scale"], session.bench.tolerance,
+                         session.bench.settings.dtype, session.expected.get("trial0")):
+            return (Verdict.mismatch, f"bound block {k}, replayed call {r}: its digest {reply.digests[r]:.6g} is not "
+                    f"the reference's {want['digest']:.6g}: the work of a call was skipped or wrong")
+    session.replay_windows.append(Window(ms, plan.replays))
+    session.null_windows.append(null_play(session, len(seeds), pause=True))
+    if session.device_busy:
+        return Verdict.impossible_timing, session.device_busy
+    session.bound_note = f"replayed from CUDA graphs, {plan.replays} calls a request"
+    return True
+
+
 def _busy(doing: str, busy: dict[str, Any]) -> str:
     """Why an attempt is refused where the reference's idle probe (pipeline.judge.health.IdleProbe)
     found the GPU busy after a wait and a re-timing, the child stopped."""
@@ -171,7 +204,7 @@ def _busy(doing: str, busy: dict[str, Any]) -> str:
 
 def paired_terms(calibration: list[Window], null_calibration: list[float | None], windows: list[Window],
                  nulls: list[float | None]) -> str:
-    """What each paired estimate (judge.paired_per_call) was made of, in ms, for the stored note: the
+    """What each paired estimate (clocks.paired_per_call) was made of, in ms, for the stored note: the
     child's calibration median, the reference's null median and the pairs' offset, then each
     request's window and its null. At about 10 us a call the estimates scattered from a quarter of the
     work to more than all of it between evaluations (docs/benchmarks.md, twenty-fifth session); these

@@ -36,11 +36,11 @@ from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
 from . import health, owncode, shapes
 from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
-from .judge import REPLAYS_MAX, REPLAYS_MIN
+from .clocks import REPLAYS_MAX, REPLAYS_MIN
 from .session import Session
 
 EVALUATOR_VERSION = "2"
-BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (judge.parent_estimate)
+BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (clocks.parent_estimate)
 # On the cpu, Bound requests of one call each: with three spinning processes a core, a request of
 # four 2.4 ms calls was always preempted (the fastest of five read 5.5 ms a call) and an honest kernel
 # was refused; a one-call request fits between preemptions often enough for its fastest to count.
@@ -60,7 +60,7 @@ CPU_BOUND_REQUESTS = 12
 # block's calls take under CPU_BOUND_MS gets more (up to CPU_BOUND_MAX_CALLS), so that what a request
 # costs besides its calls is spread thinner: triplet at the "odd" size (0.08-0.12 ms a call) claimed
 # 0.46 of the estimate in four-call requests in a fresh-clone run, refused by 0.3 us. Requests of up
-# to 8 calls (1 ms) needed 0.05 ms of absolute slack (judge.BOUND_SLACK), half of a 0.1 ms call, and
+# to 8 calls (1 ms) needed 0.05 ms of absolute slack (clocks.BOUND_SLACK), half of a 0.1 ms call, and
 # a clock forged to half passed at "odd" every time; at 4 ms and up to 32 calls the slack is 0.01 ms.
 # Then only as many requests as fit ahead (AHEAD_BYTES: 6 at mse "small", 5 at "odd"): on the idle
 # 2-core box a clock forged to half was refused 8 of 8 at "odd" and "small", one forged to 0.6 6 of
@@ -256,7 +256,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
 
     A refusal that rests on the parent's clock alone (the child's times below its own estimate of a
     call) is judged again, by a second evaluation with a fresh child and fresh secrets, whose clock
-    check decides on BOTH evaluations' evidence (pipeline.judge.judge.pooled): the estimate is the fastest
+    check decides on BOTH evaluations' evidence (pipeline.judge.clocks.pooled): the estimate is the fastest
     Bound request of either (each less its own evaluation's calibration), the claim the median of
     both evaluations' timed blocks. A second evaluation may confirm a refusal or overturn it on the
     evidence of both, never hand a cheat a fresh draw: the refused evaluation's blocks still count,
@@ -267,7 +267,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     spike gets through, and a clock that understates its work stays below its bound (once, the
     first refused a clock claiming 0.56-0.60 of its time and the second, a fresh draw that forgot
     the first, accepted it). On the cpu a first evaluation whose claim passed its bound by less than
-    judge.DOUBT_SLACK is judged again the same way: one draw's claim over its estimate scatters too
+    clocks.DOUBT_SLACK is judged again the same way: one draw's claim over its estimate scatters too
     far there to tell a clock forged to 0.6 from an honest claim at the low end (issue 27). In
     gradient mode on the cpu neither is judged again: honest claims sit well above the bound there,
     and the pooled estimate passed a clock forged to half (pipeline.judge.session). The second costs
@@ -315,7 +315,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
            spares: Spares | None, watch: health.Watch | None,
            prior: list | None = None, draw: str | None = None) -> tuple[EvalResult, bool, Any]:
     """One evaluation, whether it is to be judged again (refused on the parent's clock alone, or a
-    doubted pass), and the evidence that clock check took (pipeline.judge.judge.Evidence; `prior`: an
+    doubted pass), and the evidence that clock check took (pipeline.judge.clocks.Evidence; `prior`: an
     earlier evaluation's, pooled with it)."""
 
     started = time.monotonic()
@@ -410,7 +410,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         result = result.model_copy(update={"device_unfit": unfit})
     ended = time.monotonic()
     # Judged again: a refusal on the parent's clock alone, or a correct claim the bound doubts
-    # (judge.DOUBT_SLACK), on a machine fit to time.
+    # (clocks.DOUBT_SLACK), on a machine fit to time.
     again = ((session.clock_alone and result.verdict is Verdict.impossible_timing)
              or (session.doubtful and result.verdict is Verdict.correct and not unfit))
     return result.model_copy(update={

@@ -153,7 +153,7 @@ class Reference:
     def null_play(self, size, n_seeds: int, replay_count: int, out_shape: list[int]) -> float:
         """Milliseconds on this process's clock to play a null model's replayed Bound request shaped as
         the candidate's (pipeline.child.replays; zeros for a forward), captured at its shape's first
-        request: beside each of the candidate's and the calibration's, for the drift (judge.paired_per_call)."""
+        request: beside each of the candidate's and the calibration's, for the drift (clocks.paired_per_call)."""
         key = json.dumps([size, n_seeds, replay_count, out_shape], sort_keys=True)
         if self.null is None or self.null[0] != key:
             self.null = None
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                 request["out_shape"])])
                 send({"event": "null_played", "ms": times[0], "busy": busy})
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory beside the paused child: the parent
-                ref.null = None  # falls back to its calibration alone (judge.net_per_call); empty_cache below
+                ref.null = None  # falls back to its calibration alone (clocks.net_per_call); empty_cache below
                 send({"event": "null_failed", "error": one_line(exc)})
         elif request["op"] == "release":
             ref.release()

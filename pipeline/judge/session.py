@@ -21,9 +21,10 @@ from .. import backends
 from ..child import protocol as P
 from ..child import memfd
 from ..records import EvalResult, TrialResult, Verdict
-from . import beside, judge, owncode, runqueue, shapes
+from . import beside, clocks, judge, owncode, shapes
 from .bench import Ended, TaskBench, ended_early, lane_of
-from .judge import Expected, Window, pair_ratios, summarize
+from .clocks import Window, pair_ratios, summarize
+from .judge import Expected
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
 PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
@@ -33,7 +34,7 @@ DISCARD_SLOT_BYTES = 64 << 20  # outbox slots this large are given back once jud
 class Session:
     def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: memfd.Outbox,
                  spares, env: dict[str, str], inbox: memfd.Inbox | None = None, inputs: dict[str, int] | None = None,
-                 timed: bool = True, settings=None, prior: list[judge.Evidence] | None = None):
+                 timed: bool = True, settings=None, prior: list[clocks.Evidence] | None = None):
         self.bench, self.child, self.plan, self.expected, self.outbox = bench, child, plan, expected, outbox
         self.spares, self.env = spares, env
         self.timed_too = timed  # False on a device unfit to time (pipeline.judge.health): correctness only
@@ -48,7 +49,7 @@ class Session:
         self.calibration: list[Window] = []
         self.bound_windows: list[Window] = []
         # Replayed Bound requests (cuda, pipeline.child.replays): calibration and windows; the reference's null
-        # replays, index for index (None where none: beside.null_play, judge.paired_per_call); the reference's
+        # replays, index for index (None where none: beside.null_play, clocks.paired_per_call); the reference's
         # digests of the checked replays; why the forward could not be captured.
         self.replay_calibration, self.replay_windows = [], []
         self.null_calibration, self.null_windows = [], []  # list[float | None] each
@@ -59,13 +60,13 @@ class Session:
         self.bound_note: str | None = None  # how the parent's bound was measured (EvalResult.bound_note)
         self.timed: list[tuple[list[float], Window]] = []
         self.estimate: float | None = None
-        self.load: runqueue.Load | None = runqueue.Load()  # the last window's (ask); None on a GPU
+        self.load: clocks.Load | None = clocks.Load()  # the last window's (ask); None on a GPU
         # The verdict rests on the parent's estimate alone (pipeline.judge.evaluate judges again, on both).
         self.clock_alone = False
-        self.doubtful = False  # passed the bound by less than judge.DOUBT_SLACK: evaluate judges again, on both
-        self.load_unfit: str | None = None  # timed on a loaded cpu (judge.loaded): its timing is unfit
+        self.doubtful = False  # passed the bound by less than clocks.DOUBT_SLACK: evaluate judges again, on both
+        self.load_unfit: str | None = None  # timed on a loaded cpu (clocks.loaded): its timing is unfit
         self.prior = prior or []  # an earlier evaluation's evidence, which the clock check pools with ours
-        self.evidence: judge.Evidence | None = None
+        self.evidence: clocks.Evidence | None = None
         self.eager: list[float] = []  # the reference's eager calls, timed between the candidate's blocks
         self.compiled: list[float] = []  # and its torch.compile calls, where the baseline compiled
         b = bench.baselines
@@ -104,20 +105,20 @@ class Session:
         # The values are written while the child's session is stopped, then the clock starts: the write
         # is the parent's work (in the window it cost twice the calibration's; an honest kernel was
         # refused in CI); a child that will not stop gets it in the window. What other processes take
-        # of the window (runqueue): the child's threads' once it is stopped (a stopped thread waits on
+        # of the window (clocks.between): the child's threads' once it is stopped (a stopped thread waits on
         # no run queue; the red team's 50 ms sleeper read 46.6 ms beside load), ours from the start.
         stopped = self.child.pause() if reveal else None
-        # Load out of windows on the cpu only (judge.unloaded_ms): on a GPU the reads (0.3 ms, 32 threads) were all of it.
+        # Load out of windows on the cpu only (clocks.unloaded_ms): on a GPU the reads (0.3 ms, 32 threads) were all of it.
         counted = self.bench.device == "cpu"
         pid = self.child.proc.pid
-        child_before = runqueue.threads(pid) if counted else {}
-        waited = runqueue.waited_s(pid)
-        parent_before = runqueue.own()
+        child_before = clocks.threads(pid) if counted else {}
+        waited = clocks.waited_s(pid)
+        parent_before = clocks.own()
         sent = time.monotonic()
         if reveal:
-            self.inbox.reveal(reveal, runqueue.cores_of(pid))
+            self.inbox.reveal(reveal, clocks.cores_of(pid))
         if stopped is not None:
-            parent_before = runqueue.own()
+            parent_before = clocks.own()
             sent = time.monotonic()
             self.child.resume(stopped)
         if request is not None:
@@ -130,12 +131,12 @@ class Session:
         cap = sent + self.settings.step_ceiling_s if limit < self.settings.step_ceiling_s else self.child.deadline
 
         def later() -> float:
-            ends.append(min(cap, sent + limit + runqueue.waited_s(pid) - waited))
+            ends.append(min(cap, sent + limit + clocks.waited_s(pid) - waited))
             return ends[-1]
 
         try:
             reply, at = self.child.reply(ends[0], later)
-            parent_after = runqueue.own()
+            parent_after = clocks.own()
         except TimeoutError:
             if ends[-1] >= self.child.deadline:
                 raise Ended(None) from None  # the child's own deadline: finalize() names it
@@ -147,7 +148,7 @@ class Session:
             raise Ended(EvalResult(verdict=Verdict.protocol_error, error=f"while waiting for {what}: {exc}")) from None
         if reply is None:
             raise Ended(None)
-        self.load = (runqueue.between((child_before, parent_before), (runqueue.threads(self.child.proc.pid), parent_after))
+        self.load = (clocks.between((child_before, parent_before), (clocks.threads(self.child.proc.pid), parent_after))
                      if counted else None)
         if isinstance(reply, P.Failed):
             raise Ended(self.failed(reply, what))
@@ -332,7 +333,7 @@ class Session:
         paired = False
         if self.replay_windows and not self.bound_windows:
             kind = "cuda_graph_grad" if bench.settings.grad else "cuda_graph"
-            per_call = judge.paired_per_call(self.replay_calibration, self.null_calibration, self.replay_windows,
+            per_call = clocks.paired_per_call(self.replay_calibration, self.null_calibration, self.replay_windows,
                                              self.null_windows)
             if (paired := per_call is not None):
                 self.bound_note = (self.bound_note or "") + ("; each less a null replay of the reference's beside it: "
@@ -340,45 +341,45 @@ class Session:
                                     + beside.paired_terms(self.replay_calibration, self.null_calibration,
                                                           self.replay_windows, self.null_windows))
             else:
-                per_call = judge.net_per_call(self.replay_calibration, self.replay_windows, bench.device)
+                per_call = clocks.net_per_call(self.replay_calibration, self.replay_windows, bench.device)
         else:
-            per_call = judge.net_per_call(self.calibration, self.bound_windows, bench.device, threads)
+            per_call = clocks.net_per_call(self.calibration, self.bound_windows, bench.device, threads)
             kind = "cpu_grad" if bench.device == "cpu" and bench.settings.grad else bench.device
         windows = [w for _, w in self.timed] + self.bound_windows + self.calibration
         calls = self.bound_windows[0].calls if kind == "cpu_grad" and self.bound_windows else 0
-        mixed = judge.mixed_calls([t for t, _ in self.timed], calls)
-        self.evidence = judge.Evidence(per_call, judge.unloaded_means(self.timed, bench.device, threads),
-                                       judge.load_share(windows), paired, tuple(mixed))
-        self.estimate, claim = judge.pooled(self.prior + [self.evidence])
+        mixed = clocks.mixed_calls([t for t, _ in self.timed], calls)
+        self.evidence = clocks.Evidence(per_call, clocks.unloaded_means(self.timed, bench.device, threads),
+                                       clocks.load_share(windows), paired, tuple(mixed))
+        self.estimate, claim = clocks.pooled(self.prior + [self.evidence])
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
         if (why := bench.below_floor(median, self.lane)):  # the floors as they were and as measured again now
             return (Verdict.impossible_timing, why)
         b = bench.baselines
-        if (problem := judge.check_windows(self.timed)):
+        if (problem := clocks.check_windows(self.timed)):
             return problem
         claim = claim if claim is not None else median
         # On the cpu the recorded median too (a block mean above the bound had hidden one below it), and in
-        # gradient mode the claim mixed as the Bound requests mix first and later calls (judge.mixed_calls).
+        # gradient mode the claim mixed as the Bound requests mix first and later calls (clocks.mixed_calls).
         checked = min(claim, median) if bench.device == "cpu" else claim
         if (mixed := [x for e in self.prior + [self.evidence] for x in e.mixed]):  # both evaluations' blocks
             checked = min(checked, statistics.median(mixed))
-        problem = judge.check_estimate(kind, checked, self.estimate, b.null_ms if b else None)
-        if not kind.startswith("cuda_graph") and bench.device.startswith("cuda") and median < judge.LOOSE_BELOW_MS:
+        problem = clocks.check_estimate(kind, checked, self.estimate, b.null_ms if b else None)
+        if not kind.startswith("cuda_graph") and bench.device.startswith("cuda") and median < clocks.LOOSE_BELOW_MS:
             # The eager GPU bound counts host work the hold keeps out of the child's events (an H200's autograd put
             # honest references below it): below LOOSE_BELOW_MS it refuses nothing, and the result is untrusted.
             why = (f"its calls could not be replayed from a CUDA graph ({self.graph_failed[:160]})" if self.graph_failed
                    else "replay_bound is off, so its calls were not replayed from CUDA graphs")
             self.loose_bound = (f"{why}, so the parent's bound, which counts the calls' host work, says little below "
-                                f"{judge.LOOSE_BELOW_MS} ms a call")
+                                f"{clocks.LOOSE_BELOW_MS} ms a call")
             if problem is not None and problem[0] is Verdict.impossible_timing:
                 self.loose_bound += f"; it read: {problem[1][:300]}"
                 problem = None
         # Judged again, but not in cpu gradient mode: a second look's pooled estimate passed a half-forged clock (36th).
         refused = problem is not None and problem[0] is Verdict.impossible_timing
         self.clock_alone = refused and kind != "cpu_grad"
-        self.doubtful = problem is None and not self.prior and judge.doubtful(kind, claim, self.estimate)
-        if (unfit := judge.loaded(self.evidence, bench.device)):
+        self.doubtful = problem is None and not self.prior and clocks.doubtful(kind, claim, self.estimate)
+        if (unfit := clocks.loaded(self.evidence, bench.device)):
             # Neither clock means much here: the timing is unfit, a refusal on the clocks no verdict (LOADED_SHARE).
             self.load_unfit = unfit if not refused else f"{unfit}; the parent's clock refused the child's: {problem[1]}"
             if refused:
@@ -417,7 +418,7 @@ class Session:
                 k, bound_seeds = done, plan.bounds[done]
                 done += 1
                 if plan.replays and not self.graph_failed:
-                    replayed = self.replayed(k, bound_seeds)
+                    replayed = beside.replayed(self, k, bound_seeds)
                     at = self.spent("timing_bounds", at)
                     if replayed is not None and replayed is not True:
                         return replayed
@@ -435,36 +436,6 @@ class Session:
                     return problem
                 at = self.spent("timing_checks", at)
         return None
-
-    def replayed(self, k: int, seeds: list[int]) -> tuple[Verdict, str] | bool | None:
-        """Bound request `k` replayed from CUDA graphs: True when its window counts; None where the
-        forward could not be captured (the eager request follows, and the bound is loose from here);
-        else the verdict of a checked replay whose digest is wrong."""
-        plan = self.plan
-        ready, _ = self.ask(P.Bound(index=k, seeds=seeds, replays=plan.replays, digest_seed=plan.digest_seeds[k]),
-                            P.BoundReady, f"bound block {k}")
-        if ready.graph_error:
-            self.graph_failed = ready.graph_error
-            self.bound_note = f"eager Bound requests: the forward could not be captured ({ready.graph_error[:200]})"
-            return None
-        # Timed alone: the capture, which costs milliseconds that vary, stays out of the window.
-        reply, ms = self.ask(P.Play(index=k, factor_seed=plan.factor_seeds[k]), P.BoundDone, f"bound block {k}")
-        if len(reply.digests) != plan.replays:
-            return Verdict.protocol_error, f"bound block {k}: {len(reply.digests)} digests for {plan.replays} replays"
-        for r in plan.replay_checks[k]:
-            want = self.digests.get(f"bound{k}@{r}")
-            if want is None:
-                return Verdict.protocol_error, f"no reference digest for bound block {k}, replay {r}"
-            if not judge.digest_ok(reply.digests[r], want["digest"], want["scale"], self.bench.tolerance,
-                                   self.bench.settings.dtype, self.expected.get("trial0")):
-                return (Verdict.mismatch, f"bound block {k}, replayed call {r}: its digest {reply.digests[r]:.6g} is not "
-                        f"the reference's {want['digest']:.6g}: the work of a call was skipped or wrong")
-        self.replay_windows.append(Window(ms, plan.replays))
-        self.null_windows.append(beside.null_play(self, len(seeds), pause=True))
-        if self.device_busy:
-            return Verdict.impossible_timing, self.device_busy
-        self.bound_note = f"replayed from CUDA graphs, {plan.replays} calls a request"
-        return True
 
     def ask_bound(self, index: int, seeds: list[int], what: str, values: list[np.ndarray] | None) -> tuple[P.BoundDone, float]:
         """An eager Bound request and its milliseconds: values through the inbox (the parent's, written

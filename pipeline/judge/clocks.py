@@ -1,0 +1,324 @@
+"""The parent's clock against the child's: what a time the child reports must fit inside.
+
+A time the child reports is accepted only inside the bounds of the parent's clock:
+
+- upper: a timed block cannot claim more time than passed between the request and its reply;
+- lower: the parent times `Bound` requests itself and subtracts what the very same requests cost
+  with a null model before the candidate was imported. Each request reveals fresh inputs only as
+  the parent's clock starts (on the cpu the parent writes them into the child's inbox while every
+  process of the child's session is stopped; on a GPU the child makes them from a seed per call),
+  calls on each back to back, syncs and writes the outputs. The harness copies nothing in that
+  window, so nothing in the calibrated part is work a candidate could skip; what is left is the
+  calls' own time. A refusal on this bound alone is confirmed by a second evaluation before it
+  stands (pipeline.judge.evaluate.evaluate).
+
+The child's flushed, held per-call times refine the parent's estimate (they exclude host launch
+work and warm caches); they may not fall below it by more than BOUND_SLACK.
+
+On a cpu, what a loaded machine added to a window is the kernel's own account, which no candidate
+forges: /proc/<pid>/task/<tid>/schedstat holds, per thread, nanoseconds on a cpu and nanoseconds
+runnable but waiting on a run queue. The parent reads them for the child's threads and its own
+around each request it times (pipeline.judge.session.Session.ask), outside the window (a read costs
+tens of microseconds a thread), and unloaded_ms takes the load out of the window.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+
+from ..child.timing import summarize_blocks
+from ..records import Ratio, Timing, Verdict
+
+
+
+
+def _stat(path: str) -> tuple[int, int]:
+    try:
+        with open(path) as f:
+            fields = f.read().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
+def threads(pid: int) -> dict[int, tuple[int, int]]:
+    """(ns on a cpu, ns waiting on a run queue) of every live thread of `pid`."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    return {int(tid): _stat(f"/proc/{pid}/task/{tid}/schedstat") for tid in tids}
+
+
+def waited_s(pid: int) -> float:
+    """Seconds the main thread of `pid` has spent runnable but waiting on a run queue (one read)."""
+    return _stat(f"/proc/{pid}/schedstat")[1] / 1e9
+
+
+def own() -> tuple[int, int]:
+    """The calling thread's (ns on a cpu, ns waiting)."""
+    return _stat("/proc/thread-self/schedstat")
+
+
+@dataclass
+class Load:
+    """One window's account, in milliseconds."""
+
+    cpu_ms: float = 0.0
+    """Time the child's threads spent on a cpu (all of them, added up)."""
+    wait_ms: float = 0.0
+    """The run-queue wait of the child's busiest thread (the most time on a cpu), plus the parent's."""
+
+
+def between(before: tuple[dict[int, tuple[int, int]], tuple[int, int]],
+            after: tuple[dict[int, tuple[int, int]], tuple[int, int]]) -> Load:
+    """The load of a window from snapshots (threads(child), own()) taken before and after it. A thread
+    that exited inside the window is missing from `after`: its time on a cpu and its wait are lost,
+    which can only make the window read more loaded-free (pipeline.judge.judge.unloaded_ms), never less."""
+    (was, parent_was), (now, parent_now) = before, after
+    deltas = [(cpu - was.get(tid, (0, 0))[0], wait - was.get(tid, (0, 0))[1]) for tid, (cpu, wait) in now.items()]
+    busiest = max(deltas, default=(0, 0))
+    return Load(cpu_ms=sum(d[0] for d in deltas) / 1e6,
+                wait_ms=(max(0, busiest[1]) + max(0, parent_now[1] - parent_was[1])) / 1e6)
+
+
+def cores_of(pid: int) -> set[int] | None:
+    """The cores `pid`'s main thread may run on (the parent pinned them: sandbox.pin), None if gone."""
+    try:
+        return os.sched_getaffinity(pid)
+    except OSError:
+        return None
+
+
+# How far below the parent's estimate the child's per-call time may be: (relative, milliseconds); the
+# measurements behind each, and their history, in docs/benchmarks.md (search "slack"):
+# - cuda (eager Bound requests): the estimate counts the forward's host work, which the hold hides
+#   from the child's events (an honest 11 us kernel cost 110 us a call on the H100's parent clock),
+#   hence 0.25 ms absolute, and LOOSE_BELOW_MS below which it refuses nothing.
+# - cuda_graph (pipeline.child.replays): the device's work alone, the claim less the no-work call
+#   (Baselines.null_ms). _grad: honest claims read 0.98-1.49 of the estimate, a half-forged 26 us 0.63-0.64.
+# - cpu: load out of both sides (unloaded_ms); requests of about 4 ms (evaluate.CPU_BOUND_MS). 0.003 ms
+#   absolute: at 0.01 a clock forged to half passed at 0.54 of a 0.09 ms call's estimate; honest forward
+#   claims read 0.80-1.21 (36th session). A first claim within DOUBT_SLACK of its bound is judged again.
+# - cpu_grad: no second look (session); the claim as a Bound request mixes first and later calls (mixed_calls).
+#   Honest references read 0.91-1.17, a fused mse 0.94-1.06 (36th session; 45% + 50 us passed the half).
+BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cuda_graph_grad": (0.25, 0.001),
+               "cpu": (0.35, 0.003), "cpu_grad": (0.30, 0.003)}  # (relative, milliseconds)
+# A first claim that passes its bound but reads below the estimate x (1 - this) less the same absolute slack is
+# judged again on both evaluations' evidence (evaluate.evaluate): honest fused kernels overlap a 0.6 (33rd session).
+DOUBT_SLACK = {"cpu": 0.20}
+# Calls not replayed from a graph: the eager bound counts host work, and below this refuses nothing (untrusted).
+LOOSE_BELOW_MS = 0.5
+# Replays a replayed Bound request (evaluate.replay_count); at REPLAYS_MAX calls are too short to fill one.
+REPLAYS_MIN, REPLAYS_MAX = 4, 512
+UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
+
+
+@dataclass
+class Window:
+    """One request the parent timed: from its send to the reply's arrival."""
+
+    ms: float
+    calls: int
+    load: Load | None = None
+    """What the run queues took of it, and the child's time on a cpu in it (above)."""
+
+
+def unloaded_ms(window: Window, threads: int = 1) -> float:
+    """The window less what other processes took of it (cpu): its milliseconds less the run-queue
+    wait of the child's busiest thread and the parent's, but never below the child's time on a cpu
+    over the `threads` cores it is held to (pipeline.sandbox.cpu_cores). On a busy 2-core box the
+    child's clock counted the time others had its core, the parent's fastest request did not (a
+    clock forged to 30% read 0.6 of the estimate, judged correct). No candidate lowers this below its
+    work: a wait is time it did not run, and work split over threads is inside their cpu time over
+    the cores; a thread that exits in the window takes its wait with it (nothing subtracted)."""
+    if window.load is None:
+        return window.ms
+    return max(window.ms - window.load.wait_ms, window.load.cpu_ms / max(1, threads), 0.0)
+
+
+def parent_estimate(calibration: list[Window], bounds: list[Window], device: str = "cuda") -> float | None:
+    """Per-call milliseconds from the parent's own clock: the fastest Bound request less the median
+    null-model request of the same size (on the cpu, the fastest), per call.
+
+    The fastest, not the median: a machine's stalls only ever add time (on the 2-core CI box about one
+    Bound request in three took 8-16 ms longer than the rest, enough to put an honest kernel's median
+    below the bound), while a candidate cannot make any request faster than the work it must do in
+    it: to shorten one it would have to skip calls, and each request has one call, chosen in secret,
+    whose output is checked in full. The median calibration is robust to a stalled null request
+    (seen: 15.3 ms among 7.3-7.9). On the cpu it is the fastest too: in gradient mode half its requests
+    stalled 1.5-2 ms, and the median let a forged clock through once in five."""
+    per_call = net_per_call(calibration, bounds, device)
+    return min(per_call) if per_call else None
+
+
+def net_per_call(calibration: list[Window], bounds: list[Window], device: str = "cuda", threads: int = 1) -> list[float]:
+    """Each Bound request's milliseconds a call less the calibration's (parent_estimate). On the cpu
+    both less what other processes took of them (unloaded_ms): a loaded box once stalled every null
+    request, the calibration came out high, the estimate low, and the red team's forged clock
+    claiming 30% of its time was judged correct."""
+    if not calibration or not bounds:
+        return []
+    if device == "cpu":
+        base = min(unloaded_ms(w, threads) for w in calibration)
+        return [max(0.0, unloaded_ms(w, threads) - base) / w.calls for w in bounds]
+    base = statistics.median(w.ms for w in calibration)
+    return [max(0.0, w.ms - base) / w.calls for w in bounds]
+
+
+def paired_per_call(calibration: list[Window], null_calibration: list[float | None], bounds: list[Window],
+                    nulls: list[float | None]) -> list[float] | None:
+    """Each replayed Bound request's milliseconds a call less its own null request and the protocol's
+    offset. The offset is what the child's null model costs on the parent's clock (before the import,
+    so with the protocol's costs) over the reference's null replay: the median over the calibration's
+    pairs, `null_calibration[i]` the reference's null beside `calibration[i]` (None where none was).
+    Pairs, not the two medians: the GPU's clock and state drift within a calibration too, and
+    medians of windows and of nulls taken at other moments put the offset of an H200's 8 us calls
+    anywhere from 2.6 to 5.5 ms over 512 replays, the estimate from 4.2 us to 1.0 (docs/benchmarks.md,
+    twenty-seventh session), so a clock forged to half passed now and then. None where a request or
+    the calibration has no null replay beside it (net_per_call then stands)."""
+    offset = calibration_offset(calibration, null_calibration)
+    if offset is None or not bounds or len(nulls) != len(bounds) or None in nulls:
+        return None
+    return [max(0.0, w.ms - (offset + null)) / w.calls for w, null in zip(bounds, nulls)]
+
+
+def calibration_offset(calibration: list[Window], null_calibration: list[float | None]) -> float | None:
+    """The median of the calibration's pairs, each window less the reference's null beside it
+    (paired_per_call); None where they are not index for index or no window has a null beside it."""
+    pairs = [w.ms - n for w, n in zip(calibration, null_calibration) if n is not None]
+    if not pairs or len(null_calibration) != len(calibration):
+        return None
+    return statistics.median(pairs)
+
+
+def unloaded_means(blocks: list[tuple[list[float], Window]], device: str, threads: int = 1) -> list[float]:
+    """Each timed block's claimed mean call, on the cpu less the share of its window other processes
+    took (unloaded_ms), as the Bound requests it is checked against are. This only ever lowers a
+    claim the bound is checked on, never the time recorded."""
+    means = []
+    for claimed, window in blocks:
+        mean = statistics.fmean(claimed) if claimed else 0.0
+        if device == "cpu" and window.ms > 0:
+            mean *= unloaded_ms(window, threads) / window.ms
+        means.append(mean)
+    return means
+
+
+@dataclass
+class Evidence:
+    """What one evaluation's clock check rests on, kept so that a second evaluation decides on both
+    (pipeline.judge.evaluate.evaluate): never a fresh draw that forgets the first."""
+
+    per_call: list[float]
+    """Each Bound request's net milliseconds a call (net_per_call)."""
+    means: list[float]
+    """Each timed block's claimed mean call, less what load took (unloaded_means)."""
+    load_share: float = 0.0
+    """The share of its timed and Bound windows that went to run-queue waits (load_share)."""
+    paired: bool = False
+    """Whether per_call came from paired_per_call: each request net of a null request of its own, so
+    the estimate is their median, not the fastest (a null replay slowed by chance would make its
+    request the fastest)."""
+    mixed: tuple[float, ...] = ()
+    """Gradient mode on the cpu: each timed block's claimed calls as a Bound request mixes them (mixed_calls)."""
+
+
+# On the cpu, an evaluation whose windows spent this share of their time in run-queue waits was
+# timed on a machine unfit to time. Beside load 5-8 on the 2-core box (five processes building and
+# testing, 2026-11-28) the waits took most of each window: the correction for them (unloaded_ms) left
+# honest kernels' claims at 0.29-0.48 of the parent's estimate, eleven honest candidates were refused,
+# and an honest fused mse that runs 2-3x eager idle recorded 0.18x beside two spinners on its core.
+# Such an attempt keeps its correctness verdict and its timing is marked unfit
+# (EvalResult.device_unfit), as on a GPU that failed its health check: kept out of `best` and the
+# library, re-timed by a resume. A candidate that loads its own core gains nothing: its timing is
+# marked unfit too, and its clock is never believed.
+LOADED_SHARE = 0.15
+
+
+def load_share(windows: list[Window]) -> float:
+    """The share of `windows`' milliseconds that went to run-queue waits (above): the
+    child's busiest thread's and the parent's."""
+    total = sum(w.ms for w in windows)
+    waited = sum(w.load.wait_ms for w in windows if w.load is not None)
+    return min(1.0, waited / total) if total > 0 else 0.0
+
+
+def loaded(evidence: Evidence, device: str) -> str | None:
+    """Why an evaluation's timing is unfit for the load on its cpu (LOADED_SHARE); else None."""
+    if device != "cpu" or evidence.load_share < LOADED_SHARE:
+        return None
+    return (f"the cpu was loaded: {evidence.load_share:.0%} of the timed windows went to run-queue waits "
+            f"(other processes, or the candidate's own threads)")
+
+
+def pooled(evidence: list[Evidence]) -> tuple[float | None, float | None]:
+    """(the parent's estimate, the claim it is checked against) over every evaluation's evidence: the
+    fastest Bound request of any (the median where every evaluation's requests were paired), and the
+    median block mean of all."""
+    per_call = [x for e in evidence for x in e.per_call]
+    means = [x for e in evidence for x in e.means]
+    pick = statistics.median if evidence and all(e.paired for e in evidence) else min
+    return (pick(per_call) if per_call else None), (statistics.median(means) if means else None)
+
+
+def check_windows(blocks: list[tuple[list[float], Window]]) -> tuple[Verdict, str] | None:
+    """Each timed block's claimed calls within the parent's window around it."""
+    for claimed, window in blocks:
+        if sum(claimed) > window.ms + UPPER_SLACK_MS:
+            return (Verdict.impossible_timing, f"a timed block claims {sum(claimed):.4g} ms but only "
+                    f"{window.ms:.4g} ms passed on the parent's clock")
+    return None
+
+
+def check_estimate(device: str, median_ms: float, estimate: float | None,
+                   null_ms: float | None = None) -> tuple[Verdict, str] | None:
+    """The child's median call against the parent's own estimate of a call, less BOUND_SLACK. For the
+    replayed bound (`cuda_graph`) the claim is first taken `null_ms` less (Baselines.null_ms): what the
+    child's clock reads around a call that does no work, which the estimate of the device's work in
+    replays does not hold."""
+    if estimate is None:
+        return Verdict.protocol_error, "no bound blocks were timed by the parent"
+    rel, abs_ms = BOUND_SLACK[device if device in BOUND_SLACK else "cuda" if device.startswith("cuda") else "cpu"]
+    lower = estimate * (1 - rel) - abs_ms
+    offset = null_ms if device.startswith("cuda_graph") and null_ms else 0.0
+    if median_ms - offset < lower:
+        less = f" ({median_ms - offset:.4g} ms beyond the {offset:.4g} ms it reads for a call that does no work)" if offset else ""
+        return (Verdict.impossible_timing, f"the child's clock says {median_ms:.4g} ms a call{less}, but the parent's "
+                f"own clock measured {estimate:.4g} ms a call on fresh inputs (at least {lower:.4g} ms): the "
+                f"work was done outside the timed calls or the timer was tampered with")
+    return None
+
+
+def doubtful(device: str, median_ms: float, estimate: float | None) -> bool:
+    """Whether a claim that passed check_estimate is close enough to it to be judged again (DOUBT_SLACK)."""
+    return (device in DOUBT_SLACK and estimate is not None
+            and median_ms < estimate * (1 - DOUBT_SLACK[device]) - BOUND_SLACK[device][1])
+
+
+def mixed_calls(blocks: list[list[float]], calls: int) -> list[float]:
+    """Each block's claims as a Bound request of `calls` mixes them: its first once, the rest's mean `calls - 1`
+    times (a 512 x 512 add's gradient: first 0.5 ms, then 0.2; 1 in 4 in a block, 1 in 23 a request)."""
+    return [(b[0] + (calls - 1) * (statistics.fmean(b[1:]) if len(b) > 1 else b[0])) / calls for b in blocks if b and calls > 0]
+
+
+def summarize(times: list[float]) -> Timing:
+    return Timing(**summarize_blocks(times))
+
+
+def pair_ratios(blocks: list[list[float]], reference: list[float]) -> Ratio | None:
+    """The reference's block means over the candidate's, pair by pair: `reference` holds the
+    reference's calls block after block, as many a block as the candidate's block beside it."""
+    ratios, start = [], 0
+    for block in blocks:
+        theirs = reference[start:start + len(block)]
+        start += len(block)
+        if len(theirs) != len(block) or not block or min(block) <= 0:
+            return None  # the blocks do not line up: no pairs to take
+        ratios.append(statistics.fmean(theirs) / statistics.fmean(block))
+    if not ratios or start != len(reference):
+        return None
+    s = summarize_blocks(ratios, 1)  # blocks of one: the ratios' own median and quartiles
+    return Ratio(median=s["median_ms"], p25=s["p25_ms"], p75=s["p75_ms"], pairs=len(ratios))
