@@ -6,7 +6,7 @@ CANDIDATE: a file under tests/redteam (honest_fast_mse.py, honest_cpp.py, omp_al
 `clock-F`: tests/redteam/clock_instance_patch.py claiming F of each call's real time (its memo has no
 gradient), or `forge-F`: tests/redteam/forged_time_blocks.py at FACTOR F (torch's mse, gradient mode too). mse at the
 tests' "small" size, the red team's settings. Each line: the verdict, the recorded and the claimed
-(less what load took) times against the parent's estimate, the factor a time under it was raised by, the speedup over eager, whether it was
+(less what load took) times against the parent's estimate, the speedup over eager, whether it was
 judged twice (`*`), and the run-queue wait the parent saw. For issue 27 items 6-8 (docs/benchmarks.md).
 """
 
@@ -87,7 +87,7 @@ def main() -> None:
             ratio = f"{r.time_ms / est:.2f}" if r.time_ms and est else "-"
             speed = f"{r.eager_ratio.median:.2f}x" if r.eager_ratio else "-"
             print(f"{i:2d} {r.verdict.value:17s}{'*' if r.first_refusal else ' '} time {r.time_ms} est {est} "
-                  f"time/est {ratio}{f' raised x{r.raised_by:.3g}' if r.raised_by else ''} eager {speed} real {real} loadavg {os.getloadavg()[0]:.2f}"
+                  f"time/est {ratio} eager {speed} real {real} loadavg {os.getloadavg()[0]:.2f}"
                   f"{' trusted' if r.trusted else ' UNTRUSTED'}{' unfit: ' + r.device_unfit[:90] if r.device_unfit else ''}"
                   f"{' | ' + (r.error or '')[:160] if r.verdict.value != 'correct' else ''}", flush=True)
     finally:

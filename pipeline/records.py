@@ -317,10 +317,6 @@ class EvalResult(Record):
     wall_ms_per_call: float | None = None
     """The parent's own estimate of one call: its clock around blocks of back-to-back calls on fresh
     inputs, less what the same blocks cost with a null model before the candidate was imported."""
-    raised_by: float | None = None
-    """Where the child's clock read under `wall_ms_per_call` (the cpu): what its times were multiplied by
-    so that they read the parent's estimate; `timing` and the ratios hold them raised, the child's own
-    median is `timing.median_ms / raised_by` (pipeline.judge.clocks.raise_factor). None: as claimed."""
     confinement: Confinement | None = None
     """How the candidate's child was confined (it reported this before any candidate code ran)."""
     output: str | None = None

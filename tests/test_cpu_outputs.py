@@ -1,4 +1,4 @@
-"""A clock forged to half (and to 0.6) on a task whose output is as large as its inputs (tests/tasks/big_add, an
+"""A clock forged to half on a task whose output is as large as its inputs (tests/tasks/big_add, an
 elementwise add), on the cpu in the forward: the bound subtracts a null model's Bound requests, and
 a null that writes its output afresh each call takes the write of the output off the estimate too,
 a third of an add's traffic (a clock forged to half passed 3 of 3 at 2048 x 2048). The null now
@@ -27,19 +27,16 @@ SETTINGS = EvalConfig(compile_baseline=False, trials=5, timed_calls=10, timed_ms
 
 
 def honest_and_estimated(r) -> None:
-    """Correct and trusted, and the estimate reads about its own clock's calls (0.96-1.04 of them at
-    512 x 512 on the idle box) unless the load made the timing unfit."""
+    """Correct and trusted, and the estimate reads about its own calls (0.96-1.04 of them at 512 x 512
+    on the idle box) unless the load made the timing unfit."""
     assert r.verdict is Verdict.correct and r.trusted, (r.verdict, r.error, r.bound_note)
-    own = r.time_ms / (r.raised_by or 1.0)  # what its clock said, before any raise to the estimate
-    assert load_unfit(r) or r.wall_ms_per_call < 1.5 * own, (r.time_ms, r.raised_by, r.wall_ms_per_call)
+    assert load_unfit(r) or r.wall_ms_per_call < 1.5 * r.time_ms, (r.time_ms, r.wall_ms_per_call)
 
 
-# A clock forged to 0.6 reads 0.66-0.83 of the estimate at 512 x 512, inside the bound's slack: there the
-# time is raised to the estimate (clocks.raise_factor), which keeps it within forgers.TWIN_RATIO of its twin.
-@pytest.mark.parametrize("size,factor", [("512", 0.5), ("512", 0.6), ("2048", 0.5)])
-def test_a_forged_clock_on_a_large_output_is_refused_or_raised_on_the_cpu(tmp_path, size, factor):
+@pytest.mark.parametrize("size", list(SIZES))
+def test_a_clock_forged_to_half_on_a_large_output_is_refused_on_the_cpu(tmp_path, size):
     task = tasks.discover(ROOT / "tests" / "tasks", ["big_add"])[0]
-    (tmp_path / "forged.py").write_text(forged_clock(factor, ADD))
+    (tmp_path / "forged.py").write_text(forged_clock(0.5, ADD))
     (tmp_path / "honest.py").write_text(f"import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    {ADD}\n")
     (tmp_path / "build").mkdir()
     codes = {name: (tmp_path / f"{name}.py", tmp_path / "build") for name in ("honest", "forged")}

@@ -111,9 +111,6 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
         tm = result.timing
         lines.append(f"time {tm.median_ms:.4g} ms (p25 {tm.p25_ms:.4g}, p75 {tm.p75_ms:.4g}, n {tm.n});"
                      f" parent wall clock {result.wall_ms_per_call or 0:.4g} ms per call")
-        if result.raised_by:
-            lines.append(f"raised x{result.raised_by:.3g}: the child's clock read {tm.median_ms / result.raised_by:.4g} ms a call, "
-                         f"under the parent's own estimate; the time and speedups shown are the parent's")
     b = result.baselines
     if b:
         eager = f"{b.eager.median_ms:.4g}" if b.eager else "-"

@@ -292,25 +292,6 @@ def check_estimate(device: str, median_ms: float, estimate: float | None,
     return None
 
 
-# Where the child's clock may read under the parent's estimate and be recorded as it reads: nowhere on a
-# cpu. There a claim between the bound and the estimate is raised to the estimate (raise_factor), its
-# speedups lowered alike. A clock forged to 0.6 of its real time read 0.66-0.83 of the estimate, inside
-# the slack, and passed 2 of 4 at 1.6-1.8x its honest twin; the estimate of big_add read 0.86-0.88 of its
-# real calls (36th session), so raised it records at most about 1.16x its twin. Honest claims read
-# 0.80-1.21 of the estimate: one read below is recorded up to a fifth slower than its own clock said,
-# never refused. On a GPU honest claims read 0.85-1.9 of an estimate of other work (the replayed
-# device's, or the eager one's host work as well), so there the bound alone stands.
-RAISED = frozenset({"cpu", "cpu_grad"})
-
-
-def raise_factor(kind: str, checked: float, estimate: float | None) -> float:
-    """What the child's times are multiplied by so that the claim the bound checked reads the parent's
-    estimate (RAISED): 1.0 where it reads at or above it, or on a GPU."""
-    if kind not in RAISED or estimate is None or checked <= 0 or checked >= estimate:
-        return 1.0
-    return estimate / checked
-
-
 def doubtful(device: str, median_ms: float, estimate: float | None) -> bool:
     """Whether a claim that passed check_estimate is close enough to it to be judged again (DOUBT_SLACK)."""
     return (device in DOUBT_SLACK and estimate is not None

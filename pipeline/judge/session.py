@@ -65,7 +65,6 @@ class Session:
         self.clock_alone = False
         self.doubtful = False  # passed the bound by less than clocks.DOUBT_SLACK: evaluate judges again, on both
         self.load_unfit: str | None = None  # timed on a loaded cpu (clocks.loaded): its timing is unfit
-        self.raised_by = 1.0  # the child's times up to the parent's estimate (clocks.raise_factor)
         self.prior = prior or []  # an earlier evaluation's evidence, which the clock check pools with ours
         self.evidence: clocks.Evidence | None = None
         self.eager: list[float] = []  # the reference's eager calls, timed between the candidate's blocks
@@ -219,11 +218,11 @@ class Session:
         if self.spares:
             self.spares.release(self.env)  # nothing is timed on this device any more in this attempt
         self.mark("timing")
-        blocks = [[t * self.raised_by for t in times] for times, _ in self.timed]  # as claimed, or raised
-        claimed = [t for times in blocks for t in times]
+        claimed = [t for times, _ in self.timed for t in times]
         timing = summarize(claimed) if claimed else None
         eager = summarize(self.eager) if self.eager else None
         compiled = summarize(self.compiled) if self.compiled else None
+        blocks = [times for times, _ in self.timed]
         ratios = dict(eager_ratio=pair_ratios(blocks, self.eager) if self.eager else None,
                       compiled_ratio=pair_ratios(blocks, self.compiled) if self.compiled else None)
         if problem:
@@ -266,7 +265,7 @@ class Session:
         if result is None:
             result = ended_early(self.child, code, log, self.step).model_copy(update={"trials": list(self.judged)})
         update: dict[str, Any] = {"confinement": self.confinement, "output": log[-4000:] or None,
-                                  "bound_note": self.bound_note, "raised_by": self.raised_by if self.raised_by > 1 else None}
+                                  "bound_note": self.bound_note}
         if self.estimate is not None:
             update["wall_ms_per_call"] = self.estimate
         if result.verdict is not Verdict.correct and not result.detail:
@@ -380,13 +379,11 @@ class Session:
         refused = problem is not None and problem[0] is Verdict.impossible_timing
         self.clock_alone = refused and kind != "cpu_grad"
         self.doubtful = problem is None and not self.prior and clocks.doubtful(kind, claim, self.estimate)
-        raised = clocks.raise_factor(kind, checked, self.estimate)  # kept where the claim stands (below)
-        self.raised_by = raised if problem is None else 1.0
         if (unfit := clocks.loaded(self.evidence, bench.device)):
             # Neither clock means much here: the timing is unfit, a refusal on the clocks no verdict (LOADED_SHARE).
             self.load_unfit = unfit if not refused else f"{unfit}; the parent's clock refused the child's: {problem[1]}"
             if refused:
-                self.clock_alone, self.raised_by = False, raised
+                self.clock_alone = False
                 return None
         return problem
 
