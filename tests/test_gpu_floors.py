@@ -8,11 +8,9 @@ import pytest
 
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
-from pipeline.judge import evaluate
-from pipeline.judge.bench import prepare
 from pipeline.records import Verdict
 
-from forgers import assert_refused_or_near_twin, forged_clock, honest_and_trusted
+from forgers import assert_refused_or_near_twin, forged_clock, honest_and_trusted, judge_in_turn
 
 pytestmark = pytest.mark.gpu
 
@@ -55,18 +53,11 @@ def test_a_forged_clock_on_a_gpu_matmul_is_refused_and_the_honest_one_is_correct
     (tmp_path / "build").mkdir()
     settings = EvalConfig(trials=5, timed_calls=20, warmup_calls=3, timeout_s=120, compile_baseline=False,
                           check_shapes=False)
-    bench = prepare(task, "default", "cuda", settings)
-    try:
-        b = bench.baselines
-        results = [(name, evaluate.evaluate(bench, tmp_path / f"{name}.py", tmp_path / "build", settings))
-                   for name in ("honest", "forged") * 3]
-    finally:
-        bench.close()
+    codes = {name: (tmp_path / f"{name}.py", tmp_path / "build") for name in ("honest", "forged")}
+    results = judge_in_turn(task, "default", "cuda", settings, codes, 3, f"floor@{factor}")
+    b = next(r.baselines for _, r in results if r.baselines)  # the bench's, as every attempt stores them
     print(f"\nREDTEAM floor matmul {N}: eager {b.eager.median_ms:.4f} ms, compute floor {b.compute_floor_ms} ms "
           f"({b.flops} flop at {b.flops_per_s / 1e12 if b.flops_per_s else None} TFLOP/s), bandwidth floor {b.floor_ms}")
-    for name, r in results:
-        print(f"REDTEAM floor {name}@{factor}: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
-              f"trusted={r.trusted} error={r.error}")
     assert b.flops == 2 * N ** 3 and b.flops_per_s > 1e14, b  # a Hopper's bfloat16 matmuls: hundreds of TFLOP/s
     assert b.floor_ms < b.compute_floor_ms < b.eager.median_ms, b
 

@@ -323,9 +323,9 @@ def test_a_second_evaluation_decides_on_both_evaluations_evidence():
 
 def test_a_claim_near_the_cpu_bound_is_doubted_and_judged_again():
     """pipeline.judge.clocks.doubtful (issue 27): on the cpu a claim that passes its bound (0.65 of the
-    estimate less 10 us) but reads below 0.80 of it less the same 10 us sends the attempt to a second
+    estimate less 3 us) but reads below 0.80 of it less the same 3 us sends the attempt to a second
     evaluation, as a refusal does; above it, or on a GPU or in gradient mode, one evaluation decides."""
-    est = 1.0  # 0.65 - 0.01 = 0.64 refuses, 0.80 - 0.01 = 0.79 doubts
+    est = 1.0  # 0.65 - 0.003 = 0.647 refuses, 0.80 - 0.003 = 0.797 doubts
     assert clocks.check_estimate("cpu", 0.63, est)[0] is judge.Verdict.impossible_timing
     assert clocks.check_estimate("cpu", 0.65, est) is None and clocks.doubtful("cpu", 0.65, est)
     assert clocks.check_estimate("cpu", 0.80, est) is None and not clocks.doubtful("cpu", 0.80, est)
