@@ -321,6 +321,27 @@ def test_a_second_evaluation_decides_on_both_evaluations_evidence():
     assert clocks.check_estimate("cpu", claim, est) is None
 
 
+def test_a_second_look_in_cpu_gradient_mode_takes_each_evaluation_s_own_estimate():
+    """pipeline.judge.clocks.pooled with `each` (cpu gradient mode): the mean of each evaluation's own
+    fastest request, not the fastest of all, so one request that dipped (0.112 ms among 0.16-0.92 on the
+    2-core box) does not pass a clock forged to half on the second look; a first evaluation stalled
+    throughout (an honest add claimed 0.245 ms against 0.392 in a CI run) is outweighed by the second."""
+    first = clocks.Evidence(per_call=[0.19, 0.21], means=[0.10])
+    dipped = clocks.Evidence(per_call=[0.112, 0.17, 0.2], means=[0.10])
+    est, claim = clocks.pooled([first, dipped])  # the fastest of all: the forged claim passes
+    assert est == pytest.approx(0.112) and clocks.check_estimate("cpu_grad", claim, est) is None
+    est, claim = clocks.pooled([first, dipped], each=True)
+    assert est == pytest.approx((0.19 + 0.112) / 2) and claim == pytest.approx(0.10)
+    assert clocks.check_estimate("cpu_grad", claim, est)[0] is judge.Verdict.impossible_timing
+    stalled = clocks.Evidence(per_call=[0.392, 0.45], means=[0.245])
+    est, claim = clocks.pooled([stalled, clocks.Evidence(per_call=[0.17, 0.19], means=[0.25])], each=True)
+    assert est == pytest.approx(0.281) and clocks.check_estimate("cpu_grad", claim, est) is None
+    assert clocks.check_estimate("cpu_grad", 0.245, 0.392)[0] is judge.Verdict.impossible_timing  # the first alone
+    forged = clocks.Evidence(per_call=[0.2, 0.22], means=[0.11])
+    est, claim = clocks.pooled([forged, clocks.Evidence(per_call=[0.17, 0.2], means=[0.115])], each=True)
+    assert clocks.check_estimate("cpu_grad", claim, est)[0] is judge.Verdict.impossible_timing
+
+
 def test_a_claim_near_the_cpu_bound_is_doubted_and_judged_again():
     """pipeline.judge.clocks.doubtful (issue 27): on the cpu a claim that passes its bound (0.65 of the
     estimate less 3 us) but reads below 0.80 of it less the same 3 us sends the attempt to a second

@@ -102,7 +102,7 @@ def cores_of(pid: int) -> set[int] | None:
 # - cpu: load out of both sides (unloaded_ms); requests of about 4 ms (evaluate.CPU_BOUND_MS). 0.003 ms
 #   absolute: at 0.01 a clock forged to half passed at 0.54 of a 0.09 ms call's estimate; honest forward
 #   claims read 0.80-1.21 (36th session). A first claim within DOUBT_SLACK of its bound is judged again.
-# - cpu_grad: no second look (session); the claim as a Bound request mixes first and later calls (mixed_calls).
+# - cpu_grad: a second look on each evaluation's own estimate (pooled); the claim as a Bound request mixes first and later calls (mixed_calls).
 #   Honest references read 0.91-1.17, a fused mse 0.94-1.06 (36th session; 45% + 50 us passed the half).
 BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cuda_graph_grad": (0.25, 0.001),
                "cpu": (0.35, 0.003), "cpu_grad": (0.30, 0.003)}  # (relative, milliseconds)
@@ -254,14 +254,19 @@ def loaded(evidence: Evidence, device: str) -> str | None:
             f"(other processes, or the candidate's own threads)")
 
 
-def pooled(evidence: list[Evidence]) -> tuple[float | None, float | None]:
+def pooled(evidence: list[Evidence], each: bool = False) -> tuple[float | None, float | None]:
     """(the parent's estimate, the claim it is checked against) over every evaluation's evidence: the
-    fastest Bound request of any (the median where every evaluation's requests were paired), and the
-    median block mean of all."""
+    fastest Bound request of any (the median where every evaluation's requests were paired; with
+    `each`, the mean of each evaluation's own fastest), and the median block mean of all. `each` is cpu
+    gradient mode's: there a request's fastest dips (0.112 ms among 0.16-0.92), and the fastest of both
+    evaluations' had passed a clock forged to half on the second look 2 of 4 (36th session)."""
     per_call = [x for e in evidence for x in e.per_call]
     means = [x for e in evidence for x in e.means]
+    claim = statistics.median(means) if means else None
+    if each and per_call:
+        return statistics.fmean(min(e.per_call) for e in evidence if e.per_call), claim
     pick = statistics.median if evidence and all(e.paired for e in evidence) else min
-    return (pick(per_call) if per_call else None), (statistics.median(means) if means else None)
+    return (pick(per_call) if per_call else None), claim
 
 
 def check_windows(blocks: list[tuple[list[float], Window]]) -> tuple[Verdict, str] | None:

@@ -269,8 +269,9 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     the first, accepted it). On the cpu a first evaluation whose claim passed its bound by less than
     clocks.DOUBT_SLACK is judged again the same way: one draw's claim over its estimate scatters too
     far there to tell a clock forged to 0.6 from an honest claim at the low end (issue 27). In
-    gradient mode on the cpu neither is judged again: honest claims sit well above the bound there,
-    and the pooled estimate passed a clock forged to half (pipeline.judge.session). The second costs
+    gradient mode on the cpu a refusal is judged again on the mean of each evaluation's own fastest
+    request (clocks.pooled, `each`): the fastest of both had passed a clock forged to half 2 of 4, and
+    with no second look a stalled evaluation refused an honest add in a CI run. The second costs
     only where the first refused or doubted; its verdict is kept, the first's refusal beside it
     (`first_refusal`)."""
     first, again, evidence = _judge(bench, code_path, build_dir, settings, env, spares, watch, draw=draw)

@@ -350,7 +350,7 @@ class Session:
         mixed = clocks.mixed_calls([t for t, _ in self.timed], calls)
         self.evidence = clocks.Evidence(per_call, clocks.unloaded_means(self.timed, bench.device, threads),
                                        clocks.load_share(windows), paired, tuple(mixed))
-        self.estimate, claim = clocks.pooled(self.prior + [self.evidence])
+        self.estimate, claim = clocks.pooled(self.prior + [self.evidence], each=kind == "cpu_grad")
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
         if (why := bench.below_floor(median, self.lane)):  # the floors as they were and as measured again now
@@ -375,9 +375,9 @@ class Session:
             if problem is not None and problem[0] is Verdict.impossible_timing:
                 self.loose_bound += f"; it read: {problem[1][:300]}"
                 problem = None
-        # Judged again, but not in cpu gradient mode: a second look's pooled estimate passed a half-forged clock (36th).
+        # Judged again (in cpu gradient mode on the mean of each evaluation's own estimate: pooled).
         refused = problem is not None and problem[0] is Verdict.impossible_timing
-        self.clock_alone = refused and kind != "cpu_grad"
+        self.clock_alone = refused
         self.doubtful = problem is None and not self.prior and clocks.doubtful(kind, claim, self.estimate)
         if (unfit := clocks.loaded(self.evidence, bench.device)):
             # Neither clock means much here: the timing is unfit, a refusal on the clocks no verdict (LOADED_SHARE).
