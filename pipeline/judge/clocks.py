@@ -32,8 +32,6 @@ from ..child.timing import summarize_blocks
 from ..records import Ratio, Timing, Verdict
 
 
-
-
 def _stat(path: str) -> tuple[int, int]:
     try:
         with open(path) as f:
