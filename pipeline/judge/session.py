@@ -376,13 +376,12 @@ class Session:
                 self.loose_bound += f"; it read: {problem[1][:300]}"
                 problem = None
         # Judged again (in cpu gradient mode on the mean of each evaluation's own estimate: pooled).
-        refused = problem is not None and problem[0] is Verdict.impossible_timing
-        self.clock_alone = refused
+        self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing
         self.doubtful = problem is None and not self.prior and clocks.doubtful(kind, claim, self.estimate)
         if (unfit := clocks.loaded(self.evidence, bench.device)):
             # Neither clock means much here: the timing is unfit, a refusal on the clocks no verdict (LOADED_SHARE).
-            self.load_unfit = unfit if not refused else f"{unfit}; the parent's clock refused the child's: {problem[1]}"
-            if refused:
+            self.load_unfit = unfit if not self.clock_alone else f"{unfit}; the parent's clock refused the child's: {problem[1]}"
+            if self.clock_alone:
                 self.clock_alone = False
                 return None
         return problem
