@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.build import build
-from pipeline.judge import clocks, evaluate, owncode
+from pipeline.judge import evaluate, owncode
 from pipeline.judge.bench import TaskBench, measure_baselines, open_bench, prepare
 from pipeline.library import kernels
 from pipeline import sandbox
@@ -31,7 +31,7 @@ from pipeline.child import HARNESS, tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Flag, Verdict
 
-from forgers import load_unfit
+from forgers import TWIN_RATIO, load_unfit
 
 ROOT = Path(__file__).resolve().parent.parent
 REDTEAM = Path(__file__).resolve().parent / "redteam"
@@ -123,23 +123,15 @@ def real_ms(result: EvalResult) -> float | None:
     return values[-1] if values else None
 
 
-def lower_bound(result: EvalResult) -> float:
-    """The parent's stated lower bound on a recorded time (pipeline.judge.clocks.BOUND_SLACK, cpu)."""
-    rel, abs_ms = clocks.BOUND_SLACK["cpu"]
-    return result.wall_ms_per_call * (1 - rel) - abs_ms
-
-
 def assert_time_earned(result: EvalResult, real: float | None = None) -> None:
-    """A timing exploit ends in impossible_timing, or its recorded time is no lower than the parent's
-    bound (and, where it reported its real cost, no lower than half of that)."""
+    """A timing exploit ends in impossible_timing (or its timing unfit for a loaded cpu), or it is correct
+    and, where it reported its real cost, recorded within the issue's TWIN_RATIO of that."""
     if result.verdict is V.impossible_timing or load_unfit(result):
         return
     assert result.verdict is V.correct, describe(result)
     assert result.wall_ms_per_call is not None, describe(result)
-    assert result.time_ms >= lower_bound(result), \
-        f"recorded {result.time_ms:.4g} ms below the parent's bound {lower_bound(result):.4g} ms: {describe(result)}"
     if real is not None:
-        assert result.time_ms >= 0.5 * real, \
+        assert result.time_ms * TWIN_RATIO >= real, \
             f"recorded {result.time_ms:.4g} ms for work that cost {real:.4g} ms a call: {describe(result)}"
 
 
@@ -464,16 +456,15 @@ def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest
 
 
 def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
-    """Right answers, but timing.time_blocks rebound to report 10% of each call's real time: the
-    parent's own clock around Bound requests puts the median far below its bound."""
+    """Right answers, but the harness's Clock rebound to report 10% of each call's real time: on the cpu
+    the parent's own clock around the same calls reads them 10 times longer (clocks.check_inside)."""
     result = run(bench, "forged_time_blocks.py", "mse", tmp_path)
     real = real_ms(result)
-    assert real is not None, f"the patched time_blocks never ran: {describe(result)}"
+    assert real is not None, f"the patched time_call never ran: {describe(result)}"
     if load_unfit(result):
         return
     assert result.verdict is V.impossible_timing, \
-        f"recorded {result.time_ms} ms for calls that took {real:.4g} ms (parent's bound " \
-        f"{lower_bound(result) if result.wall_ms_per_call else None}): {describe(result)}"
+        f"recorded {result.time_ms} ms for calls that took {real:.4g} ms: {describe(result)}"
     # Refused on the parent's clock alone, it was judged twice (pipeline.judge.evaluate.evaluate) and both
     # refused; below the bandwidth floor (a measured bound of another kind), once, or on the second
     # evaluation after the first was refused on the clock (its claim of 10% sits near 0.85 of the
@@ -485,26 +476,23 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
 
 
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
-    """The same patch reporting 85% of the real time, and the test of the stated bound: refused by the
-    parent's clock, or what is recorded is no lower than its estimate x (1 - 0.35) - 0.003 ms
-    (pipeline.judge.clocks.BOUND_SLACK["cpu"], which lower_bound reads)."""
+    """The same patch reporting 85% of the real time, inside the cpu's slack (clocks.INSIDE_SLACK): refused
+    by the parent's clock, or recorded within the issue's 1.3x of the work it reported."""
     code = tmp_path / "forged_time_blocks.py"
     code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
     result = run(bench, "", "mse", tmp_path, code=code)
     real = real_ms(result)
-    assert real is not None, f"the patched time_blocks never ran: {describe(result)}"
-    # Honest claims on the 2-core box have read 0.59-1.67 of the parent's estimate, so 0.85 of one can
-    # fall below the bound: a refused forged clock is a right verdict too. A time recorded below the
-    # bound is the defect.
+    assert real is not None, f"the patched time_call never ran: {describe(result)}"
+    # A request's claims over the parent's window scatter (0.7-1.4 on the 2-core box), so 0.85 of its
+    # calls can read under the slack: a refused forged clock is a right verdict too.
     if result.verdict is V.impossible_timing and "parent's own clock" in (result.error or ""):
         return
     if load_unfit(result):  # a refusal on a loaded cpu is no verdict: its timing is marked unfit instead
         return
     assert result.verdict is V.correct, describe(result)
     assert result.wall_ms_per_call is not None and result.wall_ms_per_call > 0, describe(result)
-    assert result.time_ms >= lower_bound(result), \
-        f"recorded {result.time_ms:.4g} ms below the parent's bound {lower_bound(result):.4g} ms " \
-        f"(unfit: {result.device_unfit}; first refusal: {result.first_refusal}): {describe(result)}"
+    assert result.time_ms * TWIN_RATIO >= real, \
+        f"recorded {result.time_ms:.4g} ms for {real:.4g} ms of work (first refusal: {result.first_refusal}): {describe(result)}"
 
 
 def test_work_deferred_to_the_output_copy_is_counted(bench, tmp_path):
@@ -538,25 +526,21 @@ def test_patching_the_clock_class_changes_nothing_the_harness_calls(bench, tmp_p
     result = run(bench, "clock_class_patch.py", "mse", tmp_path)
     assert not any(n[0] == "class_patch" for n in notes(result)), f"the patched time_call ran: {describe(result)}"
     assert result.verdict is V.correct, describe(result)
-    assert result.time_ms > 0 and result.timing.n == SETTINGS.timed_calls, describe(result)
+    assert result.time_ms > 0 and result.timing.n == result.eager_beside.n > 0, describe(result)
 
 
 def test_work_done_while_inputs_are_built_is_held_to_the_parents_bound(bench, tmp_path):
     """The candidate computes each answer inside tasks.refill_inputs, outside the timed call, and
-    spins to just above the floor in it. A Bound request's inputs come through the inbox, so there
-    the work is done in the call, under the parent's clock: the recorded time is never below the
-    parent's bound (refused as impossible_timing where it would be). A known gap, narrowed: its
-    claims read 0.40-0.56 of the parent's estimate (2026-11-26; honest calls 0.59-1.67), so it is
-    refused except where the estimate comes in low: at most about a 1.8x unearned speedup on the cpu.
-    The judge once checked only the median of block means, while this test checks the recorded
-    median of calls: a fresh-clone CI run recorded 0.447 ms against a bound of 0.472 (34th session).
-    On the cpu the judge now holds both to the bound (pipeline.judge.session.Session.timing)."""
+    spins to just above the floor in it. On the cpu the times recorded are the Bound requests' calls,
+    whose inputs come through the inbox, never refilled: there the work is done in the call, and the
+    recorded time is within the issue's 1.3x of it. (Against the timed blocks it once read 0.40-0.56
+    of the parent's estimate, an unearned speedup up to 1.8x.)"""
     result = run(bench, "replay_input_hook.py", "mse", tmp_path)
     real = real_ms(result)
     assert real is not None, f"the refill hook never ran: {describe(result)}"
     print(f"{result.verdict.value}: recorded {result.time_ms} ms, the work cost {real:.4g} ms, the parent's "
           f"estimate {result.wall_ms_per_call} ms")
-    assert_time_earned(result)
+    assert_time_earned(result, real)
 
 
 def test_patched_clock_instance_is_caught(bench, tmp_path):

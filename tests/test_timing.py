@@ -84,11 +84,13 @@ def test_a_short_task_is_timed_with_more_calls_on_both_sides(tmp_path):
         finally:
             bench.close()
         assert result.verdict is Verdict.correct, result.error
-        counts[target] = (bench.timed_calls, bench.baselines.eager.n, result.timing.n)
+        # The timed blocks' calls (on the cpu the times kept are the Bound requests', eager's beside them).
+        counts[target] = (bench.timed_calls, bench.baselines.eager.n)
+        assert result.timing.n == result.eager_beside.n > 0, (result.timing, result.eager_beside)
         # A call that does no work, timed by the same protocol: measured, and below the task's eager call.
         assert 0 < bench.baselines.null_ms < bench.baselines.eager.median_ms
-    assert counts[0.0] == (6, 6, 6)
-    assert counts[10_000.0] == (24, 24, 24)
+    assert counts[0.0] == (6, 6)
+    assert counts[10_000.0] == (24, 24)
 
 
 def _busy(seconds: float, per_core: int = 1) -> list[subprocess.Popen]:
@@ -186,7 +188,7 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     print(f"{result.verdict.value}: speedup {result.speedup_eager}; eager beside the spinning candidate "
           f"{beside.median_ms if beside else None} ms, alone {alone:.4g} ms; unfit: {result.device_unfit}")
     assert result.verdict in (Verdict.correct, Verdict.impossible_timing), result.error
-    assert beside is not None and beside.n >= settings.timed_calls, beside
+    assert beside is not None and beside.n == result.timing.n, beside  # side by side, call for call
     # Eager alone is timed at other moments (prepare, after), so against it only a gross slowdown
     # shows: the median read 0.95-1.15x here, 1.31x and once 1.63x in fresh-clone CI runs (the whole
     # attempt on a slower machine), and 2.26x beside a fresh-clone suite and three more test
@@ -213,9 +215,10 @@ def test_torch_compile_is_timed_side_by_side_too(tmp_path, monkeypatch):
         bench.close()
     assert result.verdict is Verdict.correct, result.error
     beside = result.compiled_beside
-    assert beside is not None and beside.n == settings.timed_calls
+    assert beside is not None and beside.n == result.timing.n  # on the cpu beside each Bound request
     ratio = result.compiled_ratio
-    assert ratio is not None and ratio.pairs == settings.timed_calls // 4 and result.speedup_compile == ratio.median
+    assert ratio is not None and ratio.pairs >= 2 and result.speedup_compile == ratio.median
+    assert result.compiled_beside is not None and result.compiled_beside.n == result.timing.n
     assert ratio.p25 <= ratio.median <= ratio.p75
     print(f"compile beside {beside.median_ms:.4g} ms (prepared {bench.baselines.compiled.median_ms:.4g}), "
           f"candidate {result.timing.median_ms:.4g} ms")
@@ -388,7 +391,7 @@ def test_a_forged_clock_on_a_compute_bound_task_is_below_its_compute_floor(tmp_p
     bench = prepare(task, "small", "cpu", settings)
     try:
         b = bench.baselines
-        assert b.flops == 2 * 512 ** 3 and b.compute_floor_ms > 20 * b.floor_ms, b
+        assert b.flops == 2 * 512 ** 3 and b.compute_floor_ms > 2 * b.floor_ms, b  # 6-20x on 2-core boxes
         assert b.compute_floor_ms < b.eager.median_ms, b  # eager itself is never below it
         refused = evaluate.evaluate(bench, code, tmp_path / "build", settings)
         right = evaluate.evaluate(bench, honest, tmp_path / "build", settings)

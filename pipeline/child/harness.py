@@ -309,7 +309,8 @@ class Evaluator:
     def bound(self, req: P.Bound) -> P.BoundDone | P.BoundReady:
         """Inputs (in place in the inbox, or made from a seed each), calls on each back to back, one
         device sync, then the outputs: the parent's clock around this request bounds the calls' time
-        (pipeline.judge). Nothing here copies the inputs, so nothing here is work a candidate could
+        (pipeline.judge). On the cpu each call is timed on the child's clock too: those are the times
+        the attempt records there, each request's checked against the parent's clock around it. Nothing here copies the inputs, so nothing here is work a candidate could
         skip by taking the values where they were made: all that is left besides the calls is what
         the null model's calibration measured and the candidate cannot do without. On the cpu each
         output goes to its slot as its call returns and is freed, as in a timed block: held to the
@@ -336,8 +337,14 @@ class Evaluator:
                         self.model.reseed(inputs, seed)
                     else:  # the null model draws as much, so the calibration takes the draws out of the estimate
                         draw_upstream(seed, tuple(self.job.out_shape), self.main.__kgen_dtype__ or torch.float32, self.device)
-            if self.device == "cpu":  # each output to its slot as it comes, and freed, as a timed block does
-                headers = [P.put(self.outbox, i, self.model(*inputs)) for i, inputs in enumerate(sets)]
+            if self.device == "cpu":  # each call timed, its output to its slot as it comes, and freed
+                fields, times = [], []
+                for i, inputs in enumerate(sets):
+                    ms, out = self.clock.time_call(lambda: self.model(*inputs))
+                    times.append(ms)
+                    fields.append(P.copy_out(self.outbox, i, out))  # the headers after the calls
+                    del out
+                return P.BoundDone(index=req.index, outputs=[P.OutputHeader(**f) for f in fields], times_ms=times)
             else:
                 outs = [self.model(*inputs) for inputs in sets]
                 self.clock.sync()

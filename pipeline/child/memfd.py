@@ -6,10 +6,14 @@ The parent creates the memfd and seals its size; both sides map it.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
 from typing import Any
+
+# Bound at import, before any candidate code: a rebinding of ctypes.memmove later changes nothing here.
+_memmove = ctypes.memmove
 
 
 # ---- the outbox --------------------------------------------------------------------------------
@@ -31,6 +35,7 @@ class Outbox:
             raise ValueError(f"an outbox of {self.size} bytes does not fit its memfd of {os.fstat(fd).st_size}")
         self.map = mmap.mmap(fd, self.size)
         self._pinned = None  # the buffer export that keeps a page-locked map alive (pin)
+        self._base: int | None = None  # the map's address, for the child's copies (write_tensors)
 
     @staticmethod
     def create(capacity: int) -> int:
@@ -62,7 +67,24 @@ class Outbox:
             return False
         if not sum(sizes):
             return True
-        view = torch.frombuffer(self.map, dtype=torch.uint8, count=sum(sizes), offset=slot * self.slot_values * 8)
+        at = slot * self.slot_values * 8
+        if all(p.device.type == "cpu" for p in parts):
+            # A plain memmove from host memory to the map's address, taken once: torch's byte copy into
+            # the shared map took twice as long (0.22 against 0.12 ms a MB on the 2-core box), and a
+            # view of it made a call cost microseconds more; every Bound call on the cpu pays this, as
+            # does the null model's calibration, whose spread is the parent's noise (38th session).
+            if self._base is None:
+                first = torch.frombuffer(self.map, dtype=torch.uint8, count=1)
+                self._base = first.data_ptr()
+                del first
+            for part, n in zip(parts, sizes):
+                if n:  # a contiguous part's own storage as it is (no torch op between a Bound request's calls)
+                    src = part if part.is_contiguous() else part.contiguous()
+                    _memmove(self._base + at, src.data_ptr(), n)
+                    del src
+                at += n
+            return True
+        view = torch.frombuffer(self.map, dtype=torch.uint8, count=sum(sizes), offset=at)
         at = 0
         for part, n in zip(parts, sizes):
             if n:

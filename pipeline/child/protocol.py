@@ -305,6 +305,9 @@ class BoundDone(Message):
     outputs: list[OutputHeader]
     digests: list[float] = Field(default_factory=list)
     """After a Play: each replay's digest, in order (claims the parent checks against the reference's)."""
+    times_ms: list[float] = Field(default_factory=list)
+    """On the cpu: each call's milliseconds on the child's clock, in order (claims the parent checks
+    against its own clock around the same calls: pipeline.judge.clocks.check_inside)."""
 
 
 class ProfileDone(Message):
@@ -409,31 +412,39 @@ def header_of(obj: Any) -> OutputHeader:
 
 def put(outbox: Outbox, slot: int, obj: Any) -> OutputHeader:
     """Child side: the header, and the values written to `slot` when they fit."""
+    return OutputHeader(**copy_out(outbox, slot, obj))
+
+
+def copy_out(outbox: Outbox, slot: int, obj: Any) -> dict[str, Any]:
+    """put's copy, now, and its header's fields as a plain dict (OutputHeader(**fields) later): between a
+    cpu Bound request's timed calls only this runs. Headers built there cost 55-110 us a call, twice
+    as much after a real call had filled the caches as after the null model's, and an honest mse read
+    0.75 of the parent's window around its calls (docs/benchmarks.md, 38th session)."""
     import torch
 
     from .grad import Grads
 
+    target = obj.output if isinstance(obj, Grads) else obj
+    fields: dict[str, Any] = {"type": f"{type(target).__module__}.{type(target).__qualname__}", "exact_tensor": False}
+    if not isinstance(target, torch.Tensor):
+        return fields
+    fields.update(exact_tensor=type(target) is torch.Tensor, shape=list(target.shape), numel=target.numel(),
+                  dtype=str(target.dtype).removeprefix("torch."), device=str(target.device))
+    parts = [target]
     if isinstance(obj, Grads):  # the output, then each gradient, one after another
-        header = header_of(obj.output)
         parts = [obj.output, *obj.grads]
-        exact = header.exact_tensor and all(type(g) is torch.Tensor for g in obj.grads)
-        header = header.model_copy(update={"exact_tensor": exact, "grads": [list(g.shape) for g in obj.grads],
-                                           "numel": sum(p.numel() for p in parts)})
-        if not exact:
-            return header
-    else:
-        header = header_of(obj)
-        if not isinstance(obj, torch.Tensor):
-            return header
-        parts = [obj]
+        fields.update(exact_tensor=fields["exact_tensor"] and all(type(g) is torch.Tensor for g in obj.grads),
+                      grads=[list(g.shape) for g in obj.grads], numel=sum(p.numel() for p in parts))
+        if not fields["exact_tensor"]:
+            return fields
     # Each part's own bytes, copied off the device straight into the outbox (one copy, no host
     # buffer): widening 16M bf16 gradients to float64 cost tens of ms a call inside the parent's
     # Bound window, and a copy to a fresh host tensor, a cat and a write still took 36-70 ms a
     # call for 32-64 MB of gradients on the H100, noise that swamped 0.06 ms calls and refused
     # honest kernels (docs/benchmarks.md, tenth session). The parent decodes them (PACKED_DTYPES).
-    written = outbox.write_tensors(slot, parts)
-    return header.model_copy(update={"written": written, "packed": [str(p.dtype).removeprefix("torch.") for p in parts]}
-                             if written else {})
+    if outbox.write_tensors(slot, parts):
+        fields.update(written=True, packed=[str(p.dtype).removeprefix("torch.") for p in parts])
+    return fields
 
 
 # The dtypes a part may be written in (protocol.put) and the parent decodes: anything else is refused.

@@ -178,6 +178,20 @@ def time_sides(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list
     return times
 
 
+def time_cold(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list[list[Any]]) -> list[list[float]]:
+    """Each of `calls` timed on each set in turn, the sets all made before the first call: as the cpu's
+    Bound request times the candidate's calls on input sets the parent wrote into its inbox just before
+    (pipeline.child.harness's bound), so each side of a speedup meets the same caches. One list of
+    times per callable."""
+    times: list[list[float]] = [[] for _ in calls]
+    for inputs in sets:
+        for side, call in enumerate(calls):
+            ms, out = clock.time_call(lambda: call(inputs))
+            times[side].append(ms)
+            del out
+    return times
+
+
 def calls_for(estimate_ms: float | None, target_ms: float, least: int, most: int) -> int:
     """How many timed calls: `least`, or more for a short call until they add up to about
     `target_ms`, never more than `most`. Per-call noise (launch and host jitter, tens of microseconds)

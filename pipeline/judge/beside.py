@@ -46,9 +46,10 @@ def calibrate(session: Any) -> None:
              for _ in range(calls)] if session.inbox else None
     blocks = CALIBRATION_BLOCKS["cpu" if bench.device == "cpu" else "cuda"]
     for i in range(blocks + 1):
-        _, ms = session.ask_bound(-1 - i, [_seed() for _ in range(calls)], "calibration", noise)
+        reply, ms = session.ask_bound(-1 - i, [_seed() for _ in range(calls)], "calibration", noise)
         if i:
             session.calibration.append(Window(ms, calls, session.load))
+            session.calibration_claims.append(sum(reply.times_ms))  # on the cpu (clocks.inside_ratios)
     noise = None  # a copy of the inputs' size, which the float64 forwards to come need more
     if not plan.replays:
         return
@@ -71,21 +72,22 @@ def calibrate(session: Any) -> None:
         session.null_calibration.append(null)
 
 
-def eager_block(session: Any, calls: int, first: bool) -> None:
+def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> None:
     """As many eager calls, and as many torch.compile calls, timed by the reference process right
     after the candidate's block (never beside it): the speedups are ratios of times taken in the
     same window. Where torch.compile is timed beside, each input set the reference draws is timed
     eager then compiled (reference.Reference.time_block's `pair`): one draw for both sides, which
-    was most of a block's time on a task of gigabytes (bench/probe_blocks.py)."""
+    was most of a block's time on a task of gigabytes (bench/probe_blocks.py). `cold`: after a
+    Bound request on the cpu, timed as that request's calls were (Reference.time_block's `cold`)."""
     at = time.monotonic()
     session.child.pause()  # what the candidate left running must not slow the other side (sandbox.Child.pause)
     try:
         at = session.spent("timing_pause", at)
         if not session.compile_beside:
-            session.eager.extend(reference_block(session, calls, first, compiled=False))
+            session.eager.extend(reference_block(session, calls, first, compiled=False, cold=cold))
             session.spent("timing_eager", at)
             return
-        eager, compiled = reference_pair(session, calls, first)
+        eager, compiled = reference_pair(session, calls, first, cold)
         session.spent("timing_reference", at)
         session.eager.extend(eager)
         if compiled is None:  # torch.compile failed in the reference: the prepared baseline stands in
@@ -96,11 +98,11 @@ def eager_block(session: Any, calls: int, first: bool) -> None:
         session.child.resume()
 
 
-def reference_pair(session: Any, calls: int, first: bool) -> tuple[list[float], list[float] | None]:
+def reference_pair(session: Any, calls: int, first: bool, cold: bool = False) -> tuple[list[float], list[float] | None]:
     """One block timed eager and torch.compile call by call (eager_block): the eager times, and the
     compiled ones or None where torch.compile failed and eager was timed alone (its error kept in
     session.block_error)."""
-    msgs = _time_block(session, calls, first, compiled=False, pair=True)
+    msgs = _time_block(session, calls, first, compiled=False, pair=True, cold=cold)
     blocks = [m for m in msgs if m.get("event") == "block"]
     if not blocks:
         raise EvaluationError(f"the reference timed no eager block: {msgs[-1] if msgs else 'no reply'}")
@@ -109,10 +111,10 @@ def reference_pair(session: Any, calls: int, first: bool) -> tuple[list[float], 
     return list(blocks[0]["times_ms"]), (None if blocks[0].get("compiled_ms") is None else list(blocks[0]["compiled_ms"]))
 
 
-def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=None) -> list[float] | None:
+def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=None, cold: bool = False) -> list[float] | None:
     """One block timed by the reference process (eager, or torch.compile of the same model), at
     the main size or `size`; None when it reports the block failed."""
-    msgs = _time_block(session, calls, first, compiled=compiled, size=size)
+    msgs = _time_block(session, calls, first, compiled=compiled, size=size, cold=cold)
     if (failed := [m for m in msgs if m.get("event") == "block_failed"]):
         session.block_error = failed[0].get("error")
         return None
@@ -122,11 +124,12 @@ def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=
     return [t for m in msgs if m.get("event") == "block" for t in m["times_ms"]]
 
 
-def _time_block(session: Any, calls: int, first: bool, compiled: bool, size=None, pair: bool = False) -> list[dict[str, Any]]:
+def _time_block(session: Any, calls: int, first: bool, compiled: bool, size=None, pair: bool = False,
+                cold: bool = False) -> list[dict[str, Any]]:
     """The reference's `time_block` request (Reference.time_block) with fresh seeds: its messages."""
     bench = session.bench
     return bench.request({"op": "time_block", "size": bench.size if size is None else size,
-                          "held_out": size is not None, "init_seed": session.plan.init_seed,
+                          "held_out": size is not None, "init_seed": session.plan.init_seed, "cold": cold,
                           "seeds": [_seed() for _ in range(calls)], "compiled": compiled, "pair": pair,
                           "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, session.lane)
 

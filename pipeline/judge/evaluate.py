@@ -255,25 +255,18 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     for correctness only, and a device that went bad during the attempt marks its timing.
 
     A refusal that rests on the parent's clock alone (the child's times below its own estimate of a
-    call) is judged again, by a second evaluation with a fresh child and fresh secrets, whose clock
-    check decides on BOTH evaluations' evidence (pipeline.judge.clocks.pooled): the estimate is the fastest
-    Bound request of either (each less its own evaluation's calibration), the claim the median of
-    both evaluations' timed blocks. A second evaluation may confirm a refusal or overturn it on the
-    evidence of both, never hand a cheat a fresh draw: the refused evaluation's blocks still count,
-    and what the second adds are more requests to take the fastest of. A request can be slowed (a
+    call; on the cpu, below its window around the very calls) is judged again, by a second evaluation
+    with a fresh child and fresh secrets, whose clock check decides on BOTH evaluations' evidence
+    (pipeline.judge.clocks.pooled; on the cpu the median of both evaluations' requests, check_inside):
+    a second evaluation may confirm a refusal or overturn it on the evidence of both, never hand a
+    cheat a fresh draw: the refused evaluation's requests still count. A request can be slowed (a
     loaded machine stalled every Bound request of one evaluation: a fresh-clone CI run refused the
     reference itself, 0.176 ms claimed, 0.758 measured), never made faster than the work it must do,
     so more of them only bring the estimate down to that work: an honest kernel refused by a load
     spike gets through, and a clock that understates its work stays below its bound (once, the
     first refused a clock claiming 0.56-0.60 of its time and the second, a fresh draw that forgot
-    the first, accepted it). On the cpu a first evaluation whose claim passed its bound by less than
-    clocks.DOUBT_SLACK is judged again the same way: one draw's claim over its estimate scatters too
-    far there to tell a clock forged to 0.6 from an honest claim at the low end (issue 27). In
-    gradient mode on the cpu a refusal is judged again on the mean of each evaluation's own fastest
-    request (clocks.pooled, `each`): the fastest of both had passed a clock forged to half 2 of 4, and
-    with no second look a stalled evaluation refused an honest add in a CI run. The second costs
-    only where the first refused or doubted; its verdict is kept, the first's refusal beside it
-    (`first_refusal`)."""
+    the first, accepted it). The second costs only where the first refused; its verdict is kept, the
+    first's refusal beside it (`first_refusal`)."""
     first, again, evidence = _judge(bench, code_path, build_dir, settings, env, spares, watch, draw=draw)
     if not again:
         return first
@@ -410,10 +403,8 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
     if unfit:
         result = result.model_copy(update={"device_unfit": unfit})
     ended = time.monotonic()
-    # Judged again: a refusal on the parent's clock alone, or a correct claim the bound doubts
-    # (clocks.DOUBT_SLACK), on a machine fit to time.
-    again = ((session.clock_alone and result.verdict is Verdict.impossible_timing)
-             or (session.doubtful and result.verdict is Verdict.correct and not unfit))
+    # Judged again: a refusal on the parent's clock alone, on a machine fit to time.
+    again = session.clock_alone and result.verdict is Verdict.impossible_timing
     return result.model_copy(update={
         "device": bench.env.get("device_name", ""), "torch_version": bench.env.get("torch_version", ""),
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,

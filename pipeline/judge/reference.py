@@ -35,7 +35,7 @@ from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
 from ..child.protocol import write_line
 from ..child.timing import (BLOCK, Clock, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
-                            measure_bandwidth, plain_ms, summarize_blocks, time_blocks, time_sides)
+                            measure_bandwidth, plain_ms, summarize_blocks, time_blocks, time_cold, time_sides)
 from ..sandbox import pin_all
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .handover import give, sealed_memfd
@@ -231,21 +231,24 @@ class Reference:
         return tasks.input_bytes(inputs) <= free
 
     def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False,
-                   pair: bool = False) -> list[float] | list[list[float]]:
+                   pair: bool = False, cold: bool = False) -> list[float] | list[list[float]]:
         """One block of eager calls (or, with `compiled`, of torch.compile of the same model), timed
         exactly as the candidate's (timing.time_blocks), between the candidate's own blocks: the
         speedups are ratios of times taken side by side. With `pair`, each set once drawn is timed
-        eager then compiled (timing.time_sides): [eager times, compiled times]."""
+        eager then compiled (timing.time_sides): [eager times, compiled times]. With `cold`, as the
+        cpu's Bound request beside it times the candidate: every set drawn first, then a call on
+        each in turn (timing.time_cold)."""
         module, m32, _ = self.models_for(size, init_seed)
         if self.clock is None:
             self.clock = Clock(self.device)
         with torch.no_grad():
             # The attempt's first block, or the first at a held-out size (pipeline.judge.shapes): sets of
-            # that size, and the warm-up the candidate had.
+            # that size, and the warm-up the candidate had; at least one call after an `expect` released the
+            # models (in gradient mode a rebuilt model's first call drew its upstream: 7-11 ms of a 0.5 ms call).
             if self.sets is None or self.sets_size != _size_key(size):
                 self.sets = tasks.block_sets(module, tasks.make_inputs(module, seeds[0], "base", self.device), self.device)
                 self.sets_size = _size_key(size)
-                for _ in range(warmup):
+                for _ in range(max(1, warmup)):
                     m32(*self.sets[0])
                 self.clock.sync()
             models = [m32] if not compiled else []
@@ -257,7 +260,12 @@ class Reference:
                     for _ in range(warmup + 2):
                         models[-1](*self.sets[0])
                     self.clock.sync()
-            times = self._blocks(models, module, self.sets, seeds, len(seeds), self.clock)
+            if cold:
+                sets = [tasks.make_inputs(module, seed, "base", self.device) for seed in seeds]
+                times = time_cold(self.clock, [lambda x, m=m: m(*x) for m in models], sets)
+                del sets
+            else:
+                times = self._blocks(models, module, self.sets, seeds, len(seeds), self.clock)
             return times if pair else times[0]
 
     def compiled_for(self, key: str, m32):
@@ -407,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def block(pair: bool = pair) -> list[float]:
                 return ref.time_block(request["size"], request["init_seed"], request["seeds"],
-                                      request.get("warmup", 0), compiled, pair)
+                                      request.get("warmup", 0), compiled, pair, request.get("cold", False))
             try:
                 times, busy = idle.timed(block) if idle else (block(), None)
                 reply = {"times_ms": times[0], "compiled_ms": times[1]} if pair else {"times_ms": times}

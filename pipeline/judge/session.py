@@ -47,6 +47,7 @@ class Session:
         self.device_busy: str | None = None  # the reference's probe saw other work on the GPU (IdleProbe)
         self.judged: list[TrialResult] = []
         self.calibration: list[Window] = []
+        self.calibration_claims: list[float] = []  # the null model's calls as the child timed them, a request each (cpu)
         self.bound_windows: list[Window] = []
         # Replayed Bound requests (cuda, pipeline.child.replays): calibration and windows; the reference's null
         # replays, index for index (None where none: beside.null_play, clocks.paired_per_call); the reference's
@@ -59,11 +60,11 @@ class Session:
         self.loose_bound: str | None = None  # why a correct result is kept untrusted (its bound says too little)
         self.bound_note: str | None = None  # how the parent's bound was measured (EvalResult.bound_note)
         self.timed: list[tuple[list[float], Window]] = []
+        self.bound_claims: list[list[float]] = []  # on the cpu: the child's times of each Bound request's calls
         self.estimate: float | None = None
         self.load: clocks.Load | None = clocks.Load()  # the last window's (ask); None on a GPU
         # The verdict rests on the parent's estimate alone (pipeline.judge.evaluate judges again, on both).
         self.clock_alone = False
-        self.doubtful = False  # passed the bound by less than clocks.DOUBT_SLACK: evaluate judges again, on both
         self.load_unfit: str | None = None  # timed on a loaded cpu (clocks.loaded): its timing is unfit
         self.prior = prior or []  # an earlier evaluation's evidence, which the clock check pools with ours
         self.evidence: clocks.Evidence | None = None
@@ -218,11 +219,12 @@ class Session:
         if self.spares:
             self.spares.release(self.env)  # nothing is timed on this device any more in this attempt
         self.mark("timing")
-        claimed = [t for times, _ in self.timed for t in times]
+        # What the attempt records: on the cpu the child's times inside the parent's Bound windows (cpu_clock).
+        blocks = self.bound_claims if bench.device == "cpu" else [times for times, _ in self.timed]
+        claimed = [t for times in blocks for t in times]
         timing = summarize(claimed) if claimed else None
         eager = summarize(self.eager) if self.eager else None
         compiled = summarize(self.compiled) if self.compiled else None
-        blocks = [times for times, _ in self.timed]
         ratios = dict(eager_ratio=pair_ratios(blocks, self.eager) if self.eager else None,
                       compiled_ratio=pair_ratios(blocks, self.compiled) if self.compiled else None)
         if problem:
@@ -329,7 +331,8 @@ class Session:
                 return problem
         finally:
             bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
-        threads = self.settings.cpu_threads if bench.device == "cpu" else 1
+        if bench.device == "cpu":
+            return self.cpu_clock()
         paired = False
         if self.replay_windows and not self.bound_windows:
             kind = "cuda_graph_grad" if bench.settings.grad else "cuda_graph"
@@ -343,14 +346,10 @@ class Session:
             else:
                 per_call = clocks.net_per_call(self.replay_calibration, self.replay_windows, bench.device)
         else:
-            per_call = clocks.net_per_call(self.calibration, self.bound_windows, bench.device, threads)
-            kind = "cpu_grad" if bench.device == "cpu" and bench.settings.grad else bench.device
-        windows = [w for _, w in self.timed] + self.bound_windows + self.calibration
-        calls = self.bound_windows[0].calls if kind == "cpu_grad" and self.bound_windows else 0
-        mixed = clocks.mixed_calls([t for t, _ in self.timed], calls)
-        self.evidence = clocks.Evidence(per_call, clocks.unloaded_means(self.timed, bench.device, threads),
-                                       clocks.load_share(windows), paired, tuple(mixed))
-        self.estimate, claim = clocks.pooled(self.prior + [self.evidence], each=kind == "cpu_grad")
+            per_call = clocks.net_per_call(self.calibration, self.bound_windows, bench.device)
+            kind = bench.device
+        self.evidence = clocks.Evidence(per_call, [statistics.fmean(t) if t else 0.0 for t, _ in self.timed], paired=paired)
+        self.estimate, claim = clocks.pooled(self.prior + [self.evidence])
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
         if (why := bench.below_floor(median, self.lane)):  # the floors as they were and as measured again now
@@ -358,14 +357,8 @@ class Session:
         b = bench.baselines
         if (problem := clocks.check_windows(self.timed)):
             return problem
-        claim = claim if claim is not None else median
-        # On the cpu the recorded median too (a block mean above the bound had hidden one below it), and in
-        # gradient mode the claim mixed as the Bound requests mix first and later calls (clocks.mixed_calls).
-        checked = min(claim, median) if bench.device == "cpu" else claim
-        if (mixed := [x for e in self.prior + [self.evidence] for x in e.mixed]):  # both evaluations' blocks
-            checked = min(checked, statistics.median(mixed))
-        problem = clocks.check_estimate(kind, checked, self.estimate, b.null_ms if b else None)
-        if not kind.startswith("cuda_graph") and bench.device.startswith("cuda") and median < clocks.LOOSE_BELOW_MS:
+        problem = clocks.check_estimate(kind, claim if claim is not None else median, self.estimate, b.null_ms if b else None)
+        if not kind.startswith("cuda_graph") and median < clocks.LOOSE_BELOW_MS:
             # The eager GPU bound counts host work the hold keeps out of the child's events (an H200's autograd put
             # honest references below it): below LOOSE_BELOW_MS it refuses nothing, and the result is untrusted.
             why = (f"its calls could not be replayed from a CUDA graph ({self.graph_failed[:160]})" if self.graph_failed
@@ -375,9 +368,30 @@ class Session:
             if problem is not None and problem[0] is Verdict.impossible_timing:
                 self.loose_bound += f"; it read: {problem[1][:300]}"
                 problem = None
-        # Judged again (in cpu gradient mode on the mean of each evaluation's own estimate: pooled).
-        self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing
-        self.doubtful = problem is None and not self.prior and clocks.doubtful(kind, claim, self.estimate)
+        self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing  # judged again, on both
+        return problem
+
+    def cpu_clock(self) -> tuple[Verdict, str] | None:
+        """On the cpu the attempt records the child's clock inside the parent's own: each Bound request's
+        calls as the child timed them, against the parent's window around the same calls less the null
+        model's (clocks.check_inside), over this evaluation's requests and an earlier one's where this
+        is a second look; then the floors, and the load."""
+        bench, threads = self.bench, self.settings.cpu_threads
+        windows = self.bound_windows
+        inside = clocks.inside_ratios(self.bound_claims, windows, self.calibration, self.calibration_claims, threads)
+        base = clocks.outside_ms(self.calibration, self.calibration_claims, threads)
+        per_call = [max(0.0, clocks.unloaded_ms(w, threads) - base) / w.calls for w in windows] if base is not None else []
+        self.evidence = clocks.Evidence(per_call, [], clocks.load_share(windows + self.calibration), inside=inside)
+        self.estimate, _ = clocks.pooled(self.prior + [self.evidence])
+        claims = [t for times in self.bound_claims for t in times]
+        if not claims:
+            return Verdict.protocol_error, "no Bound request was timed"
+        if (why := bench.below_floor(summarize(claims).median_ms, self.lane)):
+            return Verdict.impossible_timing, why
+        if (problem := clocks.check_windows(list(zip(self.bound_claims, windows)))):
+            return problem
+        problem = clocks.check_inside([x for e in self.prior + [self.evidence] for x in e.inside])
+        self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing  # judged again, on both
         if (unfit := clocks.loaded(self.evidence, bench.device)):
             # Neither clock means much here: the timing is unfit, a refusal on the clocks no verdict (LOADED_SHARE).
             self.load_unfit = unfit if not self.clock_alone else f"{unfit}; the parent's clock refused the child's: {problem[1]}"
@@ -403,7 +417,8 @@ class Session:
             if (problem := self.check_block(f"timed{j}", "timed call", j * len(seeds), reply.outputs)):
                 return problem
             at = self.spent("timing_checks", at)
-            beside.eager_block(self, len(seeds), first=j == 0)
+            if self.bench.device != "cpu":  # on the cpu eager is timed beside each Bound request instead
+                beside.eager_block(self, len(seeds), first=j == 0)
             if self.device_busy:
                 return Verdict.impossible_timing, self.device_busy
             at = time.monotonic()
@@ -434,6 +449,13 @@ class Session:
                 if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
                     return problem
                 at = self.spent("timing_checks", at)
+                if self.bench.device == "cpu":
+                    # The times recorded (cpu_clock), and eager beside them timed as the same calls were.
+                    if len(reply.times_ms) != len(bound_seeds) or not all(np.isfinite(t) and t > 0 for t in reply.times_ms):
+                        return Verdict.impossible_timing, f"bound block {k}: {len(reply.times_ms)} times for {len(bound_seeds)} calls, or a non-positive one"
+                    self.bound_claims.append(list(reply.times_ms))
+                    beside.eager_block(self, len(bound_seeds), first=len(self.bound_claims) == 1, cold=True)
+                    at = time.monotonic()
         return None
 
     def ask_bound(self, index: int, seeds: list[int], what: str, values: list[np.ndarray] | None) -> tuple[P.BoundDone, float]:

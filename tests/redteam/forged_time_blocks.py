@@ -1,19 +1,18 @@
-"""Exploit: compute the right answer, but report a fraction of each timed call's real time.
+"""Exploit: compute the right answer, but report a fraction of each call's real time.
 
-The harness looks up pipeline.child.timing.time_blocks on the module at each Timed request, so the
-candidate rebinds it at import to scale every time it returns by FACTOR (0.1: ten times faster than
-it is). It prints the real median (KGEN-NOTE real_ms) so the test can compare.
+The harness's Clock takes its timers before the import, but it lives in this process: the candidate
+finds every instance (gc) and rebinds its time_call to scale what it returns by FACTOR (0.1: ten
+times faster than it is). That is every time the child reports: its timed blocks' (timing.time_blocks
+calls time_call) and, on the cpu, its Bound requests' calls. It prints the real median (KGEN-NOTE
+real_ms) so the test can compare.
 
-Why it should fail: the child's times are only claims. The parent times Bound requests (fresh inputs,
-back-to-back calls) with its own clock, less a null-model calibration made before the import; a
-median below that estimate x 0.65 - 0.003 ms on cpu (clocks.BOUND_SLACK) is impossible_timing. A milder FACTOR that
-stays above the bound is accepted, and the test checks the recorded time honours the bound.
-
-Status when written: judged `correct` on the cpu backend (2-core box), its time unearned: the parent's
-estimate is swamped by the input refills it includes, and check_estimate also subtracts the calibration
-spread, which the first calibration block (the one that builds the input sets) inflates to several
-calls' worth; the bound goes negative and only the bandwidth floor is left. The test asserts the
-intended verdict."""
+Why it should fail: the child's times are only claims. On a GPU the parent times Bound requests (fresh
+inputs, back-to-back calls) with its own clock, less a null-model calibration made before the import:
+a median below that estimate less its slack (clocks.BOUND_SLACK) is impossible_timing. On the cpu the
+times recorded are the Bound requests' own calls, checked against the parent's window around them
+(clocks.check_inside): claiming FACTOR of them reads FACTOR there. A milder FACTOR that stays inside is
+accepted, and the test checks the recorded time is earned within the issue's 1.3x."""
+import gc
 import statistics
 
 import torch
@@ -22,18 +21,23 @@ import torch.nn as nn
 from pipeline.child import timing
 
 FACTOR = 0.1
-_real_time_blocks = timing.time_blocks
 _REAL = []
 
 
-def _time_blocks(*args, **kwargs):
-    times = _real_time_blocks(*args, **kwargs)
-    _REAL.extend(times)
-    print(f"KGEN-NOTE real_ms {statistics.median(_REAL):.6f} n {len(_REAL)}", flush=True)
-    return [t * FACTOR for t in times]
+def _forged(real):
+    def time_call(*args):
+        ms, out = real(*args)
+        _REAL.append(ms)
+        if len(_REAL) % 8 == 0:
+            print(f"KGEN-NOTE real_ms {statistics.median(_REAL):.6f} n {len(_REAL)}", flush=True)
+        return ms * FACTOR, out
+
+    return time_call
 
 
-timing.time_blocks = _time_blocks
+for _obj in gc.get_objects():
+    if isinstance(_obj, timing.Clock):
+        _obj.time_call = _forged(_obj.time_call)
 
 
 class ModelNew(nn.Module):
