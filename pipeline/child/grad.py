@@ -161,31 +161,30 @@ class KeptNull:
     of the call on the cpu's 2048 x 2048 add in the forward (the half passed 3 of 3). The cpu's
     forward had kept them while its Bound requests held every output to the request's end: the
     candidate's fresh allocations cost faults a timed block's calls, which free each output, never
-    pay, and the null's fresh zeros had offset them (36th session: pipeline.child.harness's bound)."""
+    pay, and the null's fresh zeros had offset them (36th session: pipeline.child.harness's bound).
+    With `reads` (the cpu, where the parent subtracts only what is outside the calls) nothing is kept."""
 
     def __init__(self, make, most: int = 128, reads: bool = False):
         self.make, self.most, self.kept, self.reads = make, most, {}, reads
 
     def __call__(self, *inputs):
+        if self.reads:
+            # On the cpu, inside its timed call, it reads every input and makes a fresh result as a call
+            # does, and the harness copies and frees it after, as it does a candidate's: the calibration
+            # then takes off only what is outside the calls (pipeline.judge.clocks.inside_ratios) and all
+            # of it. Kept results, or untouched inputs, left out what a call leaves behind: the copies
+            # and headers after an honest mse's calls cost twice the null's, and freeing a large output
+            # (KernelBench's ReLU) put an honest reference's calls at 0.4 of the window (38th session).
+            for x in inputs:
+                if isinstance(x, torch.Tensor) and x.numel():
+                    x.max()
+            return self.make(*inputs)
         key = next((x.data_ptr() for x in inputs if isinstance(x, torch.Tensor)), None)
         if key not in self.kept:
             if len(self.kept) >= self.most:  # sets made afresh each request (eager GPU requests)
                 self.kept.clear()
             self.kept[key] = self.make(*inputs)
-        kept = self.kept[key]
-        if self.reads:
-            # On the cpu, inside its timed call, it reads every input and writes its result as a call
-            # would: what the harness does between calls (the result's copy, the request's own work)
-            # then meets the caches a call leaves, as it does after a candidate's, and the calibration
-            # takes off only what is outside the calls (pipeline.judge.clocks.inside_ratios). Untouched,
-            # the copies and headers after an honest mse's calls cost twice what they cost the null's,
-            # and its kept 1 MB results, copied from memory, cost an honest add's less (38th session).
-            for x in inputs:
-                if isinstance(x, torch.Tensor) and x.numel():
-                    x.max()
-            for x in [kept.output, *kept.grads] if isinstance(kept, Grads) else [kept]:
-                x.zero_()
-        return kept
+        return self.kept[key]
 
 
 def _first_tensor(inputs) -> torch.Tensor | None:

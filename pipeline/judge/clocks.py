@@ -109,6 +109,9 @@ BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cuda_graph_gra
 # of the same calls may add up, as the median over the requests (check_inside): honest kernels read 0.74-1.08
 # of it between evaluations on the 2-core box, a clock forged to 0.6 0.44-0.65 (docs/benchmarks.md, 38th session).
 INSIDE_SLACK = 0.3
+# And this much a call besides (ms), for calls of a few microseconds, whose request is mostly the protocol's: KernelBench's
+# ReLU at the sweep's size (5 us a call) read 0.36-0.47 honest. A clock that claims nothing passes below about this.
+INSIDE_ABS_MS = 0.003
 # Calls not replayed from a graph: the eager bound counts host work, and below this refuses nothing (untrusted).
 LOOSE_BELOW_MS = 0.5
 # Replays a replayed Bound request (evaluate.replay_count); at REPLAYS_MAX calls are too short to fill one.
@@ -288,15 +291,15 @@ def inside_ratios(claims: list[list[float]], windows: list[Window], calibration:
     what other processes took of them: unloaded_ms). The null model reads its inputs in its calls
     (pipeline.child.grad.KeptNull), so what the harness does between calls, the outputs' copies and
     the request's own work, meets caches as a candidate's calls leave them. The median null, not the
-    fastest: one that ran fast by chance would lift every ratio. A request whose window holds no
-    more than that reads as infinite."""
+    fastest: one that ran fast by chance would lift every ratio. Each call's claim counts INSIDE_ABS_MS
+    more. A request whose window holds no more than that reads as infinite."""
     base = outside_ms(calibration, calibration_claims, threads)
     if base is None:
         return []
     ratios = []
     for claimed, window in zip(claims, windows):
         net = unloaded_ms(window, threads) - base
-        ratios.append(sum(claimed) / net if net > 0 else math.inf)
+        ratios.append((sum(claimed) + INSIDE_ABS_MS * len(claimed)) / net if net > 0 else math.inf)
     return ratios
 
 

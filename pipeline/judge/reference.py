@@ -34,7 +34,7 @@ from ..child.grad import ForwardBackward, Grads, reseed
 from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
 from ..child.protocol import write_line
-from ..child.timing import (BLOCK, Clock, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
+from ..child.timing import (BLOCK, Clock, ColdPool, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
                             measure_bandwidth, plain_ms, summarize_blocks, time_blocks, time_cold, time_sides)
 from ..sandbox import pin_all
 from .compiling import CompilerWarmup, Kept, one_line, stateless
@@ -108,6 +108,7 @@ class Reference:
         self.init_seed: int | None = None
         self.sets: list[list[Any]] | None = None  # an attempt's eager blocks' input sets
         self.sets_size = ""  # the size they are of
+        self.cold = ColdPool(LARGE_SETS)  # the cold blocks' sets beside the cpu's Bound requests, kept where small
         self.clock: Clock | None = None
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
         self.null: tuple[str, replays.Captured] | None = None  # null_play's graphs, and what they were made for
@@ -261,7 +262,7 @@ class Reference:
                         models[-1](*self.sets[0])
                     self.clock.sync()
             if cold:
-                sets = [tasks.make_inputs(module, seed, "base", self.device) for seed in seeds]
+                sets = self.cold.take(_size_key(size), lambda seed: tasks.make_inputs(module, seed, "base", self.device), seeds)
                 times = time_cold(self.clock, [lambda x, m=m: m(*x) for m in models], sets)
                 del sets
             else:
