@@ -106,8 +106,8 @@ def cores_of(pid: int) -> set[int] | None:
 # (The cpu's own check is check_inside, with INSIDE_SLACK.)
 BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cuda_graph_grad": (0.25, 0.001)}  # (relative, ms)
 # On the cpu, how far below the parent's window (less what a request costs outside its calls) the child's times
-# of the same calls may add up, as the median over the requests (check_inside): honest kernels read 0.74-1.08
-# of it between evaluations on the 2-core box, a clock forged to 0.6 0.44-0.65 (docs/benchmarks.md, 38th session).
+# of the same calls may add up, as the median over the requests (check_inside): honest kernels read 0.69-1.10
+# of it between evaluations on the 2-core box, clocks forged to 0.6 and 0.7 0.43-0.64 (docs/benchmarks.md, 38th session).
 INSIDE_SLACK = 0.3
 # And this much a call besides (ms), for calls of a few microseconds, whose request is mostly the protocol's: KernelBench's
 # ReLU at the sweep's size (5 us a call) read 0.36-0.47 honest. A clock that claims nothing passes below about this.
