@@ -250,8 +250,9 @@ def test_load_is_taken_out_of_both_sides_and_never_below_the_child_s_work():
     calibration = [Window(1.0, 4, Load(cpu_ms=0.8, wait_ms=0.0))] * 3
     loaded = [Window(25.0, 4, Load(cpu_ms=9.2, wait_ms=15.6))]
     slack = 4 * clocks.INSIDE_ABS_MS
-    assert clocks.inside_ratios([[1.8] * 4], loaded, calibration, [0.0] * 3) == [pytest.approx((7.2 + slack) / 8.4)]
-    ratios = clocks.inside_ratios([[0.6] * 4], loaded, calibration, [0.0] * 3)
+    base = clocks.outside_ms(calibration, [0.0] * 3)
+    assert clocks.inside_ratios([[1.8] * 4], loaded, base) == [pytest.approx((7.2 + slack) / 8.4)]
+    ratios = clocks.inside_ratios([[0.6] * 4], loaded, base)
     assert ratios == [pytest.approx((2.4 + slack) / 8.4)] and clocks.check_inside(ratios)[0] is judge.Verdict.impossible_timing
     # a thread made to wait by the candidate's own spinner: the cpu time still counts
     assert clocks.unloaded_ms(Window(4.0, 1, Load(cpu_ms=4.0, wait_ms=3.9))) == pytest.approx(4.0)
@@ -331,21 +332,23 @@ def test_the_cpu_checks_the_child_s_times_of_the_very_calls_the_parent_timed():
     forger honest on a few requests only is refused on the rest."""
     calibration = [Window(6.0, 10), Window(6.5, 10), Window(10.0, 10)]  # outside the calls: 5.0, 5.5, 9.0 ms
     null_calls = [1.0, 1.0, 1.0]
+    base = clocks.outside_ms(calibration, null_calls)
+    assert base == pytest.approx(5.5)
     windows = [Window(5.5 + 2.5, 10)] * 4 + [Window(5.5 + 12.5, 10)]  # 0.25 ms calls, the last request stalled
     slack = 10 * clocks.INSIDE_ABS_MS  # each call's claim counts this much more (a few us: the protocol's noise)
-    honest = clocks.inside_ratios([[0.25] * 10] * 5, windows, calibration, null_calls)
+    honest = clocks.inside_ratios([[0.25] * 10] * 5, windows, base)
     assert honest[:4] == [pytest.approx((2.5 + slack) / 2.5)] * 4 and honest[4] == pytest.approx((2.5 + slack) / 12.5)
     assert clocks.check_inside(honest) is None
-    forged = clocks.inside_ratios([[0.15] * 10] * 5, windows, calibration, null_calls)
+    forged = clocks.inside_ratios([[0.15] * 10] * 5, windows, base)
     assert statistics.median(forged) == pytest.approx((1.5 + slack) / 2.5)
     assert clocks.check_inside(forged)[0] is judge.Verdict.impossible_timing
-    partly = clocks.inside_ratios([[0.25] * 10] * 2 + [[0.15] * 10] * 3, windows, calibration, null_calls)
+    partly = clocks.inside_ratios([[0.25] * 10] * 2 + [[0.15] * 10] * 3, windows, base)
     assert clocks.check_inside(partly)[0] is judge.Verdict.impossible_timing
     assert clocks.check_inside([0.75, 0.69, 0.71]) is None and clocks.check_inside([0.69, 0.68, 0.9])
     # a window no longer than the null's: nothing to check against, never a refusal
-    assert clocks.inside_ratios([[0.1]], [Window(5.0, 1)], calibration, null_calls) == [math.inf]
-    assert clocks.inside_ratios([[0.1]], [Window(9.0, 1)], [], []) == []
-    assert clocks.inside_ratios([[0.1]], [Window(9.0, 1)], calibration, [1.0]) == []  # not one claim a request
+    assert clocks.inside_ratios([[0.1]], [Window(5.0, 1)], base) == [math.inf]
+    assert clocks.outside_ms([], []) is None and clocks.inside_ratios([[0.1]], [Window(9.0, 1)], None) == []
+    assert clocks.outside_ms(calibration, [1.0]) is None  # not one claim a request
     assert clocks.check_inside([])[0] is judge.Verdict.protocol_error
 
 def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():

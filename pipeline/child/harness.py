@@ -310,8 +310,9 @@ class Evaluator:
         """Inputs (in place in the inbox, or made from a seed each), calls on each back to back, one
         device sync, then the outputs: the parent's clock around this request bounds the calls' time
         (pipeline.judge). On the cpu each call is timed on the child's clock too: those are the times
-        the attempt records there, each request's checked against the parent's clock around it. Nothing here copies the inputs, so nothing here is work a candidate could
-        skip by taking the values where they were made: all that is left besides the calls is what
+        the attempt records there, each request's checked against the parent's clock around it.
+        Nothing here copies the inputs, so nothing here is work a candidate could skip by taking the
+        values where they were made: all that is left besides the calls is what
         the null model's calibration measured and the candidate cannot do without. On the cpu each
         output goes to its slot as its call returns and is freed, as in a timed block: held to the
         request's end, each call's output took fresh pages (faults a timed call never pays), and an

@@ -399,17 +399,6 @@ class Reader:
             raise ProtocolError(f"an invalid reply ({exc.error_count()} errors): {line[:120]!r}") from None
 
 
-def header_of(obj: Any) -> OutputHeader:
-    """Child side: what an object is, claimed by the child."""
-    import torch
-
-    kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
-    if not isinstance(obj, torch.Tensor):
-        return OutputHeader(type=kind, exact_tensor=False)
-    return OutputHeader(type=kind, exact_tensor=type(obj) is torch.Tensor, shape=list(obj.shape),
-                        dtype=str(obj.dtype).removeprefix("torch."), device=str(obj.device), numel=obj.numel())
-
-
 def put(outbox: Outbox, slot: int, obj: Any) -> OutputHeader:
     """Child side: the header, and the values written to `slot` when they fit."""
     return OutputHeader(**copy_out(outbox, slot, obj))

@@ -283,17 +283,15 @@ def check_estimate(device: str, median_ms: float, estimate: float | None,
     return None
 
 
-def inside_ratios(claims: list[list[float]], windows: list[Window], calibration: list[Window],
-                  calibration_claims: list[float], threads: int = 1) -> list[float]:
+def inside_ratios(claims: list[list[float]], windows: list[Window], base: float | None,
+                  threads: int = 1) -> list[float]:
     """On the cpu, each Bound request's calls as the child timed them, added up, over the parent's window
-    around the same request less what a request costs outside its calls: the median over the
-    calibration of a null request's window less its own calls as the child timed them (windows less
-    what other processes took of them: unloaded_ms). The null model reads its inputs in its calls
+    around the same request (less what other processes took of it: unloaded_ms) less `base`, what a
+    request costs outside its calls (outside_ms). The null model reads its inputs in its calls
     (pipeline.child.grad.KeptNull), so what the harness does between calls, the outputs' copies and
     the request's own work, meets caches as a candidate's calls leave them. The median null, not the
     fastest: one that ran fast by chance would lift every ratio. Each call's claim counts INSIDE_ABS_MS
-    more. A request whose window holds no more than that reads as infinite."""
-    base = outside_ms(calibration, calibration_claims, threads)
+    more. A request whose window holds no more than that reads as infinite; none without a base."""
     if base is None:
         return []
     ratios = []
@@ -304,8 +302,9 @@ def inside_ratios(claims: list[list[float]], windows: list[Window], calibration:
 
 
 def outside_ms(calibration: list[Window], calibration_claims: list[float], threads: int = 1) -> float | None:
-    """What a cpu Bound request costs outside its calls (inside_ratios): the median null request's window
-    less its calls as the child timed them; None without one claim a request."""
+    """What a cpu Bound request costs outside its calls (inside_ratios): the median over the calibration
+    of a null request's window less its calls as the child timed them (windows less what other
+    processes took of them: unloaded_ms); None without one claim a request."""
     if not calibration or len(calibration_claims) != len(calibration):
         return None
     return statistics.median(unloaded_ms(w, threads) - c for w, c in zip(calibration, calibration_claims))

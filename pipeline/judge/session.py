@@ -378,8 +378,8 @@ class Session:
         is a second look; then the floors, and the load."""
         bench, threads = self.bench, self.settings.cpu_threads
         windows = self.bound_windows
-        inside = clocks.inside_ratios(self.bound_claims, windows, self.calibration, self.calibration_claims, threads)
         base = clocks.outside_ms(self.calibration, self.calibration_claims, threads)
+        inside = clocks.inside_ratios(self.bound_claims, windows, base, threads)
         per_call = [max(0.0, clocks.unloaded_ms(w, threads) - base) / w.calls for w in windows] if base is not None else []
         self.evidence = clocks.Evidence(per_call, [], clocks.load_share(windows + self.calibration), inside=inside)
         self.estimate, _ = clocks.pooled(self.prior + [self.evidence])
