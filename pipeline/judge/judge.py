@@ -20,6 +20,10 @@ from ..records import TrialResult, Verdict
 
 DIGEST_SUM_EPS = 1e-5  # a replayed call's digest's float32 summing, beside the tolerance (digest_ok)
 CHUNK = 1 << 22  # values a step where an output is compared in pieces (32 MiB of float64 an array)
+# Values each chunk is worked through at a time: its float64 temporaries (512 KiB each) stay in the
+# core's cache. Whole 4M-value chunks missed it, and a 1 GiB output's comparison took 2.5x as long
+# on the 2-core box (3.1 s against 1.2 s on one core; docs/benchmarks.md, 39th session).
+PIECE = 1 << 16
 # Threads an output's chunks are compared on: each holds about 3 chunk-sized float64 arrays (100 MiB).
 COMPARE_THREADS = max(1, min(8, len(os.sched_getaffinity(0))))
 
@@ -138,8 +142,8 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         # CHUNK values (issue 28: whole-part float64 copies were several times a 1 GiB output),
         # spread over the parent's cores (a 6.4 GB output took minutes on one).
         chunks = [(i, min(i + CHUNK, part.stop)) for i in part[::CHUNK]]
-        mean = sum(_spread(lambda c: float(np.abs(b[c[0]:c[1]]).sum()), chunks)) / n if n else 0.0
-        stats = _spread(lambda c: _chunk_stats(got_at(*c), b[c[0]:c[1]], mean, part_tol), chunks)
+        mean = sum(_spread(lambda c: _abs_sum(b, *c), chunks)) / n if n else 0.0
+        stats = _spread(lambda c: _range_stats(got_at, b, *c, mean, part_tol), chunks)
         finite = all(st is not None for st in stats)
         past, max_abs, max_mag, worst = False, 0.0, 0.0, (-np.inf, 0, 0.0, 0.0)
         for (i, _), st in zip(chunks, stats if finite else []):
@@ -162,6 +166,27 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
             worst_part = (max_abs, max_rel)
     max_abs, max_rel = worst_part or (0.0, 0.0)
     return TrialResult(index=0, variant="", ok=True, max_abs_err=max_abs, max_rel_err=max_rel)
+
+
+def _abs_sum(values: np.ndarray, lo: int, hi: int) -> float:
+    """The sum of |values[lo:hi]|, a PIECE at a time."""
+    return sum(float(np.abs(values[i:min(i + PIECE, hi)]).sum()) for i in range(lo, hi, PIECE))
+
+
+def _range_stats(got_at, ref: np.ndarray, lo: int, hi: int, mean: float, tol: float):
+    """_chunk_stats over values lo to hi, a PIECE at a time (got_at(i, j): the output's values i to
+    j), as one: None where one piece holds NaN or Inf; the worst value's index counted from lo."""
+    top_diff, top_mag, worst = 0.0, 0.0, None
+    for i in range(lo, hi, PIECE):
+        j = min(i + PIECE, hi)
+        if (st := _chunk_stats(got_at(i, j), ref[i:j], mean, tol)) is None:
+            return None
+        top_diff, top_mag = max(top_diff, st[0]), max(top_mag, st[1])
+        if st[2] is not None:
+            excess, k, ref_k, got_k = st[2]
+            if worst is None or not excess <= worst[0]:  # NaN too, as argmax within a piece picks it
+                worst = (excess, i - lo + k, ref_k, got_k)
+    return top_diff, top_mag, worst
 
 
 def _chunk_stats(got: np.ndarray, ref: np.ndarray, mean: float, tol: float):
