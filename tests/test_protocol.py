@@ -368,8 +368,9 @@ def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():
 
 def test_an_output_compared_in_chunks_on_several_threads_is_judged_as_in_one_piece(monkeypatch):
     """The comparison runs chunk by chunk on a thread pool (judge._spread), each chunk a piece at a
-    time: with a chunk of 1,000 values over 10,000 and pieces of 300 (the last of each chunk 100), the verdict, the worst element's index and the errors are those of one pass
-    over the whole output: a value off in the seventh chunk is found at its own index, the furthest
+    time: with a chunk of 1,000 values over 10,000 and pieces of 300 (the last of each chunk 100),
+    the verdict, the worst element's index and the errors are those of one pass over the whole
+    output: a value off in the seventh chunk is found at its own index, the furthest
     past its bound wins over a nearer one in an earlier chunk, and a NaN in the last chunk alone
     makes the output non-finite."""
     import numpy as np
