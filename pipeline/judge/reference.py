@@ -40,11 +40,10 @@ from ..sandbox import pin_all
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .handover import give, sealed_memfd
 from .health import IdleProbe, cpu_name
+from .judge import PIECE  # _errs's step, the comparison's: its float64 temporaries stay in cache
 
 
-# Values a step: a digest's pieces (replays.expected_digest); _errs's, whose float64 temporaries then stay
-# in cache (a 1 GiB output took 4.8 s on one core of the 2-core box a CHUNK at a time, 2.1 s a PIECE).
-CHUNK, PIECE = 1 << 22, 1 << 16
+CHUNK = 1 << 22  # values a step where a digest works through an output (replays.expected_digest)
 LARGE_SETS = 256 << 20  # bytes of eager input sets freed before an `expect` (Reference.drop_sets)
 
 
