@@ -110,7 +110,7 @@ def test_an_outbox_that_cannot_be_page_locked_still_carries_outputs():
         assert child.pin() is False and child._pinned is None
         x = torch.randn(5, 3)
         header = P.put(child, 0, x)
-        assert (P.unpack(parent, 0, header.packed, [x.numel()]) == x.reshape(-1).double().numpy()).all()
+        assert (memfd.unpack(parent, 0, header.packed, [x.numel()]) == x.reshape(-1).double().numpy()).all()
         child.close()
         parent.close()
     finally:
@@ -169,10 +169,10 @@ def test_an_output_travels_in_its_own_dtype_and_the_parent_widens_it(dtype):
         x = (torch.randn(7, 9) * 100).to(dtype)
         header = P.put(child, 1, x)
         assert header.written and header.packed == [str(dtype).removeprefix("torch.")]
-        got = P.unpack(parent, 1, header.packed, [x.numel()])
+        got = memfd.unpack(parent, 1, header.packed, [x.numel()])
         assert got.dtype.name == "float64" and (got == x.reshape(-1).double().numpy()).all()
-        assert P.unpack(parent, 1, ["complex128"], [x.numel()]) is None
-        assert P.unpack(parent, 1, header.packed, [10 ** 6]) is None  # more than the slot holds
+        assert memfd.unpack(parent, 1, ["complex128"], [x.numel()]) is None
+        assert memfd.unpack(parent, 1, header.packed, [10 ** 6]) is None  # more than the slot holds
     finally:
         os.close(fd)
 
@@ -187,9 +187,39 @@ def test_gradients_follow_the_output_part_by_part():
         grads = [torch.randn(3, 5).bfloat16(), torch.randn(4)]
         header = P.put(child, 0, Grads(out, grads, ["input 0", "input 1"]))
         assert header.packed == ["bfloat16", "bfloat16", "float32"] and header.grads == [[3, 5], [4]]
-        got = P.unpack(parent, 0, header.packed, [1, 15, 4])
+        got = memfd.unpack(parent, 0, header.packed, [1, 15, 4])
         want = torch.cat([out.reshape(-1).double(), grads[0].reshape(-1).double(), grads[1].double()]).numpy()
         assert (got == want).all()
+    finally:
+        os.close(fd)
+
+
+def test_the_cpu_bound_s_quick_copy_writes_and_heads_what_put_does():
+    """The cpu's Bound calls copy outputs with memfd.copy_quick and make their headers after the calls
+    (fields_of): the same header and the same bytes as put's for a tensor, gradients, an empty
+    tensor, and (through copy_out) a view that is not contiguous, a subclass, a non-tensor and an
+    output too big for its slot."""
+    from pipeline.child.grad import Grads
+
+    class Sub(torch.Tensor):
+        pass
+
+    outputs = [torch.randn(3, 4), torch.tensor(2.5, dtype=torch.bfloat16), torch.zeros(0, 3),
+               Grads(torch.tensor(0.5), [torch.randn(3, 5).half(), torch.arange(4)], ["input 0", "input 1"]),
+               torch.randn(4, 6).t(), torch.randn(5).as_subclass(Sub), [1.0, 2.0], torch.randn(300)]
+    fd = memfd.Outbox.create(1 << 16)
+    try:
+        quick, slow = memfd.Outbox(fd, 100, 2), memfd.Outbox(fd, 100, 2)
+        for out in outputs:
+            kept = memfd.copy_quick(quick, 0, out)
+            header = P.put(slow, 1, out)
+            assert P.OutputHeader(**memfd.fields_of(kept)) == header, out
+            assert isinstance(kept, tuple) == (type(out) in (torch.Tensor, Grads) and out is not outputs[4]
+                                               and out is not outputs[-1]), out
+            if header.written:
+                n = 8 * 100
+                assert quick.map[:n] == quick.map[n:2 * n], out
+                quick.map[:2 * n] = bytes(2 * n)
     finally:
         os.close(fd)
 

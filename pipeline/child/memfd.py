@@ -16,6 +16,16 @@ from typing import Any
 _memmove = ctypes.memmove
 
 
+def _address(buffer: mmap.mmap) -> int:
+    """The address of a writable map's first byte (the child's copies: Outbox.write_parts)."""
+    import torch
+
+    first = torch.frombuffer(buffer, dtype=torch.uint8, count=1)
+    address = first.data_ptr()
+    del first
+    return address
+
+
 # ---- the outbox --------------------------------------------------------------------------------
 
 FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE = 0x01, 0x02  # linux/falloc.h (Outbox.discard)
@@ -57,6 +67,34 @@ class Outbox:
         del view
         return True
 
+    def write_at(self, slot: int, address: int, nbytes: int) -> bool:
+        """Child side: `nbytes` from `address` (a contiguous cpu tensor's) into `slot` by memmove;
+        False when they do not fit (copy_quick)."""
+        if slot >= self.slots or nbytes > self.slot_values * 8:
+            return False
+        if nbytes:
+            _memmove((self._base or self._address()) + slot * self.slot_values * 8, address, nbytes)
+        return True
+
+    def _address(self) -> int:
+        self._base = _address(self.map)
+        return self._base
+
+    def write_parts(self, slot: int, parts: tuple[Any, ...]) -> bool:
+        """Child side: contiguous cpu tensors' bytes one after another into `slot`, by memmove (the
+        least work between the cpu's Bound calls: copy_quick); False when they do not fit."""
+        sizes = [p.numel() * p.element_size() for p in parts]
+        if slot >= self.slots or sum(sizes) > self.slot_values * 8:
+            return False
+        if self._base is None:
+            self._base = _address(self.map)
+        at = self._base + slot * self.slot_values * 8
+        for part, n in zip(parts, sizes):
+            if n:
+                _memmove(at, part.data_ptr(), n)
+                at += n
+        return True
+
     def write_tensors(self, slot: int, parts: list[Any]) -> bool:
         """Child side: the tensors' bytes one after another into `slot`, each copied once from where
         it is (a GPU's memory included) into the mapped memfd; False when they do not fit."""
@@ -74,9 +112,7 @@ class Outbox:
             # view of it made a call cost microseconds more; every Bound call on the cpu pays this, as
             # does the null model's calibration, whose spread is the parent's noise (38th session).
             if self._base is None:
-                first = torch.frombuffer(self.map, dtype=torch.uint8, count=1)
-                self._base = first.data_ptr()
-                del first
+                self._base = _address(self.map)
             for part, n in zip(parts, sizes):
                 if n:  # a contiguous part's own storage as it is (no torch op between a Bound request's calls)
                     src = part if part.is_contiguous() else part.contiguous()
@@ -265,3 +301,109 @@ def pack_set(inputs: list[Any]) -> bytes:
         raw = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
         out[at:at + raw.size] = raw.tobytes()
     return bytes(out)
+
+
+def copy_quick(outbox: Outbox, slot: int, obj: Any) -> tuple | dict[str, Any]:
+    """copy_out's copy for what the cpu's calls return, taking the least time between a Bound request's
+    timed calls: a plain contiguous tensor, or a gradient-mode call's (pipeline.child.grad.Grads) of
+    them, copied byte for byte; what is kept is each part's shape, dtype and count (fields_of makes the
+    header after the calls). Anything else goes through copy_out. copy_out cost 18-25 us a call there
+    against 3 for this, more after a real call than after the null's: an honest 64 x 64 mse read 0.56
+    of the parent's window and was refused (docs/benchmarks.md, 40th session)."""
+    tensor, grads, strided = _KINDS or _kinds()
+    kind = type(obj)
+    if kind is tensor:  # the common case in the fewest steps (5.7 us a call in the general form, 40th session)
+        if obj.is_cpu and obj.layout is strided and obj.is_contiguous():
+            n = obj.numel()
+            if outbox.write_at(slot, obj.data_ptr(), n * obj.element_size()):
+                return False, ((obj.shape, obj.dtype, n),)
+        return copy_out(outbox, slot, obj)
+    if kind is not grads:
+        return copy_out(outbox, slot, obj)
+    parts = (obj.output, *obj.grads)
+    if not all(type(p) is tensor and p.is_cpu and p.layout is strided and p.is_contiguous() for p in parts):
+        return copy_out(outbox, slot, obj)
+    kept = tuple((p.shape, p.dtype, p.numel()) for p in parts)
+    if not outbox.write_parts(slot, parts):
+        return copy_out(outbox, slot, obj)
+    return True, kept
+
+
+_KINDS: tuple | None = None  # (torch.Tensor, Grads, torch.strided), looked up once (copy_quick)
+
+
+def _kinds() -> tuple:
+    global _KINDS
+    import torch
+
+    from .grad import Grads
+
+    _KINDS = (torch.Tensor, Grads, torch.strided)
+    return _KINDS
+
+
+def fields_of(kept: tuple | dict[str, Any]) -> dict[str, Any]:
+    """A header's fields from what copy_quick kept: copy_out's for the same output."""
+    if isinstance(kept, dict):
+        return kept
+    grads, parts = kept
+    (shape, _, numel), names = parts[0], [str(d).removeprefix("torch.") for _, d, _ in parts]
+    fields = {"type": "torch.Tensor", "exact_tensor": True, "shape": list(shape), "numel": numel, "dtype": names[0],
+              "device": "cpu", "written": True, "packed": names}
+    if grads:
+        fields.update(grads=[list(s) for s, _, _ in parts[1:]], numel=sum(n for _, _, n in parts))
+    return fields
+
+
+def copy_out(outbox: Outbox, slot: int, obj: Any) -> dict[str, Any]:
+    """put's copy, now, and its header's fields as a plain dict (protocol.OutputHeader(**fields) later)."""
+    import torch
+
+    from .grad import Grads
+
+    target = obj.output if isinstance(obj, Grads) else obj
+    fields: dict[str, Any] = {"type": f"{type(target).__module__}.{type(target).__qualname__}", "exact_tensor": False}
+    if not isinstance(target, torch.Tensor):
+        return fields
+    fields.update(exact_tensor=type(target) is torch.Tensor, shape=list(target.shape), numel=target.numel(),
+                  dtype=str(target.dtype).removeprefix("torch."), device=str(target.device))
+    parts = [target]
+    if isinstance(obj, Grads):  # the output, then each gradient, one after another
+        parts = [obj.output, *obj.grads]
+        fields.update(exact_tensor=fields["exact_tensor"] and all(type(g) is torch.Tensor for g in obj.grads),
+                      grads=[list(g.shape) for g in obj.grads], numel=sum(p.numel() for p in parts))
+        if not fields["exact_tensor"]:
+            return fields
+    # Each part's own bytes, copied off the device straight into the outbox (one copy, no host
+    # buffer): widening 16M bf16 gradients to float64 cost tens of ms a call inside the parent's
+    # Bound window, and a copy to a fresh host tensor, a cat and a write still took 36-70 ms a
+    # call for 32-64 MB of gradients on the H100, noise that swamped 0.06 ms calls and refused
+    # honest kernels (docs/benchmarks.md, tenth session). The parent decodes them (PACKED_DTYPES).
+    if outbox.write_tensors(slot, parts):
+        fields.update(written=True, packed=[str(p.dtype).removeprefix("torch.") for p in parts])
+    return fields
+
+
+# The dtypes a part may be written in (protocol.put) and the parent decodes: anything else is refused.
+PACKED_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+def unpack(outbox: Outbox, slot: int, dtypes: list[str], counts: list[int]):
+    """Parent side: a private copy of a slot's values, widened to float64 part by part from the
+    dtypes the header names; None when a dtype is not one of PACKED_DTYPES or the parts do not fit."""
+    import numpy as np
+    import torch
+
+    if len(dtypes) != len(counts) or any(d not in PACKED_DTYPES for d in dtypes):
+        return None
+    sizes = [count * torch.empty((), dtype=getattr(torch, d)).element_size() for d, count in zip(dtypes, counts)]
+    if sum(sizes) > outbox.slot_values * 8:
+        return None
+    raw = outbox.read_bytes(slot, sum(sizes))
+    out, at = [], 0
+    for dtype, size in zip(dtypes, sizes):
+        torch_dtype = getattr(torch, dtype)
+        part = torch.from_numpy(raw[at:at + size]).view(torch_dtype) if size else torch.empty(0, dtype=torch_dtype)
+        out.append(part.to(torch.float64).numpy())
+        at += size
+    return np.concatenate(out) if out else np.empty(0)

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .memfd import Outbox
+from .memfd import Outbox, copy_out
 
 MAX_LINE = 1 << 20  # a reply longer than this is a protocol error, never a MemoryError
 
@@ -362,6 +362,7 @@ class Reader:
         self.fd = fd
         self.buffer = b""
         self.closed = False
+        self.arrived = 0.0  # time.monotonic() when the last line was complete, before its parse (reply)
 
     def line(self, deadline: float) -> bytes | None:
         while b"\n" not in self.buffer:
@@ -389,10 +390,13 @@ class Reader:
         return line
 
     def reply(self, deadline: float) -> Message | None:
-        """The next reply, None at end of stream; ProtocolError if it is not a valid reply."""
+        """The next reply, None at end of stream; ProtocolError if it is not a valid reply. `arrived`
+        is taken before the parse: the parent's own work, 0.3 ms for a cpu Bound request's 128
+        headers, is no part of the child's window (pipeline.judge.session.Session.ask)."""
         line = self.line(deadline)
         if line is None:
             return None
+        self.arrived = time.monotonic()
         try:
             return REPLY.validate_json(line)
         except ValidationError as exc:
@@ -402,60 +406,3 @@ class Reader:
 def put(outbox: Outbox, slot: int, obj: Any) -> OutputHeader:
     """Child side: the header, and the values written to `slot` when they fit."""
     return OutputHeader(**copy_out(outbox, slot, obj))
-
-
-def copy_out(outbox: Outbox, slot: int, obj: Any) -> dict[str, Any]:
-    """put's copy, now, and its header's fields as a plain dict (OutputHeader(**fields) later): between a
-    cpu Bound request's timed calls only this runs. Headers built there cost 55-110 us a call, twice
-    as much after a real call had filled the caches as after the null model's, and an honest mse read
-    0.75 of the parent's window around its calls (docs/benchmarks.md, 38th session)."""
-    import torch
-
-    from .grad import Grads
-
-    target = obj.output if isinstance(obj, Grads) else obj
-    fields: dict[str, Any] = {"type": f"{type(target).__module__}.{type(target).__qualname__}", "exact_tensor": False}
-    if not isinstance(target, torch.Tensor):
-        return fields
-    fields.update(exact_tensor=type(target) is torch.Tensor, shape=list(target.shape), numel=target.numel(),
-                  dtype=str(target.dtype).removeprefix("torch."), device=str(target.device))
-    parts = [target]
-    if isinstance(obj, Grads):  # the output, then each gradient, one after another
-        parts = [obj.output, *obj.grads]
-        fields.update(exact_tensor=fields["exact_tensor"] and all(type(g) is torch.Tensor for g in obj.grads),
-                      grads=[list(g.shape) for g in obj.grads], numel=sum(p.numel() for p in parts))
-        if not fields["exact_tensor"]:
-            return fields
-    # Each part's own bytes, copied off the device straight into the outbox (one copy, no host
-    # buffer): widening 16M bf16 gradients to float64 cost tens of ms a call inside the parent's
-    # Bound window, and a copy to a fresh host tensor, a cat and a write still took 36-70 ms a
-    # call for 32-64 MB of gradients on the H100, noise that swamped 0.06 ms calls and refused
-    # honest kernels (docs/benchmarks.md, tenth session). The parent decodes them (PACKED_DTYPES).
-    if outbox.write_tensors(slot, parts):
-        fields.update(written=True, packed=[str(p.dtype).removeprefix("torch.") for p in parts])
-    return fields
-
-
-# The dtypes a part may be written in (protocol.put) and the parent decodes: anything else is refused.
-PACKED_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
-
-
-def unpack(outbox: Outbox, slot: int, dtypes: list[str], counts: list[int]):
-    """Parent side: a private copy of a slot's values, widened to float64 part by part from the
-    dtypes the header names; None when a dtype is not one of PACKED_DTYPES or the parts do not fit."""
-    import numpy as np
-    import torch
-
-    if len(dtypes) != len(counts) or any(d not in PACKED_DTYPES for d in dtypes):
-        return None
-    sizes = [count * torch.empty((), dtype=getattr(torch, d)).element_size() for d, count in zip(dtypes, counts)]
-    if sum(sizes) > outbox.slot_values * 8:
-        return None
-    raw = outbox.read_bytes(slot, sum(sizes))
-    out, at = [], 0
-    for dtype, size in zip(dtypes, sizes):
-        torch_dtype = getattr(torch, dtype)
-        part = torch.from_numpy(raw[at:at + size]).view(torch_dtype) if size else torch.empty(0, dtype=torch_dtype)
-        out.append(part.to(torch.float64).numpy())
-        at += size
-    return np.concatenate(out) if out else np.empty(0)

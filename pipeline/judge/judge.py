@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..child.protocol import PACKED_DTYPES, OutputHeader
+from ..child.memfd import PACKED_DTYPES
+from ..child.protocol import OutputHeader
 from ..records import TrialResult, Verdict
 
 DIGEST_SUM_EPS = 1e-5  # a replayed call's digest's float32 summing, beside the tolerance (digest_ok)
@@ -224,7 +225,7 @@ def _spread(fn, chunks: list) -> list:
 
 class Slot:
     """A slot of the child's outbox read in place, a chunk at a time, each chunk widened to float64
-    from the dtypes the header names (pipeline.child.protocol.PACKED_DTYPES): a whole float64 copy
+    from the dtypes the header names (pipeline.child.memfd.PACKED_DTYPES): a whole float64 copy
     of a gigabyte output was twice its size in the parent (issue 28). Each comparison reads each
     value once, into its own chunk-sized copy, so a child that rewrites its outbox meanwhile only
     changes which values it is judged on, as with the whole copy made before; nothing else reads it."""

@@ -159,7 +159,8 @@ class Child:
         end = min(self.deadline, deadline) if deadline else self.deadline
         while True:
             try:
-                return self.reader.reply(end), time.monotonic()
+                reply = self.reader.reply(end)
+                return reply, self.reader.arrived if reply is not None else time.monotonic()
             except TimeoutError:
                 moved = min(self.deadline, later()) if later is not None and end < self.deadline else end
                 if moved <= time.monotonic():
