@@ -106,9 +106,12 @@ def cores_of(pid: int) -> set[int] | None:
 # (The cpu's own check is check_inside, with INSIDE_SLACK.)
 BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cuda_graph_grad": (0.25, 0.001)}  # (relative, ms)
 # On the cpu, how far below the parent's window (less what a request costs outside its calls) the child's times
-# of the same calls may add up, as the median over the requests (check_inside): honest kernels read 0.69-1.10
-# of it between evaluations on the 2-core box, clocks forged to 0.6 and 0.7 0.43-0.64 (docs/benchmarks.md, 38th session).
-INSIDE_SLACK = 0.3
+# of the same calls may add up, as the median over the requests (check_inside). Since the Bound calls copy their
+# outputs with the least work between them (40th session), the bundled references read 0.92-1.07 of it (56 evaluations,
+# forward and gradient mode, both sizes), honest adds 0.87-1.05, while clocks forged to 0.7 read 0.61-0.75 and to 0.6
+# 0.50-0.60 (docs/benchmarks.md, 40th session; the 38th's harness put honest kernels at 0.69-1.10, hence 0.3 then).
+# 0.8: a forger that passes claims no more than 1.3x of its real speed (issue 27's twin ratio).
+INSIDE_SLACK = 0.2
 # And this much a call besides (ms), for calls of a few microseconds, whose request is mostly the protocol's: KernelBench's
 # ReLU at the sweep's size (5 us a call) read 0.36-0.47 honest. A clock that claims nothing passes below about this.
 INSIDE_ABS_MS = 0.003
