@@ -1,5 +1,7 @@
 """The memfd between the parent and a candidate's child: the outbox (output values, child to parent)
-and the inbox (a Bound request's input values on the cpu, parent to child).
+and the inbox (a Bound request's input values on the cpu, parent to child); how the child copies an
+output into its slot (copy_out, and copy_quick between the cpu's Bound calls) and the dtypes the
+parent reads back (PACKED_DTYPES, unpack).
 
 The parent creates the memfd and seals its size; both sides map it.
 """
