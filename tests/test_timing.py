@@ -305,8 +305,10 @@ def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parent
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=16)
     bench = prepare(task, {"batch_size": 64, "input_shape": (64,)}, "cpu", settings)
     try:
+        # many calls a request, so that what the harness does between them weighs (CI's eager read
+        # 0.033 ms: 123 calls, not the 128 at most that a faster box gets)
         assert bench.baselines.eager.median_ms < 0.1 and evaluate.cpu_bound_calls(
-            bench.baselines.eager.median_ms, bench.baselines.input_bytes, bench.output_bytes) == evaluate.CPU_BOUND_MAX_CALLS
+            bench.baselines.eager.median_ms, bench.baselines.input_bytes, bench.output_bytes) >= evaluate.CPU_BOUND_MAX_CALLS // 2
         for _ in range(3):
             result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
             assert result.verdict is Verdict.correct, (result.error, result.first_refusal)
