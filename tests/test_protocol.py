@@ -381,6 +381,28 @@ def test_the_cpu_checks_the_child_s_times_of_the_very_calls_the_parent_timed():
     assert clocks.outside_ms(calibration, [1.0]) is None  # not one claim a request
     assert clocks.check_inside([])[0] is judge.Verdict.protocol_error
 
+
+def test_a_cpu_clock_that_passes_only_by_the_per_call_allowance_is_not_trusted():
+    """clocks.loose_inside: at a few microseconds a call, INSIDE_ABS_MS a call is as large as what a
+    clock forged to half hides. 128 calls of 4 us in a request whose net window is 128 x 4.5 us: the
+    honest claims read 0.89 without the allowance (trusted); a clock claiming half reads 0.44 without
+    it and passes check_inside only with it (untrusted, the reason naming the allowance)."""
+    base = 1.0
+    windows = [Window(base + 128 * 0.0045, 128)] * 5
+    honest = [[0.004] * 128] * 5
+    forged = [[0.002] * 128] * 5
+    assert clocks.check_inside(clocks.inside_ratios(honest, windows, base)) is None
+    assert clocks.loose_inside(clocks.inside_ratios(honest, windows, base, abs_ms=0.0)) is None
+    bare = clocks.inside_ratios(forged, windows, base, abs_ms=0.0)
+    assert bare == [pytest.approx(0.002 / 0.0045)] * 5
+    assert clocks.check_inside(clocks.inside_ratios(forged, windows, base)) is None  # the allowance carries it
+    why = clocks.loose_inside(bare)
+    assert why and "allowed for the protocol" in why and "0.44 of the parent's window" in why
+    # the median decides, over both evaluations' requests on a second look (as check_inside)
+    assert clocks.loose_inside([0.85, 0.7, 0.81]) is None and clocks.loose_inside([0.79, 0.78, 0.9])
+    assert clocks.loose_inside([]) is None
+
+
 def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():
     """pipeline.judge.clocks.loaded: run-queue waits took more than LOADED_SHARE of the windows: the timing
     is unfit (kept out of `best`, re-timed by a resume). Idle, or on a GPU, it stands."""

@@ -316,6 +316,37 @@ def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parent
         bench.close()
 
 
+def test_a_clock_forged_to_half_at_microseconds_is_never_trusted_on_the_cpu(tmp_path):
+    """tests/redteam/forged_clock_lean.py claims half of each call and adds nothing between the calls,
+    on a 32 x 32 add (2.5-5 us a call). The cpu check's allowance of INSIDE_ABS_MS a call carried it:
+    correct and trusted at 1.65-1.93x eager against its honest twin's 0.84-0.96x, 3 of 3 (41st
+    session). Now where the allowance decides the result is not trusted (clocks.loose_inside): it is
+    refused, its timing marked unfit for load, or correct and untrusted, never trusted; its honest
+    twin, evaluated before it each time, is correct."""
+    from forgers import load_unfit
+
+    task = tasks.discover(ROOT / "tests" / "tasks", ["big_add"])[0]
+    honest = tmp_path / "honest.py"
+    honest.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, a, b):\n"
+                      "        return torch.add(a, b)\n")
+    forged = ROOT / "tests" / "redteam" / "forged_clock_lean.py"
+    (tmp_path / "build").mkdir()
+    settings = EvalConfig(trials=2, warmup_calls=1, compile_baseline=False, check_shapes=False, profile=False,
+                          timeout_s=120, timed_calls=16, timed_ms=0)
+    bench = prepare(task, {"rows": 32, "cols": 32}, "cpu", settings)
+    try:
+        assert bench.baselines.eager.median_ms < 0.03, bench.baselines.eager
+        for _ in range(2):
+            twin = evaluate.evaluate(bench, honest, tmp_path / "build", settings)
+            assert twin.verdict is Verdict.correct, (twin.error, twin.first_refusal)
+            r = evaluate.evaluate(bench, forged, tmp_path / "build", settings)
+            assert (r.verdict is Verdict.impossible_timing or load_unfit(r) or
+                    (r.verdict is Verdict.correct and not r.trusted and "allowed for the protocol" in r.untrusted_reason)), \
+                (r.verdict, r.trusted, r.untrusted_reason, r.error, r.speedup_eager, twin.speedup_eager)
+    finally:
+        bench.close()
+
+
 def test_a_memfd_is_sealed_once_the_kernel_stops_answering_busy():
     """F_SEAL_WRITE is refused (EBUSY) while anything holds the memfd's pages writably; the kernel's
     own memory work holds them for moments, and one `expect` of the demo's first run failed on it. A

@@ -380,8 +380,9 @@ class Session:
         windows = self.bound_windows
         base = clocks.outside_ms(self.calibration, self.calibration_claims, threads)
         inside = clocks.inside_ratios(self.bound_claims, windows, base, threads)
+        bare = clocks.inside_ratios(self.bound_claims, windows, base, threads, abs_ms=0.0)
         per_call = [max(0.0, clocks.unloaded_ms(w, threads) - base) / w.calls for w in windows] if base is not None else []
-        self.evidence = clocks.Evidence(per_call, [], clocks.load_share(windows + self.calibration), inside=inside)
+        self.evidence = clocks.Evidence(per_call, [], clocks.load_share(windows + self.calibration), inside=inside, bare=bare)
         self.estimate, _ = clocks.pooled(self.prior + [self.evidence])
         claims = [t for times in self.bound_claims for t in times]
         if not claims:
@@ -391,6 +392,8 @@ class Session:
         if (problem := clocks.check_windows(list(zip(self.bound_claims, windows)))):
             return problem
         problem = clocks.check_inside([x for e in self.prior + [self.evidence] for x in e.inside])
+        if problem is None:  # passed, but perhaps only by the per-call allowance: then untrusted
+            self.loose_bound = clocks.loose_inside([x for e in self.prior + [self.evidence] for x in e.bare])
         self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing  # judged again, on both
         if (unfit := clocks.loaded(self.evidence, bench.device)):
             # Neither clock means much here: the timing is unfit, a refusal on the clocks no verdict (LOADED_SHARE).
