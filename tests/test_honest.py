@@ -83,7 +83,7 @@ def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypa
     before sending two in three, inside its own window, as a loaded box does) reads the honest calls
     far below its window and refuses them; a second evaluation, fresh child and fresh secrets, on a
     machine no longer stalled, judges it correct on both evaluations' requests (the median of all:
-    the stalled third of them), and the first refusal is kept beside the verdict."""
+    the stalled third of them), and the first refusal is kept beside the verdict; the time is untrusted."""
     from pipeline import sandbox
     from pipeline.child import protocol as P
 
@@ -113,3 +113,5 @@ def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypa
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.first_refusal)
     assert result.first_refusal and "parent's own clock measured" in result.first_refusal
     assert result.wall_ms_per_call < 1.0  # the second's estimate: no stall in it
+    # Its time is not trusted: a clock forged to half passed a second look so, 1 of 3 (41st session).
+    assert not result.trusted and "first evaluation was refused" in result.untrusted_reason, result.untrusted_reason

@@ -268,13 +268,21 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     spike gets through, and a clock that understates its work stays below its bound (once, the
     first refused a clock claiming 0.56-0.60 of its time and the second, a fresh draw that forgot
     the first, accepted it). The second costs only where the first refused; its verdict is kept, the
-    first's refusal beside it (`first_refusal`)."""
+    first's refusal beside it (`first_refusal`).
+    On the cpu a refusal so overturned leaves the result untrusted."""
     first, again, evidence = _judge(bench, code_path, build_dir, settings, env, spares, watch, draw=draw)
     if not again:
         return first
     second, _, _ = _judge(bench, code_path, build_dir, settings, env, spares, watch, prior=[evidence])
-    return second.model_copy(update={"first_refusal": first.error if first.verdict is Verdict.impossible_timing else None,
-                                     "eval_seconds": first.eval_seconds + second.eval_seconds})
+    update = {"first_refusal": first.error if first.verdict is Verdict.impossible_timing else None,
+              "eval_seconds": first.eval_seconds + second.eval_seconds}
+    if bench.device == "cpu" and update["first_refusal"] and second.verdict is Verdict.correct and second.trusted:
+        # The pooled median straddles two machine phases (the 2-core box runs in phases about 2x apart,
+        # and each evaluation's null calibration is its own): a clock claiming half of 14 us calls,
+        # refused at 0.57, read 1.40 on its second look and passed, trusted, 1 of 3 (41st session).
+        update.update(trusted=False, untrusted_reason="its first evaluation was refused on the parent's clock "
+                      "and a second passed on both evaluations' requests: the verdict stands, its time is not trusted")
+    return second.model_copy(update=update)
 
 
 def _secrets(bench: TaskBench, lane_env: dict[str, str] | None, before: dict[str, float], timeout_s: float) -> Secrets:
