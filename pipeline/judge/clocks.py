@@ -322,9 +322,11 @@ def loose_inside(bare: list[float]) -> str | None:
     so the allowance for the protocol's per-call noise decided. There a clock that claims half its
     calls passes as an honest one: at 2.5-5 us a call, a forger claiming half read 0.86-1.20 with the
     allowance and 0.39-0.43 without, and was judged correct at 1.65-1.93x eager against its honest
-    twin's 0.84-0.96x (docs/benchmarks.md, 41st session). Honest calls of a few microseconds read
-    0.64-0.94 without it, so they are not refused, and not trusted either: kept out of `best`,
-    the search's archive and the library, as a GPU's unreplayed short calls are (LOOSE_BELOW_MS)."""
+    twin's 0.84-0.96x (docs/benchmarks.md, 41st session). Such a result is not refused, and not
+    trusted either: kept out of `best`, the search's archive and the library, as a GPU's unreplayed
+    short calls are (LOOSE_BELOW_MS). Honest adds of 3-47 us a call read 0.90-1.11 without the
+    allowance since the calibration's nulls follow a cold eager block (beside.calibrate; 0.64-0.94
+    before), so they are seldom caught here."""
     if not bare or (ratio := statistics.median(bare)) >= 1 - INSIDE_SLACK:
         return None
     return (f"its calls are so short that the child's clock passed the parent's only by the {INSIDE_ABS_MS * 1e3:g} us "
