@@ -26,6 +26,7 @@ from .judge import digest_ok
 # sixth of an attempt's start-up in a batch): the 25th session's forged half passing at 20 us with five
 # came from the factor table's jitter, gone since the 30th (docs/benchmarks.md, 32nd session).
 CALIBRATION_BLOCKS = {"cpu": 15, "cuda": 5}
+COLD_CALIBRATION_MS = 50.0  # the most eager time a cpu calibration request's cold block may take (calibrate)
 # A null replay of the reference's beside every third of the calibration's replayed windows; beside
 # each where the plan's calls are short (clocks.REPLAYS_MAX), where the offset the pairs give is most
 # of a call's estimate.
@@ -48,9 +49,11 @@ def calibrate(session: Any) -> None:
     # On the cpu each of the candidate's Bound requests follows the reference's cold eager block on the
     # same core (eager_block), so each null request follows one too: back to back, the nulls met warm
     # caches the candidate's requests never do, the base read low, and honest adds of 14 us a call read
-    # 0.73-0.82 of the window without the allowance (0.92-1.04 so; 41st session). Where a request is one
-    # long call (calls == 1) the base is a small part of its window and the block would cost seconds.
-    cold = bench.device == "cpu" and calls > 1
+    # 0.73-0.82 of the window without the allowance (0.92-1.04 so; 41st session), an honest fused mse
+    # forward and backward of 4 ms a call 0.77-0.83 (refused 3 of 4 at 0.8). Not where the blocks would
+    # cost more than COLD_CALIBRATION_MS each (calls of a task of gigabytes).
+    eager_ms = bench.baselines.eager.median_ms if bench.baselines and bench.baselines.eager else None
+    cold = bench.device == "cpu" and eager_ms is not None and eager_ms * calls <= COLD_CALIBRATION_MS
     for i in range(blocks + 1):
         if cold:
             session.child.pause()
