@@ -96,9 +96,11 @@ def test_honest_forward_and_backward_is_correct_in_gradient_mode(bench, builds):
 
 def test_a_fast_fused_backward_is_not_refused_on_the_parents_clock(bench, builds):
     """An honest mse several times faster than eager's forward plus backward (a one-pass C++ forward
-    and a one-pass backward writing both gradients): correct, however low its claim reads against the
-    parent's estimate (0.61-1.09 on the idle 2-core box: a first look that refuses it is judged again
-    on both evaluations' evidence)."""
+    and a one-pass backward writing both gradients): correct. Its requests hold one call of about 4 ms;
+    with a calibration of warm null requests it read 0.77-0.83 of the parent's window and was refused
+    3 of 4 (41st session); its nulls now follow a cold eager block as its own requests do
+    (beside.calibrate), and it read 0.90-0.96. A first look that refuses it is judged again on both
+    evaluations' evidence."""
     r = judge(bench, builds, "grad_honest_fast_mse", "mse", GRAD)
     assert r.verdict is V.correct, describe(r)
 
