@@ -8,6 +8,7 @@ imported: the session imports this). And a Bound request replayed from CUDA grap
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -56,11 +57,8 @@ def calibrate(session: Any) -> None:
     cold = bench.device == "cpu" and eager_ms is not None and eager_ms * calls <= COLD_CALIBRATION_MS
     for i in range(blocks + 1):
         if cold:
-            session.child.pause()
-            try:
+            with session.child.paused():
                 reference_block(session, calls, False, compiled=False, cold=True)
-            finally:
-                session.child.resume()
         reply, ms = session.ask_bound(-1 - i, [_seed() for _ in range(calls)], "calibration", noise)
         if i:
             session.calibration.append(Window(ms, calls, session.load))
@@ -95,8 +93,7 @@ def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> No
     was most of a block's time on a task of gigabytes (bench/probe_blocks.py). `cold`: after a
     Bound request on the cpu, timed as that request's calls were (Reference.time_block's `cold`)."""
     at = time.monotonic()
-    session.child.pause()  # what the candidate left running must not slow the other side (sandbox.Child.pause)
-    try:
+    with session.child.paused():  # what the candidate left running must not slow the other side (sandbox.Child.pause)
         at = session.spent("timing_pause", at)
         if not session.compile_beside:
             session.eager.extend(reference_block(session, calls, first, compiled=False, cold=cold))
@@ -109,8 +106,6 @@ def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> No
             session.compile_beside, session.compiled = False, []
         else:
             session.compiled.extend(compiled)
-    finally:
-        session.child.resume()
 
 
 def reference_pair(session: Any, calls: int, first: bool, cold: bool = False) -> tuple[list[float], list[float] | None]:
@@ -162,15 +157,10 @@ def null_play(session: Any, calls: int, pause: bool) -> float | None:
     (pipeline.judge.reference.Reference.null_play), on its own clock; with `pause`, while the
     candidate's process is stopped. None where the GPU was busy after a wait and a re-timing: after
     the import that is work the candidate left running, and the attempt is refused for it."""
-    if pause:
-        session.child.pause()
-    try:
+    with session.child.paused() if pause else contextlib.nullcontext():
         bench = session.bench
         msgs = bench.request({"op": "null_play", "size": bench.size, "n_seeds": calls, "replays": session.plan.replays,
                               "out_shape": session.out_shape}, bench.settings.timeout_s, session.lane)
-    finally:
-        if pause:
-            session.child.resume()
     played = [m for m in msgs if m.get("event") == "null_played"]
     if not played:
         return None

@@ -81,14 +81,13 @@ def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms:
         times.extend(reply.times_ms)
         wall += ms
         at = session.spent("shapes_child", at)
-        session.child.pause()  # what the candidate left running must not slow eager (as beside.eager_block)
         try:
-            block = beside.reference_block(session, len(seeds), first=b == 0, compiled=False, size=trial.size)
+            with session.child.paused():  # what the candidate left running must not slow eager (as beside.eager_block)
+                block = beside.reference_block(session, len(seeds), first=b == 0, compiled=False, size=trial.size)
             why = session.block_error
         except EvaluationError as exc:  # the reference died there; the next request starts it again
             block, why = None, str(exc)[-300:]
         finally:
-            session.child.resume()
             session.spent("shapes_eager", at)
         if block is None:
             run.error = f"eager at {label} was not timed: {why}"

@@ -17,6 +17,7 @@ May import: core, child.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..child import PACKAGE_ROOT, memfd, protocol
 from . import confine
@@ -221,6 +222,15 @@ class Child:
             return [pid for pid, state in seen if state not in ("T", "t")]
 
         return [pid for pid, _ in seen] if self._sweep(signal.SIGSTOP, running, 50, 0.0005) else None
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """pause for the block's length, then resume (the whole session), however the block ends."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
 
     def resume(self, members: list[int] | None = None) -> None:
         """SIGCONT what `pause` stopped: `members`, the list it returned (no scan of /proc, so that
