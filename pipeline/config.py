@@ -225,8 +225,9 @@ class EvalConfig(_Strict):
     """On GPU lanes, start the next attempt's child (Python and torch loaded, no candidate code, no
     device work until this attempt's timing is over) while this attempt runs."""
     required_confinement: list[Literal["filesystem", "network", "signals", "seccomp", "private_tmp", "before_exec",
-                                       "netns", "not_root"]] = Field(
-        default_factory=lambda: ["filesystem", "network", "seccomp", "private_tmp", "before_exec", "not_root"])
+                                       "netns", "not_root", "pidns", "ipcns", "utsns", "cgroup", "limits"]] = Field(
+        default_factory=lambda: ["filesystem", "network", "seccomp", "private_tmp", "before_exec", "not_root",
+                                 "netns", "pidns", "ipcns", "limits"])
     """What the parent must have set on the candidate's child, and checked, for a result to be
     trusted (pipeline/sandbox/confine.py, Confinement); a result below it keeps its verdict but is stored as
     untrusted, with the reason. `before_exec`: set before the interpreter started, so on every thread."""

@@ -50,9 +50,66 @@ def _setsid_in_fork() -> str:
     return "ok" if os.waitstatus_to_exitcode(status) == 0 else "denied"
 
 
-def _jailed_probes(outside: str, secret: str, project_file: str, port: str) -> dict:
+def _libc():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+def _call(fn) -> str:
+    """A libc call that returns -1 on failure: 'ok', or 'denied: errno'."""
+    import ctypes
+
+    result = fn()
+    return "ok" if result >= 0 else f"denied: {ctypes.get_errno()}"
+
+
+def _unix_connect(path: str) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        s.sendall(b"probe")
+
+
+def _room_probes(sock_path: str, key: int) -> dict:
+    """The room's channels: each must be closed, or (System V) private to the room."""
+    import ctypes
+
+    libc = _libc()
+    big = os.path.join(os.environ["HOME"], f"big-{key}")
+
+    def big_file() -> None:
+        with open(big, "wb") as f:  # sparse: costs no disk where the limit does not hold
+            f.seek(5 << 30)
+            f.write(b"x")
+
+    found = libc.shmget(key, 4096, 0)
+    return {"unix_connect": _try(lambda: _unix_connect(sock_path)),
+            "sysv_found": "found" if found >= 0 else "absent",
+            "sysv_create": _call(lambda: libc.shmget(key, 4096, 0o1666)),  # IPC_CREAT | 0666
+            "keyring": _call(lambda: libc.syscall(248, b"user", f"kgen-{key}".encode(), b"v", 1, -4)),
+            "userns": _call(lambda: libc.unshare(0x10000000)),
+            "io_uring": _call(lambda: libc.syscall(425, 8, ctypes.create_string_buffer(120))),
+            "big_file": _try(big_file),
+            "pid": os.getpid(), "own_tasks": sorted(int(t) for t in os.listdir("/proc/self/task")), "ns_pids": [pid for pid in range(1, 64) if _alive(pid)]}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _jailed_probes(outside: str, secret: str, project_file: str, port: str, sock_path: str = "", key: str = "0") -> dict:
     """What one thread can reach; every probe but write_home must be denied in a jailed child."""
     job = os.path.join(os.path.dirname(os.environ["HOME"]), "job")
+    parent = os.getppid()  # 0 in a pid namespace of its own: the parent is not even nameable
+    room = _room_probes(sock_path, int(key) + threading.get_ident() % 1000) if sock_path else {}
     return {"uid": os.getuid(),
             "write_home": _try(lambda: _write(os.path.join(os.environ["HOME"], f"in-{threading.get_ident()}.txt"))),
             "write_outside": _try(lambda: _write(outside)),
@@ -60,8 +117,9 @@ def _jailed_probes(outside: str, secret: str, project_file: str, port: str) -> d
             "read_project": _try(lambda: _read(project_file)),
             "read_parent_environ": _try(lambda: _read(f"/proc/{os.getppid()}/environ")),
             "write_job": _try(lambda: _write(os.path.join(job, "pwned"))),
-            "signal_parent": _try(lambda: os.kill(os.getppid(), 0)),
-            "tcp_connect": _try(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())}
+            "signal_parent": _try(lambda: os.kill(parent, 0)) if parent else "denied: outside its pid namespace",
+            "tcp_connect": _try(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close()),
+            **room}
 
 
 def main() -> int:

@@ -149,6 +149,68 @@ def test_the_jail_holds_on_every_thread_from_before_the_interpreter(tmp_path, se
     assert secrets["OPENAI_API_KEY"] not in log and "the answers" not in log
 
 
+def _host_shm_keys() -> set[int]:
+    """System V shared-memory keys the host's IPC namespace holds (ours: the test's)."""
+    keys = set()
+    with open("/proc/sysvipc/shm") as f:
+        for line in f.readlines()[1:]:
+            keys.add(int(line.split()[0]))
+    return keys
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the room's cgroup and mounts need root")
+def test_a_room_closes_every_channel_from_every_thread(tmp_path):
+    """A jailed child's room, probed from the main thread and from a thread started before the
+    interpreter did anything: no host Unix socket (under /run or anywhere), no keyring, no user
+    namespace, no io_uring, no file past the size limit, no host process in sight; a System V
+    segment it makes stays in its own IPC namespace (the host never sees it, the next room does not
+    find it); the parent checked each namespace, the cgroup and the limits itself, and once the room
+    ended nothing of it was left, seen from outside."""
+    socks = [Path(f"/run/kgen-test-{os.getpid()}.sock"), tmp_path / "service.sock"]
+    os.chmod(tmp_path, 0o755)
+    listeners = []
+    for path in socks:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(path))
+        os.chmod(path, 0o777)  # a service anyone may talk to
+        server.listen(4)
+        server.setblocking(False)
+        listeners.append(server)
+    key = 700_000 + os.getpid() % 1000 * 1000
+    before = _host_shm_keys()
+    try:
+        for sock_path in socks:
+            seen: list = []
+            child = sandbox.start("tests.sandbox_probe", ["jailed", str(tmp_path / "o"), str(tmp_path / "s"),
+                                  str(ROOT / "pyproject.toml"), "1", str(sock_path), str(key)], 120,
+                                  jail=sandbox.Jail(gpu=False))
+            report = child.receive()
+            seen.append(child.confinement())
+            pidns, room = child.room_namespace(), child.room
+            code, log = child.finish()
+            assert report is not None and code == 0, log[-3000:]
+            c = seen[0]
+            assert c.pidns and c.ipcns and c.utsns and c.netns and c.cgroup and c.limits, c
+            for where in ("main", "thread"):
+                got = report[where]
+                for name in ("unix_connect", "keyring", "userns", "io_uring", "big_file", "signal_parent"):
+                    assert got[name].startswith("denied"), (where, name, got)
+                assert got["sysv_found"] == "absent" and got["sysv_create"] == "ok", got  # its own namespace
+                # pid 1 of a namespace of its own: no process of the host is nameable, only its threads
+                assert got["pid"] == 1 and set(got["ns_pids"]) <= set(got["own_tasks"]), got
+            assert pidns and not sandbox.in_namespace(pidns), "a process of the room outlived it"
+            assert room is not None and not Path(room.folders[0]).exists(), "the room's cgroup was left"
+            assert not child.left
+        for server in listeners:
+            with pytest.raises(BlockingIOError):
+                server.accept()  # nothing connected, from any thread of either room
+        assert _host_shm_keys() == before, "a System V segment of the room reached the host"
+    finally:
+        for server, path in zip(listeners, socks):
+            server.close()
+            path.unlink(missing_ok=True)
+
+
 BROKEN = textwrap.dedent('''
     import torch.nn as nn
     from torch.utils.cpp_extension import load_inline

@@ -30,7 +30,7 @@ from . import protocol as P
 from . import memfd
 from .grad import ForwardBackward, GradError, draw_upstream, null_model, reseed
 from .jail import landlock
-from .jail.seccomp import die_with_parent, forbid_setsid
+from .jail.seccomp import die_with_parent, install_filter
 from .profiling import profile, warm_profiler
 from .timing import Clock
 
@@ -59,7 +59,7 @@ def apply_limits(memory_gb: float | None, cuda: bool, read: list[str], write: li
     """Limits the child sets on itself before any candidate code runs, and how far they hold.
     Writable: its own temp dir (HOME, TMPDIR) and `write`; not /dev/shm, which outlives the attempt."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    seccomp = forbid_setsid()
+    seccomp = install_filter()
     if not seccomp:
         print("[kgen] seccomp unavailable: a process of the candidate could leave the session", flush=True)
     if memory_gb and not cuda:  # CUDA reserves huge virtual ranges, so an address-space cap breaks it

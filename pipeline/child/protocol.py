@@ -214,6 +214,16 @@ class Confinement(Message):
     thread of the process holds them, including those torch or a driver started before the import."""
     netns: bool = False
     """A network namespace of its own: no address of the host, its loopback included, is reachable."""
+    pidns: bool = False
+    """A pid namespace of its own, whose first process ending ends every process the attempt started."""
+    ipcns: bool = False
+    """An IPC namespace of its own: no System V object or POSIX queue of the host or another attempt."""
+    utsns: bool = False
+    """A UTS namespace of its own."""
+    cgroup: bool = False
+    """In cgroups of its own that limit its processes and memory (pipeline.sandbox.cgroup)."""
+    limits: bool = False
+    """A limit on the size of any file it writes (RLIMIT_FSIZE)."""
     masked: list[str] = []
     """Folders seen fresh and empty in the child's mount namespace, but for what it needs (/tmp,
     /dev/shm, a 0700 home holding Python)."""

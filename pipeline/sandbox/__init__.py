@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..child import PACKAGE_ROOT, memfd, protocol
-from . import confine
+from . import cgroup, confine
 
 # Variables a compiler, CUDA or torch needs; everything else (keys, tokens, KGEN_*, proxies) stays out.
 ENV_ALLOW = (
@@ -84,6 +84,12 @@ class Child:
     _confinement: protocol.Confinement | None = None
     handover: Any = None
     """The reference process's: the parent's end of its socket for memfds (pipeline.judge.handover)."""
+    room: cgroup.Room | None = None
+    """The jailed child's cgroups, removed by `finish`."""
+    pidns: int | None = None
+    """The inode of the jailed child's pid namespace, once read (`room_namespace`)."""
+    left: list[int] = field(default_factory=list)
+    """Processes of the room the parent still saw after it ended (`finish`): none, by construction."""
 
     @property
     def job_dir(self) -> Path:
@@ -182,9 +188,20 @@ class Child:
         return (f"[kgen] ... {start} bytes of output cut ...\n" if start else "") + text
 
     def kill(self) -> None:
-        """SIGKILL the child's process group, then anything left in its session: a process can move
-        to a group of its own (setpgid), but not out of the session (the child's seccomp filter
-        refuses setsid). Only before the child is reaped, while its pid still names the session."""
+        """End the child and everything it started. A jailed child: SIGKILL its outer process, our
+        own child and not yet reaped (so its pid names nothing else); the room's first process dies
+        with it (its parent-death signal), and with that first process, pid 1 of the room's pid
+        namespace, the kernel ends every process left in the namespace, whatever pid it hopped to.
+        Any other child (the reference process, or KGEN_JAIL=0): its process group, then what is left
+        of its session (a process can leave its group, not its session: seccomp refuses setsid)."""
+        if self.policy is not None:
+            self.room_namespace()
+            if self.proc.returncode is None:
+                try:
+                    os.kill(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -193,6 +210,30 @@ class Child:
             return
         # stragglers can fork until SIGKILL lands; a few sweeps catch up
         self._sweep(signal.SIGKILL, lambda: session_members(self.proc.pid), 200, 0.01)
+
+    def room_namespace(self) -> int | None:
+        """The inode of the room's pid namespace, read from the outer process (ours, not yet reaped)
+        as the namespace its children are born in; None before the jail made it or without a jail."""
+        if self.pidns is None and self.policy is not None and self.proc.returncode is None:
+            try:
+                inode = os.stat(f"/proc/{self.proc.pid}/ns/pid_for_children").st_ino
+                if inode != os.stat("/proc/self/ns/pid").st_ino:
+                    self.pidns = inode
+            except OSError:
+                pass
+        return self.pidns
+
+    def leftovers(self, wait: float = 2.0) -> list[int]:
+        """Processes still in the room's pid namespace or cgroups, seen from outside, after up to
+        `wait` seconds for the kernel to finish ending them; [] when nothing is left."""
+        end = time.monotonic() + wait
+        while True:
+            found = set(in_namespace(self.pidns)) if self.pidns else set()
+            if self.room is not None:
+                found.update(self.room.members())
+            if not found or time.monotonic() >= end:
+                return sorted(found)
+            time.sleep(0.01)
 
     def _sweep(self, sig: int, left: Callable[[], list[int]], tries: int, wait: float) -> bool:
         """Send `sig` to every pid `left()` names, again until it names none (True), or until `tries`
@@ -254,10 +295,15 @@ class Child:
                 self.proc.stdin.close()
             except OSError:
                 pass
+        self.room_namespace()
         if not _exited(self.proc.pid, max(0.1, min(grace, self.deadline - time.monotonic()))):
             self.timed_out = True
         self.kill()  # stragglers it forked or left behind, before reaping frees its pid
         code = self.proc.wait()
+        if self.policy is not None:  # checked from outside: nothing of the room may be left
+            self.left = self.leftovers()
+            if self.room is not None and not self.left:
+                self.room.remove()
         os.close(self.reader.fd)
         if self.status_fd is not None:
             os.close(self.status_fd)
@@ -305,6 +351,19 @@ def _exited(pid: int, timeout: float) -> bool:
         time.sleep(0.01)
 
 
+def in_namespace(inode: int) -> list[int]:
+    """Pids (as we number them) of the processes in the pid namespace `inode`, zombies included."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.stat(f"/proc/{entry.name}/ns/pid").st_ino == inode:
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
 def session_members(sid: int, with_state: bool = False) -> list:
     """Live (not zombie) processes in session `sid`, read from /proc: pids, or (pid, state letter)
     pairs with `with_state`."""
@@ -334,9 +393,17 @@ class Jail:
     """It gets an out/ folder it may write (a build's extensions), which the parent moves away after."""
     gpu: bool = True
     """The GPU's device nodes are open to it."""
+    pids: int = 4096
+    """Processes and threads the room may hold at once (its cgroup's pids.max)."""
+    memory_bytes: int = 16 << 30
+    """Memory the room may use, its HOME's tmpfs included (its cgroup's limit)."""
+    file_bytes: int = 4 << 30
+    """The largest file it may write (RLIMIT_FSIZE): a build's extension, a cache entry."""
+    home_bytes: int = 2 << 30
+    """The size of its HOME and TMPDIR, a tmpfs of the room's own: nothing it writes there reaches a disk."""
 
 
-def _lay_out(workdir: Path, module: str, jail: Jail) -> tuple[Path, dict]:
+def _lay_out(workdir: Path, module: str, jail: Jail) -> tuple[Path, dict, cgroup.Room | None]:
     """The jailed child's folders (tmp/ its own, job/ and py/ the parent's) and its policy."""
     os.chmod(workdir, 0o711)
     tops = sorted({"pipeline", module.split(".")[0]})
@@ -349,8 +416,10 @@ def _lay_out(workdir: Path, module: str, jail: Jail) -> tuple[Path, dict]:
         if uid is not None:
             os.chown(workdir / sub, uid, uid)
         os.chmod(workdir / sub, 0o700)
-    policy = confine.jail_policy(workdir, tops, [str(workdir / "out")] if jail.out else [], list(jail.read), jail.gpu)
-    return workdir / "tmp", policy
+    room = cgroup.make(workdir.name, jail.pids, jail.memory_bytes) if uid is not None else None
+    policy = confine.jail_policy(workdir, tops, [str(workdir / "out")] if jail.out else [], list(jail.read), jail.gpu,
+                                 room=room, file_bytes=jail.file_bytes, home_bytes=jail.home_bytes)
+    return workdir / "tmp", policy, room
 
 
 def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str] | None = None,
@@ -371,9 +440,9 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
     extra_args = [] if outbox_fd is None else ["--outbox-fd", str(outbox_fd)]
     pass_fds += tuple(keep)
     command = [sys.executable, "-s", "-m", module, "--result-fd", str(write_fd), *extra_args, *args]
-    home, policy, status_r, status_w = workdir, None, None, None
+    home, policy, status_r, status_w, room = workdir, None, None, None, None
     if jail is not None and confine.enabled():
-        home, policy = _lay_out(workdir, module, jail)
+        home, policy, room = _lay_out(workdir, module, jail)
         status_r, status_w = os.pipe()
         os.set_inheritable(status_r, False)
         command = confine.jail_command(policy, status_w, command)
@@ -392,7 +461,7 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
     pin(proc.pid, env.get("KGEN_CORES"))
     now = time.monotonic()
     return Child(proc, protocol.Reader(read_fd), log_fd, workdir, now, now + timeout, outbox_fd,
-                 policy=policy, status_fd=status_r)
+                 policy=policy, status_fd=status_r, room=room)
 
 
 def pin(pid: int, cores: str | None) -> None:

@@ -31,13 +31,19 @@ from pathlib import Path
 from ..child import JAIL, PACKAGE_ROOT
 from ..child import protocol as P
 from ..child.jail import landlock
+from .cgroup import Room
 
 NOBODY = 65534
 # The system and /proc files a child may read (the child's own /proc entry the jail adds).
 SYSTEM_READ, PROC_READ = landlock.SYSTEM_READ, landlock.PROC_READ
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
-# Folders every process may write that outlive an attempt: each child gets fresh, empty ones.
-SCRATCH_MASKS = ("/tmp", "/var/tmp", "/dev/shm")
+# Folders every process may write that outlive an attempt, and /run, where host services keep their
+# sockets: each child gets fresh, empty ones (but for what it needs beneath them).
+SCRATCH_MASKS = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/var/run")
+# The layers a room must have for a candidate to run in it, where we are root (pipeline.child.jail.jail
+# refuses to start the command otherwise); without root, those a user namespace allows.
+ROOT_LAYERS = ["filesystem", "seccomp", "netns", "ipcns", "utsns", "pidns", "cgroup", "limits"]
+USER_LAYERS = ["filesystem", "seccomp", "netns", "ipcns", "utsns", "pidns", "limits"]
 
 
 def enabled() -> bool:
@@ -91,10 +97,12 @@ def drop_to() -> int | None:
 
 
 def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = (), extra_read: list[str] = (),
-                gpu: bool = True) -> dict:
+                gpu: bool = True, room: Room | None = None, file_bytes: int = 0, home_bytes: int = 0) -> dict:
     """The policy for a child whose workdir is `workdir` (sandbox.start lays it out). `writable`:
     folders it may write besides its tmp/ (a build's output folder, inside the workdir too);
-    `extra_read`: folders it may read besides Python, the system and its workdir (the fast-build headers)."""
+    `extra_read`: folders it may read besides Python, the system and its workdir (the fast-build headers);
+    `room`: the attempt's cgroups (pipeline.sandbox.cgroup), which the jail joins before it forks;
+    `file_bytes`: the largest file it may write; `home_bytes`: the size of its HOME, a tmpfs."""
     read = [*SYSTEM_READ, *(f"/proc/{n}" for n in PROC_READ), *_python_paths(),
             *(str(Path(PACKAGE_ROOT) / top) for top in top_packages), str(workdir), *extra_read]
     for var in ("CUDA_HOME", "CUDA_PATH"):
@@ -121,9 +129,11 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
     # On a GPU its own /proc entry is writable: the CUDA driver writes there as it starts (and fails
     # with error 304 where it cannot: bench/probe_jail_cuda.py, docs/benchmarks.md); it is the
     # process's own, and nothing there reaches another process.
-    return {"rules": rules, "uid": uid, "netns": True, "memlock": True, "masks": masks,
-            "own_proc": "write" if gpu else "read",
-            "require": ["filesystem", "seccomp", "netns"]}
+    return {"rules": rules, "uid": uid, "room": True, "memlock": True, "masks": masks,
+            "own_proc": "write" if gpu else "read", "cgroups": room.folders if room else [],
+            "cgroup_expect": room.expected if room else [], "file_bytes": int(file_bytes),
+            "home": str(workdir / "tmp") if uid is not None else None, "home_bytes": int(home_bytes),
+            "require": ROOT_LAYERS if uid is not None else USER_LAYERS}
 
 
 def jail_command(policy: dict, status_fd: int, command: list[str]) -> list[str]:
@@ -140,23 +150,41 @@ def _status_fields(pid: int) -> dict[str, str]:
 
 
 def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinement:
-    """The confinement the parent set on process `pid`, as far as it checks for itself: the uid,
-    no_new_privs and the seccomp filter from /proc/PID/status, the network namespace by its inode,
-    and Landlock from the jail's status line (written before the exec). Nothing the child says."""
+    """The confinement the parent set on the room whose outer process is `pid`, as far as it checks
+    for itself, on the room's first process (the status line's host_pid, a child of `pid`): the uid,
+    no_new_privs and the seccomp filter from /proc/PID/status, each namespace by its inode against
+    ours, the cgroups from /proc/PID/cgroup, the file-size limit from /proc/PID/limits; Landlock from
+    the jail's status line (written before the exec). Nothing the child says."""
     if policy is None or not status or status.get("missing") or status.get("error"):
         return P.Confinement(set_by="parent", detail=f"jail: {status}" if status else "no jail")
+    inner = status.get("host_pid")
     try:
-        fields = _status_fields(pid)
-        own_net = os.readlink("/proc/self/ns/net")
-        child_net = os.readlink(f"/proc/{pid}/ns/net")
+        if not isinstance(inner, int) or inner not in _children(pid):
+            raise OSError(f"the room's first process {inner!r} is not the jail's child")
+        fields = _status_fields(inner)
+        ns = {name: os.readlink(f"/proc/{inner}/ns/{name}") != os.readlink(f"/proc/self/ns/{name}")
+              for name in ("net", "ipc", "uts", "pid", "mnt")}
+        with open(f"/proc/{inner}/limits") as f:
+            fsize = next((line for line in f if line.startswith("Max file size")), "")
     except OSError as exc:
         return P.Confinement(set_by="parent", detail=f"the child could not be checked: {exc}")
     uid = int(fields.get("Uid", "-1").split()[0])
     seccomp = fields.get("Seccomp") == "2" and fields.get("NoNewPrivs") == "1"
-    netns = child_net != own_net
     abi = int(status.get("landlock_abi", 0))
     filesystem = bool(status.get("filesystem"))
+    cgroup = bool(policy.get("cgroups")) and Room(policy["cgroups"], [tuple(e) for e in policy["cgroup_expect"]]).holds(inner)
+    limits = bool(policy.get("file_bytes")) and str(policy["file_bytes"]) in fsize.split()
     return P.Confinement(landlock_abi=abi if filesystem else 0, filesystem=filesystem,
-                         network=netns or (filesystem and abi >= 4), signals=filesystem and abi >= 6,
+                         network=ns["net"] or (filesystem and abi >= 4), signals=filesystem and abi >= 6,
                          seccomp=seccomp, private_tmp=filesystem, uid=uid, before_exec=filesystem and seccomp,
-                         netns=netns, masked=list(status.get("masked", [])), set_by="parent")
+                         netns=ns["net"], pidns=ns["pid"], ipcns=ns["ipc"], utsns=ns["uts"], cgroup=cgroup,
+                         limits=limits, masked=list(status.get("masked", [])), set_by="parent")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+

@@ -4,18 +4,26 @@
 
 sandbox.start runs this file (the standard library and its two neighbours landlock.py and
 seccomp.py, loaded by path: no package, no site, no thread) as the first program of the child's
-process. It sets, in this order, and then execs the real command in the same process:
+process. The room is made in two processes. The first (the "outer", the process the parent started)
+joins the attempt's cgroups (the policy's `cgroups`: limits on processes and memory), unshares the
+network, IPC, UTS and pid namespaces (as root; else inside a user namespace of its own) and forks:
+the second is pid 1 of the new pid namespace. The outer then only relays the second's status line,
+adding its pid as the host sees it, waits for it and exits as it did; killed, it takes the second
+with it (the parent-death signal), and when the second, pid 1, ends, the kernel ends every process
+left in the namespace: nothing the candidate starts outlives the room, whatever pids it hops to.
 
-1. a network namespace of its own (as root; else a user namespace with one), so no socket reaches
-   the host's loopback or any other address, and abstract Unix sockets are the namespace's alone;
-   as root also a mount namespace, where each of the policy's `masks` (/tmp, /dev/shm, a 0700 home
-   on the way to Python) is a fresh tmpfs holding only the names beneath it the child needs, each
-   the original mounted back in place: no other attempt's scratch, and a uid that could not cross
-   /root can still run the Python that lives there;
-2. Landlock rules (reads below the policy's read paths, writes below its write paths, the device
+The second sets, in this order, and then execs the real command in its own process:
+
+1. a mount namespace (as root), where /proc is the pid namespace's own and each of the policy's
+   `masks` (/tmp, /dev/shm, /run, a 0700 home on the way to Python) is a fresh tmpfs holding only
+   the names beneath it the child needs, each the original mounted back in place, and its HOME a
+   tmpfs of `home_bytes`: no other attempt's scratch, no host service's socket, no disk to fill;
+2. limits: file size (`file_bytes`), no core dumps;
+3. Landlock rules (reads below the policy's read paths, writes below its write paths, the device
    nodes it names, no TCP, no signals out of the domain);
-3. an unprivileged uid and gid with no supplementary groups (as root, where the policy names one);
-4. death with the parent, then the seccomp filter (no setsid, no PDEATHSIG change, no affinity change).
+4. an unprivileged uid and gid with no supplementary groups (as root, where the policy names one);
+5. death with the parent, then the seccomp filter (seccomp.REFUSED: no new namespaces, keyrings,
+   io_uring, Unix sockets, setsid, affinity or parent-death changes).
 
 Everything is inherited across exec and by every thread and process started after it, so no thread
 of the candidate's process, not even one torch or the CUDA driver starts before the candidate is
@@ -34,9 +42,13 @@ import importlib.util
 import json
 import os
 import resource
+import signal
 import sys
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID = 0x04000000, 0x08000000, 0x20000000
+ROOM = CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
+MS_NOEXEC = 0x8
 MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 0x4000, 1 << 18, 0x2, 0x4
 SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429  # the same on x86-64 and arm64
 OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH = 1, 0x8000, 0x4
@@ -51,20 +63,21 @@ def _load(name: str):
     return module
 
 
-def _unshare_network(libc) -> str:
-    """'netns' where the process got a network namespace of its own, else ''."""
+def _unshare_room(libc) -> bool:
+    """Network, IPC, UTS and pid namespaces of its own (the pid one for the next process forked):
+    as root directly, else inside a user namespace that maps our own ids and nothing more."""
     uid, gid = os.geteuid(), os.getegid()
     if uid == 0:
-        return "netns" if libc.unshare(CLONE_NEWNET) == 0 else ""
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:  # unprivileged user namespaces are off
-        return ""
-    try:  # the same ids inside as outside: nothing gained but the namespaces
+        return libc.unshare(ROOM) == 0
+    if libc.unshare(CLONE_NEWUSER | ROOM) != 0:  # unprivileged user namespaces are off
+        return False
+    try:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
     except OSError:
-        return ""
-    return "netns"
+        return False
+    return True
 
 
 def _mask(libc, folder: str, mode: str, keep: list[str]) -> None:
@@ -89,19 +102,52 @@ def _mask(libc, folder: str, mode: str, keep: list[str]) -> None:
         os.close(fd)
 
 
-def confine(policy: dict) -> dict:
-    """Apply `policy` to this process; what held, for the status line."""
+def enter_room(policy: dict) -> dict:
+    """In the outer process: the cgroups, then the namespaces. What held, for the status line."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    held: dict = {"cgroup": False}
+    cores = os.environ.get("KGEN_CORES", "")
+    if cores:  # before the fork, so every process of the room starts on them (seccomp forbids moving)
+        try:
+            os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+        except (ValueError, OSError):  # cores this machine lacks
+            pass
+    if policy.get("cgroups"):
+        try:
+            for folder in policy["cgroups"]:
+                with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+            held["cgroup"] = True
+        except OSError as exc:
+            held["cgroup_error"] = f"{exc}"
+    room = bool(policy.get("room", True)) and _unshare_room(libc)
+    for name in ("netns", "ipcns", "utsns", "pidns"):
+        held[name] = room
+    return held
+
+
+def confine(policy: dict, held: dict) -> dict:
+    """In pid 1 of the room: apply the rest of `policy` to this process; what held, for the status line."""
     libc = ctypes.CDLL(None, use_errno=True)
     landlock, seccomp = _load("landlock"), _load("seccomp")  # before any rule or uid can refuse the files
-    held: dict = {"pid": os.getpid()}
-    held["netns"] = bool(policy.get("netns")) and _unshare_network(libc) == "netns"
     held["masked"] = []
+    held["own_proc"] = False
     if policy.get("masks") and os.geteuid() == 0:
         if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "a mount namespace")
+        if held.get("pidns"):  # /proc of this pid namespace: no other process of the host is listed
+            if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+                raise OSError(ctypes.get_errno(), "a /proc of its own")
+            held["own_proc"] = True
         for folder, mode, keep in policy["masks"]:
             _mask(libc, folder, mode, keep)
             held["masked"].append(folder)
+        if policy.get("home") and policy.get("home_bytes"):
+            opts = f"mode=0700,size={int(policy['home_bytes'])},uid={policy.get('uid') or 0},gid={policy.get('uid') or 0}"
+            if libc.mount(b"tmpfs", policy["home"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts.encode()) != 0:
+                raise OSError(ctypes.get_errno(), f"tmpfs on {policy['home']}")
+            os.chdir(policy["home"])  # the cwd was the folder beneath the tmpfs
+            held["home_tmpfs"] = True
     if os.geteuid() == 0 and policy.get("memlock"):
         # The outbox is page-locked for fast copies (protocol.Outbox.pin); nobody's limit is 8 MiB.
         try:
@@ -109,10 +155,14 @@ def confine(policy: dict) -> dict:
         except (ValueError, OSError):  # no CAP_SYS_RESOURCE here: as much as the hard limit allows
             hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
             resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if policy.get("file_bytes"):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(policy["file_bytes"]), int(policy["file_bytes"])))
+        held["limits"] = True
     rules = [(path, kind) for path, kind in policy.get("rules", [])]
     # Its own entry (and its threads'), no other process's; "write" where a driver names its threads
-    # through /proc/self/task/TID/comm.
-    rules.append((f"/proc/{os.getpid()}", policy.get("own_proc", "read")))
+    # through /proc/self/task/TID/comm. /proc/self names it as the mounted /proc counts pids.
+    rules.append((f"/proc/{os.readlink('/proc/self')}", policy.get("own_proc", "read")))
     held["landlock_abi"] = landlock.abi_version()
     held["filesystem"] = bool(policy.get("landlock", True)) and landlock.restrict_rules(rules)
     uid = policy.get("uid")
@@ -122,32 +172,83 @@ def confine(policy: dict) -> dict:
         os.setuid(uid)
     held["uid"], held["gid"] = os.getuid(), os.getgid()
     seccomp.die_with_parent()  # after setuid, which clears the parent-death signal
-    held["seccomp"] = seccomp.forbid_setsid()
+    held["seccomp"] = seccomp.install_filter()
     return held
+
+
+# How to allow a layer a host refused, for the one line that says the candidate does not run.
+HOW = {
+    "netns": "run as root, or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; "
+             "in a container: --security-opt seccomp=unconfined or a runtime that allows them)",
+    "pidns": "as for netns", "ipcns": "as for netns", "utsns": "as for netns",
+    "cgroup": "run as root on a host with cgroup v2 (or v1) pids and memory controllers mounted under /sys/fs/cgroup",
+    "filesystem": "a kernel with Landlock (Linux 5.13+, lsm=landlock in the boot parameters)",
+    "seccomp": "a kernel with seccomp filters (x86-64 or arm64)",
+    "limits": "a policy with file_bytes set",
+}
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
-        print("[kgen] jail: usage: jail.py POLICY_JSON -- COMMAND...", file=sys.stderr)
+        print("[kgen] jail: usage: jail.py POLICY_JSON STATUS_FD -- COMMAND...", file=sys.stderr)
         return 2
     policy = json.loads(argv[0])
     status_fd = int(argv[1])
+    seccomp = _load("seccomp")
+    seccomp.die_with_parent()
     try:
-        held = confine(policy)
+        held = enter_room(policy)
     except Exception as exc:  # noqa: BLE001 - any failure means no candidate runs
         held = {"error": f"{type(exc).__name__}: {exc}"}
+    relay_r, relay_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pid 1 of the room
+        os.close(relay_r)
+        return _inner(policy, held, relay_w, status_fd, argv[3:])
+    os.close(relay_w)
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(relay_r, 65536)
+        if not chunk:
+            break
+        line += chunk
+    os.close(relay_r)
+    try:
+        status = json.loads(line) if line else {"error": "the room's first process died before it reported"}
+    except ValueError:
+        status = {"error": "the room's first process wrote no status"}
+    status["host_pid"] = pid
+    try:
+        status["pidns_inode"] = os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        pass
+    os.write(status_fd, (json.dumps(status) + "\n").encode())
+    os.close(status_fd)
+    _, code = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(code):  # exit the way it did, so the parent reads the same status
+        signal.signal(os.WTERMSIG(code), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(code))
+    return os.waitstatus_to_exitcode(code)
+
+
+def _inner(policy: dict, held: dict, relay_w: int, status_fd: int, command: list[str]) -> int:
+    os.close(status_fd)
+    if "error" not in held:
+        try:
+            held = confine(policy, held)
+        except Exception as exc:  # noqa: BLE001 - any failure means no candidate runs
+            held = {**held, "error": f"{type(exc).__name__}: {exc}"}
     missing = [name for name in policy.get("require", []) if not _holds(name, held, policy)]
     if missing or "error" in held:
         held["missing"] = missing
-    os.write(status_fd, (json.dumps(held) + "\n").encode())
-    os.close(status_fd)
+    os.write(relay_w, (json.dumps(held) + "\n").encode())
+    os.close(relay_w)
     if missing or "error" in held:
-        print(f"[kgen] jail: could not set {', '.join(missing) or held['error']}; the candidate does not run",
-              file=sys.stderr, flush=True)
-        return 126
-    command = argv[3:]
+        why = "; ".join(f"no {name}: {HOW.get(name, 'see kgen doctor')}" for name in missing) or held["error"]
+        print(f"[kgen] jail: {why}; the candidate does not run", file=sys.stderr, flush=True)
+        os._exit(126)
     os.execv(command[0], command)
-    return 127
+    os._exit(127)
 
 
 def _holds(name: str, held: dict, policy: dict) -> bool:

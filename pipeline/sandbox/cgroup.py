@@ -1,0 +1,130 @@
+"""An attempt's cgroup: a limit on its processes (threads count) and its memory, made by the parent
+before the room starts and removed after it ended.
+
+    room = cgroup.make("kgen-child-abc", pids=4096, memory_bytes=16 << 30)   # None where not allowed
+    policy["cgroups"] = room.folders          # the jail joins them before it forks (jail.enter_room)
+    ...
+    room.remove()                             # once nothing of the room is left
+
+cgroup v2 where its pids and memory controllers can be enabled under /sys/fs/cgroup, else the v1
+pids and memory hierarchies (a hybrid host mounts both); only as root. What a process's cgroup is,
+the parent reads for itself from /proc/PID/cgroup (`holds`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+PARENT = "kgen"  # every room's cgroup sits under this one
+
+
+@dataclass(frozen=True)
+class Room:
+    folders: list[str]
+    """The cgroup folders a process of the room joins (one for v2, one per controller for v1)."""
+    expected: list[tuple[str, str]]
+    """What /proc/PID/cgroup says for a member: (controller, path); controller "" for v2."""
+
+    def holds(self, pid: int) -> bool:
+        """Whether process `pid` is in every one of the room's cgroups."""
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                lines = [line.rstrip("\n").split(":", 2) for line in f]
+        except OSError:
+            return False
+        have = {(c, path) for _, controllers, path in lines for c in (controllers.split(",") if controllers else [""])}
+        return all(want in have for want in self.expected)
+
+    def members(self) -> list[int]:
+        """Pids in the room's cgroups (as this pid namespace numbers them)."""
+        pids: set[int] = set()
+        for folder in self.folders:
+            try:
+                pids.update(int(p) for p in Path(folder, "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        return sorted(pids)
+
+    def remove(self, wait: float = 2.0) -> bool:
+        """Remove the room's cgroups once they hold no process; False where one stayed (it is left,
+        holding what is in it, for `kgen doctor` and the operator to see)."""
+        end = time.monotonic() + wait
+        left = list(self.folders)
+        while left:
+            for folder in list(left):
+                try:
+                    os.rmdir(folder)
+                    left.remove(folder)
+                except FileNotFoundError:
+                    left.remove(folder)
+                except OSError:
+                    pass
+            if left and time.monotonic() > end:
+                return False
+            if left:
+                time.sleep(0.01)
+        return True
+
+
+def _v2_ready() -> bool:
+    """cgroup v2 at /sys/fs/cgroup with the pids and memory controllers enabled for our folder."""
+    try:
+        have = set((ROOT / "cgroup.controllers").read_text().split())
+    except OSError:
+        return False
+    if not {"pids", "memory"} <= have:
+        return False
+    try:
+        (ROOT / PARENT).mkdir(exist_ok=True)
+        if not {"pids", "memory"} <= set((ROOT / "cgroup.subtree_control").read_text().split()):
+            (ROOT / "cgroup.subtree_control").write_text("+pids +memory")
+        (ROOT / PARENT / "cgroup.subtree_control").write_text("+pids +memory")
+        return True
+    except OSError:
+        return False
+
+
+def _v1_ready() -> bool:
+    return all((ROOT / c / "cgroup.procs").exists() for c in ("pids", "memory"))
+
+
+def make(name: str, pids: int, memory_bytes: int) -> Room | None:
+    """A room's cgroups with these limits, or None where this host does not let us make them
+    (not root, or neither v2 nor v1 pids and memory controllers)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        if _v2_ready():
+            folder = ROOT / PARENT / name
+            folder.mkdir()
+            (folder / "pids.max").write_text(str(pids))
+            (folder / "memory.max").write_text(str(memory_bytes))
+            try:
+                (folder / "memory.swap.max").write_text("0")
+            except OSError:
+                pass
+            return Room([str(folder)], [("", f"/{PARENT}/{name}")])
+        if _v1_ready():
+            folders = []
+            for controller, limits in (("pids", {"pids.max": pids}),
+                                       ("memory", {"memory.limit_in_bytes": memory_bytes})):
+                folder = ROOT / controller / PARENT / name
+                folder.mkdir(parents=True)
+                folders.append(str(folder))
+                for key, value in limits.items():
+                    (folder / key).write_text(str(value))
+            return Room(folders, [("pids", f"/{PARENT}/{name}"), ("memory", f"/{PARENT}/{name}")])
+    except OSError:
+        return None
+    return None
+
+
+def available() -> str | None:
+    """Which cgroup version rooms would use here ("v2", "v1"), or None."""
+    if os.geteuid() != 0:
+        return None
+    return "v2" if _v2_ready() else "v1" if _v1_ready() else None
