@@ -200,6 +200,9 @@ class EvalConfig(_Strict):
     """Wall-clock limit of one build."""
     memory_limit_gb: float = Field(default=16.0, gt=0)
     """Address-space limit of a cpu-backend child."""
+    room_memory_gb: float = Field(default=32.0, gt=0)
+    """Memory an attempt's room may use in all (its cgroup's limit: every process of the candidate,
+    its HOME's tmpfs, the outputs it writes into shared memory), where the host allows cgroups."""
     replay_bound: bool = True
     """On a GPU (forward mode), the parent's bound on a call's time comes from CUDA graphs of the
     forward replayed back to back (pipeline.child.replays): it holds down to calls of about 10 us.

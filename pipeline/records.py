@@ -347,10 +347,11 @@ class EvalResult(Record):
 
     @property
     def time_ms(self) -> float | None:
-        return self.timing.median_ms if self.timing else None
+        """The candidate's median time; None where the device was unfit to time it (no figure)."""
+        return self.timing.median_ms if self.timing and not self.device_unfit else None
 
     def _ratio(self, base: Timing | None) -> float | None:
-        if self.timing is None or base is None or self.timing.median_ms <= 0:
+        if self.time_ms is None or base is None or self.timing.median_ms <= 0:
             return None
         return base.median_ms / self.timing.median_ms
 
@@ -358,7 +359,7 @@ class EvalResult(Record):
     def speedup_eager(self) -> float | None:
         """Over eager timed side by side, pair by pair (`eager_ratio`); rows from before that existed
         divide the medians (`eager_beside`), and rows older still the prepared baseline."""
-        if self.eager_ratio is not None and self.timing is not None:
+        if self.eager_ratio is not None and self.time_ms is not None:
             return self.eager_ratio.median
         return self._ratio(self.eager_beside or (self.baselines.eager if self.baselines else None))
 
@@ -367,29 +368,30 @@ class EvalResult(Record):
         """Over torch.compile timed side by side, pair by pair (`compiled_ratio`); older rows divide
         the medians (`compiled_beside`), and where that is missing too (older still, or the compiled
         blocks failed) the prepared baseline."""
-        if self.compiled_ratio is not None and self.timing is not None:
+        if self.compiled_ratio is not None and self.time_ms is not None:
             return self.compiled_ratio.median
         return self._ratio(self.compiled_beside or (self.baselines.compiled if self.baselines else None))
 
     @property
     def floor_fraction(self) -> float | None:
         """Floor time over our time: 1.0 means the kernel runs at the bandwidth floor."""
-        if self.timing is None or not self.baselines or not self.baselines.floor_ms:
+        if self.time_ms is None or not self.baselines or not self.baselines.floor_ms:
             return None
         return self.baselines.floor_ms / self.timing.median_ms
 
 
 def summary_fields(result: EvalResult) -> dict[str, Any]:
     """The flat numbers stored in an attempt row."""
-    b = result.baselines
+    b = result.baselines if not result.device_unfit else None  # no figure from an unfit device
+    beside = not result.device_unfit
     return {
         "verdict": result.verdict.value,
         "flags": ",".join(f.value for f in result.flags),
         "error": result.error,
         "time_ms": result.time_ms,
-        "eager_ms": (result.eager_beside.median_ms if result.eager_beside
+        "eager_ms": (result.eager_beside.median_ms if result.eager_beside and beside
                      else b.eager.median_ms if b and b.eager else None),
-        "compile_ms": (result.compiled_beside.median_ms if result.compiled_beside
+        "compile_ms": (result.compiled_beside.median_ms if result.compiled_beside and beside
                        else b.compiled.median_ms if b and b.compiled else None),
         "floor_ms": b.floor_ms if b else None,
         "speedup_eager": result.speedup_eager,

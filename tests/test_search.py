@@ -261,9 +261,10 @@ def test_a_bad_search_section_gets_one_line_naming_the_key(tmp_path):
 
 
 def test_the_archive_keeps_a_loaded_box_s_kernels_after_the_fit_ones(tmp_path):
-    """Evolve's archive (Store.archive): correct, trusted, timed kernels, fit timings fastest first and
-    then those timed on a loaded box (fastest first), which a child's prompt marks as rough; never an
-    untrusted or incorrect one. With the loaded ones left out, a search on a busy box had no parents."""
+    """Evolve's archive (Store.archive): correct, trusted kernels, fit timings fastest first and then
+    those a loaded box could not time (stored with no figure, oldest first), which a child's prompt
+    shows as not timed, with no number; never an untrusted or incorrect one. With the loaded ones
+    left out, a search on a busy box had no parents."""
     from pipeline.records import Completion, Provenance
     from pipeline.store.store import Store
 
@@ -287,7 +288,9 @@ def test_the_archive_keeps_a_loaded_box_s_kernels_after_the_fit_ones(tmp_path):
         archive = store.archive(run, "hinge", "m", "t", "cpu", 1)
     assert [ids[r["id"]] for r in archive] == ["fit_fast", "fit_slow", "loaded_fastest", "loaded_slow"]
     views = [feedback.parent_view(r, "class ModelNew: pass") for r in archive]
-    assert [v.rough for v in views] == [False, False, True, True]
+    assert [v.untimed for v in views] == [None, None, loaded, loaded]
+    assert [v.time_ms for v in views[2:]] == [None, None] and all(v.speedup_eager is None for v in views[2:])
     text = feedback.render_evolve("evolve.j2", PROMPTS, "hinge", "src", "cpu", 1, views[1:3])
     parts = text.split("### Parent")
-    assert "rough" not in parts[1] and "timed on a loaded machine: rough figures" in parts[2]
+    assert "not timed" not in parts[1] and "2.0 ms a call" in parts[1]
+    assert f"not timed ({loaded})" in parts[2] and "ms a call" not in parts[2].splitlines()[0]

@@ -255,7 +255,7 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
     reference process, baselines and the next child kept between evaluations); else this process does.
     The result is stored as a run of its own, kept apart from batch runs: `kgen best` and the
     library leave it out; `kgen attempts`, `export` and `report` include it with --evals (or --run
-    naming its run)."""
+    naming its run). Exit 0 only if verified: correct, unflagged, trusted and timed on a fit device."""
     _check_source(path)
     sized: dict[str, Any] = {}
     echo = lambda line: click.echo(line, err=True)  # noqa: E731
@@ -288,7 +288,16 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
         click.echo(json.dumps(eval_json(result, attempt_id, sized)))
     else:
         _print_result(result, attempt_id, sized, db)
-    sys.exit(0 if result.verdict.value == "correct" else 1)
+    sys.exit(0 if result.verdict.value == "correct" and not _not_verified(result) and not result.device_unfit else 1)
+
+
+def _not_verified(result: EvalResult) -> str | None:
+    """Why a correct result is not verified (flagged, or judged below the confinement required); None."""
+    if result.flags:
+        return "flagged " + ", ".join(f.value for f in result.flags)
+    if not result.trusted:
+        return result.untrusted_reason or "not trusted"
+    return None
 
 
 def _check_source(path: str) -> None:
@@ -381,7 +390,10 @@ def _print_result(result: EvalResult, attempt_id: str | None, sized: dict[str, A
     if result.error:  # the candidate's or the compiler's words
         out.print(Text("error: " + visible(result.error)))
     if result.device_unfit:
-        out.print(Text(f"device not fit to time: {visible(result.device_unfit)} (timing not trusted)"))
+        out.print(Text(f"not timed: the device was not fit to time it ({visible(result.device_unfit)}); "
+                       "no figure until it is judged on a fit one"))
+    elif result.verdict.value == "correct" and (why := _not_verified(result)):
+        out.print(Text(f"not verified: {visible(why)}"))
     if sized:
         dims = ", ".join(f"{k}={v}" for k, v in sized["size_dims"].items())
         out.print(Text(f"{'size':>16}: {visible(sized['size'])}" + (f"  ({dims})" if dims else "")))
@@ -394,9 +406,10 @@ def _print_result(result: EvalResult, attempt_id: str | None, sized: dict[str, A
 
 
 def _register_inspection() -> None:
-    from . import inspect as inspect_cli, kbcompare
+    from . import doctor, inspect as inspect_cli, kbcompare
 
-    for command in (inspect_cli.best, inspect_cli.export, inspect_cli.report, kbcompare.kernelbench_baselines):
+    for command in (inspect_cli.best, inspect_cli.export, inspect_cli.report, kbcompare.kernelbench_baselines,
+                    doctor.doctor):
         main.add_command(command)
 
 

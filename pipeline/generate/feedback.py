@@ -81,7 +81,7 @@ def _r(x: float | None, digits: int = 4) -> float | None:
 
 
 def timing_view(result: EvalResult) -> TimingView | None:
-    if result.timing is None or result.verdict is not Verdict.correct:
+    if result.time_ms is None or result.verdict is not Verdict.correct:
         return None
     b = result.baselines
     eager = result.eager_beside or (b.eager if b else None)
@@ -130,7 +130,7 @@ def render(template: str, prompts_dir: Path, result: EvalResult, diagnostics: li
         verdict=result.verdict.value, hint=HINTS.get(result.verdict, ""), error=result.error,
         diagnostics=list(diagnostics or []), failing=failing, passed=passed,
         scale_note=_scale_note(failing, passed) if failing else None,
-        timing=timing_view(result), profile=_profile(result),
+        timing=timing_view(result), profile=_profile(result), unfit=result.device_unfit if correct else None,
         flags=[(f.value, FLAGS[f]) for f in result.flags if f in FLAGS],
         turn=turn, max_turns=max_turns,
         ask="Make it faster while keeping it correct." if correct else "Fix it.")
@@ -142,7 +142,7 @@ class ParentView(Record):
 
     code: str
     """Its ModelNew source."""
-    time_ms: float
+    time_ms: float | None
     """Its median time a call."""
     speedup_eager: float | None = None
     """Over eager, side by side."""
@@ -152,8 +152,8 @@ class ParentView(Record):
     """The floor's time over its time, in percent."""
     flags: list[str] = []
     """Its flags (no_custom_kernel, shape_specialized)."""
-    rough: bool = False
-    """Its timing was marked unfit (a loaded machine): its numbers are rough."""
+    untimed: str | None = None
+    """Why it has no figures: the device was unfit to time it (a loaded machine)."""
 
 
 def parent_view(row: dict[str, Any], code: str) -> ParentView:
@@ -161,7 +161,7 @@ def parent_view(row: dict[str, Any], code: str) -> ParentView:
     return ParentView(code=code, time_ms=_r(row["time_ms"]), speedup_eager=_r(row.get("speedup_eager"), 3),
                       speedup_compile=_r(row.get("speedup_compile"), 3),
                       floor_percent=_r(100 * row["floor_fraction"], 3) if row.get("floor_fraction") else None,
-                      flags=list(row.get("flags") or []), rough=bool(row.get("device_unfit")))
+                      flags=list(row.get("flags") or []), untimed=row.get("device_unfit"))
 
 
 def render_evolve(template: str, prompts_dir: Path, task_name: str, task_source: str, backend: str,

@@ -363,7 +363,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         init = P.Init(device=bench.device, profiler=settings.profile)
         child = spares.take(env, settings.timeout_s) if spares and need <= sandbox.OUTBOX_BYTES else None
         if child is None:
-            child = sandbox.start(HARNESS, ["eval"], settings.timeout_s, env, outbox=max(need, 8), jail=sandbox.Jail())
+            child = sandbox.start(HARNESS, ["eval"], settings.timeout_s, env, outbox=max(need, 8), jail=sandbox.Jail(memory_bytes=int(settings.room_memory_gb * (1 << 30))))
             child.send(init)
         if spares and spares.refill:
             spares.spawn(env, init.model_dump())
@@ -394,6 +394,9 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
                 spares.release(env)
         code, log = child.finish(grace=3.0)
         result = session.finalize(result, code, log)
+        if child.left:  # by construction never; seen from outside, so said
+            result = result.model_copy(update={"trusted": False, "untrusted_reason":
+                                               f"processes of the attempt outlived it: {child.left}"})
     finally:
         if child is not None and child.proc.returncode is None:
             child.kill()
@@ -410,8 +413,8 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         unfit = watch.check(bench, lane_env)  # the device went bad while this attempt was timed
         before["health_after"] = round(time.monotonic() - mark, 3)
     unfit = unfit or session.load_unfit or (bench.suspect and f"baselines measured while {bench.suspect}")
-    if unfit:
-        result = result.model_copy(update={"device_unfit": unfit})
+    if unfit:  # no figure from a device unfit to time: the candidate's time, its ratios, eager's beside it
+        result = result.model_copy(update={"device_unfit": unfit, **NO_FIGURE})
     ended = time.monotonic()
     # Judged again: a refusal on the parent's clock alone, on a machine fit to time.
     again = session.clock_alone and result.verdict is Verdict.impossible_timing
@@ -421,6 +424,10 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         "grad": bench.settings.grad, "dtype": bench.settings.dtype, "own_code": own,
         "eval_seconds": ended - started,
         "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), again, session.evidence
+
+
+NO_FIGURE = {"timing": None, "eager_ratio": None, "compiled_ratio": None, "eager_beside": None,
+             "compiled_beside": None, "wall_ms_per_call": None}
 
 
 def stage(child: sandbox.Child, task_path: Path, code_path: Path, build_dir: Path) -> tuple[str, str, str]:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 
 from ..child import PACKAGE_ROOT, memfd, protocol
 from . import cgroup, confine
+from .cores import cpu_cores, pin, pin_all  # noqa: F401 - the package's API
 
 # Variables a compiler, CUDA or torch needs; everything else (keys, tokens, KGEN_*, proxies) stays out.
 ENV_ALLOW = (
@@ -88,6 +89,8 @@ class Child:
     """The jailed child's cgroups, removed by `finish`."""
     pidns: int | None = None
     """The inode of the jailed child's pid namespace, once read (`room_namespace`)."""
+    status: dict | None = None
+    """The jail's status line, once `confinement` read it: what held, as the jail saw it."""
     left: list[int] = field(default_factory=list)
     """Processes of the room the parent still saw after it ended (`finish`): none, by construction."""
 
@@ -107,6 +110,7 @@ class Child:
                     status = json.loads(line) if line else None
                 except (TimeoutError, protocol.ProtocolError, ValueError):
                     status = None
+            self.status = status
             self._confinement = confine.verified(self.proc.pid, status, self.policy)
         return self._confinement
 
@@ -395,7 +399,7 @@ class Jail:
     """The GPU's device nodes are open to it."""
     pids: int = 4096
     """Processes and threads the room may hold at once (its cgroup's pids.max)."""
-    memory_bytes: int = 16 << 30
+    memory_bytes: int = 32 << 30
     """Memory the room may use, its HOME's tmpfs included (its cgroup's limit)."""
     file_bytes: int = 4 << 30
     """The largest file it may write (RLIMIT_FSIZE): a build's extension, a cache entry."""
@@ -462,60 +466,3 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
     now = time.monotonic()
     return Child(proc, protocol.Reader(read_fd), log_fd, workdir, now, now + timeout, outbox_fd,
                  policy=policy, status_fd=status_r, room=room)
-
-
-def pin(pid: int, cores: str | None) -> None:
-    """Keep a child on `cores` ("0,1"; KGEN_CORES in its environment): a GPU lane's timing processes
-    on the lane's own cores, builds on the rest (executor.core_plan). Set from here, right after
-    exec, before the interpreter has started a thread or a process, so all it starts inherit it;
-    the harness's seccomp filter then refuses sched_setaffinity, so candidate code cannot leave."""
-    if not cores:
-        return
-    try:
-        os.sched_setaffinity(pid, {int(c) for c in cores.split(",")})
-    except (ProcessLookupError, ValueError, OSError):  # gone already, or cores this machine lacks
-        pass
-
-
-def cpu_cores(threads: int) -> str:
-    """The cores a cpu-backend evaluation's child and reference process are held to: as many as the
-    threads eager and torch.compile are timed with (EvalConfig.cpu_threads), the first of ours. Both
-    sides of a speedup then get the same cores: an honest C++ mse spreading its work over both
-    cores of the 2-core box recorded 1.15x eager, timed on one thread, against its one-thread
-    twin's 0.65x. They take turns on them (the child is stopped while eager is timed).
-    KGEN_CPU_CORES ("1" or "2,3") names the cores to take first, in that order: two cpu jobs (or two
-    test workers) on one machine otherwise both time on its first core, and the suite's two workers
-    kept core 0 busy while core 1 sat two-thirds idle (docs/benchmarks.md, 32nd session)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if (wanted := os.environ.get("KGEN_CPU_CORES", "").strip()):
-        try:
-            first = [int(c) for c in wanted.split(",")]
-        except ValueError:
-            raise ValueError(f"KGEN_CPU_CORES={wanted!r}: expected core numbers, comma-separated (like 1 or 2,3)") from None
-        if not (mine := list(dict.fromkeys(c for c in first if c in cores))):  # each once: "1,1" is one core
-            raise ValueError(f"KGEN_CPU_CORES={wanted!r}: none of these cores is among this process's {cores}")
-        cores = mine + [c for c in cores if c not in mine]
-    return ",".join(map(str, cores[:max(1, threads)]))
-
-
-def pin_all(pid: int, cores: str | None) -> None:
-    """Move every thread of a running child onto `cores` (a spare taken for a lane). Threads it
-    starts later inherit the mask of the thread that starts them; a thread started while we walk
-    the list is caught by the next pass."""
-    if not cores:
-        return
-    wanted = {int(c) for c in cores.split(",")}
-    done: set[int] = set()
-    for _ in range(3):
-        try:
-            tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - done
-        except OSError:
-            return  # gone
-        if not tids:
-            return
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, wanted)
-            except (ProcessLookupError, ValueError, OSError):
-                pass
-        done |= tids

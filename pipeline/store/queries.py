@@ -109,14 +109,15 @@ class StoreQueries:
                 before_generation: int) -> list[dict[str, Any]]:
         """A task's verified kernels in an evolving search: correct, trusted and timed, from
         generations before `before_generation`, one row per code; those timed on a fit device first,
-        fastest first, then those whose timing was marked unfit (a loaded box), fastest first. The
+        fastest first, then those whose device was unfit to time them (no figure), oldest first. The
         unfit ones are parents, not winners (pipeline.run.search.reached): left out, a search on a busy
         box had no archive at all and every child was prompted from nothing."""
         rows = self.db.query(
             "SELECT a.*, c.text AS completion_text FROM attempts a JOIN completions c ON c.id = a.completion_id "
             "WHERE a.run_id = ? AND a.task = ? AND a.model = ? AND a.template = ? AND a.backend = ? "
             "AND a.generation < ? AND a.verdict = 'correct' AND coalesce(a.trusted, 1) = 1 "
-            "AND a.time_ms IS NOT NULL ORDER BY a.device_unfit IS NOT NULL, a.time_ms, a.id",
+            "AND (a.time_ms IS NOT NULL OR a.device_unfit IS NOT NULL) "
+            "ORDER BY a.device_unfit IS NOT NULL, a.time_ms, a.created_utc, a.id",
             [run_id, task, model, template, backend, before_generation])
         out, seen = [], set()
         for r in rows:

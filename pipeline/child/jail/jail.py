@@ -132,7 +132,7 @@ def confine(policy: dict, held: dict) -> dict:
     landlock, seccomp = _load("landlock"), _load("seccomp")  # before any rule or uid can refuse the files
     held["masked"] = []
     held["own_proc"] = False
-    if policy.get("masks") and os.geteuid() == 0:
+    if policy.get("masks") and os.geteuid() == 0 and held.get("pidns"):
         if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "a mount namespace")
         if held.get("pidns"):  # /proc of this pid namespace: no other process of the host is listed

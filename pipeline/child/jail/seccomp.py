@@ -7,9 +7,12 @@ can load this file before it execs the interpreter, and the harness and the refe
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import platform
 import signal
+import struct  # all imported here: the jail loads this file before its rules can refuse the standard library
 
 PR_SET_PDEATHSIG = 1
 AF_UNIX = 1
@@ -54,8 +57,6 @@ _NUMBERS = {
 def die_with_parent() -> None:
     """SIGKILL this process when the kgen process that started it dies, however it dies: a killed
     `kgen` must leave no reference process or child behind holding a GPU."""
-    import ctypes
-
     parent = os.getppid()
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent or parent == 1:  # the parent died before the line above
@@ -101,10 +102,6 @@ def install_filter() -> bool:
     """The seccomp filter (REFUSED and the argument checks above), on every thread of this process
     and inherited by everything it starts; syscalls of a foreign ABI (x32, i386 through int 0x80)
     are refused outright. True when it holds."""
-    import ctypes
-    import platform
-    import struct
-
     insns = program(platform.machine())
     if insns is None:
         return False

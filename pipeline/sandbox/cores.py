@@ -1,0 +1,63 @@
+"""Which cores a child runs on: a GPU lane's timing processes on the lane's own cores, a cpu
+evaluation's child and reference process on the same ones, builds on the rest."""
+
+from __future__ import annotations
+
+import os
+
+
+def pin(pid: int, cores: str | None) -> None:
+    """Keep a child on `cores` ("0,1"; KGEN_CORES in its environment): a GPU lane's timing processes
+    on the lane's own cores, builds on the rest (executor.core_plan). Set from here, right after
+    exec, before the interpreter has started a thread or a process, so all it starts inherit it;
+    the harness's seccomp filter then refuses sched_setaffinity, so candidate code cannot leave."""
+    if not cores:
+        return
+    try:
+        os.sched_setaffinity(pid, {int(c) for c in cores.split(",")})
+    except (ProcessLookupError, ValueError, OSError):  # gone already, or cores this machine lacks
+        pass
+
+
+def cpu_cores(threads: int) -> str:
+    """The cores a cpu-backend evaluation's child and reference process are held to: as many as the
+    threads eager and torch.compile are timed with (EvalConfig.cpu_threads), the first of ours. Both
+    sides of a speedup then get the same cores: an honest C++ mse spreading its work over both
+    cores of the 2-core box recorded 1.15x eager, timed on one thread, against its one-thread
+    twin's 0.65x. They take turns on them (the child is stopped while eager is timed).
+    KGEN_CPU_CORES ("1" or "2,3") names the cores to take first, in that order: two cpu jobs (or two
+    test workers) on one machine otherwise both time on its first core, and the suite's two workers
+    kept core 0 busy while core 1 sat two-thirds idle (docs/benchmarks.md, 32nd session)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if (wanted := os.environ.get("KGEN_CPU_CORES", "").strip()):
+        try:
+            first = [int(c) for c in wanted.split(",")]
+        except ValueError:
+            raise ValueError(f"KGEN_CPU_CORES={wanted!r}: expected core numbers, comma-separated (like 1 or 2,3)") from None
+        if not (mine := list(dict.fromkeys(c for c in first if c in cores))):  # each once: "1,1" is one core
+            raise ValueError(f"KGEN_CPU_CORES={wanted!r}: none of these cores is among this process's {cores}")
+        cores = mine + [c for c in cores if c not in mine]
+    return ",".join(map(str, cores[:max(1, threads)]))
+
+
+def pin_all(pid: int, cores: str | None) -> None:
+    """Move every thread of a running child onto `cores` (a spare taken for a lane). Threads it
+    starts later inherit the mask of the thread that starts them; a thread started while we walk
+    the list is caught by the next pass."""
+    if not cores:
+        return
+    wanted = {int(c) for c in cores.split(",")}
+    done: set[int] = set()
+    for _ in range(3):
+        try:
+            tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - done
+        except OSError:
+            return  # gone
+        if not tids:
+            return
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, wanted)
+            except (ProcessLookupError, ValueError, OSError):
+                pass
+        done |= tids
