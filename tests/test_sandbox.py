@@ -196,8 +196,9 @@ def test_a_room_closes_every_channel_from_every_thread(tmp_path):
                 for name in ("unix_connect", "keyring", "userns", "io_uring", "big_file", "signal_parent"):
                     assert got[name].startswith("denied"), (where, name, got)
                 assert got["sysv_found"] == "absent" and got["sysv_create"] == "ok", got  # its own namespace
-                # pid 1 of a namespace of its own: no process of the host is nameable, only its threads
-                assert got["pid"] == 1 and set(got["ns_pids"]) <= set(got["own_tasks"]), got
+                # pid 2 of a namespace of its own, under the room's pid 1: no process of the host is
+                # nameable, only the room's init and its own threads
+                assert got["pid"] == 2 and set(got["ns_pids"]) <= {1, *got["own_tasks"]}, got
             assert pidns and not sandbox.in_namespace(pidns), "a process of the room outlived it"
             assert room is not None and not Path(room.folders[0]).exists(), "the room's cgroup was left"
             assert not child.left

@@ -126,11 +126,14 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
                 masks.append((scratch, "1777", inside))
         for folder, names in sorted(_blockers([*read, *write]).items(), key=lambda kv: len(kv[0])):
             masks.append((folder, "0711", sorted(names)))
+    # On a GPU the CUDA driver opens a Unix socket as it starts (error 304 where socket(AF_UNIX) is
+    # refused: bench/probe_room_cuda.py), so a GPU room may make one; what it can reach is what the
+    # mount namespace leaves (/run, /tmp, /dev/shm empty) and a socket file nobody may write.
     # On a GPU its own /proc entry is writable: the CUDA driver writes there as it starts (and fails
     # with error 304 where it cannot: bench/probe_jail_cuda.py, docs/benchmarks.md); it is the
     # process's own, and nothing there reaches another process.
     return {"rules": rules, "uid": uid, "room": True, "memlock": True, "masks": masks,
-            "own_proc": "write" if gpu else "read", "cgroups": room.folders if room else [],
+            "own_proc": "write" if gpu else "read", "unix_sockets": gpu, "cgroups": room.folders if room else [],
             "cgroup_expect": room.expected if room else [], "file_bytes": int(file_bytes),
             "home": str(workdir / "tmp") if uid is not None else None, "home_bytes": int(home_bytes),
             "require": ROOT_LAYERS if uid is not None else USER_LAYERS}
@@ -151,16 +154,18 @@ def _status_fields(pid: int) -> dict[str, str]:
 
 def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinement:
     """The confinement the parent set on the room whose outer process is `pid`, as far as it checks
-    for itself, on the room's first process (the status line's host_pid, a child of `pid`): the uid,
+    for itself, on the process that runs the command (the status line's host_pid, the child of the
+    room's pid 1, itself the child of `pid`): the uid,
     no_new_privs and the seccomp filter from /proc/PID/status, each namespace by its inode against
     ours, the cgroups from /proc/PID/cgroup, the file-size limit from /proc/PID/limits; Landlock from
     the jail's status line (written before the exec). Nothing the child says."""
     if policy is None or not status or status.get("missing") or status.get("error"):
         return P.Confinement(set_by="parent", detail=f"jail: {status}" if status else "no jail")
-    inner = status.get("host_pid")
+    inner, init = status.get("host_pid"), status.get("init_pid")
     try:
-        if not isinstance(inner, int) or inner not in _children(pid):
-            raise OSError(f"the room's first process {inner!r} is not the jail's child")
+        if not isinstance(init, int) or init not in _children(pid) or not isinstance(inner, int) \
+                or inner not in _children(init):
+            raise OSError(f"the room's processes {init!r}, {inner!r} are not the jail's")
         fields = _status_fields(inner)
         ns = {name: os.readlink(f"/proc/{inner}/ns/{name}") != os.readlink(f"/proc/self/ns/{name}")
               for name in ("net", "ipc", "uts", "pid", "mnt")}

@@ -145,7 +145,7 @@ void probe(Slot& s) {
   if (read_path(g_db, s.buf, 16) >= 15 && memcmp(s.buf, "SQLite format 3", 15) == 0) s.leaks |= kDb;
   if (read_expected(s)) s.leaks |= kExpected;
   read_environ(s, long(getppid()), kPpidEnv);
-  if (getpid() != 1) read_environ(s, 1, kInitEnv);  // in a room of its own, pid 1 is the candidate itself
+  read_environ(s, 1, kInitEnv);
   int sock = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (sock >= 0) {
     sockaddr_in addr{};

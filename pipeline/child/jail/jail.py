@@ -126,16 +126,15 @@ def enter_room(policy: dict) -> dict:
     return held
 
 
-def confine(policy: dict, held: dict) -> dict:
-    """In pid 1 of the room: apply the rest of `policy` to this process; what held, for the status line."""
+def mount_room(policy: dict, held: dict) -> dict:
+    """In pid 1 of the room, as root: its mount namespace (its own /proc, the masks, HOME a tmpfs)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    landlock, seccomp = _load("landlock"), _load("seccomp")  # before any rule or uid can refuse the files
     held["masked"] = []
     held["own_proc"] = False
     if policy.get("masks") and os.geteuid() == 0 and held.get("pidns"):
         if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "a mount namespace")
-        if held.get("pidns"):  # /proc of this pid namespace: no other process of the host is listed
+        if policy.get("own_proc_mount", True):  # /proc of this pid namespace: no host process is listed
             if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
                 raise OSError(ctypes.get_errno(), "a /proc of its own")
             held["own_proc"] = True
@@ -146,8 +145,16 @@ def confine(policy: dict, held: dict) -> dict:
             opts = f"mode=0700,size={int(policy['home_bytes'])},uid={policy.get('uid') or 0},gid={policy.get('uid') or 0}"
             if libc.mount(b"tmpfs", policy["home"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts.encode()) != 0:
                 raise OSError(ctypes.get_errno(), f"tmpfs on {policy['home']}")
-            os.chdir(policy["home"])  # the cwd was the folder beneath the tmpfs
             held["home_tmpfs"] = True
+    return held
+
+
+def confine(policy: dict, held: dict) -> dict:
+    """In the room's second process, the one that execs the command: limits, Landlock, the uid, the
+    seccomp filter. What held, for the status line."""
+    landlock, seccomp = _load("landlock"), _load("seccomp")  # before any rule or uid can refuse the files
+    if held.get("home_tmpfs"):
+        os.chdir(policy["home"])  # the cwd was the folder beneath the tmpfs
     if os.geteuid() == 0 and policy.get("memlock"):
         # The outbox is page-locked for fast copies (protocol.Outbox.pin); nobody's limit is 8 MiB.
         try:
@@ -172,7 +179,7 @@ def confine(policy: dict, held: dict) -> dict:
         os.setuid(uid)
     held["uid"], held["gid"] = os.getuid(), os.getgid()
     seccomp.die_with_parent()  # after setuid, which clears the parent-death signal
-    held["seccomp"] = seccomp.install_filter()
+    held["seccomp"] = seccomp.install_filter(unix=bool(policy.get("unix_sockets")))
     return held
 
 
@@ -194,45 +201,99 @@ def main(argv: list[str]) -> int:
         return 2
     policy = json.loads(argv[0])
     status_fd = int(argv[1])
-    seccomp = _load("seccomp")
-    seccomp.die_with_parent()
+    _load("seccomp").die_with_parent()
     try:
         held = enter_room(policy)
     except Exception as exc:  # noqa: BLE001 - any failure means no candidate runs
         held = {"error": f"{type(exc).__name__}: {exc}"}
     relay_r, relay_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pid 1 of the room
+    exit_r, exit_w = os.pipe()
+    init = os.fork()
+    if init == 0:  # pid 1 of the room
         os.close(relay_r)
-        return _inner(policy, held, relay_w, status_fd, argv[3:])
+        os.close(exit_r)
+        _init(policy, held, relay_w, exit_w, status_fd, argv[3:])
     os.close(relay_w)
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = os.read(relay_r, 65536)
-        if not chunk:
-            break
-        line += chunk
-    os.close(relay_r)
+    os.close(exit_w)
+    status = _read_status(relay_r)
+    kids = _children(init)
+    status["init_pid"], status["host_pid"] = init, kids[0] if len(kids) == 1 else None
     try:
-        status = json.loads(line) if line else {"error": "the room's first process died before it reported"}
-    except ValueError:
-        status = {"error": "the room's first process wrote no status"}
-    status["host_pid"] = pid
-    try:
-        status["pidns_inode"] = os.stat(f"/proc/{pid}/ns/pid").st_ino
+        status["pidns_inode"] = os.stat(f"/proc/{init}/ns/pid").st_ino
     except OSError:
         pass
     os.write(status_fd, (json.dumps(status) + "\n").encode())
     os.close(status_fd)
-    _, code = os.waitpid(pid, 0)
+    _, code = os.waitpid(init, 0)
+    told = os.read(exit_r, 64).decode()
+    code = int(told) if told.strip().lstrip("-").isdigit() else code  # the command's own wait status
     if os.WIFSIGNALED(code):  # exit the way it did, so the parent reads the same status
         signal.signal(os.WTERMSIG(code), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(code))
     return os.waitstatus_to_exitcode(code)
 
 
-def _inner(policy: dict, held: dict, relay_w: int, status_fd: int, command: list[str]) -> int:
+def _read_status(fd: int) -> dict:
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        line += chunk
+    os.close(fd)
+    try:
+        return json.loads(line) if line else {"error": "the room's first process died before it reported"}
+    except ValueError:
+        return {"error": "the room's first process wrote no status"}
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _init(policy: dict, held: dict, relay_w: int, exit_w: int, status_fd: int, command: list[str]) -> None:
+    """pid 1 of the room: its mounts, then the command's process, whose wait status it passes to the
+    outer process on `exit_w` before it ends (and with it, everything left in the room). It reaps
+    whatever the room orphans meanwhile. Signals from inside the room cannot reach it (pid 1 of a
+    namespace gets none it has no handler for), nor can the candidate's uid."""
     os.close(status_fd)
+    if "error" not in held:
+        try:
+            held = mount_room(policy, held)
+        except Exception as exc:  # noqa: BLE001 - any failure means no candidate runs
+            held = {**held, "error": f"{type(exc).__name__}: {exc}"}
+    _load("seccomp").die_with_parent()
+    child = os.fork()
+    if child == 0:
+        os.close(exit_w)
+        _run(policy, held, relay_w, command)
+    os.close(relay_w)
+    for fd in _open_fds():
+        if fd > 2 and fd != exit_w:
+            try:
+                os.close(fd)
+            except OSError:  # the listing's own descriptor, closed already
+                pass
+    while True:
+        try:
+            pid, code = os.wait()
+        except ChildProcessError:
+            os._exit(0)
+        if pid == child:
+            os.write(exit_w, str(code).encode())
+            os._exit(0)
+
+
+def _open_fds() -> list[int]:
+    return [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]
+
+
+def _run(policy: dict, held: dict, relay_w: int, command: list[str]) -> None:
+    """The room's second process: confined, it reports what held and execs the command."""
     if "error" not in held:
         try:
             held = confine(policy, held)
