@@ -41,7 +41,7 @@ REDTEAM = Path(__file__).resolve().parent / "redteam"
 TASKS = ROOT / "reference_tasks"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 EVALUATION = {"trials": 3, "timed_calls": 8, "warmup_calls": 1, "compile_baseline": False,
-              "check_shapes": False, "timeout_s": 120}
+              "check_shapes": False, "profile": False, "timeout_s": 120}
 
 
 def tagged(name: str, tag: str, dest: Path, **subs: str) -> Path:
@@ -86,17 +86,71 @@ def write_config(tmp: Path, answers: list[str], size: str = "odd", evaluation: d
     return path
 
 
+_KGEN_PIDS: set[int] = set()  # kgen processes this test started: the subreaper's reaper leaves them to subprocess
+
+
 def kgen(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    with subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=ENV, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        _KGEN_PIDS.add(proc.pid)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        finally:
+            _KGEN_PIDS.discard(proc.pid)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.fixture
+def subreaper():
+    """This test process as the child subreaper of everything it starts (prctl PR_SET_CHILD_SUBREAPER),
+    with a thread reaping what is orphaned to it: a hopper leaves a zombie at every hop, and on a host
+    whose pid 1 does not reap orphans (this box's) each would hold a pid for good. What escapes is
+    still alive and still found; only its dead are reaped here instead of by pid 1."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(36, 1, 0, 0, 0) == 0, ctypes.get_errno()  # PR_SET_CHILD_SUBREAPER
+    stop = threading.Event()
+    me = os.getpid()
+
+    def reap() -> None:
+        while not stop.wait(0.2):
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit() or int(entry.name) in _KGEN_PIDS:
+                    continue
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue
+                fields = stat[stat.rindex(")") + 2:].split()
+                if fields[0] == "Z" and int(fields[1]) == me:
+                    try:
+                        os.waitpid(int(entry.name), os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+
+    thread = threading.Thread(target=reap, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join()
+    libc.prctl(36, 0, 0, 0, 0)
+
+
+def stored(db: Path) -> list[dict]:
+    """Every attempt stored in `db` (batch and `kgen eval` runs), as Store.attempt gives it."""
+    store = Store.open(db, reader=True)
+    try:
+        return [store.attempt(a["id"]) for a in store.attempts(evals=True)]
+    finally:
+        store.close()
 
 
 def batch_results(db: Path) -> list[EvalResult]:
-    store = Store.open(db, reader=True)
-    try:
-        return [store.attempt(a["id"])["result"] for a in store.attempts()]
-    finally:
-        store.close()
+    return [a["result"] for a in stored(db)]
 
 
 def describe(r: EvalResult) -> str:
@@ -164,3 +218,102 @@ def test_siblings_share_no_answers_through_sysv_shm(tmp_path):
     assert any(r.verdict is Verdict.correct for r in results if r is not twin[0]), shown
     assert [r for r in results if faster(r)] == [], shown
     assert key not in left, f"a System V segment with key {key:#x} outlived the batch"
+
+
+# ---- 2. processes outlive the attempt -----------------------------------------------------------
+
+
+def proc_table() -> list[tuple[int, str, str, int]]:
+    """(pid, comm, state, pgrp) of every process, zombies included, from /proc."""
+    rows = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        rows.append((int(entry.name), comm, fields[0], int(fields[2])))
+    return rows
+
+
+def frozen_survivors(names: set[str], groups: set[int]) -> tuple[list[tuple[int, str, str, int]], set[int]]:
+    """Live processes named `names` or in process groups `groups`, found so a hopper cannot slip past.
+
+    A process that forks and exits every few milliseconds is gone from /proc before a scan (ours or
+    `ps`) reaches its new pid: a plain scan saw none while two were hopping. Its process group does
+    not change, so each group seen (the hint `groups`, and the group of every process by those names,
+    its zombies included, over a second of scans) is stopped at once with killpg(SIGSTOP); what is
+    then live in it is stopped in place and found. They are left stopped for end_hoppers. Returns
+    the survivors and every group looked at."""
+    seen = set(groups)
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        seen |= {pgrp for _, comm, _, pgrp in proc_table() if comm in names}
+        time.sleep(0.1)
+    seen.discard(0)
+    seen.discard(os.getpgid(0))
+    for pgrp in seen:
+        try:
+            os.killpg(pgrp, 19)  # SIGSTOP: every live member, whatever its pid
+        except OSError:
+            pass
+    time.sleep(0.2)
+    live = [row for row in proc_table() if row[2] not in ("Z", "X") and (row[1] in names or row[3] in seen)]
+    return live, seen
+
+
+def end_hoppers(names: set[str], groups: set[int]) -> None:
+    """Kill what the test's candidate left, by process group (a hopper keeps its group, not its pid)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        groups |= {pgrp for _, comm, state, pgrp in proc_table() if comm in names}
+        groups -= {0, os.getpgid(0)}
+        for pgrp in groups:
+            try:
+                os.killpg(pgrp, 9)
+            except OSError:
+                pass
+        time.sleep(0.2)
+        if not [r for r in proc_table() if r[2] not in ("Z", "X") and (r[1] in names or r[3] in groups)]:
+            return
+
+
+def eval_config(tmp: Path, evaluation: dict | None = None) -> Path:
+    return write_config(tmp, ["pass"], size="small", evaluation=evaluation)
+
+
+def test_no_process_of_the_attempt_outlives_kgen_eval(tmp_path, subreaper):
+    """pid_hopper.py forks, at import, a helper that leaves its group and hops pids every 3 ms, from
+    the build child (comm kb+TAG) and from the evaluation child (ke+TAG). After `kgen eval` returns
+    (and a moment for the kernel to finish its kills), neither is alive: not in /proc, not in `ps`.
+    The test is the subreaper of what it starts, so nothing the attempt orphans is left to the host's pid 1."""
+    tag = uuid.uuid4().hex[:12]
+    names = {f"kb{tag}", f"ke{tag}"}
+    code = tagged("pid_hopper.py", tag, tmp_path)
+    config = eval_config(tmp_path)
+    groups: set[int] = set()
+    try:
+        proc = kgen("eval", str(code), "--task", "mse", "--backend", "cpu", "-c", str(config), cwd=tmp_path)
+        time.sleep(1.0)  # SIGKILL sent is not yet dead: a moment, no more
+        attempts = stored(tmp_path / "kgen.db") if (tmp_path / "kgen.db").exists() else []
+        # The helpers' own groups, as their notes gave them: only where to look (frozen_survivors).
+        for text in [a["build_log"] for a in attempts] + [a["result"].output for a in attempts]:
+            groups |= {int(n[2]) for n in notes(text) if n[0] == "hopper" and len(n) > 2 and n[2].isdigit()}
+        left, groups = frozen_survivors(names, groups)
+        ps = subprocess.run(["ps", "-eo", "pid,user,pgid,stat,comm"], capture_output=True, text=True).stdout
+        in_ps = [line for line in ps.splitlines()
+                 if any(n in line.split() for n in names) and line.split()[3][0] not in "ZX"]
+    finally:
+        end_hoppers(names, groups)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [attempt] = attempts
+    result = attempt["result"]
+    assert result.verdict is Verdict.correct, describe(result)
+    # A helper was started in the build child and in the evaluation child (each one's note in its log).
+    assert any(n[:2] == ["hopper", "b"] for n in notes(attempt["build_log"])), attempt["build_log"][-2000:]
+    assert any(n[:2] == ["hopper", "e"] for n in notes(result.output)), describe(result)
+    assert left == [], f"alive after kgen eval returned (pid, comm, state, pgrp): {left}"
+    assert in_ps == [], in_ps
