@@ -317,3 +317,153 @@ def test_no_process_of_the_attempt_outlives_kgen_eval(tmp_path, subreaper):
     assert any(n[:2] == ["hopper", "e"] for n in notes(result.output)), describe(result)
     assert left == [], f"alive after kgen eval returned (pid, comm, state, pgrp): {left}"
     assert in_ps == [], in_ps
+
+
+# ---- 3. channels the jail leaves open ------------------------------------------------------------
+
+CHANNELS = {
+    # channel: what closed means, checked on the notes of both children of two attempts (and outside)
+    "unix": "connect() to a host's pathname socket refused; the test's listeners received nothing",
+    "shm": "no segment an earlier attempt or child made is found; none left in `ipcs -m`",
+    "msg": "no queue an earlier attempt or child made is found; none left in `ipcs -q`",
+    "sem": "no semaphore set an earlier attempt or child made is found; none left in `ipcs -s`",
+    "keyring": "add_key refused (seccomp): nothing the next attempt of the same uid could read",
+    "userns_unshare": "unshare(CLONE_NEWUSER) refused",
+    "userns_clone": "clone(CLONE_NEWUSER) refused",
+    "io_uring": "io_uring_setup refused",
+    "fsize": "a byte at 3 GiB refused (RLIMIT_FSIZE)",
+    "nproc": "the 10,000th process refused (a pids limit)",
+}
+SYSV = {"shm": ("m", 0), "msg": ("q", 1), "sem": ("s", 2)}
+
+
+class Listener:
+    """A pathname Unix socket anyone may connect to, recording what arrives."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.received, self.connections = path, [], 0
+        path.unlink(missing_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        os.chmod(path, 0o777)
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            conn.settimeout(1)
+            try:
+                self.received.append(conn.recv(4096))
+            except OSError:
+                pass
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+        self.path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def channel_runs(tmp_path_factory):
+    """channels.py judged twice by `kgen eval` (two attempts, each built afresh: the second's file
+    differs by a comment), with the test's listeners under /run and under the project folder.
+    Returns the notes of each run's build and evaluation, what the listeners got, and which of the
+    candidate's System V keys `ipcs` listed after each run."""
+    tmp = tmp_path_factory.mktemp("channels")
+    tag = uuid.uuid4().hex[:12]
+    key = int("".join(c for c in tag if c in "0123456789abcdef")[:7], 16) | 0x20000000
+    places = [Path("/run") / f"kgen-test-{tag}.sock"] if os.access("/run", os.W_OK) else []
+    (ROOT / "db").mkdir(exist_ok=True)
+    places.append(ROOT / "db" / f"kgen-test-{tag}.sock")
+    listeners = [Listener(p) for p in places]
+    config = eval_config(tmp, {"step_floor_s": 60.0})
+    runs = []
+    try:
+        for n in (1, 2):
+            folder = tmp / f"run{n}"
+            folder.mkdir()
+            code = tagged("channels.py", tag, folder, __KGEN_SOCKETS__=":".join(map(str, places)))
+            code.write_text(code.read_text() + f"# attempt {n}\n")
+            proc = kgen("eval", str(code), "--task", "mse", "--backend", "cpu", "-c", str(config), cwd=folder)
+            leftover = {kind: {key + off} & ipcs_keys()[kind] for kind, off in SYSV.values()}
+            attempt = [a for a in stored(tmp / "kgen.db") if a["run_id"] not in {r["run_id"] for r in runs}]
+            assert proc.returncode == 0 and len(attempt) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+            runs.append({"run_id": attempt[0]["run_id"], "result": attempt[0]["result"], "left": leftover,
+                         "notes": [n[1:] for text in (attempt[0]["build_log"], attempt[0]["result"].output)
+                                   for n in notes(text) if n[0] == "chan"]})
+    finally:
+        for listener in listeners:
+            listener.close()
+        for kind, off in SYSV.values():
+            ipcrm(kind, key + off)
+    return {"runs": runs, "received": [x for lst in listeners for x in lst.received],
+            "connections": sum(lst.connections for lst in listeners), "key": key, "places": places}
+
+
+@pytest.mark.parametrize("channel", list(CHANNELS), ids=list(CHANNELS))
+def test_channel_is_closed(channel_runs, channel):
+    """channels.py probes each channel from its build child (at import) and its evaluation child (in
+    its first forward), in two attempts one after the other; `channel` must be closed in all four."""
+    runs = channel_runs["runs"]
+    seen = [(i, n[1], n[2], " ".join(n[3:])) for i, run in enumerate(runs, 1) for n in run["notes"] if n[0] == channel]
+    print(f"\n{channel}: {seen}")
+    for run in runs:
+        assert run["result"].verdict is Verdict.correct, describe(run["result"])
+    # The probe ran in both children of both attempts (else nothing was tested).
+    assert {(i, role) for i, role, _, _ in seen} == {(1, "b"), (1, "e"), (2, "b"), (2, "e")}, seen
+    if channel in SYSV:
+        kind, off = SYSV[channel]
+        assert [s for s in seen if s[2] == "found"] == [], f"{channel}: found what another child left: {seen}"
+        left = [run["left"][kind] for run in runs]
+        assert left == [set(), set()], f"{channel}: key {channel_runs['key'] + off:#x} left in ipcs after a run"
+        return
+    open_ = [s for s in seen if s[2] != "denied"]
+    assert open_ == [], f"{channel} open ({CHANNELS[channel]} is required): {open_}"
+    if channel == "unix":
+        assert channel_runs["connections"] == 0 and channel_runs["received"] == [], \
+            (channel_runs["connections"], channel_runs["received"], channel_runs["places"])
+
+
+# ---- 4. load launders a forged clock ------------------------------------------------------------
+
+SPEEDUP_FIELDS = ("speedup_eager", "speedup_compile")
+
+
+@pytest.mark.parametrize("name", ["load_launder.py", "load_launder_honest.py"], ids=["forged", "honest_twin"])
+def test_unfit_timing_carries_no_figure(tmp_path, name):
+    """load_launder.py forges its clock to a tenth and loads its own cores with two spinners so the
+    parent marks the timing unfit; its twin only loads. For each: the spinners ran and the timing is
+    marked unfit (clocks.loaded: the load is theirs), and then there is no figure: the stored
+    result's x eager and x compile (and the pairwise ratios behind them) are None, `kgen eval --json`
+    prints none, and `kgen eval` exits non-zero. The forger's rebound clocks are its own claim, so it
+    is checked on its note too: it forged (else the test proves nothing about a forged clock)."""
+    tag = uuid.uuid4().hex[:12]
+    code = tagged(name, tag, tmp_path)
+    config = eval_config(tmp_path)
+    proc = kgen("eval", str(code), "--task", "mse", "--backend", "cpu", "-c", str(config), "--json", cwd=tmp_path)
+    [attempt] = stored(tmp_path / "kgen.db")
+    result = attempt["result"]
+    said = notes(result.output)
+    print(f"\n{name}: rc={proc.returncode} {describe(result)}")
+    assert ["spinners", "2"] in said, describe(result)
+    if name == "load_launder.py":
+        assert any(n[0] == "forged" and int(n[1]) > 0 for n in said), describe(result)
+    assert result.device_unfit and result.device_unfit.startswith("the cpu was loaded"), describe(result)
+    printed = json.loads(proc.stdout[proc.stdout.index("{"):])
+    figures = {"stored": {f: getattr(result, f) for f in SPEEDUP_FIELDS},
+               "ratios": {"eager_ratio": result.eager_ratio, "compiled_ratio": result.compiled_ratio},
+               "row": {f: attempt[f] for f in SPEEDUP_FIELDS},
+               "printed": {f: printed.get(f) for f in SPEEDUP_FIELDS}}
+    assert all(v is None for part in figures.values() for v in part.values()), \
+        f"an unfit timing carries a figure: {figures}"
+    assert proc.returncode != 0, f"kgen eval exited 0 for an unfit timing: {proc.stdout[-1500:]}"
