@@ -308,7 +308,8 @@ def test_no_process_of_the_attempt_outlives_kgen_eval(tmp_path, subreaper):
                  if any(n in line.split() for n in names) and line.split()[3][0] not in "ZX"]
     finally:
         end_hoppers(names, groups)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # (Its exit status is not looked at: a hopper loads the cpu, and an unfit timing may exit non-zero.)
+    assert len(attempts) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     [attempt] = attempts
     result = attempt["result"]
     assert result.verdict is Verdict.correct, describe(result)
@@ -397,7 +398,7 @@ def channel_runs(tmp_path_factory):
             proc = kgen("eval", str(code), "--task", "mse", "--backend", "cpu", "-c", str(config), cwd=folder)
             leftover = {kind: {key + off} & ipcs_keys()[kind] for kind, off in SYSV.values()}
             attempt = [a for a in stored(tmp / "kgen.db") if a["run_id"] not in {r["run_id"] for r in runs}]
-            assert proc.returncode == 0 and len(attempt) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+            assert len(attempt) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
             runs.append({"run_id": attempt[0]["run_id"], "result": attempt[0]["result"], "left": leftover,
                          "notes": [n[1:] for text in (attempt[0]["build_log"], attempt[0]["result"].output)
                                    for n in notes(text) if n[0] == "chan"]})
