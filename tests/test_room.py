@@ -216,6 +216,13 @@ def test_siblings_share_no_answers_through_sysv_shm(tmp_path):
     assert not faster(twin[0]), shown  # and slower than eager: a fast sibling got its speed elsewhere
     # Whichever sibling computed (found nothing) is correct; none is correct and faster than eager.
     assert any(r.verdict is Verdict.correct for r in results if r is not twin[0]), shown
+    # Each attack sample's own count (its last `shm hits H misses M` note): one that read its
+    # sibling's answers served nearly every call from the table (today 512 of 512); one that computed
+    # found only the few repeats of its own calls. A figure withheld for an unfit timing alone must
+    # not pass for a closed channel.
+    counts = [[(int(n[2]), int(n[4])) for n in notes(r.output) if n[:2] == ["shm", "hits"]] for r in results
+              if r is not twin[0]]
+    assert all(c and c[-1][0] < c[-1][1] for c in counts), f"a sibling served its calls from the table: {counts}"
     assert [r for r in results if faster(r)] == [], shown
     assert key not in left, f"a System V segment with key {key:#x} outlived the batch"
 
