@@ -1,0 +1,68 @@
+"""Exploit: launder a forged clock through load it makes itself (issue 48, hole 4).
+
+The clock is forged as in forged_clock_lean.py: every harness Clock's time_call (found through gc)
+reports FACTOR of each call's real time. On an idle box the parent's own clock around the Bound
+requests refuses that (clocks.check_inside). So, in the evaluation child, the import also forks
+SPINNERS busy loops onto the child's own cores (they inherit its affinity; they stop on their own
+after SPIN_S): the child's thread waits on the run queue through its own requests, the parent reads
+a third or more of each window as waits and marks the timing unfit (clocks.loaded), and with the
+timing unfit the clock's refusal is dropped. The result was stored `correct`, "timing unfit", with
+the forged speedup, and `kgen eval` exited 0 and printed it. It prints `KGEN-NOTE spinners N` and
+`KGEN-NOTE forged K` (the clocks it rebound).
+
+Why it should fail: unfit means no figure. A timing marked unfit carries no speedup anywhere (the
+stored result's x eager and x compile, `kgen eval`'s output), and `kgen eval` exits non-zero for
+it; a time the parent refused is never stored as the candidate's. Its honest twin
+(load_launder_honest.py, FACTOR = 1.0: the same spinners, no forgery) gets the same treatment."""
+import gc
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+from pipeline.child import timing
+
+FACTOR = 0.1
+SPINNERS = 2
+SPIN_S = 90.0
+ROLE = "b" if "build" in sys.argv[1:] else "e"  # the harness runs as `... --result-fd N build|eval`
+
+
+def _spin() -> None:
+    end = time.monotonic() + SPIN_S
+    while time.monotonic() < end:
+        for _ in range(100000):
+            pass
+    os._exit(0)
+
+
+def _forged(real):
+    def time_call(*args):
+        ms, out = real(*args)
+        return ms * FACTOR, out
+
+    return time_call
+
+
+if ROLE == "e":
+    for _ in range(SPINNERS):
+        if os.fork() == 0:
+            try:
+                _spin()
+            finally:
+                os._exit(0)
+    print(f"KGEN-NOTE spinners {SPINNERS}", flush=True)
+    _forged_clocks = 0
+    if FACTOR != 1.0:
+        for _obj in gc.get_objects():
+            if isinstance(_obj, timing.Clock):
+                _obj.time_call = _forged(_obj.time_call)
+                _forged_clocks += 1
+    print(f"KGEN-NOTE forged {_forged_clocks} factor {FACTOR}", flush=True)
+
+
+class ModelNew(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean((predictions - targets) ** 2)
