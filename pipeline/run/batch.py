@@ -22,7 +22,7 @@ from .. import backends, sandbox
 from ..build import build as build_stage
 from ..child import sizes, tasks
 from ..config import Config, ModelConfig
-from ..generate import diagnostics, extract, llm, prompts
+from ..generate import diagnostics, extract, feedback, llm, prompts
 from ..generate.llm import ChatRequest, Provider, make_provider
 from ..judge.bench import TaskBench, baseline_key
 from ..records import BuildResult, EvalResult, Provenance, Verdict
@@ -280,6 +280,7 @@ class Runner:
         # share their secrets (pipeline.judge.bench.Draws).
         result = await self.executor.evaluate(bench, code_path, Path(built.build_dir), self.cfg.evaluation,
                                               draw=f"turn {slot.turn}, generation {slot.generation}")
+        result = feedback.explained(result)  # the lines that say why, for the model and the error column
         self.on_event(Evaluated(slot, result))
         if result.device_unfit:
             self.on_event(Unfit(slot, result.device_unfit))
