@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 
 import yaml
+from click.testing import CliRunner
 
 from chat_server import Drop, Failure, Hang, Reply, serve
 from test_run import ROOT, _count, run
 from test_search import search_config
 
+from pipeline.cli.main import main
 from pipeline.generate import feedback
 from pipeline.records import EvalResult, Verdict
 
@@ -84,12 +86,10 @@ def test_refine_over_an_endpoint_down_then_hung_for_the_first_turn_resumes_from_
         assert errors[0].startswith(f"APIConnectionError: {server.base_url}: ")
         assert errors[1].startswith(f"APITimeoutError: {server.base_url}: nothing received for 2 s (idle_timeout_s)")
         assert _rows(db, "SELECT status FROM runs") == [("model_errors",)]
-        listed = subprocess.run([sys.executable, "-m", "pipeline.cli", "attempts", "-c", str(config)], cwd=tmp_path,
-                                capture_output=True, text=True, env=ENV)
+        listed = CliRunner().invoke(main, ["attempts", "-c", str(config)])
         assert "APITimeoutError" in listed.stdout and "2 of these are failed model calls" in listed.stderr
 
-        again = _kgen(tmp_path, config)  # a plain resume: the failures were transient
-        assert again.returncode == 0, again.stderr[-2000:]
+        run(config)  # a plain resume (in this process: the exit status was seen above): they were transient
         assert len(server.requests) == 2 + 6
         _never_told_of_a_failed_call(server)
         turns = _rows(db, "SELECT task, turn, verdict, feedback IS NOT NULL FROM attempts ORDER BY task, turn")
@@ -99,7 +99,8 @@ def test_refine_over_an_endpoint_down_then_hung_for_the_first_turn_resumes_from_
         assert [m["role"] for m in sent] == ["user", "assistant", "user", "assistant", "user"]
         assert "(turn 2 of 3) was judged: extract_failed" in sent[4]["content"]
         assert _rows(db, "SELECT status FROM runs") == [("done",)]
-        assert _kgen(tmp_path, config).returncode == 0 and len(server.requests) == 8  # nothing left to ask
+        run(config)
+        assert len(server.requests) == 8  # nothing left to ask
 
 
 def test_evolve_stops_at_a_failed_call_and_retry_errors_finishes_it(tmp_path):
@@ -118,10 +119,10 @@ def test_evolve_stops_at_a_failed_call_and_retry_errors_finishes_it(tmp_path):
         gens = "SELECT generation, sample, turn, verdict FROM attempts ORDER BY generation, sample, turn"
         failed_child = next(s for g, s, t, v in _rows(db, gens) if v == "model_error")
         assert sorted(v for *_, v in _rows(db, gens)) == ["extract_failed"] * 2 + ["model_error"]
-        assert _kgen(tmp_path, config).returncode == 3 and len(server.requests) == 3  # a 400 is not transient
+        run(config)  # a plain resume (in this process, as the next): a 400 is not transient, nothing is asked
+        assert len(server.requests) == 3 and _rows(db, "SELECT status FROM runs") == [("model_errors",)]
 
-        done = _kgen(tmp_path, config, "--retry-errors")
-        assert done.returncode == 0, done.stderr[-2000:]
+        run(config, retry_errors=True)
         # The failed child's two turns. Generation 1 has no parent (nothing verified), so its prompts
         # are generation 0's, answered from this run's completions.
         assert len(server.requests) == 3 + 2
@@ -145,33 +146,33 @@ def test_new_draws_new_answers_and_a_resume_reuses_them(tmp_path):
         assert asked == [first, first, fresh, fresh]
 
 
-def _interrupted(tmp_path: Path, sig: int) -> tuple[int, str, Path]:
-    """`kgen run` stopped by `sig` while it waits on a hung model call, after the reader of its
-    stdout's pipe went away."""
-    with serve([Hang(120)], max_requests=5) as server:
-        config = _config(tmp_path, server.base_url, ("hinge",), {"strategy": "refine", "max_turns": 2})
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "-c", str(config)], cwd=tmp_path,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-                                start_new_session=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not server.requests:
-            time.sleep(0.05)
-        assert server.requests, proc.stderr.read() if proc.poll() is not None else "no request"
-        proc.stdout.close()  # the reader of `kgen run | tee log` is gone, as Ctrl-C leaves it
-        os.killpg(proc.pid, sig)
-        code = proc.wait(timeout=60)
-        return code, proc.stderr.read(), config
-
-
 def test_ctrl_c_under_a_closed_pipe_exits_130_with_the_resume_line_and_sigterm_143(tmp_path):
-    for sig, expected in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
-        folder = tmp_path / sig.name
-        folder.mkdir()
-        code, err, config = _interrupted(folder, sig)
-        assert code == expected, err[-2000:]
-        assert err.strip().splitlines()[-1] == (f"Interrupted: the attempts so far are stored; resume with: "
-                                                f"kgen run -c {config}"), err[-2000:]
-        assert _rows(folder / "db" / "kgen.db", "SELECT status FROM runs") == [("interrupted",)]
+    """`kgen run` waiting on a hung model call, the reader of its stdout's pipe gone (`kgen run | tee
+    log`, then Ctrl-C, which ends tee too): SIGINT ends it with 130, SIGTERM with 143, each with the
+    resume line and the run marked interrupted. Both at once, to share the wait for torch's import."""
+    signals = {signal.SIGINT: 130, signal.SIGTERM: 143}
+    with serve([Hang(120)], max_requests=5) as a, serve([Hang(120)], max_requests=5) as b:
+        started = {}
+        for sig, server in zip(signals, (a, b)):
+            folder = tmp_path / sig.name
+            folder.mkdir()
+            config = _config(folder, server.base_url, ("hinge",), {"strategy": "refine", "max_turns": 2})
+            started[sig] = (server, config, subprocess.Popen(
+                [sys.executable, "-m", "pipeline.cli", "run", "-c", str(config)], cwd=folder, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(server.requests for server, *_ in started.values()):
+            time.sleep(0.05)
+        for sig, (server, config, proc) in started.items():
+            assert server.requests, proc.stderr.read() if proc.poll() is not None else "no request"
+            proc.stdout.close()
+            os.killpg(proc.pid, sig)
+        for sig, (server, config, proc) in started.items():
+            code, err = proc.wait(timeout=60), proc.stderr.read()
+            assert code == signals[sig], err[-2000:]
+            assert err.strip().splitlines()[-1] == (f"Interrupted: the attempts so far are stored; resume with: "
+                                                    f"kgen run -c {config}"), err[-2000:]
+            assert _rows(config.parent / "db" / "kgen.db", "SELECT status FROM runs") == [("interrupted",)]
 
 
 # ---- what the model and the error column are told of a failure ------------------------------------
