@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,8 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
     except (ProviderError, TaskError, BackendError) as exc:
         raise KgenError(str(exc)) from None
     failed = None
-    previous = signal.signal(signal.SIGTERM, _terminate)  # SIGTERM ends the run as Ctrl-C does
+    main_thread = threading.current_thread() is threading.main_thread()  # where a signal handler may be set
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # SIGTERM ends it as Ctrl-C does
     try:
         with progress:
             run_id = _run_loop(runner.run(fresh=fresh, retry_errors=retry_errors))
@@ -99,7 +101,8 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
         # this process (PR_SET_PDEATHSIG); a normal exit would join those threads first (35 s and more).
         os._exit(143 if isinstance(exc, Terminated) else 130)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     for part in run_summary(store, run_id, runner.backend, wide):
         out.print(part)
     if runner.failed_calls:

@@ -77,7 +77,7 @@ class Progress:
             self.ticker.start()
         return self
 
-    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: object) -> None:
         """The last line: `done`, or `interrupted` where Ctrl-C or SIGTERM ended the run. A stdout whose
         reader is gone (`kgen run | tee log` and Ctrl-C) never replaces the exception that ends the run."""
         self.stop.set()
