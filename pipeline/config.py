@@ -72,7 +72,13 @@ class ModelConfig(_Strict):
     max_retries: int = Field(default=5, ge=0, le=20)
     """Retries the openai SDK makes, with backoff, on 408/409/429/5xx and connection errors."""
     timeout_s: float = Field(default=600.0, gt=0)
-    """Timeout of one request."""
+    """Wall-clock limit of one request, the whole streamed answer included."""
+    idle_timeout_s: float = Field(default=120.0, gt=0)
+    """Longest the endpoint may send nothing (before the answer's first chunk, or between two
+    chunks) before the call is given up as hung and stored as a model error. Answers are streamed,
+    so a slow model that is still writing never waits this long; a server stopped or hung
+    mid-request is noticed after this, not after timeout_s. It must cover the server's reading of
+    the prompt before its first token (a local cpu server: tens of seconds for 2,000 tokens)."""
     price: Price = Field(default_factory=Price)
     """Token prices for cost accounting."""
 

@@ -7,7 +7,10 @@
 
 The script is consumed in order, one entry per request; the last entry answers every request
 after it, so [Failure(500)] fails forever and [Failure(429), Reply()] fails once. An entry may be
-a function of the request body that returns the Reply or Failure (tests/search_model.py).
+a function of the request body that returns the Reply or Failure (tests/search_model.py). Drop()
+closes the connection unanswered (a server that is down or restarting), Hang() reads the request
+and sends nothing (a server stopped mid-request). A request with "stream": true is answered as
+server-sent events, a few chunks of content, then the usage where stream_options asks for it.
 """
 
 from __future__ import annotations
@@ -51,6 +54,18 @@ class Failure:
     """Sent as retry-after-ms, which the openai SDK honours: keeps retry tests fast."""
 
 
+@dataclass(frozen=True)
+class Drop:
+    """No answer: the connection is closed as soon as the request is read."""
+
+
+@dataclass(frozen=True)
+class Hang:
+    """No answer for `seconds` (or until the server stops), the connection held open."""
+
+    seconds: float = 60.0
+
+
 @dataclass
 class Received:
     """One request as the server saw it."""
@@ -68,15 +83,16 @@ class Received:
 @dataclass
 class ChatServer:
     base_url: str
-    script: Sequence[Reply | Failure]
+    script: Sequence[Reply | Failure | Drop | Hang]
     max_requests: int
     requests: list[Received] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
     """The most requests the server was answering at once."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    stopped: threading.Event = field(default_factory=threading.Event)
 
-    def _next(self, received: Received) -> Reply | Failure | None:
+    def _next(self, received: Received) -> Reply | Failure | Drop | Hang | None:
         with self._lock:
             if len(self.requests) >= self.max_requests:
                 return None
@@ -114,6 +130,25 @@ def _completion_body(reply: Reply, request: Any, number: int) -> dict[str, Any]:
     }
 
 
+def _chunks(reply: Reply, request: Any, number: int) -> list[dict[str, Any]]:
+    """The reply as a chat.completion.chunk stream: the role, the reasoning and the content in
+    pieces, the finish reason, then (where asked) a last chunk with only the usage."""
+    whole = _completion_body(reply, request, number)
+    head = {k: whole[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if reply.reasoning is not None:
+        deltas.append({reply.reasoning_field: reply.reasoning})
+    content = reply.content or ""
+    step = max(1, len(content) // 3)
+    deltas += [{"content": content[i:i + step]} for i in range(0, len(content), step)]
+    chunks = [head | {"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks.append(head | {"choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]})
+    options = request.get("stream_options") if isinstance(request, dict) else None
+    if isinstance(options, dict) and options.get("include_usage"):
+        chunks.append(head | {"choices": [], "usage": whole["usage"]})
+    return chunks
+
+
 def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
@@ -128,6 +163,17 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header(k, v)
             self.end_headers()
             self.wfile.write(data)
+
+        def _stream(self, chunks: list[dict[str, Any]]) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for chunk in chunks:
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.close_connection = True
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
@@ -149,6 +195,13 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
             try:
                 if callable(step):  # a responder: the answer depends on what was asked
                     step = step(body)
+                if isinstance(step, Drop):
+                    self.close_connection = True
+                    return
+                if isinstance(step, Hang):
+                    server.stopped.wait(step.seconds)
+                    self.close_connection = True
+                    return
                 if isinstance(step, Failure):
                     headers = ({"retry-after-ms": str(step.retry_after_ms)}
                                if step.retry_after_ms is not None else {})
@@ -157,7 +210,10 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                     return
                 if step.delay_s:
                     time.sleep(step.delay_s)
-                self._send(200, _completion_body(step, body, len(server.requests)))
+                if isinstance(body, dict) and body.get("stream"):
+                    self._stream(_chunks(step, body, len(server.requests)))
+                else:
+                    self._send(200, _completion_body(step, body, len(server.requests)))
             finally:
                 server._done()
 
@@ -165,7 +221,7 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serve(script: Sequence[Reply | Failure] = (Reply(),), max_requests: int = 100) -> Iterator[ChatServer]:
+def serve(script: Sequence[Reply | Failure | Drop | Hang] = (Reply(),), max_requests: int = 100) -> Iterator[ChatServer]:
     """Run the server for the duration of the with block; yields it (its base_url ends in /v1)."""
     if not script:
         raise ValueError("the script needs at least one entry")
@@ -179,6 +235,7 @@ def serve(script: Sequence[Reply | Failure] = (Reply(),), max_requests: int = 10
     try:
         yield state
     finally:
+        state.stopped.set()
         httpd.shutdown()
         httpd.server_close()
         thread.join(timeout=5)

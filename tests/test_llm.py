@@ -4,9 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from chat_server import Failure, Reply, serve
+import time
+
+from chat_server import Drop, Failure, Hang, Reply, serve
 from pipeline.config import ModelConfig, Sampling
-from pipeline.generate.llm import ChatRequest, OpenAIProvider, ProviderError, ReplayProvider, make_provider
+from pipeline.generate.llm import ChatRequest, OpenAIProvider, ProviderError, ReplayProvider, make_provider, transient
 from pipeline.records import Completion
 
 MESSAGES = [{"role": "system", "content": "You write kernels."},
@@ -105,6 +107,40 @@ def test_unreachable_server_gives_connection_error_completion():
     c = complete(OpenAIProvider(openai_cfg(url, max_retries=0), env={}), request())
     assert c.error is not None
     assert c.error.startswith("APIConnectionError: ")
+
+
+def test_an_endpoint_error_is_one_line_naming_the_endpoint_and_the_cause():
+    with serve() as server:
+        url = server.base_url
+    refused = complete(OpenAIProvider(openai_cfg(url, max_retries=0), env={}), request())
+    assert refused.error.startswith(f"APIConnectionError: {url}: Connection error. (ConnectError: ")
+    assert "refused" in refused.error.lower() and "\n" not in refused.error and transient(refused.error)
+    with serve([Drop()]) as server:  # a server going down mid-request
+        dropped = complete(OpenAIProvider(openai_cfg(server.base_url, max_retries=0), env={}), request())
+    assert dropped.error.startswith(f"APIConnectionError: {server.base_url}: ") and transient(dropped.error)
+    with serve([Failure(400, message="bad\nrequest " + "x" * 2000, retry_after_ms=None)]) as server:
+        bad = complete(OpenAIProvider(openai_cfg(server.base_url, max_retries=0), env={}), request())
+    assert bad.error.startswith(f"BadRequestError: {server.base_url}: Error code: 400")
+    assert "\n" not in bad.error and len(bad.error) < 500 and not transient(bad.error)
+    with serve([Failure(503)]) as server:
+        assert transient(complete(OpenAIProvider(openai_cfg(server.base_url, max_retries=0), env={}), request()).error)
+
+
+def test_a_hung_endpoint_is_noticed_after_the_idle_limit_not_the_timeout():
+    """A server that reads the request and sends nothing (one stopped mid-request): given up after
+    idle_timeout_s, not timeout_s; a slow one that streams its answer is not cut."""
+    with serve([Hang(30)]) as server:
+        cfg = openai_cfg(server.base_url, max_retries=0, timeout_s=60, idle_timeout_s=0.5)
+        start = time.monotonic()
+        hung = complete(OpenAIProvider(cfg, env={}), request())
+        waited = time.monotonic() - start
+    assert waited < 5, waited
+    assert hung.error.startswith(f"APITimeoutError: {server.base_url}: nothing received for 0.5 s (idle_timeout_s)")
+    assert transient(hung.error)
+    with serve([Reply(content="late but whole", delay_s=0.3)]) as server:
+        cfg = openai_cfg(server.base_url, max_retries=0, timeout_s=0.1, idle_timeout_s=5)
+        late = complete(OpenAIProvider(cfg, env={}), request())
+    assert late.error.startswith("APITimeoutError: ") or late.error.startswith("TimeoutError: "), late.error
 
 
 def test_concurrency_is_bounded_and_provider_survives_a_new_loop():

@@ -304,7 +304,7 @@ def test_kgen_eval_judges_a_file_and_stores_it(tmp_path):
 
 
 def test_retry_errors_redoes_failed_model_calls_in_the_same_run(tmp_path):
-    with serve([Failure(500)]) as broken:
+    with serve([Failure(400, retry_after_ms=None)]) as broken:  # not transient: a plain resume leaves it
         model = {"name": "local", "provider": "openai", "base_url": broken.base_url, "model": "coder-1",
                  "max_retries": 0}
         config = write_config(tmp_path, [model], samples=1)

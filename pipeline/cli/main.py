@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from ..config import Config
 from ..records import EvalResult, FileRequest
 from .options import KgenError, check_filters, console, database_options, load, nothing_matched, open_store, resolve_run
 from .plain import visible
-from .tables import fmt as _fmt
+from .tables import fmt as _fmt, short_error
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,8 +57,9 @@ def _config(config: str | None) -> Config:
               "small sizes) from any folder, storing into the database here.")
 def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_errors: bool, wide: bool,
         demo: bool) -> None:
-    """Run the batch in the config: resume it if the same plan ran before. Ctrl-C stops it (exit 130)
-    and says the command that resumes it."""
+    """Run the batch in the config: resume it if the same plan ran before. Ctrl-C stops it (exit 130;
+    SIGTERM: 143) and says the command that resumes it. A run that ends with failed model calls
+    says how many and the command that redoes them, and exits 3."""
     from ..backends import BackendError
     from ..child.tasks import TaskError
     from ..generate.llm import ProviderError
@@ -74,6 +77,8 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
     except (ProviderError, TaskError, BackendError) as exc:
         raise KgenError(str(exc)) from None
     failed = None
+    main_thread = threading.current_thread() is threading.main_thread()  # where a signal handler may be set
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # SIGTERM ends it as Ctrl-C does
     try:
         with progress:
             run_id = _run_loop(runner.run(fresh=fresh, retry_errors=retry_errors))
@@ -81,23 +86,46 @@ def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_err
         raise KgenError(f"{exc} (the run's other attempts are stored; it is marked failed)") from None
     except RunFailed as exc:  # the summary of what is stored, then one line
         failed, run_id = exc, exc.run_id
-    except KeyboardInterrupt:  # Ctrl-C: what is stored stays; the same command resumes the run
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: what is stored stays; the same command resumes the run
         if getattr(runner, "run_id", None):
             store.finish_run(runner.run_id, "interrupted")
         resume = _resume_command(config, db, backend, retry_errors, demo)
+        for stream in (sys.stdout, sys.stderr):  # stdout may be a pipe whose reader is gone (`| tee`)
+            try:
+                stream.flush()
+            except OSError:
+                pass
         click.echo(f"Interrupted: the attempts so far are stored; resume with: {resume}", err=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
         # Now, not after the builds and evaluations under way: their worker threads wait on sandboxed
         # children (in sessions of their own, so the terminal's SIGINT missed them), which die with
         # this process (PR_SET_PDEATHSIG); a normal exit would join those threads first (35 s and more).
-        os._exit(130)
+        os._exit(143 if isinstance(exc, Terminated) else 130)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     for part in run_summary(store, run_id, runner.backend, wide):
         out.print(part)
+    if runner.failed_calls:
+        n, redo = len(runner.failed_calls), _resume_command(config, db, backend, True, demo)
+        click.echo(f"{n} model call{'s' if n != 1 else ''} failed (first: {short_error(runner.failed_calls[0])}); "
+                   f"{redo} redoes {'them' if n != 1 else 'it'}", err=True)
     if failed is not None:
         resume = _resume_command(config, db, backend, retry_errors, demo)
         raise KgenError(f"{failed}; the others are stored and the run is marked failed; judge what is left "
                         f"with: {resume}")
+    if runner.failed_calls:
+        sys.exit(MODEL_ERRORS_EXIT)
+
+
+MODEL_ERRORS_EXIT = 3  # `kgen run` ended with failed model calls stored (the run's status: model_errors)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so that both end a run the same way."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
 
 
 def _run_loop(coro):
@@ -203,6 +231,10 @@ def attempts(db, run_id, task, model, verdict, flag, turn, evals, limit, wide, a
             click.echo(json.dumps({k: r.get(k) for k in keys}))
         return
     console(wide).print(attempts_table(rows, wide))
+    calls = sum(r["verdict"] == "model_error" for r in rows)
+    if calls:
+        click.echo(f"{calls} of these {'are failed model calls' if calls != 1 else 'is a failed model call'}: the "
+                   "`kgen run` that made the run, with --retry-errors, asks again", err=True)
 
 
 @main.command()

@@ -67,6 +67,7 @@ class Progress:
         self.lock = threading.RLock()  # events come from the runner's loop, lane notices from threads
         self.stop = threading.Event()
         self.ticker: threading.Thread | None = None
+        self.closed = False  # stdout's pipe lost its reader
 
     def __enter__(self) -> "Progress":
         self.started = self.clock()
@@ -76,13 +77,19 @@ class Progress:
             self.ticker.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: object) -> None:
+        """The last line: `done`, or `interrupted` where Ctrl-C or SIGTERM ended the run. A stdout whose
+        reader is gone (`kgen run | tee log` and Ctrl-C) never replaces the exception that ends the run."""
         self.stop.set()
         if self.ticker:
             self.ticker.join()
-        self.bars.__exit__(*exc)
+        try:
+            self.bars.__exit__(kind, value, tb)
+        except OSError:
+            pass
         if not self.live:
-            self._line("done", self.summary())
+            interrupted = kind is not None and issubclass(kind, KeyboardInterrupt)
+            self._line("interrupted" if interrupted else "done", self.summary())
 
     def _tick(self) -> None:
         while not self.stop.wait(self.interval):
@@ -103,9 +110,15 @@ class Progress:
             return "; ".join(parts)
 
     def _line(self, what: str, text: str) -> None:
-        """One plain line (piped output), prefixed with the seconds since the run began."""
+        """One plain line (piped output), prefixed with the seconds since the run began; none once the
+        pipe's reader is gone (the run goes on, and stores what it does)."""
         with self.lock:
-            print(f"{self.clock() - self.started:6.0f}s  {what:<9} {visible(text)}", flush=True)
+            if self.closed:
+                return
+            try:
+                print(f"{self.clock() - self.started:6.0f}s  {what:<9} {visible(text)}", flush=True)
+            except BrokenPipeError:
+                self.closed = True
 
     def _say(self, text: str, style: str = "") -> None:
         """A line that matters in both modes (the plan, a device taken out of service)."""

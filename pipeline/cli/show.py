@@ -15,7 +15,7 @@ from rich.syntax import Syntax
 
 from ..generate.diagnostics import compiler_errors
 from .plain import literal, visible
-from .tables import short_error
+from .tables import ERROR_CELL, short_error
 
 FOLD = 1500  # characters of reasoning and logs shown unless --full
 
@@ -72,7 +72,7 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
     head.append(visible(a["verdict"]), style="bold")
     head.append(visible(f"  flags {flag_sources(result, a['flags'])}" if a.get("flags") else ""))
     if result.error:
-        head.append("\nerror " + short_error(result.error))
+        head.append("\nerror " + short_error(result.error, *ERROR_CELL))
     console.print(Panel(head, title="attempt"))
     render_compiler_errors(console, a, code)
     render_chain(console, a, chain or [])

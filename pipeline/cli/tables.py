@@ -33,12 +33,17 @@ WRONG = {"mismatch", "wrong_shape", "wrong_dtype", "wrong_type", "non_finite", "
 _DIRS = re.compile(r"(?<![\w.~-])/(?:[^\s/:'\"()]+/)+")
 
 
-def short_error(error: str | None, limit: int = 300) -> str:
-    """An attempt's error for a table: its first line, absolute paths cut to the file name, capped."""
+def short_error(error: str | None, limit: int = 300, lines: int = 1) -> str:
+    """An attempt's error for one cell or line: its first `lines` lines (an explained error's reason,
+    its frame and its message: pipeline.generate.feedback.explain_error) joined with " | ", absolute
+    paths cut to the file name, capped at `limit` characters."""
     if not error:
         return ""
-    first = error.strip().splitlines()[0] if error.strip() else ""
-    return visible(_DIRS.sub("", first))[:limit]
+    kept = [line.strip() for line in error.strip().splitlines() if line.strip()][:lines]
+    return visible(_DIRS.sub("", " | ".join(kept)))[:limit]
+
+
+ERROR_CELL = (1200, 12)  # characters and lines of an error in `kgen attempts` and `kgen show`'s header
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -134,7 +139,7 @@ class AttemptsTable:
             "verdict": r["verdict"] + ("*" if r["flags"] and not self.wide else ""),
             "flags": ",".join(r["flags"]), "time ms": fmt(r["time_ms"]), "x eager": fmt(r["speedup_eager"]),
             "x compile": fmt(r["speedup_compile"]),
-            "error": Text(short_error(r["error"])),  # a compiler's or candidate's words: literal
+            "error": Text(short_error(r["error"], *ERROR_CELL)),  # a compiler's or candidate's words: literal
         }
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -156,7 +161,7 @@ class AttemptsTable:
         for line, r in zip(lines[head:], self.rows):
             yield from _lines([line])
             if r["error"]:
-                yield Padding(Text(short_error(r["error"]), style="dim"), (0, 0, 0, 4))
+                yield Padding(Text(short_error(r["error"], *ERROR_CELL), style="dim"), (0, 0, 0, 4))
         if caption:
             yield Text(caption, style="table.caption")
 
@@ -259,6 +264,10 @@ def run_summary(store, run_id: str, backend: str, wide: bool = False) -> list[Re
     usage = Text(f"model usage this run: {tokens} tokens, ${usd:.4f}"
                  + ("  (budget reached: the remaining slots were not started)" if status == "budget_reached" else ""))
     parts: list[RenderableType] = [Grid(title, columns, cells, wide, optional=("best attempt",))]
+    calls = sum(counts.get("model_error", 0) for counts in verdicts.values())
+    if calls:
+        parts.append(Text(f"{calls} model call{'s' if calls != 1 else ''} failed: not judged, and in a search "
+                          "the conversation stops there (kgen attempts --verdict model_error lists them)", style="red"))
     if not wide:
         parts.append(Text("kgen attempts --run latest lists each attempt; --wide adds columns"))
     return parts + [usage]

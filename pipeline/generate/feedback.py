@@ -55,6 +55,47 @@ FLAGS: dict[Flag, str] = {
 }
 
 
+# An error as the model and `kgen attempts` see it: its reason and the lines that explain it, bounded.
+ERROR_LINES = 24
+ERROR_CHARS = 3000
+_EXPLAINED = (Verdict.runtime_error, Verdict.load_failed)
+
+
+def explain_error(error: str | None, detail: str | None) -> str | None:
+    """`error` (one line: where it failed and the exception's first line) with what the traceback in
+    `detail` adds: the candidate's last frame and the rest of the exception's message (a TypeError's
+    list of the argument types a function accepts, say), at most ERROR_LINES lines and ERROR_CHARS
+    characters. Without a traceback, `error` as it is."""
+    if not error or not detail:
+        return error
+    lines = detail.rstrip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    if not frames:
+        return error
+    body = frames[-1] + 1
+    while body < len(lines) and (lines[body].startswith("    ") or not lines[body].strip()):
+        body += 1  # the frame's source line and its ^^^ marks
+    message = [line.rstrip() for line in lines[body:] if line.strip()]
+    if not message:
+        return error
+    where = [line.strip() for line in lines[frames[-1]:body] if line.strip() and set(line.strip()) - set("^~ ")]
+    if message[0].strip() and message[0].strip()[:200] in error:
+        message = message[1:]  # the first line is the error's own
+    extra = ["at " + " | ".join(where)] + message
+    if len(extra) > ERROR_LINES:
+        extra = extra[:ERROR_LINES - 1] + [f"... ({len(extra) - ERROR_LINES + 1} more lines)"]
+    text = "\n".join([error] + extra)
+    return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS - 4] + " ..."
+
+
+def explained(result: EvalResult) -> EvalResult:
+    """The result with its error explained (explain_error) where it failed in the candidate's code."""
+    if result.verdict not in _EXPLAINED:
+        return result
+    error = explain_error(result.error, result.detail)
+    return result if error == result.error else result.model_copy(update={"error": error})
+
+
 class TimingView(Record):
     """The numbers of a correct attempt, rounded for a prompt."""
 

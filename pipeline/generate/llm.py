@@ -3,9 +3,14 @@
     provider = make_provider(model_cfg, cfg.base_dir)
     completion = await provider.complete(ChatRequest(task=..., backend="cuda", messages=..., sample=0))
 
-A provider never raises for a failed call: the Completion carries the error, so one bad
-request cannot stop a batch. Misconfiguration (a missing key, a broken replay file) raises
-ProviderError when the provider is built, before any request is sent.
+A provider never raises for a failed call: the Completion carries the error, one line naming
+the endpoint and the cause, so one bad request cannot stop a batch; `transient(error)` says whether
+asking again may answer (a connection refused, a hung or overloaded server). Misconfiguration (a
+missing key, a broken replay file) raises ProviderError when the provider is built, before any
+request is sent.
+
+The openai provider streams: a server that sends nothing for `idle_timeout_s` (before the first
+chunk or between two) is given up as hung, long before `timeout_s`, which bounds the whole answer.
 """
 
 from __future__ import annotations
@@ -23,6 +28,21 @@ from pydantic import Field, ValidationError
 
 from pipeline.config import ModelConfig
 from pipeline.records import Backend, Completion, Record, Usage
+
+
+# The failures that say nothing about the request itself: asking again later may be answered.
+TRANSIENT = ("APIConnectionError", "APITimeoutError", "InternalServerError", "RateLimitError", "TimeoutError",
+             "ConflictError")
+ERROR_CAP = 400  # characters of a server's error body kept in the one-line error
+
+
+def transient(error: str | None) -> bool:
+    """Whether a failed call's stored error (Completion.error) is one that asking again may cure."""
+    return bool(error) and error.split(":", 1)[0] in TRANSIENT
+
+
+def _one_line(text: str, cap: int = ERROR_CAP) -> str:
+    return " ".join(str(text).split())[:cap]
 
 
 class ProviderError(ValueError):
@@ -77,12 +97,41 @@ class OpenAIProvider:
         # inside the running loop, and made again if the provider is reused under a new one.
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._client is None or self._semaphore is None:
+            idle = min(self.cfg.idle_timeout_s, self.cfg.timeout_s)
+            # read: the longest silence between two chunks of the stream (or before the first).
             self._client = openai.AsyncOpenAI(
-                base_url=self.cfg.base_url, api_key=self._api_key,
-                max_retries=self.cfg.max_retries, timeout=self.cfg.timeout_s)
+                base_url=self.cfg.base_url, api_key=self._api_key, max_retries=self.cfg.max_retries,
+                timeout=openai.Timeout(self.cfg.timeout_s, connect=min(idle, 30.0), read=idle, write=idle))
             self._semaphore = asyncio.Semaphore(self.cfg.max_concurrency)
             self._loop = loop
         return self._client, self._semaphore
+
+    def _error(self, exc: BaseException) -> str:
+        """One line: the error's kind, the endpoint, and the cause (the server's words, or the
+        connection's failure under the SDK's "Connection error.")."""
+        if isinstance(exc, asyncio.TimeoutError):
+            return (f"TimeoutError: {self.cfg.base_url}: no complete answer within timeout_s "
+                    f"({self.cfg.timeout_s:g} s)")
+        name = type(exc).__name__
+        if isinstance(exc, openai.APITimeoutError):
+            cause = (f"nothing received for {min(self.cfg.idle_timeout_s, self.cfg.timeout_s):g} s "
+                     "(idle_timeout_s): the server is hung or too slow to start answering")
+        elif isinstance(exc, openai.APIError):
+            cause = exc.message
+            if isinstance(exc, openai.APIConnectionError):
+                chain, inner = [], exc.__cause__ or exc.__context__
+                while inner is not None and len(chain) < 8:  # the transport's words, down to the socket's
+                    chain.append(inner)
+                    inner = inner.__cause__ or inner.__context__
+                causes: list[str] = []
+                for e in chain[:1] + chain[-1:]:
+                    said = _one_line(e, 200)
+                    if not any(said in c for c in causes):
+                        causes.append(f"{type(e).__name__}: {said or 'no detail'}")
+                cause += f" ({'; '.join(causes)})" if causes else ""
+        else:
+            cause = str(exc) or "no detail"
+        return f"{name}: {self.cfg.base_url}: {_one_line(cause)}"
 
     async def complete(self, request: ChatRequest) -> Completion:
         client, semaphore = self._bound()
@@ -90,26 +139,34 @@ class OpenAIProvider:
             # Timed inside the semaphore: queueing behind our own requests is not the server's time.
             start = time.perf_counter()
             try:
-                response = await client.chat.completions.create(
-                    model=self.cfg.model, messages=request.messages,  # type: ignore[arg-type]
-                    **self._sampling)
-            except openai.APIError as exc:
-                return Completion(error=f"{type(exc).__name__}: {exc.message}",
-                                  seconds=time.perf_counter() - start)
-            seconds = time.perf_counter() - start
-        if not response.choices:
-            return Completion(error="EmptyResponse: the server returned no choices",
-                              model_id=response.model or "", usage=_usage(response.usage),
-                              seconds=seconds)
-        choice = response.choices[0]
-        return Completion(
-            text=choice.message.content or "",
-            reasoning=self._reasoning(choice.message),
-            usage=_usage(response.usage),
-            model_id=response.model or "",
-            finish_reason=choice.finish_reason,
-            seconds=seconds,
-        )
+                return await asyncio.wait_for(self._stream(client, request, start), self.cfg.timeout_s)
+            except (openai.OpenAIError, asyncio.TimeoutError, OSError) as exc:
+                return Completion(error=self._error(exc), seconds=time.perf_counter() - start)
+
+    async def _stream(self, client: openai.AsyncOpenAI, request: ChatRequest, start: float) -> Completion:
+        stream = await client.chat.completions.create(
+            model=self.cfg.model, messages=request.messages,  # type: ignore[arg-type]
+            stream=True, stream_options={"include_usage": True}, **self._sampling)
+        text: list[str] = []
+        reasoning: list[str] = []
+        usage = model_id = finish_reason = None
+        chosen = False
+        async with stream:
+            async for chunk in stream:
+                model_id = chunk.model or model_id
+                usage = chunk.usage or usage
+                for choice in chunk.choices[:1] if chunk.choices and chunk.choices[0].index == 0 else []:
+                    chosen = True
+                    if choice.delta is not None:
+                        text.append(choice.delta.content or "")
+                        reasoning.append(self._reasoning(choice.delta) or "")
+                    finish_reason = choice.finish_reason or finish_reason
+        seconds = time.perf_counter() - start
+        if not chosen:
+            return Completion(error=f"EmptyResponse: {self.cfg.base_url}: the server returned no choices",
+                              model_id=model_id or "", usage=_usage(usage), seconds=seconds)
+        return Completion(text="".join(text), reasoning="".join(reasoning) or None, usage=_usage(usage),
+                          model_id=model_id or "", finish_reason=finish_reason, seconds=seconds)
 
     @classmethod
     def _reasoning(cls, message: Any) -> str | None:

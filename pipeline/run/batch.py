@@ -22,7 +22,7 @@ from .. import backends, sandbox
 from ..build import build as build_stage
 from ..child import sizes, tasks
 from ..config import Config, ModelConfig
-from ..generate import diagnostics, extract, prompts
+from ..generate import diagnostics, extract, feedback, llm, prompts
 from ..generate.llm import ChatRequest, Provider, make_provider
 from ..judge.bench import TaskBench, baseline_key
 from ..records import BuildResult, EvalResult, Provenance, Verdict
@@ -107,6 +107,8 @@ class Runner:
         self.spent_tokens = 0
         self.spent_usd = 0.0
         self.over_budget = 0
+        self.retry_errors = False
+        self.failed_calls: list[str] = []  # the errors of this run's stored failed model calls, at its end
         self.model_slots = {m.name: asyncio.Semaphore(m.max_concurrency) for m in cfg.models}
 
     async def run(self, fresh: bool = False, retry_errors: bool = False) -> str:
@@ -123,6 +125,7 @@ class Runner:
         else:
             self.store.resume_run(run_id)
         self.run_id = run_id
+        self.retry_errors = retry_errors
         done = self.store.attempt_slots(run_id)
         redo = self._redo(run_id, retry_errors)
         todo = [s for s in self.slots if s.key not in done or s.key in redo]
@@ -153,7 +156,9 @@ class Runner:
             for pending in self.benches.values():
                 _close_bench(pending)
         failures = [r for r in results if isinstance(r, BaseException)]
-        status = "failed" if failures else "budget_reached" if self.over_budget else "done"
+        self.failed_calls = [a["error"] or "" for a in self.store.attempts(run=run_id, verdict=Verdict.model_error)]
+        status = ("failed" if failures else "budget_reached" if self.over_budget
+                  else "model_errors" if self.failed_calls else "done")
         self.store.finish_run(run_id, status)
         if failures:
             first = failures[0]
@@ -168,14 +173,16 @@ class Runner:
                     or (b.max_usd is not None and self.spent_usd >= b.max_usd))
 
     def _redo(self, run_id: str, retry_errors: bool) -> set[tuple]:
-        """Stored slots to do again: model errors when asked, slots that waited for a GPU we now have,
-        and correct ones whose device was not fit to time them (re-timed; still unfit, still marked)."""
+        """Stored slots to do again: failed model calls (all when asked, else those a transient failure
+        stopped: a server down or hung), slots that waited for a GPU we now have, and correct ones
+        whose device was not fit to time them (re-timed; still unfit, still marked)."""
         again = {Verdict.waiting_gpu.value} if self.gpu and self.backend == "cuda" else set()
         if retry_errors:
             again.add(Verdict.model_error.value)
         return {(a["task"], a["model"], a["template"], a["sample"], a["backend"])
                 for a in self.store.attempts(run=run_id)
-                if a["verdict"] in again or (a["verdict"] == Verdict.correct.value and a.get("device_unfit"))}
+                if a["verdict"] in again or (a["verdict"] == Verdict.correct.value and a.get("device_unfit"))
+                or (a["verdict"] == Verdict.model_error.value and llm.transient(a["error"]))}
 
     async def _attempt(self, slot: Slot) -> None:
         """A single-shot slot: the plain prompt, one answer, one verdict."""
@@ -221,9 +228,10 @@ class Runner:
 
     async def generate(self, slot: Slot, prompt_id: str, messages: list[dict[str, str]]) -> Answer | None:
         """The model's answer to `messages`, from the cache when these exact messages were answered
-        before (a resumed run repeats no call); None when the budget is spent."""
+        before in this run (a resumed run repeats no call; a new one, --new, asks afresh); None when
+        the budget is spent."""
         key = cache_key(slot.model, messages, slot.sample, slot.backend, slot.task.name, slot.turn)
-        cached = self.store.cached_completion(key)
+        cached = self.store.cached_completion(key, self.run_id)
         if cached:
             self.on_event(Cached(slot, cached[1]))
             return Answer(cached[0], cached[1], messages)
@@ -272,6 +280,7 @@ class Runner:
         # share their secrets (pipeline.judge.bench.Draws).
         result = await self.executor.evaluate(bench, code_path, Path(built.build_dir), self.cfg.evaluation,
                                               draw=f"turn {slot.turn}, generation {slot.generation}")
+        result = feedback.explained(result)  # the lines that say why, for the model and the error column
         self.on_event(Evaluated(slot, result))
         if result.device_unfit:
             self.on_event(Unfit(slot, result.device_unfit))

@@ -9,6 +9,12 @@ shows one to three parents from the task's archive (its correct, trusted, timed 
 child that fails gets `fix_turns` refine turns. Every turn is an attempt judged by the same
 evaluator and stored with its turn, generation, parents and the exact messages sent.
 
+A failed model call is not a turn: it is stored (a model_error attempt, no feedback, so the run
+reports it) and its conversation stops there; an evolution stops after that generation, whose
+archive the next one needs. A resume with --retry-errors, or a plain resume where the failure was
+transient (pipeline.generate.llm.transient), cuts the conversation at the failed turn and asks it
+again: the new verdict replaces the failed turn's row (the failed call stays in completions).
+
 Resume: a conversation is rebuilt from its stored turns (their completions and the feedback stored
 with them), so the messages of the next turn are the ones sent before a kill, and the model call is
 answered from the completions cache; a stored turn is never judged again. Parents are chosen by a
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..config import Config, Target
-from ..generate import extract, feedback
+from ..generate import extract, feedback, llm
 from ..records import Verdict, summary_fields
 from ..store.store import Store
 
@@ -39,6 +45,8 @@ class Driver(Protocol):
     cfg: Config
     store: Store
     run_id: str
+    retry_errors: bool
+    """Whether stored failed model calls are asked again (else only transient ones are)."""
     on_event: Callable[[Event], None]
 
     def first_prompt(self, slot: Slot, text: str | None = None) -> tuple[str, list[dict[str, str]]]: ...
@@ -74,7 +82,7 @@ def answer_text(text: str | None) -> str:
     found = extract.extract(text or "")
     if found.code:
         return f"```python\n{found.code.strip()}\n```"
-    return (text or "(no answer)")[:ANSWER_CAP]
+    return (text or "(an empty answer)")[:ANSWER_CAP]
 
 
 def turn_summary(turn: int, row: dict[str, Any]) -> str:
@@ -110,8 +118,9 @@ def reached(target: Target, row: dict[str, Any]) -> bool:
 
 
 async def converse(runner: Driver, slot: Slot, prompt_id: str, first: list[dict[str, str]], max_turns: int,
-                   done: Callable[[dict[str, Any]], bool], parents: list[str] | None = None) -> None:
-    """One conversation: turns from where the store left it until `done` says so or turns run out."""
+                   done: Callable[[dict[str, Any]], bool], parents: list[str] | None = None) -> bool:
+    """One conversation: turns from where the store left it until `done` says so or turns run out.
+    False when it stopped at a failed model call (stored, or one a resume leaves as it is)."""
     cfg = runner.cfg.search
     prompts_dir = runner.cfg.path(runner.cfg.prompts_dir)
     stored = runner.store.slot_history(runner.run_id, slot.task.name, slot.model.name, slot.template, slot.sample,
@@ -119,8 +128,14 @@ async def converse(runner: Driver, slot: Slot, prompt_id: str, first: list[dict[
     exchanges: list[Exchange] = []
     previous: str | None = None
     for row in stored[:max_turns]:
+        if row["verdict"] == Verdict.model_error.value:
+            # Asked again from here (each new verdict replaces the stored row of its turn), or the
+            # turn the conversation stays stopped at.
+            if runner.retry_errors or llm.transient(row["error"]):
+                break
+            return False
         if done(row) or row["feedback"] is None:
-            return
+            return True
         exchanges.append(Exchange(answer_text(row["completion_text"]), row["feedback"], turn_summary(row["turn"], row)))
         previous = row["id"]
     for turn in range(len(exchanges), max_turns):
@@ -128,16 +143,20 @@ async def converse(runner: Driver, slot: Slot, prompt_id: str, first: list[dict[
         runner.on_event(Planned(now))
         answer = await runner.generate(now, prompt_id, messages_for(first, exchanges, cfg.keep_turns))
         if answer is None:
-            return  # the budget is spent: a later run with a larger one resumes here
+            return True  # the budget is spent: a later run with a larger one resumes here
         judged = await runner.judge(now, answer)
+        lineage = ([previous] if previous else []) + ((parents or []) if turn == 0 else [])
+        if judged.result.verdict is Verdict.model_error:  # no answer to judge or to tell the model about
+            runner.store_attempt(now, answer, judged, parents=lineage)
+            return False
         text = feedback.render(cfg.feedback_template, prompts_dir, judged.result, judged.diagnostics,
                                turn=turn, max_turns=max_turns)
-        lineage = ([previous] if previous else []) + ((parents or []) if turn == 0 else [])
         row = summary_fields(judged.result)  # the figures a stored row has, for `done` and the summary line
         previous = runner.store_attempt(now, answer, judged, parents=lineage, feedback=text)
         if done(row):
-            return
+            return True
         exchanges.append(Exchange(answer_text(answer.completion.text), text, turn_summary(turn, row)))
+    return True
 
 
 async def refine(runner: Driver, slot: Slot) -> None:
@@ -178,7 +197,8 @@ async def evolve(runner: Driver, base: Slot) -> None:
                 prompt_id, first = runner.first_prompt(child)
             children.append(converse(runner, child, prompt_id, first, 1 + cfg.fix_turns, fixed,
                                      [p["id"] for p in parents]))
-        await asyncio.gather(*children)
+        if not all(await asyncio.gather(*children)):
+            return  # a child's model call failed: the next generation waits for its archive (a resume)
 
 
 def work(runner: Driver, slots: list[Slot]) -> list[Coroutine[Any, Any, None]]:

@@ -20,6 +20,7 @@ from .. import backends, bundled
 from ..build import build as build_stage
 from ..child import HARNESS, memory, sizes, tasks
 from ..config import Config, EvalConfig
+from ..generate import feedback
 from ..judge import evaluate, health
 from ..judge.bench import device_for, measure_baselines, open_bench
 from ..judge.bench import TaskBench
@@ -259,6 +260,7 @@ def _judge_file(job: FileJob, db_path: Path | None, spares: Spares | None,
         # The whole command's stages, not only the child's: the build (or finding it stored), the
         # reference process's start-up (beside the build, so not part of the sum) and baselines,
         # then the evaluation's own phases.
+        result = feedback.explained(result)  # the traceback's lines that say why (pipeline.generate.feedback)
         result = result.model_copy(update={"phases": {"build": round(prepared - started, 2),
                                                       **{f"reference_{k}": v for k, v in bench.phases.items()},
                                                       **result.phases}})

@@ -301,14 +301,14 @@ class Store(StoreQueries):
         return completion_id
 
     @_locked
-    def cached_completion(self, cache_key: str) -> tuple[str, Completion] | None:
-        # A failed call says nothing about what the model would answer, so only answers
-        # that arrived are reused.
-        row = self._one(
-            "SELECT * FROM completions WHERE cache_key = ? AND error IS NULL "
-            "ORDER BY created_utc DESC, id DESC LIMIT 1",
-            [cache_key],
-        )
+    def cached_completion(self, cache_key: str, run_id: str | None = None) -> tuple[str, Completion] | None:
+        """The newest answer stored under `cache_key` (only in run `run_id`, where given: a resume
+        reuses what it paid for, a new run draws new answers). A failed call says nothing about what
+        the model would answer, so only answers that arrived are reused."""
+        where, params = "cache_key = ? AND error IS NULL", [cache_key]
+        if run_id is not None:
+            where, params = where + " AND run_id = ?", params + [run_id]
+        row = self._one(f"SELECT * FROM completions WHERE {where} ORDER BY created_utc DESC, id DESC LIMIT 1", params)
         return (row["id"], _completion(row)) if row else None
 
     # builds
