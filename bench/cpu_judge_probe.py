@@ -7,7 +7,7 @@ CANDIDATE: a file under tests/redteam (honest_fast_mse.py, honest_cpp.py, omp_al
 gradient), or `forge-F`: tests/redteam/forged_time_blocks.py at FACTOR F (torch's mse, gradient mode too). mse at the
 tests' "small" size, the red team's settings. Each line: the verdict, the recorded and the claimed
 (less what load took) times against the parent's estimate, the speedup over eager, whether it was
-judged twice (`*`), and the run-queue wait the parent saw. For issue 27 items 6-8 (docs/benchmarks.md).
+judged twice (`*`), and the run-queue wait the parent saw. Its latest figures: docs/validation.md.
 """
 
 from __future__ import annotations

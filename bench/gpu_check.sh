@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the H100 must show, in one call on the device machine (see docs/benchmarks.md):
+# Everything a GPU must show, in one call on the device machine (what holds now: docs/validation.md):
 #   STEP=known  the known kernels (bench/gpu_known.py), at a call's start and end: they must agree
 #   STEP=tests  the CUDA red team (tests/test_gpu.py) and honest references on every task (tests/test_honest.py)
 #   STEP=runA / runB  `kgen run -c config-h100.yaml` into db/h100-A.db or -B.db (fresh baselines each)
@@ -14,17 +14,12 @@
 #   STEP=evalwall  `kgen eval` wall time of one demo kernel: building, cached, cached with torch.compile's cache
 #               emptied (as before the cache was kept), cached again; EVALWALL_PASSES may add served1,
 #               served2, ...: judged by a `kgen serve` started before the first of them
-#   STEP=nvcc   where a CUDA build's seconds go: nvcc's phases, g++ on main.cpp (gpu_probe_nvcc.py)
 #   STEP=grad   forward-plus-backward kernels (fixtures/grad/) in gradient mode, float32 and bfloat16, and a
 #               training loop through pipeline.library against plain PyTorch (bench/gpu_grad.py)
 #   STEP=triton the Triton backend's red team compiled by Triton's JIT on the GPU (tests/test_triton.py)
-#   STEP=ray    unpack the carried Ray (.ray/, see docs/benchmarks.md) and start it once
+#   STEP=ray    unpack the carried Ray (.ray/, made by bench/pack_ray.sh) and start it once
 #   STEP=lanes  config-batch.yaml's distinct candidates, pass by pass (LANE_PASSES: cold, local1, local2,
 #               ray1, ray2: executor and GPUs), each GPU's utilisation sampled; bench/gpu_lanes.py
-#   STEP=probe  eager and torch.compile baselines under several timing protocols (gpu_probe_compile.py)
-#   STEP=probes the one-off probes PROBES names, comma-separated, each with its arguments
-#               (PROBES="probe_null_play.py,probe_expect.py mse cosine"), into probes.log
-#   STEP=noise  run-to-run variance of a copy, eager and compiled references, with GPU clocks sampled
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
 OUT=${OUT:-/tmp/kgen-out}; mkdir -p "$OUT"
@@ -107,7 +102,6 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
            { echo "== $pass"; cat "/tmp/evalwall-$pass.json"; } >> "$OUT/evalwall-json.txt"
          done
          [ -n "${srv:-}" ] && { kill $srv; wait $srv; srv=; } ;;
-    nvcc) timeout ${PROBE_LIMIT:-300} python3 bench/gpu_probe_nvcc.py 2>&1 | tee "$OUT/probe_nvcc.log" | grep -v "^$" ;;
     triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/triton.log" \
               | grep -E "TRITON|passed|failed|Error" ;;
     compare) python3 bench/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
@@ -123,22 +117,8 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
     run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100.yaml ${RUN_ARGS:-} 2>&1 | tee "$OUT/run.log" | tail -40
          kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"
          cp db/h100.db "$OUT/h100.db" ;;
-    probes) IFS=, read -ra probes <<< "${PROBES:-}"
-         for p in "${probes[@]}"; do
-           echo "== $p" >> "$OUT/probes.log"
-           timeout ${PROBE_LIMIT:-120} python3 bench/$p 2>&1 | tee -a "$OUT/probes.log" | grep -E "PROBE|NULLPLAY|WARM|Error"
-         done ;;
     bench) python3 bench/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;
-    probe2) timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_timing.py 2>&1 | tee "$OUT/probe2.log" ;;
-    ab) python3 bench/gpu_profiler_ab.py 2>&1 | tee "$OUT/ab.log" ;;
-    probe3) timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_refill.py 2>&1 | tee "$OUT/probe3.log" ;;
-    probe) timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_compile.py 2>&1 | tee "$OUT/probe.log" ;;
     library) python3 bench/gpu_library.py 2>&1 | tee "$OUT/library.log" ;;
-    noise) nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
-             --format=csv,noheader -lms 200 > "$OUT/clocks.csv" &
-           smi=$!
-           timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_noise.py 2>&1 | tee "$OUT/noise.log" | tail -45
-           kill $smi ;;
     batch) nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util.csv" &
            smi=$!
            start=$(date +%s)

@@ -119,7 +119,7 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
         for folder, names in sorted(_blockers([*read, *write]).items(), key=lambda kv: len(kv[0])):
             masks.append((folder, "0711", sorted(names)))
     # On a GPU its own /proc entry is writable: the CUDA driver writes there as it starts (and fails
-    # with error 304 where it cannot: bench/probe_jail_cuda.py, docs/benchmarks.md); it is the
+    # with error 304 where it cannot: docs/decisions/measurement-notebook.md); it is the
     # process's own, and nothing there reaches another process.
     return {"rules": rules, "uid": uid, "netns": True, "memlock": True, "masks": masks,
             "own_proc": "write" if gpu else "read",

@@ -19,7 +19,7 @@ PR_SET_PDEATHSIG = 1
 def die_with_parent() -> None:
     """SIGKILL this process when the kgen process that started it dies, however it dies. Without it a
     killed `kgen` (a timeout, kill -9) left its reference processes and a running child behind on
-    the H100, holding GPU memory and a context beside every later run (docs/benchmarks.md)."""
+    the H100, holding GPU memory and a context beside every later run (docs/decisions/measurement-notebook.md)."""
     import ctypes
 
     parent = os.getppid()
