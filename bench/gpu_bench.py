@@ -15,7 +15,7 @@ from pipeline.child import HARNESS, tasks
 from pipeline.config import load_config
 from pipeline.store.store import Store
 
-cfg = load_config("config-h100.yaml")
+cfg = load_config("examples/config-h100.yaml")
 store = Store.open(cfg.path(cfg.database))
 rows = []
 spares = Spares(HARNESS, ["eval"])  # as a GPU lane of `kgen run` does

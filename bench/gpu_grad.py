@@ -48,7 +48,7 @@ def main() -> int:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--tasks", default="mse,huber,hinge")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--config", default="config-h100.yaml")
+    ap.add_argument("--config", default="examples/config-h100.yaml")
     ap.add_argument("--db", default=None)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=7)

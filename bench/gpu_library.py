@@ -17,7 +17,7 @@ from pipeline.leaderboard import best_rows
 from pipeline.store.store import Store
 from pipeline.child.timing import Clock
 
-cfg = load_config("config-h100.yaml")
+cfg = load_config("examples/config-h100.yaml")
 db = cfg.path(cfg.database)
 store = Store.open(db)
 clock = Clock("cuda")
