@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import torch
 
-from pipeline.judge import evaluate
 from pipeline.judge.bench import timed_count
 from pipeline import library
 from pipeline.child import tasks, timing
