@@ -13,7 +13,24 @@ def pytest_configure(config):
         os.environ["KGEN_CPU_CORES"] = str(cores[int(worker[2:]) % len(cores)])
 
 
+# The test files that judge real candidates many times over (each a jailed child and a reference
+# process, minutes of a 2-core box), build C++ extensions or install a wheel. Every other test, unless
+# marked gpu or slow, is `fast`: `python -m pytest -m fast -n 2` is a maintainer's loop of a few
+# minutes; CI runs them all.
+SLOW_FILES = frozenset({
+    "test_big_output.py", "test_cpu_outputs.py", "test_grad.py", "test_headers.py", "test_health.py",
+    "test_honest.py", "test_kb_sweep.py", "test_library.py", "test_redteam.py", "test_run.py",
+    "test_sandbox_threads.py", "test_search.py", "test_serve.py", "test_timing.py", "test_triton.py",
+    "test_wheel.py",
+})
+
+
 def pytest_collection_modifyitems(config, items):
+    fast = pytest.mark.fast
+    for item in items:
+        if item.path.name not in SLOW_FILES and "gpu" not in item.keywords and "slow" not in item.keywords:
+            item.add_marker(fast)
+
     import torch
 
     if torch.cuda.is_available():
