@@ -9,7 +9,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-BUNDLED = ["reference_tasks", "prompts", "fixtures", "config.yaml", "config-refine.yaml"]
+BUNDLED = ["reference_tasks", "prompts", "fixtures", "config.yaml", "examples/config-refine.yaml"]
 
 
 class BuildWithData(build_py):

@@ -7,7 +7,7 @@ CANDIDATE: a file under tests/redteam (honest_fast_mse.py, honest_cpp.py, omp_al
 gradient), or `forge-F`: tests/redteam/forged_time_blocks.py at FACTOR F (torch's mse, gradient mode too). mse at the
 tests' "small" size, the red team's settings. Each line: the verdict, the recorded and the claimed
 (less what load took) times against the parent's estimate, the speedup over eager, whether it was
-judged twice (`*`), and the run-queue wait the parent saw. For issue 27 items 6-8 (docs/benchmarks.md).
+judged twice (`*`), and the run-queue wait the parent saw. Its latest figures: docs/validation.md.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from pipeline.build import build
-from pipeline.judge import evaluate  # noqa: E402
-from pipeline.judge.bench import prepare
-from pipeline.child import tasks  # noqa: E402
 import test_redteam as R  # noqa: E402
 from forgers import forged_clock  # noqa: E402
+
+from pipeline.build import build
+from pipeline.child import tasks  # noqa: E402
+from pipeline.judge import evaluate  # noqa: E402
+from pipeline.judge.bench import prepare
 
 
 def spin(seconds: float) -> None:
@@ -75,7 +76,8 @@ def main() -> None:
     folder = R.TASKS if (R.TASKS / f"{args.task}.py").exists() else R.TEST_TASKS
     task = tasks.discover(folder, [args.task])[0]
     bench = prepare(task, args.size, "cpu", settings)
-    print(f"{args.candidate} task={args.task} load={args.load} grad={args.grad} loadavg={os.getloadavg()[0]:.2f} floor={bench.baselines.floor_ms:.4g} ms "
+    print(f"{args.candidate} task={args.task} load={args.load} grad={args.grad} loadavg={os.getloadavg()[0]:.2f} "
+          f"floor={bench.baselines.floor_ms:.4g} ms "
           f"({bench.baselines.bandwidth_gbs:.0f} GB/s) eager={bench.baselines.eager.median_ms:.4g} ms", flush=True)
     verdicts = []
     try:

@@ -1,21 +1,22 @@
 """Timing fidelity on the GPU: each task's best kernel of the H100 run evaluated EVALS times (default
 3), each time in a fresh reference process and a fresh candidate child with new seeds; prints the
-medians, the widest spread between any two of them, the number of timed calls, the baselines (also timed the common plain way, for comparison with shared numbers) and the
-GPU-seconds per attempt (build excluded), with the warm-start spare children a GPU lane uses."""
+medians, the widest spread between any two of them, the number of timed calls, the baselines (also
+timed the common plain way, for comparison with shared numbers) and the GPU-seconds per attempt
+(build excluded), with the warm-start spare children a GPU lane uses."""
 
 from __future__ import annotations
 
 import json
 import os
 
+from pipeline.child import HARNESS, tasks
+from pipeline.config import load_config
 from pipeline.judge import evaluate
 from pipeline.judge.bench import prepare
 from pipeline.sandbox.spares import Spares
-from pipeline.child import HARNESS, tasks
-from pipeline.config import load_config
 from pipeline.store.store import Store
 
-cfg = load_config("config-h100.yaml")
+cfg = load_config("examples/config-h100.yaml")
 store = Store.open(cfg.path(cfg.database))
 rows = []
 spares = Spares(HARNESS, ["eval"])  # as a GPU lane of `kgen run` does

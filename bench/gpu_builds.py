@@ -1,4 +1,4 @@
-"""Build seconds per candidate, one at a time and eight at once (issue 14; docs/benchmarks.md), by mode:
+"""Build seconds per candidate, one at a time and eight at once, by mode:
 `light` (kgen's route: the .cu against the light ATen header, nvcc's host and device steps side by
 side, main.cpp against the precompiled torch headers, each build's child started ahead with torch
 imported while the one before builds), `light-cold` (the same, each child started when its build

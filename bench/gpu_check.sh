@@ -1,30 +1,25 @@
 #!/usr/bin/env bash
-# Everything the H100 must show, in one call on the device machine (see docs/benchmarks.md):
+# Everything a GPU must show, in one call on the device machine (what holds now: docs/validation.md):
 #   STEP=known  the known kernels (bench/gpu_known.py), at a call's start and end: they must agree
 #   STEP=tests  the CUDA red team (tests/test_gpu.py) and honest references on every task (tests/test_honest.py)
-#   STEP=runA / runB  `kgen run -c config-h100.yaml` into db/h100-A.db or -B.db (fresh baselines each)
+#   STEP=runA / runB  `kgen run -c examples/config-h100-ab.yaml` into db/h100-A.db or -B.db (fresh baselines each)
 #   STEP=compare  runA against runB, attempt by attempt (bench/gpu_compare.py)
-#   STEP=refine  `kgen run -c config-refine.yaml` at KernelBench sizes on cuda, then per turn (search_turns.py)
-#   STEP=run    `kgen run -c config-h100.yaml` (KernelBench sizes, cuda backend; resumes if cut off)
+#   STEP=refine  `kgen run -c examples/config-refine.yaml` at KernelBench sizes on cuda, then per turn (search_turns.py)
+#   STEP=run    `kgen run -c examples/config-h100.yaml` (KernelBench sizes, cuda backend; resumes if cut off)
 #   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
 #   STEP=library  replayed kernels (pipeline.library) against the times the evaluator recorded
-#   STEP=batch  7 tasks x 8 samples (BATCH_CONFIG, default config-h100-batch.yaml) with GPU utilisation sampled
+#   STEP=batch  7 tasks x 8 samples (BATCH_CONFIG, default examples/config-h100-batch.yaml) with GPU utilisation sampled
 #   STEP=builds build seconds per candidate, plain against fast headers, alone and 8 at once (gpu_builds.py;
 #               carry .seeds with the seed completions' .txt files; BUILD_ARGS passes options)
 #   STEP=evalwall  `kgen eval` wall time of one demo kernel: building, cached, cached with torch.compile's cache
 #               emptied (as before the cache was kept), cached again; EVALWALL_PASSES may add served1,
 #               served2, ...: judged by a `kgen serve` started before the first of them
-#   STEP=nvcc   where a CUDA build's seconds go: nvcc's phases, g++ on main.cpp (gpu_probe_nvcc.py)
 #   STEP=grad   forward-plus-backward kernels (fixtures/grad/) in gradient mode, float32 and bfloat16, and a
 #               training loop through pipeline.library against plain PyTorch (bench/gpu_grad.py)
 #   STEP=triton the Triton backend's red team compiled by Triton's JIT on the GPU (tests/test_triton.py)
-#   STEP=ray    unpack the carried Ray (.ray/, see docs/benchmarks.md) and start it once
-#   STEP=lanes  config-batch.yaml's distinct candidates, pass by pass (LANE_PASSES: cold, local1, local2,
+#   STEP=ray    unpack the carried Ray (.ray/, made by bench/pack_ray.sh) and start it once
+#   STEP=lanes  examples/config-batch.yaml's distinct candidates, pass by pass (LANE_PASSES: cold, local1, local2,
 #               ray1, ray2: executor and GPUs), each GPU's utilisation sampled; bench/gpu_lanes.py
-#   STEP=probe  eager and torch.compile baselines under several timing protocols (gpu_probe_compile.py)
-#   STEP=probes the one-off probes PROBES names, comma-separated, each with its arguments
-#               (PROBES="probe_null_play.py,probe_expect.py mse cosine"), into probes.log
-#   STEP=noise  run-to-run variance of a copy, eager and compiled references, with GPU clocks sampled
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
 OUT=${OUT:-/tmp/kgen-out}; mkdir -p "$OUT"
@@ -46,9 +41,9 @@ for step in ${STEP:-tests run bench}; do
            && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .ray/*.whl
          python3 -c 'import ray; ray.init(include_dashboard=False, log_to_driver=False); print("RAY", ray.__version__, ray.cluster_resources()); ray.shutdown()' 2>&1 | tail -3 ;;
     lanes) all=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)
-         sed -e "s#^samples: 8#samples: ${LANE_SAMPLES:-4}#" config-batch.yaml > config-lanes-local.yaml
-         sed -e "s#^executor: local.*#executor: ray#" config-lanes-local.yaml > config-lanes-ray.yaml
-         sed -e "s#^samples: .*#samples: 1#" config-lanes-local.yaml > config-lanes-fail.yaml
+         sed -e "s#^samples: 8#samples: ${LANE_SAMPLES:-4}#" examples/config-batch.yaml > examples/_lanes-local.yaml
+         sed -e "s#^executor: local.*#executor: ray#" examples/_lanes-local.yaml > examples/_lanes-ray.yaml
+         sed -e "s#^samples: .*#samples: 1#" examples/_lanes-local.yaml > examples/_lanes-fail.yaml
          rm -f db/lanes-passes.txt
          for pass in ${LANE_PASSES:-cold local1 local2}; do
            hog=
@@ -63,7 +58,7 @@ while time.monotonic() < end: x = torch.tanh(x @ x); torch.cuda.synchronize()' &
            nvidia-smi --query-gpu=timestamp,index,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util-$pass.csv" &
            smi=$!
            start=$(date +%s)
-           CUDA_VISIBLE_DEVICES=$vis timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c "config-lanes-$ex.yaml" --new 2>&1 \
+           CUDA_VISIBLE_DEVICES=$vis timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c "examples/_lanes-$ex.yaml" --new 2>&1 \
              | tee "$OUT/lanes-$pass.log" | tail -6
            echo "LANEPASS $pass ($ex, GPUs $vis): $(( $(date +%s) - start )) s" | tee -a "$OUT/lanes.log"
            kill $smi ${hog}
@@ -72,13 +67,13 @@ while time.monotonic() < end: x = torch.tanh(x @ x); torch.cuda.synchronize()' &
          python3 bench/gpu_lanes.py db/batch.db "$OUT" $(cat db/lanes-passes.txt) 2>&1 | tee -a "$OUT/lanes.log"
          cp db/batch.db "$OUT/batch.db" ;;
     runA|runB) tag=${step#run}
-         sed "s#db/h100-ab.db#db/h100-$tag.db#" config-h100-ab.yaml > "config-h100-$tag.yaml"
-         timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c "config-h100-$tag.yaml" 2>&1 | tee "$OUT/run$tag.log" | tail -25
+         sed "s#db/h100-ab.db#db/h100-$tag.db#" examples/config-h100-ab.yaml > "examples/_h100-$tag.yaml"
+         timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c "examples/_h100-$tag.yaml" 2>&1 | tee "$OUT/run$tag.log" | tail -25
          cp "db/h100-$tag.db" "$OUT/h100-$tag.db" ;;
     refine) sed -e "s#^  size: small.*#  size: default#" -e "s#^backend: auto.*#backend: cuda#" \
-              -e "s#^database: db/kgen.db#database: db/h100-refine.db#" config-refine.yaml > config-h100-refine.yaml
+              -e "s#^database: ../db/kgen.db#database: ../db/h100-refine.db#" examples/config-refine.yaml > examples/_h100-refine.yaml
          start=$(date +%s)
-         timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100-refine.yaml 2>&1 | tee "$OUT/refine.log" | tail -25
+         timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c examples/_h100-refine.yaml 2>&1 | tee "$OUT/refine.log" | tail -25
          echo "refine wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/refine.log"
          python3 bench/search_turns.py db/h100-refine.db 2>&1 | tee "$OUT/refine_turns.log"
          cp db/h100-refine.db "$OUT/h100-refine.db" ;;
@@ -97,17 +92,16 @@ e = [json.loads(l) for l in open('fixtures/replay/demo.jsonl') if json.loads(l)[
 open('/tmp/cand_mse.py', 'w').write(extract.extract(e['text']).code)"
          for pass in ${EVALWALL_PASSES:-build cached cached-cold-compile-cache cached2}; do
            [ $pass = cached-cold-compile-cache ] && rm -rf ~/.cache/kgen/inductor ~/.cache/kgen/triton
-           case $pass in served*) [ -z "${srv:-}" ] && { kgen serve -c config-h100.yaml > "$OUT/serve.log" 2>&1 & srv=$!
+           case $pass in served*) [ -z "${srv:-}" ] && { kgen serve -c examples/config-h100.yaml > "$OUT/serve.log" 2>&1 & srv=$!
                until grep -q "kgen serve:" "$OUT/serve.log"; do sleep 0.2; done; } ;; esac
            s=$(date +%s%N)
            # One file for every pass: the device tool brings back at most 8 files from $OUT.
-           kgen eval /tmp/cand_mse.py --task mse --backend cuda --size default -c config-h100.yaml --json > "/tmp/evalwall-$pass.json" 2>&1
+           kgen eval /tmp/cand_mse.py --task mse --backend cuda --size default -c examples/config-h100.yaml --json > "/tmp/evalwall-$pass.json" 2>&1
            echo "EVALWALL $pass $(( ($(date +%s%N) - s) / 1000000 )) ms $(python3 -c "import json, sys
 t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]); print(d['verdict'], d.get('phases'))" "/tmp/evalwall-$pass.json" 2>&1 | tail -1)" | tee -a "$OUT/evalwall.log"
            { echo "== $pass"; cat "/tmp/evalwall-$pass.json"; } >> "$OUT/evalwall-json.txt"
          done
          [ -n "${srv:-}" ] && { kill $srv; wait $srv; srv=; } ;;
-    nvcc) timeout ${PROBE_LIMIT:-300} python3 bench/gpu_probe_nvcc.py 2>&1 | tee "$OUT/probe_nvcc.log" | grep -v "^$" ;;
     triton) timeout ${TEST_LIMIT:-420} python3 -m pytest -q -s tests/test_triton.py -rA ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/triton.log" \
               | grep -E "TRITON|passed|failed|Error" ;;
     compare) python3 bench/gpu_compare.py db/h100-A.db db/h100-B.db 2>&1 | tee "$OUT/compare.log" ;;
@@ -120,33 +114,19 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
              [ "${used:-0}" -lt 1024 ] && break; sleep 1
            done
            echo "after tests: ${used:-?} MiB used on the busiest GPU" | tee -a "$OUT/gpu_tests.log" ;;
-    run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c config-h100.yaml ${RUN_ARGS:-} 2>&1 | tee "$OUT/run.log" | tail -40
-         kgen attempts -c config-h100.yaml --json > "$OUT/attempts.jsonl"
+    run) timeout ${RUN_LIMIT:-540} python3 -m pipeline.cli run -c examples/config-h100.yaml ${RUN_ARGS:-} 2>&1 | tee "$OUT/run.log" | tail -40
+         kgen attempts -c examples/config-h100.yaml --json > "$OUT/attempts.jsonl"
          cp db/h100.db "$OUT/h100.db" ;;
-    probes) IFS=, read -ra probes <<< "${PROBES:-}"
-         for p in "${probes[@]}"; do
-           echo "== $p" >> "$OUT/probes.log"
-           timeout ${PROBE_LIMIT:-120} python3 bench/$p 2>&1 | tee -a "$OUT/probes.log" | grep -E "PROBE|NULLPLAY|WARM|Error"
-         done ;;
     bench) python3 bench/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;
-    probe2) timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_timing.py 2>&1 | tee "$OUT/probe2.log" ;;
-    ab) python3 bench/gpu_profiler_ab.py 2>&1 | tee "$OUT/ab.log" ;;
-    probe3) timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_refill.py 2>&1 | tee "$OUT/probe3.log" ;;
-    probe) timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_compile.py 2>&1 | tee "$OUT/probe.log" ;;
     library) python3 bench/gpu_library.py 2>&1 | tee "$OUT/library.log" ;;
-    noise) nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
-             --format=csv,noheader -lms 200 > "$OUT/clocks.csv" &
-           smi=$!
-           timeout ${PROBE_LIMIT:-400} python3 bench/gpu_probe_noise.py 2>&1 | tee "$OUT/noise.log" | tail -45
-           kill $smi ;;
     batch) nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util.csv" &
            smi=$!
            start=$(date +%s)
-           cfg=${BATCH_CONFIG:-config-h100-batch.yaml}
+           cfg=${BATCH_CONFIG:-examples/config-h100-batch.yaml}
            timeout ${BATCH_LIMIT:-540} python3 -m pipeline.cli run -c "$cfg" 2>&1 | tee "$OUT/batch.log" | tail -25
            echo "batch wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/batch.log"
            kill $smi
-           db=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['database'])" "$cfg")
+           db=$(python3 -c "import sys; from pipeline.config import load_config; c = load_config(sys.argv[1]); print(c.path(c.database))" "$cfg")
            python3 bench/batch_phases.py "$db" | tee -a "$OUT/batch.log"
            # sqlite's backup, not cp: a copy of the main file alone leaves out what is still in the WAL
            python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \

@@ -1,4 +1,4 @@
-"""Two `kgen run`s of config-h100.yaml on one machine, compared attempt by attempt (the replayed
+"""Two `kgen run`s of examples/config-h100-ab.yaml on one machine, compared attempt by attempt (the replayed
 completions are the same in both): each correct kernel's time and eager timed beside it, and how far
 the second run is from the first.
 

@@ -24,13 +24,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pipeline import library  # noqa: E402
 from pipeline.build import build
+from pipeline.child import tasks  # noqa: E402
+from pipeline.config import load_config  # noqa: E402
 from pipeline.judge import evaluate
 from pipeline.judge.bench import prepare
 from pipeline.records import Provenance  # noqa: E402
-from pipeline import library  # noqa: E402
-from pipeline.child import tasks  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
 from pipeline.store.store import Store  # noqa: E402
 
 SIZES = {"mse": "batch_size=2048,input_shape=(4096,)", "huber": "batch_size=2048,input_shape=(4096,)",
@@ -48,7 +48,7 @@ def main() -> int:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--tasks", default="mse,huber,hinge")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--config", default="config-h100.yaml")
+    ap.add_argument("--config", default="examples/config-h100.yaml")
     ap.add_argument("--db", default=None)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=7)
@@ -160,7 +160,7 @@ def train(t: str, dtype: str, args, db_path: Path, generated: Path, builds: Path
         ms, p_ref = loop(reference)
         ref_ms.append(ms)
     diff = ((p_lib.double() - p_ref.double()).abs().max() / p_ref.double().abs().max()).item()
-    ratios = sorted(r / l for l, r in zip(lib_ms, ref_ms))
+    ratios = sorted(r / lib for lib, r in zip(lib_ms, ref_ms))
     print(f"TRAIN {t} {dtype} size={size} kernel={loss_lib.entry.code_hash if loss_lib.entry else None} "
           f"backward_verified={bool(loss_lib.entry and loss_lib.entry.envelope.backward)} steps={args.steps} "
           f"library {statistics.median(lib_ms):.4g} ms/step ({min(lib_ms):.4g}-{max(lib_ms):.4g}) "

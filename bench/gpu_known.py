@@ -1,4 +1,4 @@
-"""The known kernels a device call measures at its start and end (docs/benchmarks.md): if the two
+"""The known kernels a device call measures at its start and end (docs/validation.md): if the two
 disagree by more than 2%, no number from that call is trusted. Each is timed with the evaluator's own
 clock (flushed, behind the hold, median of 30). Prints one JSON line.
 

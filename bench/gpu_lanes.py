@@ -1,4 +1,4 @@
-"""Passes of one batch (config-batch.yaml) on one GPU and on two, local and Ray (issue 17): per pass,
+"""Passes of one batch (examples/config-batch.yaml) on one GPU and on two, local and Ray (issue 17): per pass,
 attempts per hour and each GPU's busy fraction; then every pass against the first, attempt by
 attempt (the same completions): verdicts that differ, and how far the kernel's time moved.
 

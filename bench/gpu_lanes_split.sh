@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call that gives each GPU of a several-GPU machine its own job (docs/benchmarks.md, 21st
-# session): G0, G1, ... hold the command GPU 0, 1, ... runs (CUDA_VISIBLE_DEVICES set to it alone, OUT
+# One device call that gives each GPU of a several-GPU machine its own job:
+# G0, G1, ... hold the command GPU 0, 1, ... runs (CUDA_VISIBLE_DEVICES set to it alone, OUT
 # to its own folder), e.g. G0='STEP="known tests known" bash bench/gpu_check.sh'. A GPU without a
 # command idles. SWEEP_GPUS (e.g. "2,3") runs bench/kb_sweep.sh on those GPUs together, one lane each,
 # resuming from db/kb-sweep.db. The wheels are installed once, here, before any job starts (two

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import torch
 
-from pipeline.judge import evaluate
 from pipeline.judge.bench import timed_count
 from pipeline import library
 from pipeline.child import tasks, timing
@@ -17,7 +16,7 @@ from pipeline.leaderboard import best_rows
 from pipeline.store.store import Store
 from pipeline.child.timing import Clock
 
-cfg = load_config("config-h100.yaml")
+cfg = load_config("examples/config-h100.yaml")
 db = cfg.path(cfg.database)
 store = Store.open(db)
 clock = Clock("cuda")

@@ -42,7 +42,7 @@ if [ "$EXECUTOR" = ray ]; then  # the stripped Ray of bench/pack_ray.sh, as gpu_
 fi
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/device.txt"
-known() {  # the known kernels on every GPU: start and end must agree within 2% (docs/benchmarks.md)
+known() {  # the known kernels on every GPU: start and end must agree within 2% (docs/validation.md)
   for g in $(echo "${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)}" | tr , ' '); do
     CUDA_VISIBLE_DEVICES=$g python3 bench/gpu_known.py "$1 gpu$g" 2>&1 | tee -a "$OUT/known.log" | grep KNOWN
   done
@@ -61,7 +61,7 @@ rc=$?
 wall=$(( $(date +%s) - start ))
 kill $smi 2>/dev/null
 # carried into the next call, which resumes: sqlite's backup, since a copy of the main file leaves out
-# what is still in the WAL (the 21st session's first two calls came back empty that way)
+# what is still in the WAL (a plain cp once came back empty that way)
 python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" "$DB" "$OUT/$(basename "$DB")"
 after=$(python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('select count(*) from attempts').fetchone()[0])" "$DB")
 lanes=$(python3 -c 'from pipeline.run.executor import visible_gpus; print(len(visible_gpus()))')

@@ -5,7 +5,8 @@
 The conversation figures are kgen report's (pipeline.report.page.search_data: each conversation's best so
 far after the turn). Seconds are summed over the turn's attempts: the model call (completions.seconds,
 0 for a replayed answer), the build (builds.seconds, counted once, at the first attempt of its hash),
-the evaluation (the result's eval_seconds). Builds reused from an earlier run count nothing. Conversations run concurrently, so a turn's sums are work,
+the evaluation (the result's eval_seconds). Builds reused from an earlier run count nothing.
+Conversations run concurrently, so a turn's sums are work,
 not wall time; the run's wall time is printed last.
 """
 

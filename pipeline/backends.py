@@ -53,7 +53,7 @@ def interpreted(backend: str) -> bool:
 def fast_builds(backend: str, wanted: bool) -> bool:
     """Whether builds for `backend` use kgen's precompiled torch headers (pipeline.build.headers): a
     Triton candidate compiles no C++, so its builds need none, and a Triton batch on the H100
-    spent its first 34 s precompiling them (docs/benchmarks.md, tenth session)."""
+    spent its first 34 s precompiling them (docs/decisions/measurement-notebook.md, tenth session)."""
     return wanted and backend != "triton"
 
 

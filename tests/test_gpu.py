@@ -348,7 +348,7 @@ def test_a_clock_forged_to_half_is_refused_at_every_call_length(built, size):
     results = judge_in_turn(task, CALL_SIZES[size], "cuda", settings, codes, FORGE_ROUNDS, f"forward@{size}")
     # The rule: a forger is refused, or judged at a time within 1.3x of its honest twin's (the
     # one evaluated just before it). Once in 11 on the H200 the forger's clock claimed 8.4 us beside
-    # its twin's 9.7, not half, and the bound rightly let that claim through (docs/benchmarks.md).
+    # its twin's 9.7, not half, and the bound rightly let that claim through (docs/decisions/measurement-notebook.md).
     assert_refused_or_near_twin(results, honest_and_trusted)
 
 

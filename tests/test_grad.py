@@ -206,7 +206,7 @@ def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path, factor):
     at 35% + 10 us, while the null model wrote its gradients afresh each call (the estimate a quarter
     to a third low). With the null's results made once an input set (pipeline.child.grad.KeptNull)
     and 30% + 10 us: the half refused 8 of 8 and a clock forged to 0.6 10 of 10 on the idle 2-core box,
-    reading 0.41-0.64 of the estimate against an honest twin's 0.83-1.10 (docs/benchmarks.md, 35th
+    reading 0.41-0.64 of the estimate against an honest twin's 0.83-1.10 (docs/decisions/measurement-notebook.md, 35th
     session). Since the 36th, 30% + 3 us of the claim mixed as a Bound request mixes first and later
     calls (clocks.mixed_calls): the 0.6 refused 4 of 4."""
     code = tmp_path / "forged.py"

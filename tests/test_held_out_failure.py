@@ -1,5 +1,5 @@
 """An eager block the reference fails (or dies in) at a held-out size costs that size's timing, not
-the attempt. On the H100 batch (docs/benchmarks.md, eighteenth session, call 11) huber's reference
+the attempt. On the H100 batch (docs/decisions/measurement-notebook.md, eighteenth session, call 11) huber's reference
 failed there every attempt: the EvaluationError left pipeline.judge.evaluate, no attempt was judged or
 stored, and each next attempt waited about 17 s for a new reference process (210 s for eight)."""
 

@@ -1,7 +1,7 @@
 """The other half of a trustworthy verdict: honest code is not refused. The reference itself, as the
 candidate (`class ModelNew(Model)`), is judged correct on every bundled task at its short "odd" size,
 where what a request costs besides its calls weighs most against the parent's bound (the thirteenth
-session found mse refused there every time; docs/benchmarks.md)."""
+session found mse refused there every time; docs/decisions/measurement-notebook.md)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_the_reference_as_its_own_candidate_is_correct_in_gradient_mode(name, tm
     the child's draw and the reference's match on every checked call, trials, timed and Bound."""
     result = judge_the_reference(name, "odd", "cpu", tmp_path, SETTINGS.model_copy(update={"grad": True}))
     # The failed trial's worst element, for a flake seen twice on hinge's heavy trial and not yet
-    # explained (docs/benchmarks.md, twenty-ninth session): its index, expected and got.
+    # explained (docs/decisions/measurement-notebook.md, twenty-ninth session): its index, expected and got.
     failed = [(t.variant, t.worst_index, t.expected, t.got, t.max_rel_err) for t in result.trials if not t.ok]
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call, failed)
     assert result.grad

@@ -3,10 +3,10 @@ import json
 from pathlib import Path
 
 import pytest
-
 import time
 
 from chat_server import Drop, Failure, Hang, Reply, serve
+
 from pipeline.config import ModelConfig, Sampling
 from pipeline.generate.llm import ChatRequest, OpenAIProvider, ProviderError, ReplayProvider, make_provider, transient
 from pipeline.records import Completion
@@ -161,7 +161,7 @@ def test_concurrency_is_bounded_and_provider_survives_a_new_loop():
 
 
 def write_replay(path, lines):
-    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
 
 
 def replay_cfg(file: str = "replay.jsonl") -> ModelConfig:

@@ -738,7 +738,7 @@ def test_a_kernel_on_every_core_is_held_to_eager_s_threads(bench, honest_build, 
     its threads share that one core (unpinned on the 2-core box: 1.15x against its twin's 0.65x).
     What is asserted is the cores it could run on; the speedups are printed: two evaluations apart on
     a busy shared box (load 6) read 0.47x and 0.78x for the twin and this alike, so their ratio is
-    measured over ten runs each (bench/cpu_judge_probe.py, docs/benchmarks.md), not here."""
+    measured over ten runs each (bench/cpu_judge_probe.py, docs/decisions/measurement-notebook.md), not here."""
     code = REDTEAM / "omp_all_cores.py"
     built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], tmp_path / "builds",
                         build.BuildOptions(timeout_s=600))

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.child import tasks
+from pipeline.child.timing import calls_for
+from pipeline.config import EvalConfig, cache_root
 from pipeline.judge import clocks, evaluate
 from pipeline.judge.bench import open_bench, prepare
 from pipeline.judge.handover import close_all
-from pipeline.child import tasks
-from pipeline.config import EvalConfig, cache_root
 from pipeline.records import Verdict
-from pipeline.child.timing import calls_for
 
 ROOT = Path(__file__).resolve().parent.parent
 BAND = (0.5, 2.0)  # the speedup of a candidate that is eager's own ops (test_the_ratio_is_taken_side_by_side_...)
@@ -116,7 +116,8 @@ def test_the_ratio_is_taken_side_by_side_and_survives_a_loaded_machine(tmp_path)
     blocks; over 13 runs on the 2-core CI box, with one to three spinners a core, the ratios were
     0.92-1.05 idle and 0.78-1.05 loaded (the margin is for a slower CI machine; the issue's report
     was 0.07 against 11.6). The band was 0.6-1.6 until a CI run on a box shared with other work
-    (2026-11-29; its windows 74% run-queue waits in another test) read 1.64 and 1.62 in the "idle" pair. Three spinners a core also push the parent's lower bound on times past
+    (its windows 74% run-queue waits in another test) read 1.64 and 1.62 in the "idle" pair. Three
+    spinners a core also push the parent's lower bound on times past
     honest kernels at times (README), so the test loads the machine fully, not over.
 
     One CI run (2026-11-23) saw a loaded ratio of 1.93 once, never reproduced in 20 runs here; the

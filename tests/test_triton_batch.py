@@ -1,6 +1,6 @@
 """The Triton throughput batch (issue 14): fixtures/replay/batch_triton.jsonl holds 7 tasks x 8
 samples of honest Triton kernels, one text per sample, written by fixtures/replay/make_batch.py and
-run by config-batch-triton.yaml. These checks read the file only; the kernels themselves are judged
+run by examples/config-batch-triton.yaml. These checks read the file only; the kernels themselves are judged
 by `kgen eval --backend triton`: on Triton's interpreter one base kernel at the small size takes
 about 27 s even with the fewest trials and timed calls (mse, check_shapes off), past what one CI
 test may cost, so none is judged here (tests/test_triton.py judges a Triton kernel at the odd size)."""
@@ -82,10 +82,10 @@ def test_make_batch_writes_exactly_the_checked_in_files():
 
 
 def test_the_triton_batch_config_replays_one_distinct_kernel_per_sample(entries):
-    cfg = load_config(ROOT / "config-batch-triton.yaml")
+    cfg = load_config(ROOT / "examples" / "config-batch-triton.yaml")
     assert cfg.backend == "triton" and cfg.samples == 8 and cfg.tasks.size == "default"
-    assert cfg.database == "db/h100-triton.db"
-    provider = ReplayProvider(cfg.models[0], ROOT)
+    assert cfg.path(cfg.database).resolve() == ROOT / "db" / "h100-triton.db"
+    provider = ReplayProvider(cfg.models[0], cfg.base_dir)
 
     async def answers() -> list[str]:
         requests = [ChatRequest(task=task, backend="triton", messages=[{"role": "user", "content": "x"}], sample=i)

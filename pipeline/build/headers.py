@@ -69,7 +69,7 @@ TYPES_SHIM = """\
 
 # nvcc cannot read a g++ PCH, and what a .cu costs is ATen parsed three times (cudafe++, cicc, the
 # host compiler): the demo's mse .cu took 42 s with torch/types.h on the 2-core box, 117 s with
-# torch's own header (docs/benchmarks.md). torch/types.h brings every operator's header (ATen/
+# torch's own header (docs/decisions/measurement-notebook.md). torch/types.h brings every operator's header (ATen/
 # Functions.h); a kernel's host code calls a few factories and Tensor's methods. The light header is
 # Tensor (all its methods), the dispatch macros, the operators below and torch's own aliases (the
 # `namespace torch` block of the installed torch/types.h, copied). A .cu that needs more fails to

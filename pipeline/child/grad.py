@@ -157,7 +157,7 @@ class KeptNull:
     the null the estimate subtracts writes no output, which a candidate's call writes as its own work.
     Zeros made afresh each call put the estimate a quarter to a third low in gradient mode on the cpu
     (two 4 MB gradients a call of mse: a clock forged to 0.6 passed 5 of 5), at half on an H200's
-    16 MB add (a clock forged to half passed 2 of 2) (docs/benchmarks.md, 35th session), and at 0.6
+    16 MB add (a clock forged to half passed 2 of 2) (docs/decisions/measurement-notebook.md, 35th session), and at 0.6
     of the call on the cpu's 2048 x 2048 add in the forward (the half passed 3 of 3). The cpu's
     forward had kept them while its Bound requests held every output to the request's end: the
     candidate's fresh allocations cost faults a timed block's calls, which free each output, never

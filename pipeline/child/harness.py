@@ -317,7 +317,7 @@ class Evaluator:
         the null model's calibration measured and the candidate cannot do without. On the cpu each
         output goes to its slot as its call returns and is freed, as in a timed block: held to the
         request's end, each call's output took fresh pages (faults a timed call never pays), and an
-        honest 512 x 512 add's estimate read 1.6x its calls (docs/benchmarks.md, 36th session)."""
+        honest 512 x 512 add's estimate read 1.6x its calls (docs/decisions/measurement-notebook.md, 36th session)."""
         import torch
 
         if req.replays:

@@ -165,7 +165,7 @@ class Outbox:
         """Child side, on a GPU: page-lock the slots (cudaHostRegister), so outputs go off the device
         by DMA straight into them. A pageable copy goes through the driver's staging buffers; in
         gradient mode each call copies 32-64 MB inside the parent's Bound window, whose noise still
-        exceeded a 0.1 ms kernel in one H100 attempt of six (docs/benchmarks.md, tenth session). Every page
+        exceeded a 0.1 ms kernel in one H100 attempt of six (docs/decisions/measurement-notebook.md, tenth session). Every page
         is committed now, before any candidate code runs. False (and nothing pinned) if refused.
         Not yet measured on a GPU: the device time ran out the session it was written."""
         import ctypes
@@ -248,7 +248,7 @@ class Inbox:
         inputs just written, the child's own lines pushed out, as a timed block's refills leave them.
         Written from another core, the Bound calls met warmer caches than the timed ones: an honest
         add at 512 x 512 read 0.98-1.17 of the estimate and a clock forged to half passed 3 of 3,
-        against 0.96-1.04 and refused 4 of 4 written from the child's core (docs/benchmarks.md, 36th
+        against 0.96-1.04 and refused 4 of 4 written from the child's core (docs/decisions/measurement-notebook.md, 36th
         session). Where the cores cannot be taken, written from here."""
         before = os.sched_getaffinity(0)
         moved = False
@@ -311,7 +311,7 @@ def copy_quick(outbox: Outbox, slot: int, obj: Any) -> tuple | dict[str, Any]:
     them, copied byte for byte; what is kept is each part's shape, dtype and count (fields_of makes the
     header after the calls). Anything else goes through copy_out. copy_out cost 18-25 us a call there
     against 3 for this, more after a real call than after the null's: an honest 64 x 64 mse read 0.56
-    of the parent's window and was refused (docs/benchmarks.md, 40th session)."""
+    of the parent's window and was refused (docs/decisions/measurement-notebook.md, 40th session)."""
     tensor, grads, strided = _KINDS or _kinds()
     kind = type(obj)
     if kind is tensor:  # the common case in the fewest steps (5.7 us a call in the general form, 40th session)
@@ -380,7 +380,7 @@ def copy_out(outbox: Outbox, slot: int, obj: Any) -> dict[str, Any]:
     # buffer): widening 16M bf16 gradients to float64 cost tens of ms a call inside the parent's
     # Bound window, and a copy to a fresh host tensor, a cat and a write still took 36-70 ms a
     # call for 32-64 MB of gradients on the H100, noise that swamped 0.06 ms calls and refused
-    # honest kernels (docs/benchmarks.md, tenth session). The parent decodes them (PACKED_DTYPES).
+    # honest kernels (docs/decisions/measurement-notebook.md, tenth session). The parent decodes them (PACKED_DTYPES).
     if outbox.write_tensors(slot, parts):
         fields.update(written=True, packed=[str(p.dtype).removeprefix("torch.") for p in parts])
     return fields

@@ -35,7 +35,7 @@ def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> 
         if (found[-1]["total_us"] or 0) >= SHORT_SPAN_US:
             break
     # The median share: on the cpu a short call's span holds the gaps between its ops, and one
-    # preemption there can put a pure-PyTorch call under half (docs/benchmarks.md, 29th session).
+    # preemption there can put a pure-PyTorch call under half (docs/decisions/measurement-notebook.md, 29th session).
     return sorted(found, key=lambda f: f["torch_fraction"] or 0.0)[len(found) // 2]
 
 

@@ -148,7 +148,7 @@ class Arm(Message):
     """Gradient mode on inbox sets (cpu), untimed, right before the Bound request `index`: make its
     sets (views of the inbox, which the parent fills in its window) and draw each call's upstream
     gradient from `seeds`. Drawn inside the window, the draws cost 3 ms a call for a 512 x 512 output
-    against a 0.2 ms call, and the estimate said nothing (docs/benchmarks.md, 35th session). An
+    against a 0.2 ms call, and the estimate said nothing (docs/decisions/measurement-notebook.md, 35th session). An
     upstream known early buys a candidate nothing: the inputs come in the window, and a backward needs
     them. Answered with BoundReady."""
     op: Literal["arm"] = "arm"

@@ -27,7 +27,7 @@ flush's 60 us a replay would come off its estimate), so the replays do only what
 needs. The inputs are read cold without a flush: a set is rewritten a round ahead of its forward and
 the other sets' traffic in between takes it out of the L2 (`set_count`). A candidate that bent the
 harness's own rewrites to land just before its forward would read warm inputs and take the L2's
-speed-up off its estimate, no more: that is where these replays stood before (docs/benchmarks.md).
+speed-up off its estimate, no more: that is where these replays stood before (docs/decisions/measurement-notebook.md).
 
 The parent compares the digests of replays it chose in secret with the reference's (its float64
 output for the same inputs, `inputs_for`): a replay whose work was skipped has the wrong digest. A
@@ -56,7 +56,7 @@ def factors(factor_seed: int, replays: int) -> torch.Tensor:
     """The first `replays` replays' factors (float32, on the cpu): 1 +- AMPLITUDE, from the request's
     `play` seed, drawn in one call of a seeded generator. The table is made inside the parent's window:
     a Python draw per replay cost 6.3 ms of a 512-replay request's 17 on an H200 and 0.6 ms of jitter
-    (sd), while the graphs' device time varied by 0.01-0.03 ms (docs/benchmarks.md, thirtieth session)."""
+    (sd), while the graphs' device time varied by 0.01-0.03 ms (docs/decisions/measurement-notebook.md, thirtieth session)."""
     gen = torch.Generator()
     gen.manual_seed(factor_seed % (1 << 63))
     u = torch.rand(replays, generator=gen, dtype=torch.float64)
@@ -146,7 +146,7 @@ def _clean_capture(device: str) -> None:
 
 # Cold replays (2026-11-29). Rewriting a set's inputs right before its forward left them in the L2, and
 # graphs launched one replay at a time were bound by the host's launches: at 8-20 us a call an H200's
-# estimate read 0-3.3 us for an honest mse whose child claimed 8-10 (docs/benchmarks.md). Now a set is
+# estimate read 0-3.3 us for an honest mse whose child claimed 8-10 (docs/decisions/measurement-notebook.md). Now a set is
 # rewritten one round ahead of its forward, with enough sets that about COLD_L2 times the L2 is
 # touched in between, and a round of at least ROUND_REPLAYS replays is one graph launch.
 COLD_L2 = 3

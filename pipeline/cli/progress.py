@@ -28,7 +28,7 @@ from ..run.events import (Answered, Built, Building, Cached, Evaluated, Evaluati
 from .plain import visible
 from .tables import short_error
 
-# What a first build costs, from docs/benchmarks.md: the bundled demo's 13 C++ builds took 11.5 min
+# What a first build costs, from docs/decisions/measurement-notebook.md: the bundled demo's 13 C++ builds took 11.5 min
 # on a fresh 2-core clone; nvcc builds averaged 88 s (20-96 s). Triton compiles in the child.
 BUILD_COST = {
     "cpu": "a C++ extension (g++ through load_inline) takes about 30-90 s to build on 2 cores, and the "

@@ -65,7 +65,7 @@ class Draws:
     """Draws kept for sibling attempts: those of one task at one turn and generation of a batch,
     whose code was written before any of them was judged. Each sibling is judged on the same
     secrets, and the reference computes their values once (on an H200 they were 1.9 s of an
-    attempt's 8.9, docs/benchmarks.md, twenty-seventh session). Nothing flows between them: a child
+    attempt's 8.9, docs/decisions/measurement-notebook.md, twenty-seventh session). Nothing flows between them: a child
     never sees expected values, holds nothing past its attempt, and a prompt carries feedback only
     from attempts of earlier turns or generations, each judged on a draw of its own. Only a draw
     whose values all came before the child (the plan's `ahead`) is kept; the last KEEP of them."""
@@ -119,7 +119,7 @@ class TaskBench:
     cached: bool = False  # the baselines came from the database's cache (not timed, nothing to store)
     # A reference started ahead of its lane (pipeline.run.executor) runs nothing on the GPU until it is
     # moved there: in a batch on one H200 two early references' CUDA start-up and compiler warm-up ran
-    # beside the lane's timing, and honest attempts were refused for a busy GPU (docs/benchmarks.md).
+    # beside the lane's timing, and honest attempts were refused for a busy GPU (docs/decisions/measurement-notebook.md).
     early: bool = False
     output_bytes: int = 0  # the main size's output, from the meta device (0: unknown); sizes a timed block
     draws: Draws = field(default_factory=Draws, repr=False, compare=False)  # sibling attempts' shared secrets
@@ -135,7 +135,7 @@ class TaskBench:
         pinned to the timing cores (sandbox.cpu_cores) whatever `env` says: the attempt's own requests
         came with the child's KGEN_CORES, the bench's without, and each once started a reference of
         its own, so every task paid a second start and compiler warm-up (11-13 s of an attempt's
-        start-up on the 2-core box, docs/benchmarks.md, nineteenth session)."""
+        start-up on the 2-core box, docs/decisions/measurement-notebook.md, nineteenth session)."""
         return frozenset() if self.device == "cpu" else frozenset((env or {}).items())
 
     def _reference(self, env: dict[str, str] | None) -> sandbox.Child:
@@ -308,7 +308,7 @@ def compile_cache_env() -> dict[str, str]:
     tmp.mkdir(parents=True, exist_ok=True)
     # Compiled in the reference's own thread: inductor's pool of compile workers (each importing torch,
     # restarted after a minute idle) ran on the lane's cores beside the timed blocks, and an honest
-    # attempt's idle probe read the GPU busy (H200 batch, docs/benchmarks.md, 2026-11-29).
+    # attempt's idle probe read the GPU busy (H200 batch, docs/decisions/measurement-notebook.md, 2026-11-29).
     return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
             "TMPDIR": str(tmp), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 

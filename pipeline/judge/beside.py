@@ -25,7 +25,7 @@ from .judge import digest_ok
 # did the fastest was as slow as the candidate's own requests, so the estimate said nothing and the
 # red team's forged clock was judged correct (two fresh-clone CI runs of four). On a GPU five (a
 # sixth of an attempt's start-up in a batch): the 25th session's forged half passing at 20 us with five
-# came from the factor table's jitter, gone since the 30th (docs/benchmarks.md, 32nd session).
+# came from the factor table's jitter, gone since the 30th (docs/decisions/measurement-notebook.md, 32nd session).
 CALIBRATION_BLOCKS = {"cpu": 15, "cuda": 5}
 COLD_CALIBRATION_MS = 50.0  # the most eager time a cpu calibration request's cold block may take (calibrate)
 # A null replay of the reference's beside every third of the calibration's replayed windows; beside
@@ -90,7 +90,7 @@ def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> No
     after the candidate's block (never beside it): the speedups are ratios of times taken in the
     same window. Where torch.compile is timed beside, each input set the reference draws is timed
     eager then compiled (reference.Reference.time_block's `pair`): one draw for both sides, which
-    was most of a block's time on a task of gigabytes (bench/probe_blocks.py). `cold`: after a
+    was most of a block's time on a task of gigabytes (docs/decisions/measurement-notebook.md). `cold`: after a
     Bound request on the cpu, timed as that request's calls were (Reference.time_block's `cold`)."""
     at = time.monotonic()
     with session.child.paused():  # what the candidate left running must not slow the other side (sandbox.Child.pause)
@@ -215,7 +215,7 @@ def paired_terms(calibration: list[Window], null_calibration: list[float | None]
     """What each paired estimate (clocks.paired_per_call) was made of, in ms, for the stored note: the
     child's calibration median, the reference's null median and the pairs' offset, then each
     request's window and its null. At about 10 us a call the estimates scattered from a quarter of the
-    work to more than all of it between evaluations (docs/benchmarks.md, twenty-fifth session); these
+    work to more than all of it between evaluations (docs/decisions/measurement-notebook.md, twenty-fifth session); these
     say which term moved."""
     def med(xs: list[float]) -> float:
         return float(np.median(xs)) if xs else float("nan")

@@ -97,7 +97,7 @@ def cores_of(pid: int) -> set[int] | None:
 
 
 # How far below the parent's estimate the child's per-call time may be: (relative, milliseconds); the
-# measurements behind each, and their history, in docs/benchmarks.md (search "slack"):
+# measurements behind each, and their history, in docs/decisions/measurement-notebook.md (search "slack"):
 # - cuda (eager Bound requests): the estimate counts the forward's host work, which the hold hides
 #   from the child's events (an honest 11 us kernel cost 110 us a call on the H100's parent clock),
 #   hence 0.25 ms absolute, and LOOSE_BELOW_MS below which it refuses nothing.
@@ -109,7 +109,7 @@ BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cuda_graph_gra
 # of the same calls may add up, as the median over the requests (check_inside). Since the Bound calls copy their
 # outputs with the least work between them (40th session), the bundled references read 0.92-1.07 of it (56 evaluations,
 # forward and gradient mode, both sizes), honest adds 0.87-1.05, while clocks forged to 0.7 read 0.61-0.75 and to 0.6
-# 0.50-0.60 (docs/benchmarks.md, 40th session; the 38th's harness put honest kernels at 0.69-1.10, hence 0.3 then).
+# 0.50-0.60 (docs/decisions/measurement-notebook.md, 40th session; the 38th's harness put honest kernels at 0.69-1.10, hence 0.3 then).
 # 0.8: a forger that passes claims no more than 1.3x of its real speed (issue 27's twin ratio).
 INSIDE_SLACK = 0.2
 # And this much a call besides (ms), for calls of a few microseconds, whose request is mostly the protocol's: KernelBench's
@@ -182,7 +182,7 @@ def paired_per_call(calibration: list[Window], null_calibration: list[float | No
     pairs, `null_calibration[i]` the reference's null beside `calibration[i]` (None where none was).
     Pairs, not the two medians: the GPU's clock and state drift within a calibration too, and
     medians of windows and of nulls taken at other moments put the offset of an H200's 8 us calls
-    anywhere from 2.6 to 5.5 ms over 512 replays, the estimate from 4.2 us to 1.0 (docs/benchmarks.md,
+    anywhere from 2.6 to 5.5 ms over 512 replays, the estimate from 4.2 us to 1.0 (docs/decisions/measurement-notebook.md,
     twenty-seventh session), so a clock forged to half passed now and then. None where a request or
     the calibration has no null replay beside it (net_per_call then stands)."""
     offset = calibration_offset(calibration, null_calibration)
@@ -322,7 +322,7 @@ def loose_inside(bare: list[float]) -> str | None:
     so the allowance for the protocol's per-call noise decided. There a clock that claims half its
     calls passes as an honest one: at 2.5-5 us a call, a forger claiming half read 0.86-1.20 with the
     allowance and 0.39-0.43 without, and was judged correct at 1.65-1.93x eager against its honest
-    twin's 0.84-0.96x (docs/benchmarks.md, 41st session). Such a result is not refused, and not
+    twin's 0.84-0.96x (docs/decisions/measurement-notebook.md, 41st session). Such a result is not refused, and not
     trusted either: kept out of `best`, the search's archive and the library, as a GPU's unreplayed
     short calls are (LOOSE_BELOW_MS). Honest adds of 3-47 us a call read 0.90-1.11 without the
     allowance since the calibration's nulls follow a cold eager block (beside.calibrate; 0.64-0.94

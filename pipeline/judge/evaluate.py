@@ -54,7 +54,7 @@ CPU_BOUND_REQUESTS = 12
 # eager takes under CPU_SHORT_MS a call, a request now holds a timed block's calls on as many inbox
 # sets, so each side of the check has the same mix of first and following calls: honest calls read
 # 0.68-2.68 of the estimate over every bundled task at both test sizes, forward and gradient, and the
-# red team's deferred put 0.30-0.32, its clock patches 0.09-0.29 (docs/benchmarks.md, "Bound
+# red team's deferred put 0.30-0.32, its clock patches 0.09-0.29 (docs/decisions/measurement-notebook.md, "Bound
 # requests as long as a block"). Longer calls keep one a request: a block's first call weighs little
 # there, and a one-call request fits between a loaded box's preemptions. A call so short that a
 # block's calls take under CPU_BOUND_MS gets more (up to CPU_BOUND_MAX_CALLS), so that what a request
@@ -65,7 +65,7 @@ CPU_BOUND_REQUESTS = 12
 # Then only as many requests as fit ahead (AHEAD_BYTES: 6 at mse "small", 5 at "odd"): on the idle
 # 2-core box a clock forged to half was refused 8 of 8 at "odd" and "small", one forged to 0.6 6 of
 # 8, and the bundled references were correct 28 of 28 with claims at 0.77-1.34 of the estimate
-# (docs/benchmarks.md, thirty-first session). The sets together stay within CPU_BOUND_SET_BYTES.
+# (docs/decisions/measurement-notebook.md, thirty-first session). The sets together stay within CPU_BOUND_SET_BYTES.
 CPU_SHORT_MS = 4.0
 CPU_BOUND_MS = 4.0
 # 128, not 32, since the cpu's times are the requests' own (38th session): KernelBench's ReLU at the sweep's size

@@ -32,10 +32,10 @@ from pydantic import BaseModel
 
 # Below the run's first figure (or the stored one) by more: unfit. A healthy H100 in the middle of a
 # run measured 2581-2591 GB/s against 3002-3006 at its start (kernel times in two runs agreed within
-# 0.4%, so the timings were sound); the sick states seen were 673-685 GB/s (docs/benchmarks.md).
+# 0.4%, so the timings were sound); the sick states seen were 673-685 GB/s (docs/decisions/measurement-notebook.md).
 BANDWIDTH_TOL = 0.25
 HOLD_TOL = 0.05  # a 1 ms hold that takes over 1.05 ms shares the GPU (or every launch slowed)
-# Measured by this code on healthy machines (docs/benchmarks.md): the figure a model's first check of
+# Measured by this code on healthy machines (docs/decisions/measurement-notebook.md): the figure a model's first check of
 # a run is held to, so a device already sick when the run begins is caught too.
 STORED_BANDWIDTH = {"NVIDIA H100 80GB HBM3": 2995.0}
 # clocks_event_reasons bits that mean the device is slowed by something other than its work: HW

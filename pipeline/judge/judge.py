@@ -24,7 +24,7 @@ CHUNK = 1 << 22  # values a step where an output is compared in pieces (32 MiB o
 # Values each chunk is worked through at a time, here and in the reference's own check (reference._errs):
 # the float64 temporaries (512 KiB each) stay in the core's cache. Whole 4M-value chunks missed it: on
 # the 2-core box a 1 GiB output's comparison took 3.1 s against 1.1 s on one core, _errs 4.8 s against
-# 2.1 s (docs/benchmarks.md, 39th session).
+# 2.1 s (docs/decisions/measurement-notebook.md, 39th session).
 PIECE = 1 << 16
 # Threads an output's chunks are compared on: each holds about 3 chunk-sized float64 arrays (100 MiB).
 COMPARE_THREADS = max(1, min(8, len(os.sched_getaffinity(0))))

@@ -113,7 +113,7 @@ class Reference:
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
         self.null: tuple[str, replays.Captured] | None = None  # null_play's graphs, and what they were made for
         # Per size, a model without weights and its torch.compile, kept across attempts: compiled anew
-        # for every attempt's fresh instance, its first block cost 0.2-0.3 s (bench/probe_expect.py,
+        # for every attempt's fresh instance, its first block cost 0.2-0.3 s (a probe; docs/decisions/measurement-notebook.md,
         # H200). A model with weights is built anew per init seed.
         self.kept: dict[str, Kept] = {}
         self.warmed: set[str] = set()  # sizes whose torch.compile had this attempt's warm-up calls
@@ -350,7 +350,7 @@ class Reference:
     def _null_ms(self, clock: Clock, count: int) -> float:
         """Baselines.null_ms: the candidate's protocol around one kernel touching one value, on no inputs
         (refilling a 1.25 GiB task's sets cost a minute). The fastest block: other work only adds, and a
-        0.78 ms reading (3 us idle) refused an honest mse (H200 batch, docs/benchmarks.md, 2026-11-29)."""
+        0.78 ms reading (3 us idle) refused an honest mse (H200 batch, docs/decisions/measurement-notebook.md, 2026-11-29)."""
         call = lambda _: torch.zeros(1, device=self.device)  # noqa: E731
         times = time_blocks(clock, call, [[]], count, lambda first, n: [0] * n, lambda inputs, seed: None)
         return min(statistics.fmean(times[i:i + BLOCK]) for i in range(0, len(times), BLOCK))

@@ -32,7 +32,7 @@ class Lanes(Generic[Lane]):
 
     Jobs carry a key (the task): a lane keeps a task's reference process, and the first attempt of a
     task on a lane pays for starting it and for compiling the reference beside it (about 16 s on an
-    H200, against 3.5 s for the next attempt: docs/benchmarks.md). So a free lane takes, in order,
+    H200, against 3.5 s for the next attempt: docs/decisions/measurement-notebook.md). So a free lane takes, in order,
     the oldest job of a task it has run before, the oldest of a task no lane has run, the oldest.
     Nothing waits for a particular lane: a free lane never stays idle while jobs wait."""
 
