@@ -92,7 +92,8 @@ def _room_probes(sock_path: str, key: int) -> dict:
             "userns": _call(lambda: libc.unshare(0x10000000)),
             "io_uring": _call(lambda: libc.syscall(425, 8, ctypes.create_string_buffer(120))),
             "big_file": _try(big_file),
-            "pid": os.getpid(), "own_tasks": sorted(int(t) for t in os.listdir("/proc/self/task")), "ns_pids": [pid for pid in range(1, 64) if _alive(pid)]}
+            "pid": os.getpid(), "own_tasks": sorted(int(t) for t in os.listdir("/proc/self/task")),
+            "ns_pids": [pid for pid in range(1, 64) if _alive(pid)]}
 
 
 def _alive(pid: int) -> bool:

@@ -19,7 +19,7 @@ import yaml
 from click.testing import CliRunner
 
 from chat_server import Drop, Failure, Hang, Reply, serve
-from test_run import ROOT, _count, run
+from test_run import ROOT, run
 from test_search import search_config
 
 from pipeline.cli.main import main

@@ -363,7 +363,8 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         init = P.Init(device=bench.device, profiler=settings.profile)
         child = spares.take(env, settings.timeout_s) if spares and need <= sandbox.OUTBOX_BYTES else None
         if child is None:
-            child = sandbox.start(HARNESS, ["eval"], settings.timeout_s, env, outbox=max(need, 8), jail=sandbox.Jail(memory_bytes=int(settings.room_memory_gb * (1 << 30))))
+            room = sandbox.Jail(memory_bytes=int(settings.room_memory_gb * (1 << 30)))
+            child = sandbox.start(HARNESS, ["eval"], settings.timeout_s, env, outbox=max(need, 8), jail=room)
             child.send(init)
         if spares and spares.refill:
             spares.spawn(env, init.model_dump())

@@ -5,7 +5,8 @@ evaluation child) the module forks a helper (a small interpreter of its own, `py
 hang.py's escaper does; setsid is refused) and then hops: every HOP_S (3 ms) it forks and the parent exits,
 and from the moment the child it came from exits (a pidfd of it turns readable) it hops as fast as
 it can for BURST_S, while the parent sweeps the child's session: a pid listed a moment ago is gone
-by the time it is killed, and the killpg of the child's group misses it. It names itself (comm, via prctl PR_SET_NAME) `kb` or `ke` (build or evaluation)
+by the time it is killed, and the killpg of the child's group misses it. It names itself (comm, via prctl PR_SET_NAME)
+`kb` or `ke` (build or evaluation)
 plus the first 12 characters of TAG, so the test can look for it from outside (/proc, `ps`), and
 stops on its own after LIFE_S so a run where it escapes cleans up after itself. It prints
 `KGEN-NOTE hopper ROLE PID PGID` as it starts. The forward is torch's own mse: right, so a verdict
