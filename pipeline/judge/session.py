@@ -111,7 +111,7 @@ class Session:
         stopped = self.child.pause() if reveal else None
         # Load out of windows on the cpu only (clocks.unloaded_ms): on a GPU the reads (0.3 ms, 32 threads) were all of it.
         counted = self.bench.device == "cpu"
-        pid = self.child.proc.pid
+        pid = self.child.pid
         child_before = clocks.threads(pid) if counted else {}
         waited = clocks.waited_s(pid)
         parent_before = clocks.own()
@@ -149,7 +149,7 @@ class Session:
             raise Ended(EvalResult(verdict=Verdict.protocol_error, error=f"while waiting for {what}: {exc}")) from None
         if reply is None:
             raise Ended(None)
-        self.load = (clocks.between((child_before, parent_before), (clocks.threads(self.child.proc.pid), parent_after))
+        self.load = (clocks.between((child_before, parent_before), (clocks.threads(pid), parent_after))
                      if counted else None)
         if isinstance(reply, P.Failed):
             raise Ended(self.failed(reply, what))

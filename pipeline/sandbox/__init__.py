@@ -95,6 +95,18 @@ class Child:
     """Processes of the room the parent still saw after it ended (`finish`): none, by construction."""
 
     @property
+    def pid(self) -> int:
+        """The process that runs the command, as we number it: a jailed child's pid 2 of its room (the
+        jail's status line names it, checked by `confinement`), else the process we started. Its
+        threads' run-queue waits, cpu time and cores are what the judge reads."""
+        if self.policy is None:
+            return self.proc.pid
+        self.confinement()
+        inner = (self.status or {}).get("host_pid")
+        return inner if isinstance(inner, int) and self._confinement.set_by == "parent" \
+            and self._confinement.seccomp else self.proc.pid
+
+    @property
     def job_dir(self) -> Path:
         """Where the parent stages what the child reads: read-only to the child."""
         return self.workdir / "job"
@@ -401,7 +413,7 @@ class Jail:
     """Processes and threads the room may hold at once (its cgroup's pids.max)."""
     memory_bytes: int = 32 << 30
     """Memory the room may use, its HOME's tmpfs included (its cgroup's limit)."""
-    file_bytes: int = 4 << 30
+    file_bytes: int = 1 << 30
     """The largest file it may write (RLIMIT_FSIZE): a build's extension, a cache entry."""
     home_bytes: int = 2 << 30
     """The size of its HOME and TMPDIR, a tmpfs of the room's own: nothing it writes there reaches a disk."""

@@ -75,7 +75,7 @@ class Spares:
             child.finish(grace=0.1)
             return None
         if self.cores:
-            pin_all(child.proc.pid, env.get("KGEN_CORES"))
+            pin_all(child.pid, env.get("KGEN_CORES"))
         child.started = time.monotonic()
         child.deadline = child.started + timeout
         return child

@@ -154,7 +154,9 @@ def _nproc():
     # loop: a few hundred microseconds a fork), and prints its count every hundred. A refused fork
     # ends the shell early (dash's "Cannot fork"): denied. When the probe closes the pipe every
     # reader exits; the group is killed besides.
-    script = ("n=0; while [ $n -lt %d ]; do read x <&3 & n=$((n+1)); "
+    # Each subshell's stdout is /dev/null: only the counting shell holds the pipe, so its end (a
+    # fork refused) is the pipe's end.
+    script = ("n=0; while [ $n -lt %d ]; do read x <&3 >/dev/null 2>&1 & n=$((n+1)); "
               "[ $((n %% 100)) -eq 0 ] && echo $n; done; echo $n; echo done" % NPROC)
     r, w = os.pipe()
     hold_r, hold_w = os.pipe()

@@ -3,7 +3,8 @@ another tries to leave it the daemon way: setsid() (a new session, out of reach 
 ends a timed-out child), else setpgid() to a group of its own, then a double fork so the survivor
 is orphaned and reparented away. A process that outlives its evaluation keeps burning the CPU or GPU
 under every later candidate's timing. Each process writes its pid, its group and (the escaper)
-whether setsid worked to its output, which the parent keeps (EvalResult.output) for the test."""
+whether setsid worked to its output, which the parent keeps (EvalResult.output) for the test, with
+its pid namespace (the room's: its pids are the room's numbers, which mean nothing outside)."""
 import os
 import time
 
@@ -11,7 +12,8 @@ import torch.nn as nn
 
 
 def _note(tag, extra=""):
-    os.write(1, f"KGEN-NOTE {tag} {os.getpid()} {os.getpgid(0)} {extra}\n".encode())
+    ns = os.stat("/proc/self/ns/pid").st_ino  # its pid namespace: the room's, seen the same from outside
+    os.write(1, f"KGEN-NOTE {tag} {os.getpid()} {os.getpgid(0)} {ns} {extra}\n".encode())
 
 
 def _spin_forever():
