@@ -543,7 +543,7 @@ def test_a_level_2_candidate_keeping_cudnn_is_not_flagged_and_its_own_share_is_r
             code_hash = hashlib.sha256(code.encode()).hexdigest()[:16]
             path = tmp_path / f"{code_hash}.py"
             path.write_text(code)
-            result = build.build(path, code_hash, tmp_path / "builds", 600, 4, cuda=True)
+            result = build.build(path, code_hash, tmp_path / "builds", build.BuildOptions(600, 4, cuda=True))
             assert result.ok, result.log[-2000:]
             verdicts[name] = evaluate.evaluate(bench, path, Path(result.build_dir), settings)
             v = verdicts[name]
@@ -578,3 +578,90 @@ def test_the_gpu_profile_lists_the_call_s_kernels():
     seen, fraction, count = kernels.split()
     assert seen == "True" and float(fraction) == 1.0 and int(count) >= 2, done.stdout
     assert inductor == "False", done.stdout
+
+
+# ---- Issue 48 on a GPU: the room's holes as CUDA candidates (tests/test_room.py runs them on the cpu) ----
+
+import test_room as room  # noqa: E402 - its helpers (tagged, kgen, notes, the reaper, the scans), not its tests
+
+subreaper = room.subreaper  # the fixture, under its own name: this test process reaps what the hoppers orphan
+
+
+@pytest.mark.gpu
+def test_cuda_siblings_share_no_answers_through_sysv_shm(tmp_path):
+    """Three samples of mse at "small" on the cuda backend, judged on one draw through `kgen run`:
+    sibling_sysv_cuda.py twice (each call reads a strided sample of its inputs back to the host and
+    looks its hash up in a System V segment; the first to run computes with a CUDA kernel and publishes,
+    the second returns what it finds as a CUDA tensor without launching the reduction) and its honest
+    twin (the same kernels, no segment). The compute kernel is one block, slower than eager, so no
+    sample may be judged correct and faster than eager, and no attack sample may have served more of
+    its calls from the table than it computed (its own `shm hits H misses M` note): one that did read
+    its sibling's answers. The twin is correct (and no faster than eager), a computing sibling is
+    correct, and after the batch no segment with the candidates' key is left (`ipcs`)."""
+    tag = os.urandom(6).hex()
+    key = room.sysv_key(tag)
+    attack = room.tagged("sibling_sysv_cuda.py", tag, tmp_path).read_text()
+    honest = room.tagged("sibling_sysv_cuda_honest.py", tag, tmp_path).read_text()
+    config = room.write_config(tmp_path, [attack, attack, honest], size="small", backend="cuda")
+    try:
+        proc = room.kgen("run", "-c", str(config), cwd=tmp_path)
+        left = room.ipcs_keys()["m"]
+    finally:
+        room.ipcrm("m", key)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = room.batch_results(tmp_path / "kgen.db")
+    shown = "\n".join(room.describe(r) for r in results)
+    print(f"\nREDTEAM sibling_sysv_cuda:\n{shown}")
+    assert len(results) == 3, shown
+    # Siblings: one draw for the three (the first computed it; the later ones reused it).
+    assert sorted(r.phases.get("shared_draw") for r in results) == [0.0, 1.0, 1.0], shown
+    twin = [r for r in results if not any(n[:2] in (["shm", "attached"], ["shm", "denied"]) for n in room.notes(r.output))]
+    assert len(twin) == 1 and twin[0].verdict is Verdict.correct, shown  # the honest kernel is right
+    assert not room.faster(twin[0]), shown  # and slower than eager: a fast sibling got its speed elsewhere
+    attacks = [r for r in results if r is not twin[0]]
+    assert any(r.verdict is Verdict.correct for r in attacks), shown  # whichever computed is right
+    # Each attack sample's last `shm hits H misses M`: one that read its sibling's answers served nearly
+    # every call from the table; one that computed found only the few repeats of its own calls.
+    counts = [[(int(n[2]), int(n[4])) for n in room.notes(r.output) if n[:2] == ["shm", "hits"]] for r in attacks]
+    assert all(c and c[-1][0] < c[-1][1] for c in counts), f"a sibling served its calls from the table: {counts}"
+    assert [r for r in results if room.faster(r)] == [], shown
+    assert key not in left, f"a System V segment with key {key:#x} outlived the batch"
+
+
+@pytest.mark.gpu
+def test_no_pid_hopper_of_a_cuda_attempt_outlives_kgen_eval(tmp_path, subreaper):
+    """pid_hopper_cuda.py forks, at import, a helper that leaves its group and hops pids every 3 ms, from
+    the build child (comm kb+TAG, hopping through the nvcc build) and from the evaluation child (ke+TAG,
+    beside a CUDA context), around an honest CUDA kernel. After `kgen eval --backend cuda` returns (and
+    a moment for the kernel to finish its kills), neither is alive: not in /proc (each group seen is
+    frozen, then scanned: room.frozen_survivors), not in `ps`. The test is the subreaper of what it
+    starts, so nothing the attempt orphans is left to the host's pid 1."""
+    tag = os.urandom(6).hex()
+    names = {f"kb{tag}", f"ke{tag}"}
+    code = room.tagged("pid_hopper_cuda.py", tag, tmp_path)
+    config = room.write_config(tmp_path, ["pass"], size="small", backend="cuda")
+    groups: set[int] = set()
+    try:
+        proc = room.kgen("eval", str(code), "--task", "mse", "--backend", "cuda", "-c", str(config), cwd=tmp_path)
+        time.sleep(1.0)  # SIGKILL sent is not yet dead: a moment, no more
+        attempts = room.stored(tmp_path / "kgen.db") if (tmp_path / "kgen.db").exists() else []
+        # The helpers' own groups, as their notes gave them: only where to look (frozen_survivors).
+        for text in [a["build_log"] for a in attempts] + [a["result"].output for a in attempts]:
+            groups |= {int(n[2]) for n in room.notes(text) if n[0] == "hopper" and len(n) > 2 and n[2].isdigit()}
+        left, groups = room.frozen_survivors(names, groups)
+        ps = subprocess.run(["ps", "-eo", "pid,user,pgid,stat,comm"], capture_output=True, text=True).stdout
+        in_ps = [line for line in ps.splitlines()
+                 if any(n in line.split() for n in names) and line.split()[3][0] not in "ZX"]
+    finally:
+        room.end_hoppers(names, groups)
+    # (Its exit status is not looked at: an untrusted or unfit timing may exit non-zero.)
+    assert len(attempts) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [attempt] = attempts
+    result = attempt["result"]
+    print(f"\nREDTEAM pid_hopper_cuda: {room.describe(result)}")
+    assert result.verdict is Verdict.correct, room.describe(result)
+    # A helper was started in the build child and in the evaluation child (each one's note in its log).
+    assert any(n[:2] == ["hopper", "b"] for n in room.notes(attempt["build_log"])), attempt["build_log"][-2000:]
+    assert any(n[:2] == ["hopper", "e"] for n in room.notes(result.output)), room.describe(result)
+    assert left == [], f"alive after kgen eval returned (pid, comm, state, pgrp): {left}"
+    assert in_ps == [], in_ps

@@ -38,7 +38,7 @@ from pipeline.store.store import Store
 ROOT = Path(__file__).resolve().parent.parent
 REDTEAM = Path(__file__).resolve().parent / "redteam"
 TASKS = ROOT / "reference_tasks"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 EVALUATION = {"trials": 3, "timed_calls": 8, "warmup_calls": 1, "compile_baseline": False,
               "check_shapes": False, "profile": False, "timeout_s": 120}
 
@@ -64,17 +64,18 @@ def notes(text: str | None) -> list[list[str]]:
     return found
 
 
-def write_config(tmp: Path, answers: list[str], size: str = "odd", evaluation: dict | None = None) -> Path:
-    """A batch of len(answers) samples of mse, each answered in turn by the replay provider."""
+def write_config(tmp: Path, answers: list[str], size: str = "odd", evaluation: dict | None = None,
+                 backend: str = "cpu") -> Path:
+    """A batch of len(answers) samples of mse on `backend`, each answered in turn by the replay provider."""
     replay = tmp / "replay.jsonl"
-    replay.write_text("".join(json.dumps({"task": "mse", "backend": "cpu", "text": f"```python\n{code}\n```\n"}) + "\n"
+    replay.write_text("".join(json.dumps({"task": "mse", "backend": backend, "text": f"```python\n{code}\n```\n"}) + "\n"
                               for code in answers))
     cfg = {
         "models": [{"name": "recorded", "provider": "replay", "replay_file": str(replay)}],
         "tasks": {"names": ["mse"], "size": size, "directory": str(TASKS)},
         "prompts_dir": str(ROOT / "prompts"),
         "samples": len(answers),
-        "backend": "cpu",
+        "backend": backend,
         "database": str(tmp / "kgen.db"),
         "generated_dir": str(tmp / "generated"),
         "build_dir": str(tmp / "builds"),
