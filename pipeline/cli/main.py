@@ -218,19 +218,24 @@ def attempts(db, run_id, task, model, verdict, flag, turn, evals, limit, wide, a
         run_id = resolve_run(store, run_id, evals)
         rows = store.attempts(run=run_id, task=task, model=model, verdict=verdict, flag=flag, limit=limit,
                               turn=None if turn is None else turn - 1, evals=evals)
+    from ..leaderboard import none_verified, not_verified_reason
+
     keys = ("id", "run", "task", "model", "sample", "backend", "turn", "generation", "verdict", "flags", "error",
             "time_ms", "eager_ms", "compile_ms", "floor_ms", "speedup_eager", "speedup_compile", "floor_fraction",
-            "code_hash")
+            "code_hash", "device_unfit", "trusted")
     if not rows:
         filters = {"run": run_id, "task": task, "model": model, "verdict": verdict, "flag": flag, "turn": turn,
                    "database": db}
         click.echo(nothing_matched("attempts", filters), err=as_json)  # --json: stdout stays JSON lines
         return
-    if as_json:
+    if as_json:  # not_verified: why a correct attempt is not verified ("unfit: ...", "flagged: ..."), else null
         for r in rows:
-            click.echo(json.dumps({k: r.get(k) for k in keys}))
+            click.echo(json.dumps({**{k: r.get(k) for k in keys}, "not_verified": not_verified_reason(r)}))
         return
-    console(wide).print(attempts_table(rows, wide))
+    out = console(wide)
+    out.print(attempts_table(rows, wide))
+    if any(not_verified_reason(r) for r in rows):  # how many correct ones are not, why, and what to run
+        out.print(Text(visible(none_verified(rows)), style="yellow"))
     calls = sum(r["verdict"] == "model_error" for r in rows)
     if calls:
         click.echo(f"{calls} of these {'are failed model calls' if calls != 1 else 'is a failed model call'}: the "

@@ -226,13 +226,23 @@ def _n(count: int, noun: str) -> str:
 
 
 def _verdict(result: EvalResult) -> str:
+    """"correct, 12.8x eager, ..."; for a correct result stored without a figure or kept out of
+    `best`, why: "correct, not timed (unfit: ...)", "correct, 3x eager, not verified (untrusted: ...)"."""
+    from ..leaderboard import not_verified_reason, result_fields
+
     text = result.verdict.value
+    why = not_verified_reason(result_fields(result))
+    if result.device_unfit and result.verdict is Verdict.correct:  # no figure at all (EvalResult.time_ms)
+        flags = f" (flags: {', '.join(f.value for f in result.flags)})" if result.flags else ""
+        return f"{text}, not timed (unfit: {result.device_unfit}){flags}"
     if result.speedup_eager is not None:
         text += f", {result.speedup_eager:.3g}x eager"
     if result.speedup_compile is not None:
         text += f", {result.speedup_compile:.3g}x torch.compile"
     if result.flags:
         text += f" (flags: {', '.join(f.value for f in result.flags)})"
+    elif why:
+        text += f", not verified ({why})"
     if result.error:
         text += f": {short_error(result.error, 160)}"
     return text
