@@ -55,25 +55,43 @@ def _config(config: str | None) -> Config:
 @click.option("--wide", is_flag=True, help="Every column in the summary table.")
 @click.option("--demo", is_flag=True, help="Run the bundled demo (recorded completions, the seven loss tasks, "
               "small sizes) from any folder, storing into the database here.")
+@click.option("--force", is_flag=True, help="Run even where another `kgen run` is running on the same database "
+              "(each then does the same work).")
 def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_errors: bool, wide: bool,
-        demo: bool) -> None:
+        demo: bool, force: bool) -> None:
     """Run the batch in the config: resume it if the same plan ran before. Ctrl-C stops it (exit 130;
     SIGTERM: 143) and says the command that resumes it. A run that ends with failed model calls
-    says how many and the command that redoes them, and exits 3."""
+    says how many and the command that redoes them, and exits 3. Where another `kgen run` is running
+    on the same database, one line names it and nothing runs (--force runs beside it)."""
     from ..backends import BackendError
     from ..child.tasks import TaskError
     from ..generate.llm import ProviderError
     from .progress import Progress
     from ..run.batch import Runner, RunFailed
+    from ..run.events import RunStart
+    from ..store.runlock import RunBusy, RunLock
     from .tables import run_summary
 
     cfg = _demo_config(config, db) if demo else _config(config)
     _check_sizes(cfg)
+    lock = RunLock(Path(db))
+    if not force:  # one run per database: a second would do every slot again (pipeline.store.runlock)
+        try:
+            lock.acquire()
+        except RunBusy as exc:
+            raise KgenError(str(exc)) from None
+        click.get_current_context().call_on_close(lock.release)
     store = open_store(db, must_exist=False)
     out = console(wide)
+
+    def on_event(event) -> None:
+        if isinstance(event, RunStart):
+            lock.note(event.run_id)  # what a second `kgen run` is told
+        progress.event(event)
+
     try:
         progress = Progress(out)
-        runner = Runner(cfg, store, backend=backend, on_event=progress.event)
+        runner = Runner(cfg, store, backend=backend, on_event=on_event)
     except (ProviderError, TaskError, BackendError) as exc:
         raise KgenError(str(exc)) from None
     failed = None
