@@ -294,8 +294,9 @@ def show(attempt_id: str, config: str | None, db: str, full: bool) -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--task", "task_name", required=True, help="A task name in the task folder, or a task file path.")
 @click.option("--backend", type=click.Choice(["cuda", "triton", "cpu", "auto"]), default="auto", show_default=True)
-@click.option("--size", default=None, help="A size the task declares (small, odd, default); default: the config's, "
-              "or with no config file the bundled demo's (small).")
+@click.option("--size", default=None, help="A size the task declares (small, odd, default); default: the config's; "
+              "with no config file, the bundled demo's for a bundled task, and for a task file the size it states "
+              "(its KGEN_SIZES small, else the file as written).")
 @database_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--no-store", is_flag=True, help="Do not record the result in the database.")
@@ -330,9 +331,7 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
             except StoreError as exc:
                 raise KgenError(str(exc)) from None
         cfg = load(config)
-        if cfg is None and size is None:  # no config file: judged as the bundled demo judges (pipeline.bundled)
-            size = _demo_config(None, db).tasks.size
-        try:
+        try:  # the size as `kgen serve` resolves it: pipeline.run.single.eval_size
             request = FileRequest(path=path, task=task_name, backend=backend, size=size, grad=grad, dtype=dtype,
                                   store=not no_store)
             result, attempt_id = evaluate_file(request, cfg, db_path=Path(db), notice=echo,
