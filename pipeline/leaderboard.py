@@ -113,3 +113,78 @@ def p75_of(store, ids: Iterable[str]) -> dict[str, float | None]:
             timing = EvalResult.model_validate_json(row["result_json"]).timing
             out[row["id"]] = timing.p75_ms if timing else None
     return out
+
+
+# Why a correct attempt is not verified, by kind: what it means and what to run about it. The kinds
+# are is_verified's conditions; the first that applies is the one given.
+NOT_VERIFIED = {
+    "flagged": ("flagged, not counted as kernels", "`kgen show ID` says why"),
+    "untrusted": ("judged by a child confined below what the config requires",
+                  "`kgen doctor` says what this machine lacks"),
+    "unfit": ("timed on a device unfit to time them, so they carry no figure",
+              "the same `kgen run` again on a quiet machine re-times them"),
+    "no code": ("stored without their code", ""),
+    "not timed": ("stored without a time", ""),
+}
+
+
+def not_verified_reason(row: dict[str, Any]) -> str | None:
+    """Why a correct attempt is not verified, one short phrase: "flagged: no_custom_kernel",
+    "untrusted: <why>", "unfit: <why>", "no code" or "not timed"; None where the attempt is verified
+    or is not correct. `row` is an attempt row (Store.attempts: flags a list, untrusted_reason read
+    from the result) or the same fields of an EvalResult (result_fields)."""
+    if row.get("verdict") != "correct" or is_verified(row):
+        return None
+    flags = row.get("flags")
+    if flags:
+        return "flagged: " + (flags if isinstance(flags, str) else ",".join(flags))
+    if row.get("trusted") != 1:
+        why = row.get("untrusted_reason") or ("judged before the sealed judge" if row.get("trusted") is None
+                                              else "confined below what the config requires")
+        return f"untrusted: {why}"
+    if row.get("device_unfit"):
+        return f"unfit: {row['device_unfit']}"
+    if not row.get("code_hash"):
+        return "no code"
+    return "not timed"
+
+
+def result_fields(result) -> dict[str, Any]:
+    """The fields not_verified_reason reads, from an EvalResult (a verdict not yet stored)."""
+    return {"verdict": result.verdict.value, "flags": [f.value for f in result.flags], "time_ms": result.time_ms,
+            "code_hash": "-", "trusted": int(result.trusted), "untrusted_reason": result.untrusted_reason,
+            "device_unfit": result.device_unfit}
+
+
+def none_verified(rows: Iterable[dict[str, Any]]) -> str:
+    """One line saying why correct attempts among `rows` are not verified: how many are correct, how
+    many of those are not verified and why (counted by kind, with the first reason of each), and what
+    to run. Meant for where none is verified; where some are, it counts the others."""
+    rows = list(rows)
+    correct = [r for r in rows if r.get("verdict") == "correct"]
+    if not rows:
+        return "no attempts"
+    if not correct:
+        return (f"none of the {len(rows)} attempt{'s' if len(rows) != 1 else ''} is correct "
+                "(`kgen attempts` lists their verdicts and errors)")
+    kinds: dict[str, list[str]] = {}
+    for r in correct:
+        why = not_verified_reason(r)
+        if why:
+            kind, _, detail = why.partition(": ")
+            kinds.setdefault(kind, []).append(detail)
+    parts = []
+    for kind, details in kinds.items():
+        if kind == "flagged":  # each flag, once
+            detail = ", ".join(sorted({f for d in details for f in d.split(",") if f}))
+        else:
+            detail = next((f"first: {d}" for d in details if d), "")
+        were = "was" if len(details) == 1 else "were"
+        what, todo = NOT_VERIFIED[kind]
+        parts.append(f"{len(details)} {were} {what}" + (f" ({detail})" if detail else "") + (f": {todo}" if todo else ""))
+    n, left = len(correct), sum(len(d) for d in kinds.values())
+    if not left:
+        return f"{n} correct attempt{'s' if n != 1 else ''}, all verified"
+    head = (f"{n} correct attempt{'s' if n != 1 else ''}, none verified" if left == n
+            else f"{left} of {n} correct attempts not verified")
+    return head + ": " + "; ".join(parts)

@@ -116,7 +116,8 @@ def test_best_summary_report_export_metrics_and_library_name_one_kernel(filled, 
     summary = out.getvalue()
     assert want in summary and ids["time"] not in summary and ids["flagged"] not in summary
     (line,) = [ln for ln in summary.splitlines() if want in ln]
-    assert line.split()[:4] == ["mse", "4", "4", "4"] and "2 " in line and "8" not in line.split()
+    # n, correct, verified (the flagged and the untrusted are not), fast_1 (verified and above 1x eager)
+    assert line.split()[:5] == ["mse", "4", "4", "2", "2"] and "8" not in line.split()
 
     assert [r["id"] for r in report_data(rows)["best"]] == [want]
     assert report_json(rows)["tasks"][0]["best"]["id"] == want

@@ -319,6 +319,26 @@ def test_piped_progress_prints_a_line_per_stage_and_a_periodic_summary(capsys):
     assert "\x1b" not in text
 
 
+def test_the_build_count_says_the_headers_are_being_made(capsys):
+    """While a new venv's fast-build headers are precompiled (minutes), the builds stand at 0/n: the
+    progress line and the build bar say what is happening, and stop saying it once they are ready."""
+    from pipeline.build.headers import PREPARING, READY
+    from pipeline.run.events import LaneNotice
+
+    progress = Progress(Console(file=io.StringIO(), force_terminal=False), interval=0)
+    with progress:
+        slot = _slot()
+        progress.event(Building(slot))
+        progress.event(LaneNotice(f"{PREPARING}: precompiling torch's headers"))
+        assert progress.summary().split("; ")[1] == f"builds 0/1 ({PREPARING})"
+        note = progress.bars.tasks[progress.ids["build"]].fields["note"]
+        assert note.plain == PREPARING
+        progress.event(LaneNotice(f"{READY} in 165 s"))
+        assert progress.summary().split("; ")[1] == "builds 0/1"
+    out = capsys.readouterr().out
+    assert f"note      {PREPARING}: precompiling" in out and f"{READY} in 165 s" in out
+
+
 def test_a_resumed_run_shows_its_stored_attempts_not_0_of_0(tmp_path):
     """A real Runner resuming a run whose every slot is stored: the bars count them."""
     import asyncio

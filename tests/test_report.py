@@ -121,19 +121,21 @@ def test_report_numbers(db):
         data = report_data(store.attempts(run=db["run_a"]))
     assert (data["n"], data["n_correct"]) == (7, 5)
     mse = next(t for t in data["tasks"] if t["name"] == "mse")
-    assert [r["speedup_eager"] for r in mse["correct"]] == [4.0, 2.5, 2.0]
+    # Every figure counts verified attempts (leaderboard.is_verified): the flagged 4x is listed, not ranked.
+    assert [r["speedup_eager"] for r in mse["verified"]] == [2.5, 2.0] and mse["correct"] == 3
     assert [(item["rank"], item["row"]["verdict"]) for item in mse["listed"]] == [
-        (1, "correct"), (2, "correct"), (3, "correct"), (None, "mismatch")]
+        (1, "correct"), (2, "correct"), (None, "correct"), (None, "mismatch")]
+    assert data["n_verified"] == 4 and data["why_none"] is None
     points = {p["p"]: p for p in data["fast_p"]["points"]}
-    assert data["fast_p"]["points"][0]["p"] == 0 and data["fast_p"]["points"][-1]["p"] == 4.0
-    assert (points[1.0]["eager_n"], points[1.0]["compile_n"]) == (3, 3)
-    assert (points[2.0]["eager_n"], points[2.0]["compile_n"]) == (2, 1)
-    assert points[2.0]["eager"] == pytest.approx(2 / 7) and points[0]["eager"] == pytest.approx(5 / 7)
+    assert data["fast_p"]["points"][0]["p"] == 0 and data["fast_p"]["points"][-1]["p"] == 2.6
+    assert (points[1.0]["eager_n"], points[1.0]["compile_n"]) == (2, 2)
+    assert (points[2.0]["eager_n"], points[2.0]["compile_n"]) == (1, 0)
+    assert points[2.0]["eager"] == pytest.approx(1 / 7) and points[0]["eager"] == pytest.approx(4 / 7)
     models = {m["model"]: dict(m["counts"]) for m in data["verdicts"]["models"]}
     assert models == {"m1": {"correct": 3, "build_failed": 1}, "m2": {"correct": 2, "mismatch": 1}}
     assert data["search"] is None and data["search_figure"] is None  # one turn: no search section
     empty = render([])  # the CLI writes no report for no rows, but the page itself still renders
-    assert "No verified attempt yet." in empty and 'class="kgen-figure"' not in empty
+    assert "No verified attempt: no attempts." in empty and 'class="kgen-figure"' not in empty
 
 
 def test_every_chart_has_marks_inside_its_axes(page):
@@ -247,7 +249,7 @@ def test_a_task_with_many_attempts_charts_the_best_forty_full_width(tmp_path):
     assert [len([y for y in t["y"] if y is not None]) for t in fig["data"] if t["type"] == "bar"] == [40, 40]
     assert fig["data"][0]["y"][0] == pytest.approx(5.4) and "width" not in fig["layout"]  # the best; page-wide
     assert fig["layout"]["xaxis"]["range"] == [0.5, 40.5]
-    assert "The chart shows the best 40 correct attempts; 5 more are in the table." in text
+    assert "The chart shows the best 40 verified attempts; 5 more are in the table." in text
 
 
 def test_report_command(db, tmp_path):
@@ -257,11 +259,14 @@ def test_report_command(db, tmp_path):
     text = out.read_text()
     assert '<h3 id="task-mse">mse</h3>' in text and db["ids"]["gemm_t0"] not in text  # another run
     assert '<span id="n-attempts">7</span>' in text and '<span id="n-correct">5</span>' in text
+    assert '<span id="n-verified">4</span>' in text  # the flagged one is correct, not verified
+    # The error column wraps on the page (no scrolling box); a correct attempt not verified says why.
+    assert 'class="scroll"' not in text and "not verified: flagged: no_custom_kernel" in text
     assert "Search, by turn" not in text
     tight = re.sub(r">\s+<", "><", text)
     # mse's best unflagged attempt, row 2 of its table: x eager, x compile, floor x eager (1.0 / 0.1), floor fraction.
     assert re.search(r"<td>2.50</td><td>2.00</td><td>10.00</td><td>0.250</td>", tight)
-    assert "<tr><td>1</td><td>0.429</td><td>3</td><td>0.429</td><td>3</td></tr>" in tight  # fast_p at p = 1: 3 of 7
+    assert "<tr><td>1</td><td>0.286</td><td>2</td><td>0.286</td><td>2</td></tr>" in tight  # fast_p at p = 1: 2 of 7
     latest = CliRunner().invoke(report, ["--db", db["path"], "-o", str(out), "--run", "latest"])
     assert latest.output == f"wrote {out}: 8 attempts, 3 tasks\n" and "Search, by turn" in out.read_text()
     bad = CliRunner().invoke(report, ["--db", db["path"], "-o", str(out), "--run", "NOPE"])
@@ -318,20 +323,22 @@ def test_report_draws_in_headless_chromium(page, tmp_path):
     assert "<img" not in charts and "font-weight:bold" not in charts
 
 
-def test_the_search_table_counts_a_loaded_box_s_correct_attempt_but_not_its_speedup():
-    """A correct attempt whose timing the judge marked unfit (a loaded box) is correct in the search
-    table, but its speedup counts for nothing (fast_1 and best x eager come from fit timings only)."""
+def test_the_search_table_counts_verified_attempts_not_a_loaded_box_s():
+    """A correct attempt whose timing the judge marked unfit (a loaded box) has no figure and is not
+    verified: the search table counts it as the rest of the page does, for nothing."""
     from pipeline.report.page import search_data
 
     def row(turn, verdict, speedup, unfit=None, task="mse"):
         return {"task": task, "model": "m", "sample": 0, "turn": turn, "generation": 0, "verdict": verdict,
-                "trusted": 1, "speedup_eager": speedup, "speedup_compile": speedup, "device_unfit": unfit}
+                "trusted": 1, "flags": [], "code_hash": "0" * 16, "device_unfit": unfit,
+                "time_ms": None if unfit or speedup is None else 1.0,
+                "speedup_eager": None if unfit else speedup, "speedup_compile": None if unfit else speedup}
 
     loaded = "the cpu was loaded (30% of the windows' time waiting for a core)"
     data = search_data([row(0, "mismatch", None), row(1, "correct", 5.0, loaded), row(2, "correct", 2.0),
                         row(0, "correct", 0.5, task="hinge")])
     steps = {s["step"]: s for s in data["per_step"]}
-    assert (steps[1]["correct"], steps[1]["fast_1"], steps[1]["best_eager"]) == (0.5, 0.0, 0.5)
-    assert (steps[2]["correct"], steps[2]["fast_1"], steps[2]["best_eager"]) == (1.0, 0.0, 0.5)  # the unfit 5x: none
-    assert (steps[3]["correct"], steps[3]["fast_1"], steps[3]["best_eager"]) == (1.0, 0.5, 2.0)
+    assert (steps[1]["verified"], steps[1]["fast_1"], steps[1]["best_eager"]) == (0.5, 0.0, 0.5)
+    assert (steps[2]["verified"], steps[2]["fast_1"], steps[2]["best_eager"]) == (0.5, 0.0, 0.5)  # the unfit one: none
+    assert (steps[3]["verified"], steps[3]["fast_1"], steps[3]["best_eager"]) == (1.0, 0.5, 2.0)
     assert {t["task"]: t["best"] for t in data["per_task"]}["mse"] == [None, None, 2.0]

@@ -270,3 +270,42 @@ def test_a_sigterm_the_moment_the_token_is_written_ends_the_server_cleanly(tmp_p
         proc.kill()
     assert proc.returncode == 0, out
     assert not sock.exists() and not token.exists(), out
+
+
+def test_eval_and_serve_judge_a_task_file_at_the_same_size(tmp_path):
+    """With no config file, the same task file (1024 x 4096, no KGEN_SIZES) is judged at the size it
+    states, by `kgen eval` alone and through `kgen serve`: both resolve it by one rule
+    (pipeline.run.single.eval_size). Before, one judged a derived 1024 x 1024 and the other 1024 x 4096."""
+    from tests.test_eval_size import WIDE
+
+    task = tmp_path / "wide.py"
+    task.write_text(WIDE.format(sizes=""))
+    code = tmp_path / "mine.py"
+    code.write_text(HONEST)
+    db = tmp_path / "db" / "kgen.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sock, _ = serve.address(db)
+
+    def judged(*extra: str) -> tuple[dict, str]:
+        done = subprocess.run([sys.executable, "-m", "pipeline.cli", "eval", str(code), "--task", str(task),
+                               "--backend", "cpu", "--db", str(db), "--json", *extra], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode in (0, 1) and done.stdout, done.stderr
+        return json.loads(done.stdout), done.stderr
+
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--db", str(db)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not serve._listening(sock):
+            assert proc.poll() is None and time.monotonic() < deadline, "kgen serve did not start listening"
+            time.sleep(0.1)
+        served, said = judged()
+        assert "judged by kgen serve" in said
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    local, said = judged("--local")
+    assert "kgen serve" not in said
+    assert (served["size"], served["size_dims"]) == (local["size"], local["size_dims"]) == (
+        "default", {"batch_size": 1024, "dim": 4096})

@@ -39,6 +39,11 @@ from pathlib import Path
 
 from ..config import cache_root
 
+# The notices a run's progress shows while the headers are made (pipeline.cli.progress), as its
+# build count stands still: the first when it starts, the second when it is done.
+PREPARING = "preparing fast-build headers (once per venv)"
+READY = "fast-build headers ready"
+
 SHIM = """\
 // kgen's fast torch/extension.h (pipeline/build/headers.py): torch/types.h (ATen, tensors, options)
 // and, for g++, torch/python.h (the binding); not torch/all.h, the C++ frontend (nn, optim, data).
@@ -192,9 +197,10 @@ def _make(with_cuda: bool, notice: Callable[[str], None] | None) -> Path | None:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another kgen on this machine may be making the same folder
         if done.is_file():
             return folder
+        started = time.monotonic()
         if notice:
-            notice("precompiling torch's headers for fast builds (once per torch and compiler; about a "
-                   "minute on 2 cores, some 600 MB a variant under " + str(cache_root()) + ")")
+            notice(f"{PREPARING}: precompiling torch's headers, some 600 MB a variant under {cache_root()}; "
+                   "1-3 minutes on 2 cores, longer on a loaded box; builds wait for it")
         shutil.rmtree(folder, ignore_errors=True)
         header = write_shims(folder, light)
         (header.parent / "extension.h.gch").mkdir(parents=True)
@@ -203,6 +209,8 @@ def _make(with_cuda: bool, notice: Callable[[str], None] | None) -> Path | None:
         if not any(made):
             raise RuntimeError("no precompiled variant passed its check")
         done.write_text("\n".join(name for name, ok in zip(VARIANTS, made) if ok) + "\n")
+        if notice:
+            notice(f"{READY} in {time.monotonic() - started:.0f} s")
     prune(folder.parent)
     return folder
 

@@ -79,6 +79,7 @@ def best(db: str, task: str | None, backend: str | None, as_json: bool, wide: bo
         rows = [r for r in every if r["verdict"] == "correct"]
         board = best_rows(rows)
         p75 = p75_of(store, [r["id"] for r in board])
+        why = None if board else why_none(store, every)
     groups = level_metrics(every, tuple(dict.fromkeys(ps)))
     if metrics_only:
         if as_json:
@@ -87,23 +88,39 @@ def best(db: str, task: str | None, backend: str | None, as_json: bool, wide: bo
         elif groups:
             console(wide).print(metrics_table(groups, wide))
         else:
-            click.echo("No attempt" + (f" for task {task}" if task else "") + ".")
+            click.echo("No attempt" + (f" for task {task}" if task else "") + (f": {why}." if why else "."))
         return
     # Verified faster than eager / torch.compile by the library's rule (leaderboard.faster): the
     # best kernel may still be slower than either, and then the library runs the reference.
     beats = {r["id"]: (faster(r["time_ms"], p75.get(r["id"]), r["eager_ms"]),
                        faster(r["time_ms"], p75.get(r["id"]), r["compile_ms"])) for r in board}
+    if not board:  # why not, and what to run (on stderr where stdout is JSON lines)
+        click.echo("No verified attempt" + (f" for task {task}" if task else "") + (f": {why}." if why else "."),
+                   err=as_json)
+        return
     if as_json:
         for r in board:
             click.echo(json.dumps({**{k: r["id"] if k == "attempt" else r.get(k) for k in BEST_KEYS},
                                    "beats_eager": beats[r["id"]][0], "beats_compile": beats[r["id"]][1]}))
         return
-    if not board:
-        click.echo("No verified attempt" + (f" for task {task}" if task else "") + ".")
-        return
     out = console(wide)
     out.print(best_table(board, beats, wide))
     out.print(metrics_table(groups, wide))
+
+
+def why_none(store, rows: list[dict[str, Any]]) -> str | None:
+    """Why none of `rows` (batch attempts) is verified, and what to run (leaderboard.none_verified);
+    where there are none, whether the database holds only `kgen eval` results."""
+    from ..leaderboard import none_verified
+
+    if rows:
+        return none_verified(rows)
+    if store.attempts(limit=1):
+        return None  # the filters match nothing: the line names them
+    if store.attempts(limit=1, evals=True):
+        return ("only `kgen eval` results are stored, which it leaves out (`kgen attempts --evals` lists "
+                "them); `kgen run` makes a batch")
+    return "no attempts are stored; `kgen run` makes some"
 
 
 def _columns(store) -> list[str]:
@@ -189,13 +206,18 @@ def report(db: str, output: str | None, run_id: str | None, as_json: bool, evals
     with _store(db) as store:
         run_id = _run_id(store, run_id, evals)
         rows = store.attempts(run=run_id, evals=evals)
+        only_evals = not rows and not evals and run_id is None and bool(store.attempts(limit=1, evals=True))
     if not rows:
         click.echo(nothing_matched("attempts", {"run": run_id, "database": db}).rstrip(".")
-                   + "; no report written.")
+                   + ("; only `kgen eval` results are stored, which `kgen report --evals` includes" if only_evals
+                      else "") + "; no report written.")
         return
     output = output or ("report.json" if as_json else "report.html")
-    if as_json:
-        Path(output).write_text(json.dumps(report_json(rows, source=db, run=run_id), indent=1) + "\n")
-    else:
-        Path(output).write_text(render(rows, source=db, run=run_id))
+    text = (json.dumps(report_json(rows, source=db, run=run_id), indent=1) + "\n" if as_json
+            else render(rows, source=db, run=run_id))
+    try:  # into a folder that is not there yet: it is made
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(text)
+    except OSError as exc:
+        raise click.ClickException(f"{output}: cannot write the report ({exc.strerror or exc})") from None
     click.echo(f"wrote {output}: {len(rows)} attempts, {len({r['task'] for r in rows})} tasks")

@@ -55,25 +55,43 @@ def _config(config: str | None) -> Config:
 @click.option("--wide", is_flag=True, help="Every column in the summary table.")
 @click.option("--demo", is_flag=True, help="Run the bundled demo (recorded completions, the seven loss tasks, "
               "small sizes) from any folder, storing into the database here.")
+@click.option("--force", is_flag=True, help="Run even where another `kgen run` is running on the same database "
+              "(each then does the same work).")
 def run(config: str | None, db: str, backend: str | None, fresh: bool, retry_errors: bool, wide: bool,
-        demo: bool) -> None:
+        demo: bool, force: bool) -> None:
     """Run the batch in the config: resume it if the same plan ran before. Ctrl-C stops it (exit 130;
     SIGTERM: 143) and says the command that resumes it. A run that ends with failed model calls
-    says how many and the command that redoes them, and exits 3."""
+    says how many and the command that redoes them, and exits 3. Where another `kgen run` is running
+    on the same database, one line names it and nothing runs (--force runs beside it)."""
     from ..backends import BackendError
     from ..child.tasks import TaskError
     from ..generate.llm import ProviderError
     from .progress import Progress
     from ..run.batch import Runner, RunFailed
+    from ..run.events import RunStart
+    from ..store.runlock import RunBusy, RunLock
     from .tables import run_summary
 
     cfg = _demo_config(config, db) if demo else _config(config)
     _check_sizes(cfg)
+    lock = RunLock(Path(db))
+    if not force:  # one run per database: a second would do every slot again (pipeline.store.runlock)
+        try:
+            lock.acquire()
+        except RunBusy as exc:
+            raise KgenError(str(exc)) from None
+        click.get_current_context().call_on_close(lock.release)
     store = open_store(db, must_exist=False)
     out = console(wide)
+
+    def on_event(event) -> None:
+        if isinstance(event, RunStart):
+            lock.note(event.run_id)  # what a second `kgen run` is told
+        progress.event(event)
+
     try:
         progress = Progress(out)
-        runner = Runner(cfg, store, backend=backend, on_event=progress.event)
+        runner = Runner(cfg, store, backend=backend, on_event=on_event)
     except (ProviderError, TaskError, BackendError) as exc:
         raise KgenError(str(exc)) from None
     failed = None
@@ -218,19 +236,24 @@ def attempts(db, run_id, task, model, verdict, flag, turn, evals, limit, wide, a
         run_id = resolve_run(store, run_id, evals)
         rows = store.attempts(run=run_id, task=task, model=model, verdict=verdict, flag=flag, limit=limit,
                               turn=None if turn is None else turn - 1, evals=evals)
+    from ..leaderboard import none_verified, not_verified_reason
+
     keys = ("id", "run", "task", "model", "sample", "backend", "turn", "generation", "verdict", "flags", "error",
             "time_ms", "eager_ms", "compile_ms", "floor_ms", "speedup_eager", "speedup_compile", "floor_fraction",
-            "code_hash")
+            "code_hash", "device_unfit", "trusted")
     if not rows:
         filters = {"run": run_id, "task": task, "model": model, "verdict": verdict, "flag": flag, "turn": turn,
                    "database": db}
         click.echo(nothing_matched("attempts", filters), err=as_json)  # --json: stdout stays JSON lines
         return
-    if as_json:
+    if as_json:  # not_verified: why a correct attempt is not verified ("unfit: ...", "flagged: ..."), else null
         for r in rows:
-            click.echo(json.dumps({k: r.get(k) for k in keys}))
+            click.echo(json.dumps({**{k: r.get(k) for k in keys}, "not_verified": not_verified_reason(r)}))
         return
-    console(wide).print(attempts_table(rows, wide))
+    out = console(wide)
+    out.print(attempts_table(rows, wide))
+    if any(not_verified_reason(r) for r in rows):  # how many correct ones are not, why, and what to run
+        out.print(Text(visible(none_verified(rows)), style="yellow"))
     calls = sum(r["verdict"] == "model_error" for r in rows)
     if calls:
         click.echo(f"{calls} of these {'are failed model calls' if calls != 1 else 'is a failed model call'}: the "
@@ -271,8 +294,9 @@ def show(attempt_id: str, config: str | None, db: str, full: bool) -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--task", "task_name", required=True, help="A task name in the task folder, or a task file path.")
 @click.option("--backend", type=click.Choice(["cuda", "triton", "cpu", "auto"]), default="auto", show_default=True)
-@click.option("--size", default=None, help="A size the task declares (small, odd, default); default: the config's, "
-              "or with no config file the bundled demo's (small).")
+@click.option("--size", default=None, help="A size the task declares (small, odd, default); default: the config's; "
+              "with no config file, the bundled demo's for a bundled task, and for a task file the size it states "
+              "(its KGEN_SIZES small, else the file as written).")
 @database_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--no-store", is_flag=True, help="Do not record the result in the database.")
@@ -307,9 +331,7 @@ def eval_command(path, task_name, backend, size, config, db, as_json, no_store, 
             except StoreError as exc:
                 raise KgenError(str(exc)) from None
         cfg = load(config)
-        if cfg is None and size is None:  # no config file: judged as the bundled demo judges (pipeline.bundled)
-            size = _demo_config(None, db).tasks.size
-        try:
+        try:  # the size as `kgen serve` resolves it: pipeline.run.single.eval_size
             request = FileRequest(path=path, task=task_name, backend=backend, size=size, grad=grad, dtype=dtype,
                                   store=not no_store)
             result, attempt_id = evaluate_file(request, cfg, db_path=Path(db), notice=echo,

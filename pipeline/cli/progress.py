@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgres
     TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
+from ..build.headers import PREPARING, READY
 from ..records import EvalResult, Verdict
 from ..run.events import (Answered, Built, Building, Cached, Evaluated, Evaluating, Event, Failed, LaneNotice,
                           OverBudget, Planned, Prepared, Released, RunStart, Stored, Unfit)
@@ -32,7 +33,8 @@ from .tables import short_error
 # on a fresh 2-core clone; nvcc builds averaged 88 s (20-96 s). Triton compiles in the child.
 BUILD_COST = {
     "cpu": "a C++ extension (g++ through load_inline) takes about 30-90 s to build on 2 cores, and the "
-           "very first build also precompiles torch's headers (about a minute)",
+           "first build in a new venv also precompiles torch's headers (1-3 minutes on 2 cores, longer on a "
+           "loaded box)",
     "cuda": "a CUDA extension (nvcc through load_inline) takes about 20-100 s to build",
 }
 
@@ -64,6 +66,7 @@ class Progress:
         self.before = 0  # attempts stored before this process started (a resume)
         self.cached = 0  # answers taken from the completion cache
         self.unfit: set[str] = set()
+        self.preparing = False  # the fast-build headers are being made: builds wait (pipeline.build.headers)
         self.lock = threading.RLock()  # events come from the runner's loop, lane notices from threads
         self.stop = threading.Event()
         self.ticker: threading.Thread | None = None
@@ -106,6 +109,8 @@ class Progress:
                     extra.append(f"{self.cached} from the cache")
                 if key == "attempt" and self.before:
                     extra.append(f"{self.before} from before")
+                if key == "build" and self.preparing:
+                    extra.append(PREPARING)
                 parts.append(part + (f" ({', '.join(extra)})" if extra else ""))
             return "; ".join(parts)
 
@@ -137,6 +142,8 @@ class Progress:
                 note = ", ".join(filter(None, [f"{self.before} from before", note]))
             if key == "model" and self.cached:
                 note = ", ".join(filter(None, [f"{self.cached} from the cache", note]))
+            if key == "build" and self.preparing:
+                note = ", ".join(filter(None, [PREPARING, note]))
             self.bars.update(self.ids[key], total=self.total[key], completed=self.done[key],
                              note=Text(note, style="red" if self.failed[key] else ""))
 
@@ -190,8 +197,12 @@ class Progress:
             self._line("reference", f"{slot.task.name}: {spent}")
         elif isinstance(event, Released) and not self.live:  # its attempts are over: its memory goes back
             self._line("reference", f"{event.task}: closed, the task's attempts are over")
-        elif isinstance(event, LaneNotice):  # a lane taken out of service (pipeline.run.lanes)
-            self._say(event.line, style="yellow")
+        elif isinstance(event, LaneNotice):  # a lane taken out of service, or the fast-build headers
+            if event.line.startswith((PREPARING, READY)):
+                with self.lock:
+                    self.preparing = event.line.startswith(PREPARING)
+                self._count("build")  # the build bar's note says it (or no longer does)
+            self._say(event.line, style="" if event.line.startswith((PREPARING, READY)) else "yellow")
 
     def _event(self, what: str, slot: Any, text: str) -> None:
         if self.live:
@@ -226,13 +237,23 @@ def _n(count: int, noun: str) -> str:
 
 
 def _verdict(result: EvalResult) -> str:
+    """"correct, 12.8x eager, ..."; for a correct result stored without a figure or kept out of
+    `best`, why: "correct, not timed (unfit: ...)", "correct, 3x eager, not verified (untrusted: ...)"."""
+    from ..leaderboard import not_verified_reason, result_fields
+
     text = result.verdict.value
+    why = not_verified_reason(result_fields(result))
+    if result.device_unfit and result.verdict is Verdict.correct:  # no figure at all (EvalResult.time_ms)
+        flags = f" (flags: {', '.join(f.value for f in result.flags)})" if result.flags else ""
+        return f"{text}, not timed (unfit: {result.device_unfit}){flags}"
     if result.speedup_eager is not None:
         text += f", {result.speedup_eager:.3g}x eager"
     if result.speedup_compile is not None:
         text += f", {result.speedup_compile:.3g}x torch.compile"
     if result.flags:
         text += f" (flags: {', '.join(f.value for f in result.flags)})"
+    elif why:
+        text += f", not verified ({why})"
     if result.error:
         text += f": {short_error(result.error, 160)}"
     return text

@@ -22,6 +22,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from ..leaderboard import not_verified_reason
 from .plain import literal, visible
 
 WRONG = {"mismatch", "wrong_shape", "wrong_dtype", "wrong_type", "non_finite", "inputs_mutated",
@@ -112,10 +113,11 @@ class AttemptsTable:
         cols = [("id", dict(no_wrap=True, min_width=26))]
         cols += [(k, dict(no_wrap=True, overflow="ellipsis", width=name_width[k])) for k in names]
         cols += [(n, dict(o, min_width=self._natural(n))) for n, o in fixed]
-        if error_column:
-            cols += [("error", dict(overflow="fold", ratio=1, min_width=16))]
+        if error_column:  # the error, or why a correct attempt is not verified
+            header = "error / not verified" if any(not_verified_reason(r) for r in rows) else "error"
+            cols += [("error", dict(overflow="fold", ratio=1, min_width=16, header=header))]
         for name, options in cols:
-            table.add_column(name, **options)
+            table.add_column(options.pop("header", name), **options)
         for r in rows:
             cells = self._cells(r)
             table.add_row(*(cells[name] for name, _ in cols))
@@ -139,15 +141,15 @@ class AttemptsTable:
             "verdict": r["verdict"] + ("*" if r["flags"] and not self.wide else ""),
             "flags": ",".join(r["flags"]), "time ms": fmt(r["time_ms"]), "x eager": fmt(r["speedup_eager"]),
             "x compile": fmt(r["speedup_compile"]),
-            "error": Text(short_error(r["error"], *ERROR_CELL)),  # a compiler's or candidate's words: literal
+            "error": Text(_note(r)),  # a compiler's or candidate's words: literal
         }
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
         narrow = self.table(width, error_column=False)
         room = width - console.measure(narrow, options=options).maximum - GAP
-        if self.wide or room >= ERROR_ROOM or not any(r["error"] for r in self.rows):
-            yield self.table(width, error_column=self.wide or any(r["error"] for r in self.rows))
+        if self.wide or room >= ERROR_ROOM or not any(_note(r) for r in self.rows):
+            yield self.table(width, error_column=self.wide or any(_note(r) for r in self.rows))
             return
         # The table without its error column, one line per row (nothing in it wraps), each row's
         # error after it on a line of its own.
@@ -160,16 +162,38 @@ class AttemptsTable:
         yield from _lines(lines[:head])
         for line, r in zip(lines[head:], self.rows):
             yield from _lines([line])
-            if r["error"]:
-                yield Padding(Text(short_error(r["error"], *ERROR_CELL), style="dim"), (0, 0, 0, 4))
+            if _note(r):
+                yield Padding(Text(_note(r), style="dim"), (0, 0, 0, 4))
         if caption:
             yield Text(caption, style="table.caption")
+
+
+class Trimmed:
+    """A renderable's lines without trailing spaces (a table's title or a wrapped line pads them)."""
+
+    def __init__(self, renderable: RenderableType):
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in console.render_lines(self.renderable, options, pad=False):
+            while line and not line[-1].control and not line[-1].text.rstrip(" "):
+                line.pop()  # a segment of spaces only
+            if line and not line[-1].control:
+                line[-1] = Segment(line[-1].text.rstrip(" "), line[-1].style)
+            yield from line
+            yield Segment.line()
 
 
 def _lines(lines: list[list[Segment]]) -> RenderResult:
     for line in lines:
         yield from line
         yield Segment.line()
+
+
+def _note(r: dict[str, Any]) -> str:
+    """An attempt's error cell: its error, or why a correct attempt is not verified (leaderboard)."""
+    why = not_verified_reason(r)
+    return f"not verified: {visible(why)}" if why else short_error(r["error"], *ERROR_CELL)
 
 
 def attempts_table(rows: list[dict[str, Any]], wide: bool = False) -> AttemptsTable:
@@ -209,7 +233,9 @@ class Grid:
                 break
             columns.remove(droppable[-1])
         widths = _name_widths(self.rows, names, room)
-        table = _table(self.title)
+        if self.title:  # its own line, at the console's width: a table's title wraps to the table's
+            yield Text(self.title, style="table.title")
+        table = _table(None)
         for c in columns:
             if c in names:
                 table.add_column(header[c], no_wrap=True, overflow="ellipsis", width=widths[c])
@@ -223,14 +249,19 @@ class Grid:
 
 
 def run_summary(store, run_id: str, backend: str, wide: bool = False) -> list[RenderableType]:
-    """Per task and model: attempts, correct, fast_1 (correct and faster than eager), and the best
-    kernel (leaderboard.rank_key, the rule `kgen best` and the library use): its speedup over eager
-    and its attempt id (left out where it does not fit; --wide keeps it); with `wide`, also compiled
-    %, wrong, failed, fast_compile, its speedup over torch.compile and floor fraction, and the verdict
-    counts. Then the run's model usage."""
-    from ..leaderboard import best_rows
+    """Per task and model: attempts, correct, verified (leaderboard.is_verified), fast_1 (verified with
+    a speedup over eager above 1, as `kgen best` counts it), and the best kernel (leaderboard.rank_key,
+    the rule `kgen best` and the library use): its speedup over eager and its attempt id (left out
+    where it does not fit; --wide keeps it); with `wide`, also compiled %, wrong, failed,
+    fast_compile, its speedup over torch.compile and floor fraction, and the verdict counts. Then why
+    correct attempts are not verified, where some are not, and the run's model usage."""
+    from ..leaderboard import best_rows, is_verified, none_verified, not_verified_reason
 
     rows = store.attempts(run=run_id)
+    verified: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if is_verified(r):
+            verified.setdefault((r["task"], r["model"]), []).append(r)
     verdicts: dict[tuple[str, str], dict[str, int]] = {}
     for r in rows:
         counts = verdicts.setdefault((r["task"], r["model"]), {})
@@ -239,10 +270,11 @@ def run_summary(store, run_id: str, backend: str, wide: bool = False) -> list[Re
     summary = store.run_summary(run_id)
     model = None if wide else _constant(summary, "model")
     title = f"run {run_id} ({backend}" + (f", model {visible(model)}" if model else "") + ")"
-    columns = ["task"] + ([] if model else ["model"]) + ["n", "correct", "fast_1", "best x eager", "best attempt"]
+    columns = (["task"] + ([] if model else ["model"])
+               + ["n", "correct", "verified", "fast_1", "best x eager", "best attempt"])
     if wide:
-        columns = ["task", "model", "n", "compiled", "correct", "wrong", "failed", "fast_1", "fast_compile",
-                   "best x eager", "best x compile", "best attempt", "best floor frac", "verdicts"]
+        columns = ["task", "model", "n", "compiled", "correct", "verified", "wrong", "failed", "fast_1",
+                   "fast_compile", "best x eager", "best x compile", "best attempt", "best floor frac", "verdicts"]
     cells = []
     for s in summary:
         key = (s["task"], s["model"])
@@ -250,11 +282,14 @@ def run_summary(store, run_id: str, backend: str, wide: bool = False) -> list[Re
         wrong = sum(n for v, n in counts.items() if v in WRONG)
         n = s["attempts"]
         top = best.get(key, {})
+        mine = verified.get(key, [])
         cells.append({
             "task": s["task"], "model": s["model"], "n": n, "compiled": f"{100 * s['compiled'] / n:.0f}%",
             "correct": f"{s['correct']} ({100 * s['correct'] / n:.0f}%)" if wide else s["correct"],
-            "wrong": wrong, "failed": n - s["correct"] - wrong, "fast_1": s["fast_1"],
-            "fast_compile": s["fast_compile"], "best x eager": fmt(top.get("speedup_eager")),
+            "verified": len(mine), "wrong": wrong, "failed": n - s["correct"] - wrong,
+            "fast_1": sum((r["speedup_eager"] or 0) > 1 for r in mine),
+            "fast_compile": sum((r["speedup_compile"] or 0) > 1 for r in mine),
+            "best x eager": fmt(top.get("speedup_eager")),
             "best x compile": fmt(top.get("speedup_compile")), "best attempt": top.get("id", "-"),
             "best floor frac": fmt(top.get("floor_fraction")),
             "verdicts": ", ".join(f"{v} {c}" for v, c in sorted(counts.items())),
@@ -264,13 +299,15 @@ def run_summary(store, run_id: str, backend: str, wide: bool = False) -> list[Re
     usage = Text(f"model usage this run: {tokens} tokens, ${usd:.4f}"
                  + ("  (budget reached: the remaining slots were not started)" if status == "budget_reached" else ""))
     parts: list[RenderableType] = [Grid(title, columns, cells, wide, optional=("best attempt",))]
+    if any(not_verified_reason(r) for r in rows):  # why correct attempts are not verified, and what to run
+        parts.append(Text(visible(none_verified(rows)), style="yellow"))
     calls = sum(counts.get("model_error", 0) for counts in verdicts.values())
     if calls:
         parts.append(Text(f"{calls} model call{'s' if calls != 1 else ''} failed: not judged, and in a search "
                           "the conversation stops there (kgen attempts --verdict model_error lists them)", style="red"))
     if not wide:
         parts.append(Text("kgen attempts --run latest lists each attempt; --wide adds columns"))
-    return parts + [usage]
+    return [Trimmed(part) for part in parts + [usage]]
 
 
 BEST_WIDE = ["task", "backend", "device", "size", "time ms", "x eager", "x compile", "beats", "floor frac", "model",

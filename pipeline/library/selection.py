@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..backends import GPU_BACKENDS
-from ..leaderboard import faster, is_verified, not_faster_reason, rank_key
+from ..leaderboard import faster, is_verified, none_verified, not_faster_reason, rank_key
 from .export import open_export, task_row_of
 from .kernels import Envelope, KernelEntry, LibraryError, _Record, device_kind, entry_from_attempt, sha256_text
 
@@ -101,7 +101,11 @@ def from_db(task: str, db: Path, backend: str, kind: str, generated: Path, build
     try:
         newest = store.attempts(task=task, limit=1)
         if not newest:
-            raise LibraryError(f"{db}: no attempts for task {task!r}")
+            if store.attempts(task=task, limit=1, evals=True):
+                raise LibraryError(f"{db}: task {task!r} has only `kgen eval` results, which the library never "
+                                   "uses; a `kgen run` with the task in its config makes batch attempts")
+            raise LibraryError(f"{db}: no attempts for task {task!r}; a `kgen run` with the task in its config "
+                               "makes some")
         verified = [r for r in store.attempts(task=task, verdict="correct") if is_verified(r)
                     and (r.get("dtype") or "float32") == dtype and _mode_key(grad, bool(r.get("grad"))) is not None]
         fitting = sorted((r for r in verified if _fits(backend, kind, r["backend"], r["device"], r["torch_version"],
@@ -127,6 +131,10 @@ def from_db(task: str, db: Path, backend: str, kind: str, generated: Path, build
                           reasons)
         if slow:
             reasons.append(_slower(slow))
+        elif not fitting and not any(is_verified(r) for r in store.attempts(task=task, verdict="correct")):
+            # none verified anywhere: why (unfit, flagged, untrusted, none correct) and what to run
+            reasons.append(("no_kernel", f"{_none_here(backend, kind, 0)[1]} in {db}: "
+                                         f"{none_verified(store.attempts(task=task))}"))
         elif not fitting:
             reasons.append(_none_here(backend, kind, len(verified)))
         task_row = task_row_of(store, newest[0]["task_id"])

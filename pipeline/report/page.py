@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 from plotly.offline import get_plotlyjs
 
-from ..leaderboard import best_rows
+from ..leaderboard import best_rows, is_verified, none_verified, not_verified_reason
 from ..records import Verdict
 from .charts import VERDICT_COLOURS, distribution_figure, fast_p_figure, floor_speedup, search_figure, speedup_figure, verdict_figure
 from .kbmetrics import best_per_task, level_label, level_metrics
@@ -45,15 +45,17 @@ def _verdict_rank(verdict: str) -> int:
 
 
 def _task(task: str, mine: list[dict[str, Any]], chart: bool = True) -> dict[str, Any]:
-    """One task: its correct attempts best first (numbered as in its chart), then every other attempt by
-    verdict, and (with `chart`) the chart of the best MAX_BARS correct ones."""
-    correct = sorted((r for r in mine if r["verdict"] == "correct"),
-                     key=lambda r: (-(r["speedup_eager"] or 0.0), r["id"]))
-    rest = sorted((r for r in mine if r["verdict"] != "correct"), key=lambda r: (_verdict_rank(r["verdict"]), r["id"]))
-    listed = [{"rank": i, "row": r} for i, r in enumerate(correct, 1)] + [{"rank": None, "row": r} for r in rest]
-    return {"name": task, "attempts": len(mine), "correct": correct, "listed": listed,
-            "figure": speedup_figure(correct[:MAX_BARS]) if correct and chart else None,
-            "cut": max(0, len(correct) - MAX_BARS)}
+    """One task: its verified attempts best first (numbered as in its chart), then the correct ones not
+    verified, then every other attempt by verdict, and (with `chart`) the chart of the best MAX_BARS
+    verified ones."""
+    verified = sorted((r for r in mine if is_verified(r)), key=lambda r: (-(r["speedup_eager"] or 0.0), r["id"]))
+    rest = sorted((r for r in mine if not is_verified(r)),  # correct (not verified) first
+                  key=lambda r: (r["verdict"] != "correct", _verdict_rank(r["verdict"]), r["id"]))
+    listed = [{"rank": i, "row": r} for i, r in enumerate(verified, 1)] + [{"rank": None, "row": r} for r in rest]
+    return {"name": task, "attempts": len(mine), "correct": sum(r["verdict"] == "correct" for r in mine),
+            "verified": verified, "listed": listed,
+            "figure": speedup_figure(verified[:MAX_BARS]) if verified and chart else None,
+            "cut": max(0, len(verified) - MAX_BARS)}
 
 
 def _verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -68,10 +70,11 @@ def _verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def fast_p(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """fast_p: the share of all attempts that are correct with a speedup above p, over eager and over
-    torch.compile; a table at a 1-2-5 grid of p, and the exact step curves for the chart."""
+    """fast_p: the share of all attempts that are verified (leaderboard.is_verified) with a speedup above
+    p, over eager and over torch.compile; a table at a 1-2-5 grid of p, and the exact step curves for
+    the chart."""
     n = len(rows)
-    correct = [r for r in rows if r["verdict"] == "correct"]
+    correct = [r for r in rows if is_verified(r)]
     eager = [r["speedup_eager"] for r in correct if r["speedup_eager"] is not None]
     compiled = [r["speedup_compile"] for r in correct if r["speedup_compile"] is not None]
     top = max(eager + compiled + [1.0])
@@ -93,9 +96,9 @@ def search_data(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """A search's progress by step (turn, or generation when the rows evolved): per step, for every
     conversation (task, model, sample; a task's whole archive when evolving), whether its best so far
     is correct, faster than eager, faster than torch.compile; and per task the best-so-far speedup.
-    Step 1 is the first answer to the plain prompt: the single-shot numbers of the same run. A
-    correct attempt whose timing was marked unfit (a loaded box) counts as correct, but its speedups
-    count for nothing: they were not measured where they could be trusted."""
+    Step 1 is the first answer to the plain prompt: the single-shot numbers of the same run. Only
+    verified attempts count (leaderboard.is_verified), as everywhere on the page: a correct attempt
+    timed on an unfit device, flagged or untrusted does not."""
     evolve = any(r.get("generation") for r in rows)
     steps = sorted({_step(r, evolve) for r in rows})
     if steps in ([], [0]):
@@ -104,21 +107,20 @@ def search_data(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     def key(r: dict[str, Any]) -> tuple:
         return (r["task"], r["model"]) if evolve else (r["task"], r["model"], r["sample"])
 
-    verified = [r for r in rows if r["verdict"] == "correct" and r.get("trusted", 1) != 0]
+    verified = [r for r in rows if is_verified(r)]
     threads = sorted({key(r) for r in rows})
     task_names = sorted({r["task"] for r in rows})
     per_step, per_task = [], {}
     for step in steps:
-        upto = [r for r in verified if _step(r, evolve) <= step]
-        timed = [r for r in upto if not r.get("device_unfit")]  # whose speedups count
-        best: dict[tuple, dict[str, float]] = {key(r): {"eager": 0.0, "compile": 0.0} for r in upto}
+        timed = [r for r in verified if _step(r, evolve) <= step]
+        best: dict[tuple, dict[str, float]] = {key(r): {"eager": 0.0, "compile": 0.0} for r in timed}
         for r in timed:
             b = best[key(r)]
             b["eager"] = max(b["eager"], r["speedup_eager"] or 0.0)
             b["compile"] = max(b["compile"], r["speedup_compile"] or 0.0)
         n = len(threads)
         per_step.append({"step": step + 1, "attempts": sum(1 for r in rows if _step(r, evolve) == step),
-                         "correct": len(best) / n, "fast_1": sum(b["eager"] > 1 for b in best.values()) / n,
+                         "verified": len(best) / n, "fast_1": sum(b["eager"] > 1 for b in best.values()) / n,
                          "fast_compile": sum(b["compile"] > 1 for b in best.values()) / n,
                          "best_eager": max((b["eager"] for b in best.values() if b["eager"]), default=None)})
         for task in task_names:
@@ -158,11 +160,13 @@ def report_data(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in rows:
         by_task.setdefault(r["task"], []).append(r)
     charts = len(order) <= TASK_CHARTS
+    best = best_rows(rows)
     return {"n": len(rows), "n_correct": sum(r["verdict"] == "correct" for r in rows),
+            "n_verified": sum(map(is_verified, rows)), "why_none": None if best else none_verified(rows),
             "models": sorted({r["model"] for r in rows}), "runs": sorted({r["run_id"] for r in rows}),
             "levels": levels_data(rows), "task_charts": charts,
             "tasks": [_task(t, by_task[t], charts) for t in order],
-            "best": best_rows(rows), "verdicts": _verdicts(rows), "fast_p": fast_p(rows), "search": search,
+            "best": best, "verdicts": _verdicts(rows), "fast_p": fast_p(rows), "search": search,
             "search_figure": search_figure(search) if search else None}
 
 
@@ -170,8 +174,13 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _error(value: str | None) -> str:
-    """An error as one short cell: its first line, cut at ERROR_CHARS (escaped later, by the template)."""
+def _error(row: dict[str, Any]) -> str:
+    """An attempt's error as one short cell: its first line, cut at ERROR_CHARS; for a correct attempt
+    that is not verified, why (escaped later, by the template)."""
+    why = not_verified_reason(row)
+    if why:
+        return f"not verified: {why}"
+    value = row.get("error")
     if not value:
         return ""
     line = value.strip().splitlines()[0] if value.strip() else ""

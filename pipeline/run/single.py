@@ -39,6 +39,25 @@ def _task(name: str, cfg: Config | None) -> tasks.TaskFile:
     return find_task(cfg, name)
 
 
+def eval_size(size: str | None, cfg: Config | None, task: tasks.TaskFile, named_file: bool) -> str:
+    """The size `kgen eval` judges `task` at, the same whether this process judges it or `kgen serve`
+    does (both call evaluate_file with the request as given): `size` (--size) where given; else the
+    config's tasks.size where a config file is loaded; else, for a bundled task named without a config,
+    the bundled demo's size; else, for a task file (`named_file`), the size the file states: its
+    KGEN_SIZES["small"] where it declares one, else the file as written ("default"), never a "small"
+    derived from a size the file does not state."""
+    if size:
+        return size
+    if cfg is not None:
+        return cfg.tasks.size
+    if not named_file:
+        from ..config import load_config
+
+        return load_config(bundled.path(bundled.DEMO_CONFIG)).tasks.size
+    stated = sizes.size_presets(tasks.load_module(task, sizes.DEFAULT_SIZE))
+    return sizes.SMALL_SIZE if sizes.SMALL_SIZE in stated else sizes.DEFAULT_SIZE
+
+
 @dataclass
 class Warm:
     """What a long-lived evaluator (`kgen serve`) keeps between evaluations, as a batch keeps it
@@ -112,7 +131,7 @@ def evaluate_file(request: FileRequest, cfg: Config | None, *, db_path: Path | N
     path, task_name, backend, size = Path(request.path), request.task, request.backend, request.size
     grad, dtype, code, store = request.grad, request.dtype, request.code, request.store
     task = _task(task_name, cfg)
-    chosen_size = size or (cfg.tasks.size if cfg else sizes.DEFAULT_SIZE)
+    chosen_size = eval_size(size, cfg, task, named_file=task_name.endswith(".py") or "/" in task_name)
     module = tasks.load_module(task, chosen_size, dtype)
     size_name = sizes.effective_size(module, chosen_size)
     backend, gpu = resolve_backend(backend, cfg.auto_backends if cfg else ("cuda", "cpu"))

@@ -154,7 +154,8 @@ class StoreQueries:
         evals: bool = False,
     ) -> list[dict[str, Any]]:
         """Attempts, newest first. `kgen eval` results are left out unless `evals` or `run` names
-        their run: one file judged by hand is not a batch result (leaderboard, report, library)."""
+        their run: one file judged by hand is not a batch result (leaderboard, report, library). Each
+        row also has `untrusted_reason` (from its result; None unless trusted is 0)."""
         where, params = [], []
         for column, value in (("run_id", run), ("task", task), ("model", model),
                               ("verdict", verdict), ("turn", turn)):
@@ -176,6 +177,9 @@ class StoreQueries:
             params.append(int(limit))
         out = []
         for row in self.db.query(sql, params):
+            # Why an attempt is untrusted is kept only in its result: a listing says why it is not verified.
+            row["untrusted_reason"] = (json.loads(row["result_json"] or "{}").get("untrusted_reason")
+                                       if row.get("trusted") == 0 else None)
             for column in _LIST_HIDDEN:
                 row.pop(column)
             out.append(_attempt_row(row))
