@@ -206,6 +206,9 @@ class EvalConfig(_Strict):
     """Wall-clock limit of one build."""
     memory_limit_gb: float = Field(default=16.0, gt=0)
     """Address-space limit of a cpu-backend child."""
+    load_retries: int = Field(default=2, ge=0)
+    """A correct attempt whose cpu was too loaded to time it (no figure) is judged again, fresh, up
+    to this many times; if the load never passes it keeps its verdict with no figure."""
     room_memory_gb: float = Field(default=32.0, gt=0)
     """Memory an attempt's room may use in all (its cgroup's limit: every process of the candidate,
     its HOME's tmpfs, the outputs it writes into shared memory), where the host allows cgroups."""

@@ -241,6 +241,11 @@ def load_share(windows: list[Window]) -> float:
     return min(1.0, waited / total) if total > 0 else 0.0
 
 
+def load_unfit(reason: str | None) -> bool:
+    """Whether a result's unfit mark is this module's (`loaded`): a cpu too loaded to time on."""
+    return bool(reason) and reason.startswith("the cpu was loaded")
+
+
 def loaded(evidence: Evidence, device: str) -> str | None:
     """Why an evaluation's timing is unfit for the load on its cpu (LOADED_SHARE); else None."""
     if device != "cpu" or evidence.load_share < LOADED_SHARE:

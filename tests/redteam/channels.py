@@ -15,8 +15,9 @@ The channels:
 - io_uring: io_uring_setup;
 - fsize: one byte written at 3 GiB into a sparse file in HOME (no real disk), then removed;
 - nproc: up to NPROC blocked subshells of /bin/sh, then all ended (the pipe they read closes, their
-  group is killed): open where every one started, denied with the count where a fork was refused,
-  unfinished where the deadline came first with nothing refused.
+  group is killed): open where every one started, denied with the count where a fork was refused
+  (the shell's, or, once its count stalls for 3 s, one of the probe's own), unfinished where the
+  deadline came first with nothing refused.
 The forward is torch's own mse, so a verdict exists (correct, flagged no_custom_kernel).
 
 Why each should be closed: one room per attempt (its own IPC namespace and mount namespace with no
@@ -173,11 +174,22 @@ def _nproc():
     os.close(w)
     os.close(hold_r)
     count, ended, done, buf, end = 0, False, False, b"", time.monotonic() + NPROC_S
+    refused, moved = None, time.monotonic()
     os.set_blocking(r, False)
     while time.monotonic() < end and not done:
         try:
             chunk = os.read(r, 4096)
         except BlockingIOError:
+            if time.monotonic() - moved > 3.0 and refused is None:  # the count stalled: may we fork at all?
+                try:
+                    child = os.fork()
+                except OSError as exc:
+                    refused = _err(exc.errno)
+                    break
+                if child == 0:
+                    os._exit(0)
+                os.waitpid(child, 0)
+                moved = time.monotonic()
             time.sleep(0.02)
             continue
         if not chunk:
@@ -188,7 +200,7 @@ def _nproc():
             if line == b"done":
                 done = True
             elif line.isdigit():
-                count = int(line)
+                count, moved = int(line), time.monotonic()
         buf = buf.rsplit(b"\n", 1)[-1]
     os.close(hold_w)  # every reader reads end of file and exits
     try:
@@ -199,8 +211,8 @@ def _nproc():
     os.close(r)
     if count >= NPROC:
         _note("nproc", "open", f"{count} of {NPROC}")
-    elif ended:
-        _note("nproc", "denied", f"{count} of {NPROC}")
+    elif ended or refused:
+        _note("nproc", "denied", f"{count} of {NPROC}" + (f", then a fork of ours: {refused}" if refused else ""))
     else:  # still forking at the deadline: nothing refused it
         _note("nproc", "unfinished", f"{count} of {NPROC} in {NPROC_S:g} s")
 
