@@ -81,11 +81,27 @@ def explain_error(error: str | None, detail: str | None) -> str | None:
     where = [line.strip() for line in lines[frames[-1]:body] if line.strip() and set(line.strip()) - set("^~ ")]
     if message[0].strip() and message[0].strip()[:200] in error:
         message = message[1:]  # the first line is the error's own
-    extra = ["at " + " | ".join(where)] + message
+    extra = _hide_values("\n".join(["at " + " | ".join(where)] + message)).splitlines()
     if len(extra) > ERROR_LINES:
         extra = extra[:ERROR_LINES - 1] + [f"... ({len(extra) - ERROR_LINES + 1} more lines)"]
     text = "\n".join([error] + extra)
     return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS - 4] + " ..."
+
+
+def _hide_values(text: str) -> str:
+    """`text` with every tensor's printed values cut to `tensor(...)`: an error that prints the
+    arguments a call got (pybind's "Invoked with: tensor([[0.16, ...") would show the judge's inputs."""
+    out, at = [], 0
+    while (start := text.find("tensor(", at)) >= 0:
+        depth, end = 0, start + len("tensor")
+        while end < len(text):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+            if depth == 0:
+                break
+        out += [text[at:start], "tensor(...)"]
+        at = end
+    return "".join(out) + text[at:]
 
 
 def explained(result: EvalResult) -> EvalResult:
