@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 OUTPUT = ROOT / "docs" / "validation.md"
 # The topics in the order the page gives them; a file not named here comes after them, by name.
-ORDER = ("room", "redteam", "references", "fidelity", "throughput", "kernelbench", "suite")
+ORDER = ("room", "model", "redteam", "references", "fidelity", "throughput", "kernelbench", "suite")
 FIELDS = ("device", "date", "tree", "command", "holds")
 
 HEADER = """# Validation: what holds now
