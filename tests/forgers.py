@@ -33,6 +33,15 @@ def load_unfit(result: EvalResult) -> bool:
     return result.verdict is Verdict.correct and (result.device_unfit or "").startswith("the cpu was loaded")
 
 
+def no_figure(result: EvalResult) -> bool:
+    """Judged correct on a cpu too loaded to time it, after the judge's retries: then it must carry
+    no figure at all (the rule), which this asserts; False where it was timed."""
+    if not load_unfit(result):
+        return False
+    assert result.time_ms is None and result.speedup_eager is None and result.timing is None, result
+    return True
+
+
 def assert_refused_or_near_twin(results: list[tuple[str, EvalResult]], honest: Callable[[EvalResult], None],
                                 forger: Callable[[EvalResult], None] | None = None) -> None:
     """`results` in the order evaluated, (name, result), each forger right after its honest twin:

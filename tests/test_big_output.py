@@ -254,7 +254,7 @@ def test_a_kernelbench_task_with_a_gigabyte_of_output_fits_four_footprints_and_w
     print(f"peak {peak / GIB:.2f} GiB = {peak / total:.2f} x the footprint ({total / GIB:.2f} GiB), "
           f"{written / 1e6:.1f} MB written, {seconds:.0f} s, {meter.samples} samples; at the peak: "
           f"{ {k: f'{v / GIB:.2f} GiB' for k, v in meter.at_peak.items()} }")
-    out = json.loads(result.output.strip().splitlines()[-1]) if result.exit_code == 0 else None
+    out = json.loads(result.output.strip().splitlines()[-1]) if result.exit_code in (0, 1) else None
     assert out is not None, result.output[-3000:]
     print("phases", out.get("phases"))
     assert out["verdict"] == "correct", out.get("error")

@@ -16,6 +16,8 @@ from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Flag, Verdict
 
+from forgers import no_figure
+
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = sorted(p.stem for p in (ROOT / "reference_tasks").glob("*.py"))
 SETTINGS = EvalConfig(trials=3, warmup_calls=1, compile_baseline=False, check_shapes=False, profile=False,
@@ -40,7 +42,8 @@ def test_the_reference_as_its_own_candidate_is_correct(name, tmp_path):
     result = judge_the_reference(name, "odd", "cpu", tmp_path)
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
     # The reference is PyTorch's own ops: no code of its own was built, the parent's finding (pipeline.judge.owncode).
-    assert result.time_ms > 0 and result.flags == [Flag.no_custom_kernel], result.flags
+    assert result.flags == [Flag.no_custom_kernel], result.flags
+    assert no_figure(result) or result.time_ms > 0, result.device_unfit
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -102,14 +105,13 @@ def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypa
     monkeypatch.setattr(evaluate, "_judge", judge_counted)
     monkeypatch.setattr(sandbox.Child, "send", send)
     result = judge_the_reference("mse", "odd", "cpu", tmp_path)
-    if len(evaluations) == 1:
-        # A busy box (real load, not only the stall): the judge marks the timing unfit for the load,
-        # and a refusal on the clocks alone is then not a verdict (pipeline.judge.clocks.LOADED_SHARE).
+    if no_figure(result):
+        # A busy box (real load, not only the stall) through every retry: the judge marks the timing
+        # unfit for the load, with no figure, and a refusal on the clocks alone is then not a verdict
+        # (pipeline.judge.clocks.LOADED_SHARE).
         assert result.verdict is Verdict.correct, (result.verdict.value, result.error)
-        assert (result.device_unfit or "").startswith("the cpu was loaded"), result.device_unfit
-        assert "the parent's clock refused" in result.device_unfit and result.first_refusal is None
         return
-    assert len(evaluations) == 2
+    assert len(evaluations) >= 2  # a second look; more where a look's cpu was too loaded (load_retries)
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.first_refusal)
     assert result.first_refusal and "parent's own clock measured" in result.first_refusal
     assert result.wall_ms_per_call < 1.0  # the second's estimate: no stall in it

@@ -31,7 +31,7 @@ from pipeline.child import HARNESS, tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Flag, Verdict
 
-from forgers import TWIN_RATIO, load_unfit
+from forgers import TWIN_RATIO, load_unfit, no_figure
 
 ROOT = Path(__file__).resolve().parent.parent
 REDTEAM = Path(__file__).resolve().parent / "redteam"
@@ -489,6 +489,8 @@ def test_timed_seeds_are_not_in_the_childs_plan(bench, tmp_path):
     filled input sets and answers the whole block at once. Every call of a block is timed and the
     block mean is what counts, so the work still shows in full."""
     result = run(bench, "replay_plan.py", "mse", tmp_path)
+    if no_figure(result):
+        pytest.skip(f"the cpu stayed too loaded to time through the judge's retries: {result.device_unfit}")
     real = real_ms(result)
     assert real is not None, f"the candidate never found the input sets: {describe(result)}"
     assert result.verdict is V.correct, describe(result)
@@ -724,6 +726,8 @@ def test_a_kernel_on_every_core_is_held_to_eager_s_threads(bench, honest_build, 
     twin = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS)
     spread = evaluate.evaluate(bench("mse"), code, Path(built.build_dir), SETTINGS)
     assert twin.verdict is V.correct and spread.verdict is V.correct, (describe(twin), describe(spread))
+    if no_figure(twin) or no_figure(spread):
+        pytest.skip("the cpu stayed too loaded to time through the judge's retries: no ratio to compare")
     cores = [int(n[1]) for n in notes(spread) if n[0] == "cores"]
     assert cores and cores[-1] == SETTINGS.cpu_threads, f"the child could run on {cores} cores: {describe(spread)}"
     ratio = spread.eager_ratio.median / twin.eager_ratio.median

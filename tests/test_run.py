@@ -284,9 +284,9 @@ def test_kgen_eval_judges_a_file_and_stores_it(tmp_path):
     code.write_text(RIGHT.split("```python")[1].split("```")[0])
     result = CliRunner().invoke(main, ["eval", str(code), "--task", "mse", "--backend", "cpu", "--size", "small",
                                        "-c", str(config), "--json"])
-    assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["verdict"] == "correct" and out["flags"] == ["no_custom_kernel"]
+    assert result.exit_code == 1, result.output  # correct but flagged: not verified, so not 0
     for key in ("error", "time_ms", "eager_ms", "compile_ms", "floor_ms", "speedup_eager", "speedup_compile"):
         assert key in out
     assert out["time_ms"] > 0 and out["floor_ms"] > 0

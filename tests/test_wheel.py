@@ -78,8 +78,8 @@ def test_wheel_installs_and_judges_from_an_empty_folder(tmp_path):
     (empty / "candidate.py").write_text(CANDIDATE)
     judged = subprocess.run([str(bin_dir / "kgen"), "eval", "candidate.py", "--task", "mse", "--backend", "cpu",
                              "--json"], cwd=empty, env=env, capture_output=True, text=True, timeout=240)
-    assert judged.returncode == 0, judged.stdout + judged.stderr[-3000:]
     result = json.loads(judged.stdout.splitlines()[-1])
+    assert judged.returncode == 1 and result["flags"] == ["no_custom_kernel"], judged.stdout + judged.stderr[-3000:]
     # The bundled config's size (config.yaml: small with 1024 rows, where the demo's fused kernels are timed).
     assert result["verdict"] == "correct" and result["size"] == "small(batch_size=1024)", result
     assert (empty / "db" / "kgen.db").is_file()  # stored where this folder's commands look

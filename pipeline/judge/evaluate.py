@@ -279,7 +279,9 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     for _ in range(settings.load_retries):
         if result.verdict is not Verdict.correct or not clocks.load_unfit(result.device_unfit):
             break
+        refusal = result.first_refusal
         result = _evaluate_once(bench, code_path, build_dir, settings, env, spares, watch, None)
+        result = result.model_copy(update={"first_refusal": result.first_refusal or refusal})
         spent += result.eval_seconds
     return result.model_copy(update={"eval_seconds": spent})
 
