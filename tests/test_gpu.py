@@ -601,7 +601,7 @@ def test_cuda_siblings_share_no_answers_through_sysv_shm(tmp_path):
     tag = os.urandom(6).hex()
     key = room.sysv_key(tag)
     attack = room.tagged("sibling_sysv_cuda.py", tag, tmp_path).read_text()
-    honest = room.tagged("sibling_sysv_cuda_honest.py", tag, tmp_path).read_text()
+    honest = room.tagged("sibling_sysv_cuda.py", tag, tmp_path, **room.TWIN["sibling_sysv_cuda.py"]).read_text()
     config = room.write_config(tmp_path, [attack, attack, honest], size="small", backend="cuda")
     try:
         proc = room.kgen("run", "-c", str(config), cwd=tmp_path)

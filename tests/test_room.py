@@ -43,6 +43,12 @@ EVALUATION = {"trials": 3, "timed_calls": 8, "warmup_calls": 1, "compile_baselin
               "check_shapes": False, "profile": False, "timeout_s": 120}
 
 
+# Each attack's honest twin: the same file with the attack turned off.
+TWIN = {"sibling_sysv.py": {"SHARE = True": "SHARE = False"},
+        "sibling_sysv_cuda.py": {"SHARE = True": "SHARE = False"},
+        "load_launder.py": {"FACTOR = 0.1": "FACTOR = 1.0"}}
+
+
 def tagged(name: str, tag: str, dest: Path, **subs: str) -> Path:
     """The candidate `name` with its TAG (and any other `subs`, literal text to literal text) filled in."""
     text = (REDTEAM / name).read_text().replace("__KGEN_TAG__", tag)
@@ -196,7 +202,7 @@ def test_siblings_share_no_answers_through_sysv_shm(tmp_path):
     tag = uuid.uuid4().hex[:12]
     key = sysv_key(tag)
     attack = tagged("sibling_sysv.py", tag, tmp_path).read_text()
-    honest = tagged("sibling_sysv_honest.py", tag, tmp_path).read_text()
+    honest = tagged("sibling_sysv.py", tag, tmp_path, **TWIN["sibling_sysv.py"]).read_text()
     config = write_config(tmp_path, [attack, attack, honest])
     try:
         proc = kgen("run", "-c", str(config), cwd=tmp_path)
@@ -447,16 +453,16 @@ def test_channel_is_closed(channel_runs, channel):
 SPEEDUP_FIELDS = ("speedup_eager", "speedup_compile")
 
 
-@pytest.mark.parametrize("name", ["load_launder.py", "load_launder_honest.py"], ids=["forged", "honest_twin"])
-def test_unfit_timing_carries_no_figure(tmp_path, name):
+@pytest.mark.parametrize("twin", [False, True], ids=["forged", "honest_twin"])
+def test_unfit_timing_carries_no_figure(tmp_path, twin):
     """load_launder.py forges its clock to a tenth and loads its own cores with two spinners so the
     parent marks the timing unfit; its twin only loads. For each: the spinners ran and the timing is
     marked unfit (clocks.loaded: the load is theirs), and then there is no figure: the stored
     result's x eager and x compile (and the pairwise ratios behind them) are None, `kgen eval --json`
     prints none, and `kgen eval` exits non-zero. The forger's rebound clocks are its own claim, so it
     is checked on its note too: it forged (else the test proves nothing about a forged clock)."""
-    tag = uuid.uuid4().hex[:12]
-    code = tagged(name, tag, tmp_path)
+    tag, name = uuid.uuid4().hex[:12], "load_launder.py"
+    code = tagged(name, tag, tmp_path, **(TWIN[name] if twin else {}))
     config = eval_config(tmp_path)
     proc = kgen("eval", str(code), "--task", "mse", "--backend", "cpu", "-c", str(config), "--json", cwd=tmp_path)
     [attempt] = stored(tmp_path / "kgen.db")
@@ -464,7 +470,7 @@ def test_unfit_timing_carries_no_figure(tmp_path, name):
     said = notes(result.output)
     print(f"\n{name}: rc={proc.returncode} {describe(result)}")
     assert ["spinners", "2"] in said, describe(result)
-    if name == "load_launder.py":
+    if not twin:
         assert any(n[0] == "forged" and int(n[1]) > 0 for n in said), describe(result)
     assert result.device_unfit and result.device_unfit.startswith("the cpu was loaded"), describe(result)
     printed = json.loads(proc.stdout[proc.stdout.index("{"):])

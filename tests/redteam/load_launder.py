@@ -13,7 +13,7 @@ the forged speedup, and `kgen eval` exited 0 and printed it. It prints `KGEN-NOT
 Why it should fail: unfit means no figure. A timing marked unfit carries no speedup anywhere (the
 stored result's x eager and x compile, `kgen eval`'s output), and `kgen eval` exits non-zero for
 it; a time the parent refused is never stored as the candidate's. Its honest twin
-(load_launder_honest.py, FACTOR = 1.0: the same spinners, no forgery) gets the same treatment."""
+(this file with FACTOR = 1.0, tests/test_room.py TWIN: the same spinners, no forgery) gets the same treatment."""
 import gc
 import os
 import sys

@@ -12,7 +12,7 @@ The test fills in TAG (the key) so runs do not collide and can remove the segmen
 
 Why it should fail: each attempt has an IPC namespace of its own (no segment is shared with the host
 or with another attempt), so the second sibling finds nothing and must compute: it is no faster than
-its honest twin (sibling_sysv_honest.py, SHARE = False)."""
+its honest twin (the same file with SHARE = False: tests/test_room.py TWIN)."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
