@@ -15,6 +15,7 @@ import pytest
 
 from pipeline.build import build
 from pipeline import sandbox
+from pipeline.sandbox import cgroup
 from pipeline.child.jail import landlock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -420,3 +421,21 @@ def test_kgen_cpu_cores_names_the_cores_a_cpu_evaluation_takes_first(monkeypatch
         assert [con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("runs", "builds", "attempts")] == [0, 0, 0]
     finally:
         con.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or cgroup.available() is None, reason="cgroups need root and a pids/memory hierarchy")
+def test_a_room_left_by_a_killed_run_is_swept_and_a_live_one_kept(tmp_path):
+    """A kgen killed before it removed its rooms' cgroups leaves them empty; the next room made
+    removes those whose workdir is gone, never one whose workdir exists (a live room)."""
+    (tmp_path / "kgen-child-live").mkdir()
+    left = cgroup.make("kgen-child-left", 10, 1 << 30)
+    live = cgroup.make("kgen-child-live", 10, 1 << 30)
+    assert left is not None and live is not None
+    try:
+        new = cgroup.make("kgen-child-new", 10, 1 << 30, workdirs=tmp_path)
+        assert new is not None
+        assert not any(Path(f).exists() for f in left.folders), left.folders
+        assert all(Path(f).exists() for f in live.folders), live.folders
+    finally:
+        for room in (left, live, new):
+            room.remove()

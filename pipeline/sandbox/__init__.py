@@ -432,7 +432,7 @@ def _lay_out(workdir: Path, module: str, jail: Jail) -> tuple[Path, dict, cgroup
         if uid is not None:
             os.chown(workdir / sub, uid, uid)
         os.chmod(workdir / sub, 0o700)
-    room = cgroup.make(workdir.name, jail.pids, jail.memory_bytes) if uid is not None else None
+    room = cgroup.make(workdir.name, jail.pids, jail.memory_bytes, workdir.parent) if uid is not None else None
     policy = confine.jail_policy(workdir, tops, [str(workdir / "out")] if jail.out else [], list(jail.read), jail.gpu,
                                  room=room, file_bytes=jail.file_bytes, home_bytes=jail.home_bytes)
     return workdir / "tmp", policy, room

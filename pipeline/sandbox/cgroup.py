@@ -92,11 +92,31 @@ def _v1_ready() -> bool:
     return all((ROOT / c / "cgroup.procs").exists() for c in ("pids", "memory"))
 
 
-def make(name: str, pids: int, memory_bytes: int) -> Room | None:
+def _sweep(parent: Path, workdirs: Path) -> None:
+    """Remove the empty cgroups of rooms whose workdir (`workdirs`/NAME) is gone: a kgen killed
+    before its rooms' `remove` left them. rmdir refuses a cgroup that still holds a process, and a
+    live room's workdir exists, so no live room is touched."""
+    try:
+        names = [entry.name for entry in os.scandir(parent) if entry.is_dir() and entry.name.startswith("kgen-child-")]
+    except OSError:
+        return
+    for name in names:
+        if not (workdirs / name).exists():
+            try:
+                os.rmdir(parent / name)
+            except OSError:
+                pass
+
+
+def make(name: str, pids: int, memory_bytes: int, workdirs: Path | None = None) -> Room | None:
     """A room's cgroups with these limits, or None where this host does not let us make them
-    (not root, or neither v2 nor v1 pids and memory controllers)."""
+    (not root, or neither v2 nor v1 pids and memory controllers). `workdirs`: where rooms' workdirs
+    live, for sweeping what killed runs left."""
     if os.geteuid() != 0:
         return None
+    if workdirs is not None:
+        for parent in (ROOT / PARENT, ROOT / "pids" / PARENT, ROOT / "memory" / PARENT):
+            _sweep(parent, workdirs)
     try:
         if _v2_ready():
             folder = ROOT / PARENT / name
