@@ -287,7 +287,7 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
         for _ in range(2):
             result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
             assert result.verdict is Verdict.correct, (result.error, result.wall_ms_per_call)
-            assert result.time_ms < evaluate.CPU_SHORT_MS  # a short call indeed (0.1-0.15 ms idle, 1.16 beside another suite)
+            assert no_figure(result) or result.time_ms < evaluate.CPU_SHORT_MS  # a short call indeed (0.1-0.15 ms idle, 1.16 beside another suite)
     finally:
         bench.close()
     e = evaluate
