@@ -211,7 +211,9 @@ def _config(tmp_path: Path, folder: Path, names: list[str]) -> Path:
            "database": "db/kgen.db", "generated_dir": "generated", "build_dir": "builds",
            "evaluation": {"trials": 1, "timed_calls": 3, "timed_ms": 0, "warmup_calls": 1, "check_shapes": False,
                           "compile_baseline": False, "profile": False, "timeout_s": 3000, "step_ceiling_s": 600,
-                          "required_confinement": []}}
+                          "required_confinement": [],
+                          # what is measured here is memory and disk, not time: no re-timing under load
+                          "load_retries": 0}}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
