@@ -411,7 +411,8 @@ def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest
         _wait_idle([child.pid for child, _ in queue], cpu_ticks)
         waiting_on = [_thread_cores(child.pid) for child, _ in queue]
         spares.refill = False  # nothing else starts beside the timed attempt on this small machine
-        result = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS,
+        once = SETTINGS.model_copy(update={"load_retries": 0})  # a re-judging on load would take the second spare
+        result = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, once,
                                    env={"KGEN_CORES": str(lane)}, spares=spares)
         taken = spares.take(env, 60)
         moved = _thread_cores(taken.pid)
