@@ -52,8 +52,8 @@ def interpreted(backend: str) -> bool:
 
 def fast_builds(backend: str, wanted: bool) -> bool:
     """Whether builds for `backend` use kgen's precompiled torch headers (pipeline.build.headers): a
-    Triton candidate compiles no C++, so its builds need none, and a Triton batch on the H100
-    spent its first 34 s precompiling them (docs/decisions/measurement-notebook.md, tenth session)."""
+    Triton candidate compiles no C++, so its builds need none, and precompiling them would hold up
+    the start of a Triton batch by about half a minute (docs/decisions/builds-and-headers.md)."""
     return wanted and backend != "triton"
 
 

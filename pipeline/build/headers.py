@@ -73,14 +73,14 @@ TYPES_SHIM = """\
 """
 
 # nvcc cannot read a g++ PCH, and what a .cu costs is ATen parsed three times (cudafe++, cicc, the
-# host compiler): the demo's mse .cu took 42 s with torch/types.h on the 2-core box, 117 s with
-# torch's own header (docs/decisions/measurement-notebook.md). torch/types.h brings every operator's header (ATen/
-# Functions.h); a kernel's host code calls a few factories and Tensor's methods. The light header is
-# Tensor (all its methods), the dispatch macros, the operators below and torch's own aliases (the
-# `namespace torch` block of the installed torch/types.h, copied). A .cu that needs more fails to
-# compile and is built again with torch/types.h (build.build), so no candidate is lost to it. In
-# namespace torch a factory then names at:: 's (torch/types.h adds autograd wrappers that differ
-# only for requires_grad=True options, which at:: refuses), so a .cu that mentions requires_grad
+# host compiler): against torch/types.h a .cu builds in tens of seconds on 2 cores, against
+# torch/extension.h in minutes (docs/decisions/builds-and-headers.md). torch/types.h brings every
+# operator's header (ATen/Functions.h); a kernel's host code calls a few factories and Tensor's
+# methods. The light header is Tensor (all its methods), the dispatch macros, the operators below and
+# torch's own aliases (the `namespace torch` block of the installed torch/types.h, copied). A .cu that
+# needs more fails to compile and is built again with torch/types.h (build.build), so no candidate is
+# lost to it. In namespace torch a factory then names at:: 's (torch/types.h adds autograd wrappers
+# that differ only for requires_grad=True options, which at:: refuses), so a .cu that mentions requires_grad
 # is never built light (pipeline.child.harness). And torch::tensor({0.5}) is a float32 tensor where
 # at::tensor({0.5}) is a float64 one: in the light header torch::tensor is deleted (NOT_AT), so a .cu
 # that calls it fails here and is built with torch/types.h, rather than changing.

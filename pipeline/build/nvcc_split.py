@@ -1,5 +1,6 @@
 """nvcc's own steps for one .cu, with the host front end beside the device compile instead of before
-it (issue 14). ninja runs it in a candidate's build child as torch's PYTORCH_NVCC:
+it, so their seconds overlap (docs/decisions/builds-and-headers.md). ninja runs it in a candidate's build
+child as torch's PYTORCH_NVCC:
 
     python -I -S nvcc_split.py NVCC ARGS...
 

@@ -155,14 +155,10 @@ class KeptNull:
     """A null model whose result for an input set (keyed by its first tensor's storage: an inbox
     set's place, a replayed set's) is made once and handed back at every later call on that set, so
     the null the estimate subtracts writes no output, which a candidate's call writes as its own work.
-    Zeros made afresh each call put the estimate a quarter to a third low in gradient mode on the cpu
-    (two 4 MB gradients a call of mse: a clock forged to 0.6 passed 5 of 5), at half on an H200's
-    16 MB add (a clock forged to half passed 2 of 2) (docs/decisions/measurement-notebook.md, 35th session), and at 0.6
-    of the call on the cpu's 2048 x 2048 add in the forward (the half passed 3 of 3). The cpu's
-    forward had kept them while its Bound requests held every output to the request's end: the
-    candidate's fresh allocations cost faults a timed block's calls, which free each output, never
-    pay, and the null's fresh zeros had offset them (36th session: pipeline.child.harness's bound).
-    With `reads` (the cpu, where the parent subtracts only what is outside the calls) nothing is kept."""
+    Zeros made afresh each call count an output's allocation and writes as the protocol's: they put
+    the estimate a quarter to a half low on large outputs, on the cpu and on a GPU, and clocks forged
+    to half or 0.6 would pass (docs/decisions/cpu-timing.md). With `reads` (the cpu, where the parent
+    subtracts only what is outside the calls) nothing is kept."""
 
     def __init__(self, make, most: int = 128, reads: bool = False):
         self.make, self.most, self.kept, self.reads = make, most, {}, reads
@@ -172,9 +168,9 @@ class KeptNull:
             # On the cpu, inside its timed call, it reads every input and makes a fresh result as a call
             # does, and the harness copies and frees it after, as it does a candidate's: the calibration
             # then takes off only what is outside the calls (pipeline.judge.clocks.inside_ratios) and all
-            # of it. Kept results, or untouched inputs, left out what a call leaves behind: the copies
-            # and headers after an honest mse's calls cost twice the null's, and freeing a large output
-            # (KernelBench's ReLU) put an honest reference's calls at 0.4 of the window (38th session).
+            # of it. Kept results, or untouched inputs, would leave out what a call leaves behind: the
+            # copies and headers after an honest mse's calls cost twice the null's, and freeing a large
+            # output puts an honest reference's calls well under the window (docs/decisions/cpu-timing.md).
             for x in inputs:
                 if isinstance(x, torch.Tensor) and x.numel():
                     x.max()

@@ -316,8 +316,8 @@ class Evaluator:
         values where they were made: all that is left besides the calls is what
         the null model's calibration measured and the candidate cannot do without. On the cpu each
         output goes to its slot as its call returns and is freed, as in a timed block: held to the
-        request's end, each call's output took fresh pages (faults a timed call never pays), and an
-        honest 512 x 512 add's estimate read 1.6x its calls (docs/decisions/measurement-notebook.md, 36th session)."""
+        request's end, each call's output would take fresh pages (faults a timed call never pays), and
+        an honest add's estimate would read well above its calls (docs/decisions/cpu-timing.md)."""
         import torch
 
         if req.replays:
@@ -358,8 +358,8 @@ class Evaluator:
 
     def inbox_sets(self, count: int) -> list[list[Any]]:
         """`count` sets as views of the inbox, which the parent fills while the child is stopped. Made
-        once, by the calibration's first request, and kept: making 128 sets' views cost 2.5-4 ms in
-        the parent's window (40th session), noise beside calls of tens of microseconds. A candidate
+        once, by the calibration's first request, and kept: making 128 sets' views costs milliseconds
+        in the parent's window, noise beside calls of tens of microseconds. A candidate
         that re-points a kept view gains nothing: it only changes its own later calls' inputs."""
         if self.inbox is None or count > self.inbox.sets:
             raise ValueError(f"a Bound request for {count} inbox sets; this child's inbox holds "

@@ -110,9 +110,9 @@ class Outbox:
         at = slot * self.slot_values * 8
         if all(p.device.type == "cpu" for p in parts):
             # A plain memmove from host memory to the map's address, taken once: torch's byte copy into
-            # the shared map took twice as long (0.22 against 0.12 ms a MB on the 2-core box), and a
-            # view of it made a call cost microseconds more; every Bound call on the cpu pays this, as
-            # does the null model's calibration, whose spread is the parent's noise (38th session).
+            # the shared map takes about twice as long, and a view of it makes a call cost microseconds
+            # more; every Bound call on the cpu pays this, as does the null model's calibration, whose
+            # spread is the parent's noise (docs/decisions/cpu-timing.md).
             if self._base is None:
                 self._base = _address(self.map)
             for part, n in zip(parts, sizes):
@@ -150,8 +150,8 @@ class Outbox:
     def discard(self, first: int = 0, count: int | None = None) -> bool:
         """Parent side, on the cpu: give back the memory of slots `first` to `first + count` (all
         after `first` by default; they read as zeros until written again), once their values have
-        been judged: a child's outbox otherwise kept every slot it ever wrote, three copies of a
-        gigabyte output for the whole attempt (issue 28). Not where the child page-locked the
+        been judged: a child's outbox otherwise keeps every slot it ever wrote, three copies of a
+        gigabyte output for the whole attempt. Not where the child page-locked the
         outbox (pin): its device would go on writing the pages taken out. False where refused."""
         import ctypes
 
@@ -164,10 +164,10 @@ class Outbox:
     def pin(self) -> bool:
         """Child side, on a GPU: page-lock the slots (cudaHostRegister), so outputs go off the device
         by DMA straight into them. A pageable copy goes through the driver's staging buffers; in
-        gradient mode each call copies 32-64 MB inside the parent's Bound window, whose noise still
-        exceeded a 0.1 ms kernel in one H100 attempt of six (docs/decisions/measurement-notebook.md, tenth session). Every page
-        is committed now, before any candidate code runs. False (and nothing pinned) if refused.
-        Not yet measured on a GPU: the device time ran out the session it was written."""
+        gradient mode each call copies 32-64 MB inside the parent's Bound window, and pageable, those
+        copies take about four times as long, with noise past a 0.1 ms kernel's time
+        (docs/decisions/gpu-timing.md). Every page is committed now, before any candidate code runs.
+        False (and nothing pinned) if refused."""
         import ctypes
 
         import torch
@@ -246,10 +246,9 @@ class Inbox:
         """Parent side: `sets` into places 0, 1, ... from a thread held to `cores` (the child's, while
         it is stopped) for the write, so its caches hold what they hold before a timed call: the
         inputs just written, the child's own lines pushed out, as a timed block's refills leave them.
-        Written from another core, the Bound calls met warmer caches than the timed ones: an honest
-        add at 512 x 512 read 0.98-1.17 of the estimate and a clock forged to half passed 3 of 3,
-        against 0.96-1.04 and refused 4 of 4 written from the child's core (docs/decisions/measurement-notebook.md, 36th
-        session). Where the cores cannot be taken, written from here."""
+        Written from another core, the Bound calls would meet warmer caches than the timed ones, and a
+        clock forged to half would pass (docs/decisions/cpu-timing.md). Where the cores cannot be taken,
+        written from here."""
         before = os.sched_getaffinity(0)
         moved = False
         if cores and cores != before:
@@ -309,12 +308,12 @@ def copy_quick(outbox: Outbox, slot: int, obj: Any) -> tuple | dict[str, Any]:
     """copy_out's copy for what the cpu's calls return, taking the least time between a Bound request's
     timed calls: a plain contiguous tensor, or a gradient-mode call's (pipeline.child.grad.Grads) of
     them, copied byte for byte; what is kept is each part's shape, dtype and count (fields_of makes the
-    header after the calls). Anything else goes through copy_out. copy_out cost 18-25 us a call there
-    against 3 for this, more after a real call than after the null's: an honest 64 x 64 mse read 0.56
-    of the parent's window and was refused (docs/decisions/measurement-notebook.md, 40th session)."""
+    header after the calls). Anything else goes through copy_out, which costs several times this a
+    call, more after a real call than after the null's, so that an honest small kernel would read well
+    under the parent's window and be refused (docs/decisions/cpu-timing.md)."""
     tensor, grads, strided = _KINDS or _kinds()
     kind = type(obj)
-    if kind is tensor:  # the common case in the fewest steps (5.7 us a call in the general form, 40th session)
+    if kind is tensor:  # the common case in the fewest steps (a third of the general form's time a call)
         if obj.is_cpu and obj.layout is strided and obj.is_contiguous():
             n = obj.numel()
             if outbox.write_at(slot, obj.data_ptr(), n * obj.element_size()):
@@ -377,10 +376,10 @@ def copy_out(outbox: Outbox, slot: int, obj: Any) -> dict[str, Any]:
         if not fields["exact_tensor"]:
             return fields
     # Each part's own bytes, copied off the device straight into the outbox (one copy, no host
-    # buffer): widening 16M bf16 gradients to float64 cost tens of ms a call inside the parent's
-    # Bound window, and a copy to a fresh host tensor, a cat and a write still took 36-70 ms a
-    # call for 32-64 MB of gradients on the H100, noise that swamped 0.06 ms calls and refused
-    # honest kernels (docs/decisions/measurement-notebook.md, tenth session). The parent decodes them (PACKED_DTYPES).
+    # buffer): widening gradients to float64, or a copy to a fresh host tensor, a cat and a write,
+    # cost tens of milliseconds a call inside the parent's Bound window, noise that swamps calls of
+    # tens of microseconds and refuses honest kernels (docs/decisions/gpu-timing.md). The parent
+    # decodes them (PACKED_DTYPES).
     if outbox.write_tensors(slot, parts):
         fields.update(written=True, packed=[str(p.dtype).removeprefix("torch.") for p in parts])
     return fields

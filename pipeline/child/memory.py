@@ -22,7 +22,7 @@ from .sizes import DEFAULT_SIZE, SizeError, _meta, _task_name
 # Bytes a size needs per byte of its footprint (inputs, weights and output, where the meta device
 # can tell), at the judge's peak: the reference's float64 forward of one checked call, its inputs and
 # output in float64 (2), while the candidate's child holds its own inputs, weights and the output
-# slots not yet judged (1). Nothing else is kept beside them (issue 28): past 256 MiB of an attempt's
+# slots not yet judged (1). Nothing else is kept beside them: past 256 MiB of an attempt's
 # expected values (pipeline.judge.evaluate.AHEAD_BYTES) the parent asks for one call's float64 values at a
 # time, and it compares them in chunks, never as whole float64 copies; the
 # reference drops its float32 inputs during the float64 forward and its eager blocks' large input
@@ -30,7 +30,7 @@ from .sizes import DEFAULT_SIZE, SizeError, _meta, _task_name
 # over a gigabyte (timing.input_sets), and its outputs take at most about 512 MiB of slots
 # (pipeline.judge.evaluate.block_calls). Not counted: the float64 model's own temporaries, and a model
 # kept twice (its float32 and float64 copies, 3x the weights, beside the child's); where weights
-# dominate, the check is that much too lenient. 8 before issue 28: a 12 GiB softmax needed 96.
+# dominate, the check is that much too lenient (docs/decisions/memory-and-outputs.md).
 MEMORY_FACTOR = 3
 # On the cpu every process shares one memory, and more of the judge is there: the parent's and the
 # child's shared slots (the output judged, and on the inbox path, for inputs up to a GiB, the Bound

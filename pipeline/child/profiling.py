@@ -35,16 +35,16 @@ def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> 
         if (found[-1]["total_us"] or 0) >= SHORT_SPAN_US:
             break
     # The median share: on the cpu a short call's span holds the gaps between its ops, and one
-    # preemption there can put a pure-PyTorch call under half (docs/decisions/measurement-notebook.md, 29th session).
+    # preemption there can put a pure-PyTorch call under half.
     return sorted(found, key=lambda f: f["torch_fraction"] or 0.0)[len(found) // 2]
 
 
 def _profiler(cuda: bool):
     """torch.autograd's profiler, which torch.profiler.profile wraps: the wrapper's first start asks
-    hasattr(torch, "_inductor"), which imports inductor and dynamo, 1.2 s of every cpu attempt's
-    profile (2026-11-29, torch 2.13); the events are the same. use_kineto as the wrapper sets it:
-    without it the GPU side falls back to CUDA events around each op, with no kernel events, so no
-    call showed its kernels and no `no_custom_kernel` flag was raised (H200, 2026-11-29)."""
+    hasattr(torch, "_inductor"), which imports inductor and dynamo, over a second of every cpu
+    attempt's profile (docs/decisions/spares-and-startup.md); the events are the same. use_kineto as
+    the wrapper sets it: without it the GPU side falls back to CUDA events around each op, with no
+    kernel events, so no call shows its kernels and no `no_custom_kernel` flag is raised."""
     from torch.autograd import profiler
 
     return profiler.profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True)

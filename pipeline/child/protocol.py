@@ -147,8 +147,8 @@ class Bound(Message):
 class Arm(Message):
     """Gradient mode on inbox sets (cpu), untimed, right before the Bound request `index`: make its
     sets (views of the inbox, which the parent fills in its window) and draw each call's upstream
-    gradient from `seeds`. Drawn inside the window, the draws cost 3 ms a call for a 512 x 512 output
-    against a 0.2 ms call, and the estimate said nothing (docs/decisions/measurement-notebook.md, 35th session). An
+    gradient from `seeds`. Drawn inside the window, the draws would cost many times a small call, and
+    the estimate would say nothing (docs/decisions/cpu-timing.md). An
     upstream known early buys a candidate nothing: the inputs come in the window, and a backward needs
     them. Answered with BoundReady."""
     op: Literal["arm"] = "arm"
@@ -384,7 +384,7 @@ class Reader:
             if left <= 0:
                 raise TimeoutError
             # poll, not select: select refuses descriptors past 1023, and a parent running a sweep's
-            # references, spares and memfds held more (the 21st session's sweep lost 65 attempts to it).
+            # references, spares and memfds holds more.
             poller = select.poll()
             poller.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
             if not poller.poll(max(1, math.ceil(left * 1000))):

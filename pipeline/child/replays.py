@@ -1,5 +1,5 @@
 """Bound requests on a GPU, replayed from CUDA graphs: the parent's clock bounds a call's device time
-down to calls of about 10 us (issue 27).
+down to calls of about 10 us.
 
 A Bound request made of eager calls costs the candidate's host work too (Python, launches): an
 honest 11 us kernel cost 110 us a call on the parent's clock on the H100, so the bound needed 0.25
@@ -27,7 +27,7 @@ flush's 60 us a replay would come off its estimate), so the replays do only what
 needs. The inputs are read cold without a flush: a set is rewritten a round ahead of its forward and
 the other sets' traffic in between takes it out of the L2 (`set_count`). A candidate that bent the
 harness's own rewrites to land just before its forward would read warm inputs and take the L2's
-speed-up off its estimate, no more: that is where these replays stood before (docs/decisions/measurement-notebook.md).
+speed-up off its estimate, no more (docs/decisions/gpu-timing.md).
 
 The parent compares the digests of replays it chose in secret with the reference's (its float64
 output for the same inputs, `inputs_for`): a replay whose work was skipped has the wrong digest. A
@@ -55,8 +55,8 @@ PERTURBED = ("real", "positive")  # a positive factor keeps both domains
 def factors(factor_seed: int, replays: int) -> torch.Tensor:
     """The first `replays` replays' factors (float32, on the cpu): 1 +- AMPLITUDE, from the request's
     `play` seed, drawn in one call of a seeded generator. The table is made inside the parent's window:
-    a Python draw per replay cost 6.3 ms of a 512-replay request's 17 on an H200 and 0.6 ms of jitter
-    (sd), while the graphs' device time varied by 0.01-0.03 ms (docs/decisions/measurement-notebook.md, thirtieth session)."""
+    a Python draw per replay costs over a third of a 512-replay request, with jitter tens of times the
+    graphs' own variation (docs/decisions/gpu-timing.md)."""
     gen = torch.Generator()
     gen.manual_seed(factor_seed % (1 << 63))
     u = torch.rand(replays, generator=gen, dtype=torch.float64)
@@ -115,7 +115,7 @@ def expected_digest(parts64: list[torch.Tensor], w: torch.Tensor, chunk: int) ->
     """The reference's digest of float64 parts with the child's float32 weights, and its scale:
     sum |w| (|ref| + the part's mean |ref|), which bounds how far parts within the elementwise
     tolerance can move the digest. A chunk at a time: whole float64 copies of the weights and |ref|
-    were three more outputs (issue 28)."""
+    would be three more outputs."""
     digest_, scale, at = 0.0, 0.0, 0
     for part in parts64:
         flat, n = part.double().reshape(-1), part.numel()
@@ -144,9 +144,9 @@ def _clean_capture(device: str) -> None:
         pass
 
 
-# Cold replays (2026-11-29). Rewriting a set's inputs right before its forward left them in the L2, and
-# graphs launched one replay at a time were bound by the host's launches: at 8-20 us a call an H200's
-# estimate read 0-3.3 us for an honest mse whose child claimed 8-10 (docs/decisions/measurement-notebook.md). Now a set is
+# Cold replays. Rewriting a set's inputs right before its forward would leave them in the L2, and graphs
+# launched one replay at a time are bound by the host's launches: at 8-20 us a call the estimate would read
+# far below an honest kernel's claim (docs/decisions/gpu-timing.md). So a set is
 # rewritten one round ahead of its forward, with enough sets that about COLD_L2 times the L2 is
 # touched in between, and a round of at least ROUND_REPLAYS replays is one graph launch.
 COLD_L2 = 3

@@ -167,8 +167,8 @@ def refill_inputs(inputs: list[Any], module: types.ModuleType, seed: int, device
 def redraw_inputs(inputs: list[Any], module: types.ModuleType, seed: int, device: str) -> None:
     """refill_inputs without the copy, for the reference's own blocks (its code caches nothing): the
     old values are dropped first, so the draw takes their memory, then the set holds the draw itself.
-    A copy of a task's 8 GiB of inputs cost 4 ms a call beside the draw's 7 on an H200
-    (docs/decisions/measurement-notebook.md), on each of the reference's two sides."""
+    A copy of a task's gigabytes of inputs adds over half the draw's time, on each of the
+    reference's two sides (docs/decisions/gpu-timing.md)."""
     inputs.clear()
     inputs.extend(make_inputs(module, seed, "base", device))
 

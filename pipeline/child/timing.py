@@ -134,8 +134,8 @@ def input_sets(nbytes: int, device: str) -> int:
     """How many input sets of `nbytes` to keep for a block: up to BLOCK, together at most SETS_BYTES
     (at least one), and on a GPU within 40% of free memory. Several sets keep a block's calls off
     each other's caches; sets this large are far past any cache, so one set, refilled before each
-    call, is as cold, and four were four copies of a task's inputs in the child and four more in the
-    reference (issue 28: a task of gigabytes did not fit)."""
+    call, is as cold, and four would be four copies of a task's inputs in the child and four more in
+    the reference, past the memory of a task of gigabytes."""
     count = max(1, min(BLOCK, SETS_BYTES // max(nbytes, 1)))
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info()
@@ -195,7 +195,7 @@ def time_cold(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list[
 class ColdPool:
     """The reference's sets for time_cold: drawn once, then before each later block written again from a
     copy, so that each is freshly written when its block starts, as the inbox's sets are before a Bound
-    request, without a draw per set a block (draws were most of a cpu attempt's timing, 38th session).
+    request, without a draw per set a block (draws would be most of a cpu attempt's timing).
     Only where both copies fit in `most` bytes; larger sets are drawn anew each block."""
 
     def __init__(self, most: int):

@@ -29,8 +29,8 @@ from ..run.events import (Answered, Built, Building, Cached, Evaluated, Evaluati
 from .plain import visible
 from .tables import short_error
 
-# What a first build costs, from docs/decisions/measurement-notebook.md: the bundled demo's 13 C++ builds took 11.5 min
-# on a fresh 2-core clone; nvcc builds averaged 88 s (20-96 s). Triton compiles in the child.
+# What a first build costs, told to a user who waits on one (docs/decisions/builds-and-headers.md). Triton
+# compiles in the child.
 BUILD_COST = {
     "cpu": "a C++ extension (g++ through load_inline) takes about 30-90 s to build on 2 cores, and the "
            "first build in a new venv also precompiles torch's headers (1-3 minutes on 2 cores, longer on a "

@@ -287,8 +287,8 @@ def _meta():
 
 
 # A forward is traced on the meta device for its facts at most this far: KernelBench's bidirectional
-# LSTM decomposes into 92,000 meta ops (10-26 s of Python), and the run's first prompts waited on it
-# (the 21st session's sweep, docs/decisions/measurement-notebook.md). ResNet101's forward is under 1,000.
+# LSTM decomposes into 92,000 meta ops (10-26 s of Python), which a run's first prompts would wait on
+# (docs/decisions/spares-and-startup.md). ResNet101's forward is under 1,000.
 OP_BUDGET = 5000
 
 

@@ -64,8 +64,8 @@ class Secrets:
 class Draws:
     """Draws kept for sibling attempts: those of one task at one turn and generation of a batch,
     whose code was written before any of them was judged. Each sibling is judged on the same
-    secrets, and the reference computes their values once (on an H200 they were 1.9 s of an
-    attempt's 8.9, docs/decisions/measurement-notebook.md, twenty-seventh session). Nothing flows between them: a child
+    secrets, and the reference computes their values once (a fifth of an attempt's wall on a GPU:
+    docs/decisions/spares-and-startup.md). Nothing flows between them: a child
     never sees expected values, holds nothing past its attempt, and a prompt carries feedback only
     from attempts of earlier turns or generations, each judged on a draw of its own. Only a draw
     whose values all came before the child (the plan's `ahead`) is kept; the last KEEP of them."""
@@ -118,8 +118,8 @@ class TaskBench:
     suspect: str | None = None  # why the baselines were measured on a device unfit to time (never cached)
     cached: bool = False  # the baselines came from the database's cache (not timed, nothing to store)
     # A reference started ahead of its lane (pipeline.run.executor) runs nothing on the GPU until it is
-    # moved there: in a batch on one H200 two early references' CUDA start-up and compiler warm-up ran
-    # beside the lane's timing, and honest attempts were refused for a busy GPU (docs/decisions/measurement-notebook.md).
+    # moved there: its CUDA start-up and compiler warm-up beside the lane's timing make the GPU read
+    # busy, and honest attempts are refused (docs/decisions/spares-and-startup.md).
     early: bool = False
     output_bytes: int = 0  # the main size's output, from the meta device (0: unknown); sizes a timed block
     draws: Draws = field(default_factory=Draws, repr=False, compare=False)  # sibling attempts' shared secrets
@@ -133,9 +133,9 @@ class TaskBench:
     def _key(self, env: dict[str, str] | None) -> frozenset:
         """Which reference process serves a lane. On the cpu there is one lane, and its reference is
         pinned to the timing cores (sandbox.cpu_cores) whatever `env` says: the attempt's own requests
-        came with the child's KGEN_CORES, the bench's without, and each once started a reference of
-        its own, so every task paid a second start and compiler warm-up (11-13 s of an attempt's
-        start-up on the 2-core box, docs/decisions/measurement-notebook.md, nineteenth session)."""
+        come with the child's KGEN_CORES, the bench's without, and keyed by them each would start a
+        reference of its own: a second start and compiler warm-up for every task, about ten seconds
+        on 2 cores (docs/decisions/spares-and-startup.md)."""
         return frozenset() if self.device == "cpu" else frozenset((env or {}).items())
 
     def _reference(self, env: dict[str, str] | None) -> sandbox.Child:
@@ -203,9 +203,8 @@ class TaskBench:
 
     def floor_now(self, env: dict[str, str] | None = None) -> Baselines:
         """The floors measured again by the lane's reference, now, beside the time they judge; the bench
-        keeps the lower of each. A floor taken while the box was busy, or cached from such a run,
-        refused honest kernels timed in a quiet moment (CI, 2026-11-30: mse's floor at 0.111 ms against
-        a warm read of its inputs at 0.088)."""
+        keeps the lower of each. A floor taken while the box is busy, or cached from such a run, sits
+        above what an honest kernel reaches in a quiet moment, and refuses it (docs/decisions/cpu-timing.md)."""
         b = self.baselines
         flops = (b.flops or 0) if self.settings.compute_floor else 0  # no rate to measure for a floor not checked
         msgs = self.request({"op": "floor", "input_bytes": b.input_bytes, "flops": flops}, self.settings.timeout_s, env)
@@ -240,7 +239,7 @@ class TaskBench:
         alone), and the packed inputs the specs ask for (`"inputs": True`): sealed memfds the reference
         handed over (pipeline.judge.handover), the caller's to close and never to pass on; no file holds them
         (a child that escaped its sandbox read them there). An attempt asks for one call's values at a
-        time, as it checks that call: all of them at once were tens of copies of a gigabyte output (issue 28)."""
+        time, as it checks that call: all of them at once would be tens of copies of a gigabyte output."""
         msgs = self.request({"op": "expect", "init_seed": init_seed,
                              "specs": [{"key": k, **v} for k, v in specs.items()]}, self.settings.timeout_s * 2, env)
         found = [m for m in msgs if m.get("event") == "expected"]
@@ -307,8 +306,8 @@ def compile_cache_env() -> dict[str, str]:
     tmp = root / "reference-tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     # Compiled in the reference's own thread: inductor's pool of compile workers (each importing torch,
-    # restarted after a minute idle) ran on the lane's cores beside the timed blocks, and an honest
-    # attempt's idle probe read the GPU busy (H200 batch, docs/decisions/measurement-notebook.md, 2026-11-29).
+    # restarted after a minute idle) runs on the lane's cores beside the timed blocks, and an honest
+    # attempt's idle probe then reads the GPU busy (docs/decisions/spares-and-startup.md).
     return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
             "TMPDIR": str(tmp), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 

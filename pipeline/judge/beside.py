@@ -21,11 +21,10 @@ from .clocks import REPLAYS_MAX, Window, calibration_offset
 from .judge import digest_ok
 
 # Null-model Bound requests before import: what a block costs besides the calls. Fifteen on the cpu,
-# not five: on the 2-core box in gradient mode about half of them stalled 1.5-2 ms, and where all five
-# did the fastest was as slow as the candidate's own requests, so the estimate said nothing and the
-# red team's forged clock was judged correct (two fresh-clone CI runs of four). On a GPU five (a
-# sixth of an attempt's start-up in a batch): the 25th session's forged half passing at 20 us with five
-# came from the factor table's jitter, gone since the 30th (docs/decisions/measurement-notebook.md, 32nd session).
+# not five: on 2 cores in gradient mode about half of them can stall 1.5-2 ms, and where all five do,
+# the fastest is as slow as the candidate's own requests, the estimate says nothing and a forged clock
+# passes. On a GPU five (a sixth of an attempt's start-up in a batch), which refuse a clock forged to
+# half at 8-10 us a call (docs/decisions/cpu-timing.md, gpu-timing.md).
 CALIBRATION_BLOCKS = {"cpu": 15, "cuda": 5}
 COLD_CALIBRATION_MS = 50.0  # the most eager time a cpu calibration request's cold block may take (calibrate)
 # A null replay of the reference's beside every third of the calibration's replayed windows; beside
@@ -48,10 +47,9 @@ def calibrate(session: Any) -> None:
              for _ in range(calls)] if session.inbox else None
     blocks = CALIBRATION_BLOCKS["cpu" if bench.device == "cpu" else "cuda"]
     # On the cpu each of the candidate's Bound requests follows the reference's cold eager block on the
-    # same core (eager_block), so each null request follows one too: back to back, the nulls met warm
-    # caches the candidate's requests never do, the base read low, and honest adds of 14 us a call read
-    # 0.73-0.82 of the window without the allowance (0.92-1.04 so; 41st session), an honest fused mse
-    # forward and backward of 4 ms a call 0.77-0.83 (refused 3 of 4 at 0.8). Not where the blocks would
+    # same core (eager_block), so each null request follows one too: back to back, the nulls meet warm
+    # caches the candidate's requests never do, the base reads low, and honest kernels read below
+    # 1 - clocks.INSIDE_SLACK and are refused (docs/decisions/cpu-timing.md). Not where the blocks would
     # cost more than COLD_CALIBRATION_MS each (calls of a task of gigabytes).
     eager_ms = bench.baselines.eager.median_ms if bench.baselines and bench.baselines.eager else None
     cold = bench.device == "cpu" and eager_ms is not None and eager_ms * calls <= COLD_CALIBRATION_MS
@@ -89,8 +87,8 @@ def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> No
     """As many eager calls, and as many torch.compile calls, timed by the reference process right
     after the candidate's block (never beside it): the speedups are ratios of times taken in the
     same window. Where torch.compile is timed beside, each input set the reference draws is timed
-    eager then compiled (reference.Reference.time_block's `pair`): one draw for both sides, which
-    was most of a block's time on a task of gigabytes (docs/decisions/measurement-notebook.md). `cold`: after a
+    eager then compiled (reference.Reference.time_block's `pair`): one draw for both sides, since the
+    draws are most of a block's time on a task of gigabytes (docs/decisions/gpu-timing.md). `cold`: after a
     Bound request on the cpu, timed as that request's calls were (Reference.time_block's `cold`)."""
     at = time.monotonic()
     with session.child.paused():  # what the candidate left running must not slow the other side (sandbox.Child.pause)
@@ -214,9 +212,9 @@ def paired_terms(calibration: list[Window], null_calibration: list[float | None]
                  nulls: list[float | None]) -> str:
     """What each paired estimate (clocks.paired_per_call) was made of, in ms, for the stored note: the
     child's calibration median, the reference's null median and the pairs' offset, then each
-    request's window and its null. At about 10 us a call the estimates scattered from a quarter of the
-    work to more than all of it between evaluations (docs/decisions/measurement-notebook.md, twenty-fifth session); these
-    say which term moved."""
+    request's window and its null. At about 10 us a call the estimates can scatter from a quarter of
+    the work to more than all of it between evaluations (docs/decisions/gpu-timing.md); these say which
+    term moved."""
     def med(xs: list[float]) -> float:
         return float(np.median(xs)) if xs else float("nan")
     beside = [n for n in null_calibration if n is not None]

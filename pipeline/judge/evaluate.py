@@ -9,7 +9,7 @@ Every attempt draws its own seeds (weights, trials, timed and bound calls) from 
 a batch's siblings, which share one draw (pipeline.judge.bench.Draws); the
 long-lived reference process describes the outputs (shapes, dtypes) before the child starts, and
 computes each checked call's expected output, in full and in float64, as the parent checks that call
-(one call's at a time: issue 28). The child learns each call's seed only in
+(one call's at a time: docs/decisions/memory-and-outputs.md). The child learns each call's seed only in
 the request that makes the call (pipeline.child.protocol); on the cpu the reference process also
 packs each Bound call's inputs, which the parent writes into the stopped child's inbox as its clock starts.
 """
@@ -47,29 +47,18 @@ BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (cl
 CPU_BOUND_REQUESTS = 12
 # ... but a call in a request alone is not a call in a timed block. A block's calls follow one another
 # and only its first follows the refill, and the claim checked is the blocks' mean; a lone call follows
-# the request's arrival, like a block's first. On the 2-core box (AMD EPYC, 2026-11-28) hinge at the
-# "odd" size took 0.65-0.8 ms a call in one-call requests against 0.37-0.45 in a block's later calls
-# (0.6 its first): honest kernels claimed 0.42-0.5 of the parent's estimate, below the 0.65 its slack
-# allows, on every run of the CI's machine and of this one (test_honest, test_run, test_serve). Where
-# eager takes under CPU_SHORT_MS a call, a request now holds a timed block's calls on as many inbox
-# sets, so each side of the check has the same mix of first and following calls: honest calls read
-# 0.68-2.68 of the estimate over every bundled task at both test sizes, forward and gradient, and the
-# red team's deferred put 0.30-0.32, its clock patches 0.09-0.29 (docs/decisions/measurement-notebook.md, "Bound
-# requests as long as a block"). Longer calls keep one a request: a block's first call weighs little
-# there, and a one-call request fits between a loaded box's preemptions. A call so short that a
-# block's calls take under CPU_BOUND_MS gets more (up to CPU_BOUND_MAX_CALLS), so that what a request
-# costs besides its calls is spread thinner: triplet at the "odd" size (0.08-0.12 ms a call) claimed
-# 0.46 of the estimate in four-call requests in a fresh-clone run, refused by 0.3 us. Requests of up
-# to 8 calls (1 ms) needed 0.05 ms of absolute slack (clocks.BOUND_SLACK), half of a 0.1 ms call, and
-# a clock forged to half passed at "odd" every time; at 4 ms and up to 32 calls the slack is 0.01 ms.
-# Then only as many requests as fit ahead (AHEAD_BYTES: 6 at mse "small", 5 at "odd"): on the idle
-# 2-core box a clock forged to half was refused 8 of 8 at "odd" and "small", one forged to 0.6 6 of
-# 8, and the bundled references were correct 28 of 28 with claims at 0.77-1.34 of the estimate
-# (docs/decisions/measurement-notebook.md, thirty-first session). The sets together stay within CPU_BOUND_SET_BYTES.
+# the request's arrival, like a block's first, and on 2 cores takes up to twice as long as a block's
+# later calls, so honest kernels would read far below the parent's estimate. Where eager takes under
+# CPU_SHORT_MS a call, a request holds a timed block's calls on as many inbox sets, so each side of the
+# check has the same mix of first and following calls. Longer calls keep one a request: a block's first
+# call weighs little there, and a one-call request fits between a loaded box's preemptions. A call so
+# short that a block's calls take under CPU_BOUND_MS gets more (up to CPU_BOUND_MAX_CALLS), so that what
+# a request costs besides its calls is spread thinner. Then only as many requests as fit ahead
+# (AHEAD_BYTES), the sets together within CPU_BOUND_SET_BYTES (docs/decisions/cpu-timing.md).
 CPU_SHORT_MS = 4.0
 CPU_BOUND_MS = 4.0
-# 128, not 32, since the cpu's times are the requests' own (38th session): KernelBench's ReLU at the sweep's size
-# (5 us a call) read 0.36-0.47 of the parent's window in 32-call requests, a millisecond of protocol around 0.15 of calls.
+# 128, not 32: 32 calls of 5 us are a sixth of the millisecond of protocol around them, and honest kernels
+# read under half the parent's window (docs/decisions/cpu-timing.md).
 CPU_BOUND_MAX_CALLS = 128
 CPU_BOUND_SET_BYTES = 256 << 20
 # cuda: Bound requests replay CUDA graphs (pipeline.child.replays) for about this long at the
@@ -296,9 +285,9 @@ def _evaluate_once(bench: TaskBench, code_path: Path, build_dir: Path, settings:
     update = {"first_refusal": first.error if first.verdict is Verdict.impossible_timing else None,
               "eval_seconds": first.eval_seconds + second.eval_seconds}
     if bench.device == "cpu" and update["first_refusal"] and second.verdict is Verdict.correct and second.trusted:
-        # The pooled median straddles two machine phases (the 2-core box runs in phases about 2x apart,
-        # and each evaluation's null calibration is its own): a clock claiming half of 14 us calls,
-        # refused at 0.57, read 1.40 on its second look and passed, trusted, 1 of 3 (41st session).
+        # The pooled median may straddle two machine phases (a small box can run in phases about 2x
+        # apart, and each evaluation's null calibration is its own): a clock claiming half, refused on
+        # its first look, can pass its second (docs/decisions/cpu-timing.md).
         update.update(trusted=False, untrusted_reason="its first evaluation was refused on the parent's clock "
                       "and a second passed on both evaluations' requests: the verdict stands, its time is not trusted")
     return second.model_copy(update=update)
@@ -346,8 +335,8 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
     lane_env = lane_of(env)
     if bench.device == "cpu" and "KGEN_CORES" not in env:  # the cores eager is timed on (sandbox.cpu_cores)
         env = {**env, "KGEN_CORES": sandbox.cpu_cores(settings.cpu_threads)}
-    # Seconds spent before the child's conversation starts, kept beside its phases (issue 14: where
-    # an attempt's wall goes).
+    # Seconds spent before the child's conversation starts, kept beside its phases (where an
+    # attempt's wall goes).
     before: dict[str, float] = {}
     # The parent's own look at the built code, before any of it runs (pipeline.judge.owncode).
     mark = time.monotonic()
@@ -398,8 +387,8 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
                           inbox, inputs, timed=unfit is None, settings=settings, prior=prior)
         session.digests = digests
         # The bench's lane, not the child's environment: on the cpu that holds the cores added above,
-        # and the session's requests went to a second reference process, started for them (issue 28:
-        # an idle one beside it, holding its memory, while a gigabyte task's values were computed).
+        # and the session's requests would go to a second reference process, started for them, while
+        # the idle first holds its memory as a gigabyte task's values are computed.
         session.lane = lane_env
         session.own = own
         try:

@@ -1,7 +1,7 @@
 """Descriptors from the reference process to the parent: an attempt's expected values (and, on the
 cpu's inbox path, the Bound calls' packed inputs) as sealed memfds handed over a Unix socket
-(SCM_RIGHTS), never as files. Under /tmp a child that escaped its sandbox read them and returned them
-as its answers (issue 27), and a 1 GiB output filled the disk (issue 28). No path names a memfd; the
+(SCM_RIGHTS), never as files: under /tmp a child that escaped its sandbox could read them and return
+them as its answers, and a gigabyte output would fill the disk. No path names a memfd; the
 reference closes its own as soon as it has sent them, and the parent holds its copies only for the
 attempt and passes them to no child (sandbox.start gives a child only the descriptors it lists).
 

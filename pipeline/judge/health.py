@@ -2,7 +2,7 @@
 
 A GPU can go bad under a run and still answer: on one H100, after a long series of hostile
 candidates, every kernel timed at 3.19 ms and the bandwidth measured 673 GB/s instead of about 3000,
-and nothing warned (issue 12). So the lane's reference process measures its device (the memory
+and nothing warned. So the lane's reference process measures its device (the memory
 bandwidth, and how long a 1 ms hold takes between CUDA events), and the parent looks at the driver
 for compute processes that are not kgen's and for clocks held down by a hardware or thermal limit.
 The device is fit when the measures agree, within BANDWIDTH_TOL and HOLD_TOL, with what it measured
@@ -30,12 +30,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-# Below the run's first figure (or the stored one) by more: unfit. A healthy H100 in the middle of a
-# run measured 2581-2591 GB/s against 3002-3006 at its start (kernel times in two runs agreed within
-# 0.4%, so the timings were sound); the sick states seen were 673-685 GB/s (docs/decisions/measurement-notebook.md).
+# Below the run's first figure (or the stored one) by more: unfit. A healthy H100 can measure 14% below
+# its start in the middle of a run with its timings sound, and the sick states seen measure under a
+# quarter of it (docs/decisions/gpu-timing.md).
 BANDWIDTH_TOL = 0.25
 HOLD_TOL = 0.05  # a 1 ms hold that takes over 1.05 ms shares the GPU (or every launch slowed)
-# Measured by this code on healthy machines (docs/decisions/measurement-notebook.md): the figure a model's first check of
+# Measured by this code on healthy machines (docs/decisions/gpu-timing.md): the figure a model's first check of
 # a run is held to, so a device already sick when the run begins is caught too.
 STORED_BANDWIDTH = {"NVIDIA H100 80GB HBM3": 2995.0}
 # clocks_event_reasons bits that mean the device is slowed by something other than its work: HW
@@ -225,7 +225,7 @@ class IdleProbe:
     """Whether the GPU runs anything besides this process's work, checked by this process (the
     parent's side) before and after each eager block, while the candidate's child is stopped: a
     candidate that left a spinner on a side stream is stopped on the host, not on the device, and
-    eager timed beside it read slow (issue 27: 4.5x eager recorded against its honest twin's 2.8x).
+    eager timed beside it reads slow and flatters the candidate's speedup (docs/decisions/gpu-timing.md).
     The probe is a tiny kernel's launch-to-finish wall time: where another context holds the SMs,
     it waits for a time slice (milliseconds) instead of its usual tens of microseconds."""
 

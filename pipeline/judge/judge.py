@@ -22,9 +22,8 @@ from ..records import TrialResult, Verdict
 DIGEST_SUM_EPS = 1e-5  # a replayed call's digest's float32 summing, beside the tolerance (digest_ok)
 CHUNK = 1 << 22  # values a step where an output is compared in pieces (32 MiB of float64 an array)
 # Values each chunk is worked through at a time, here and in the reference's own check (reference._errs):
-# the float64 temporaries (512 KiB each) stay in the core's cache. Whole 4M-value chunks missed it: on
-# the 2-core box a 1 GiB output's comparison took 3.1 s against 1.1 s on one core, _errs 4.8 s against
-# 2.1 s (docs/decisions/measurement-notebook.md, 39th session).
+# the float64 temporaries (512 KiB each) stay in the core's cache, which whole 4M-value chunks miss: a
+# gigabyte output's comparison then takes two to three times as long (docs/decisions/memory-and-outputs.md).
 PIECE = 1 << 16
 # Threads an output's chunks are compared on: each holds about 3 chunk-sized float64 arrays (100 MiB).
 COMPARE_THREADS = max(1, min(8, len(os.sched_getaffinity(0))))
@@ -141,7 +140,7 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         where = "output" if label == "output" else label
         # Magnitude-aware: relative per element, with the part's mean magnitude as the absolute
         # floor, so zeros never pass against a non-zero reference (KernelBench #165). In chunks of
-        # CHUNK values (issue 28: whole-part float64 copies were several times a 1 GiB output),
+        # CHUNK values (whole-part float64 copies would be several times a gigabyte output),
         # spread over the parent's cores (a 6.4 GB output took minutes on one).
         chunks = [(i, min(i + CHUNK, part.stop)) for i in part[::CHUNK]]
         mean = sum(_spread(lambda c: _abs_sum(b, *c), chunks)) / n if n else 0.0
@@ -226,7 +225,7 @@ def _spread(fn, chunks: list) -> list:
 class Slot:
     """A slot of the child's outbox read in place, a chunk at a time, each chunk widened to float64
     from the dtypes the header names (pipeline.child.memfd.PACKED_DTYPES): a whole float64 copy
-    of a gigabyte output was twice its size in the parent (issue 28). Each comparison reads each
+    of a gigabyte output would be twice its size in the parent. Each comparison reads each
     value once, into its own chunk-sized copy, so a child that rewrites its outbox meanwhile only
     changes which values it is judged on, as with the whole copy made before; nothing else reads it."""
 

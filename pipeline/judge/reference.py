@@ -60,8 +60,8 @@ def _errs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     """How far `a` (PyTorch in the run's dtype) lands from `b` (float64): the largest |a - b| over
     the largest |b|, and the same in the judge's elementwise metric (pipeline.judge.judge.compare), the
     largest |a - b| / (|b| + the part's mean |b|), infinite where an element of an all-zero part is
-    not zero. In pieces of PIECE values: whole-part float64 temporaries were four more copies of an
-    output (issue 28)."""
+    not zero. In pieces of PIECE values: whole-part float64 temporaries would be four more copies of
+    an output."""
     if a.numel() == 0:
         return 0.0, 0.0
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
@@ -113,8 +113,8 @@ class Reference:
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
         self.null: tuple[str, replays.Captured] | None = None  # null_play's graphs, and what they were made for
         # Per size, a model without weights and its torch.compile, kept across attempts: compiled anew
-        # for every attempt's fresh instance, its first block cost 0.2-0.3 s (a probe; docs/decisions/measurement-notebook.md,
-        # H200). A model with weights is built anew per init seed.
+        # for every attempt's fresh instance, its first block costs tenths of a second more
+        # (docs/decisions/spares-and-startup.md). A model with weights is built anew per init seed.
         self.kept: dict[str, Kept] = {}
         self.warmed: set[str] = set()  # sizes whose torch.compile had this attempt's warm-up calls
 
@@ -183,7 +183,8 @@ class Reference:
         float32 inputs are dropped while the float64 forward runs and drawn again from the seed (the
         draw is deterministic: the candidate's child sees the same values) for the run dtype's forward,
         the two outputs are compared in chunks, and the float64 parts go into the memfd one after
-        another, with no concatenated copy (issue 28: a 1 GiB output was six copies here)."""
+        another, with no concatenated copy: whole copies of a gigabyte output would be several times
+        its size (docs/decisions/memory-and-outputs.md)."""
         module, m32, m64 = self.models_for(size, init_seed)
         inputs = tasks.make_inputs(module, seed, variant, self.device)
         meta: dict[str, Any] = {}
@@ -349,8 +350,8 @@ class Reference:
 
     def _null_ms(self, clock: Clock, count: int) -> float:
         """Baselines.null_ms: the candidate's protocol around one kernel touching one value, on no inputs
-        (refilling a 1.25 GiB task's sets cost a minute). The fastest block: other work only adds, and a
-        0.78 ms reading (3 us idle) refused an honest mse (H200 batch, docs/decisions/measurement-notebook.md, 2026-11-29)."""
+        (refilling a 1.25 GiB task's sets would cost a minute). The fastest block: other work only adds,
+        and one slow reading taken as the null refuses honest kernels (docs/decisions/gpu-timing.md)."""
         call = lambda _: torch.zeros(1, device=self.device)  # noqa: E731
         times = time_blocks(clock, call, [[]], count, lambda first, n: [0] * n, lambda inputs, seed: None)
         return min(statistics.fmean(times[i:i + BLOCK]) for i in range(0, len(times), BLOCK))

@@ -91,7 +91,7 @@ class Session:
 
     def spent(self, name: str, since: float) -> float:
         """Add the seconds since `since` to a part that recurs (the timing phase's: where its seconds
-        go, issue 14); returns now, for the next part."""
+        go); returns now, for the next part."""
         now = time.monotonic()
         self.phases[name] = round(self.phases.get(name, 0.0) + now - since, 3)
         return now
@@ -282,7 +282,7 @@ class Session:
         return judge.Slot.of(self.outbox, slot, header.packed or [header.dtype or ""], [n for _, _, n in want.layout()])
 
     def fetch(self, key: str) -> Expected:
-        """A checked call's expected values: made ahead (AttemptPlan.specs) or asked for now (issue 28)."""
+        """A checked call's expected values: made ahead (AttemptPlan.specs) or asked for now."""
         if (want := self.expected.get(key)) is None or want.fd is None:
             want = self.expected[key] = self.bench.expected_for(self.plan.init_seed, key, self.plan.checked[key], self.lane)
         return want

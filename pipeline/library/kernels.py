@@ -72,7 +72,7 @@ class Envelope(_Record):
     """What forward() returns there."""
     shape_general: bool
     """True when the kernel also passed at the task's other sizes. It no longer widens the envelope:
-    a kernel correct at a size may hand it to PyTorch there (issue 27); `served` says where it runs."""
+    a kernel correct at a size may hand it to PyTorch there; `served` says where it runs."""
     contiguous: bool = True
     """The evaluator only passes contiguous tensors, so that is all a kernel is vouched for."""
     backward: bool = False

@@ -201,8 +201,8 @@ class Runner:
 
     def _one_done(self, name: str) -> None:
         """One of a task's attempts is over: after its last, the task's reference process is closed.
-        Each holds its inputs on the GPU, and a batch kept them all open to its end: on the H100 a
-        later task's reference then saw 10.6 GiB free of 80 and the task was lost (docs/decisions/measurement-notebook.md)."""
+        Each holds its inputs on the GPU: kept open to the batch's end, they leave a later task's
+        reference too little memory and the task is lost (docs/decisions/memory-and-outputs.md)."""
         if self.left is None:
             return
         self.left[name] -= 1
@@ -321,8 +321,8 @@ class Runner:
 
     def _prepare_ahead(self, slot: Slot) -> None:
         """On GPU lanes, the task's reference and baselines started beside its first build, not after
-        it: a lane waits idle for the batch's first builds (70 s on the H200), and every baseline
-        taken then is one less between two verdicts (5-10 s a task, docs/decisions/measurement-notebook.md). At most
+        it: a lane waits idle for the batch's first builds (about a minute), and every baseline taken
+        then is one less between two verdicts (seconds a task, docs/decisions/spares-and-startup.md). At most
         AHEAD_BENCHES a lane open at once (each a reference process with the GPU's context); past
         that a task's reference starts once its build is done, as without this."""
         if not (self.gpu and backends.on_gpu(slot.backend)) or slot.task.name in self.benches:

@@ -201,9 +201,9 @@ class LocalExecutor:
             return await self._on_lane(bench_stage.prepare, task, size, backend, settings, known_baselines.get,
                                        key=task.name, discard=_close)
         # One GPU lane with cores to spare: the task's reference process starts now, off the lane, on
-        # the build cores (Python, torch, CUDA and the compiler's warm-up: a task switch put 47-51 s
-        # between two verdicts, docs/decisions/measurement-notebook.md), and moves to the lane's cores when the lane takes it
-        # for the baselines, the only part that is timed.
+        # the build cores (Python, torch, CUDA and the compiler's warm-up: on the lane they put most of a
+        # minute between two verdicts at a task switch; docs/decisions/spares-and-startup.md), and moves to
+        # the lane's cores when the lane takes it for the baselines, the only part that is timed.
         # At most EARLY_REFERENCES at once, each until its baselines are taken: unbounded, a sweep whose
         # builds all ended together started 60 references on one GPU, and its children ran out of memory.
         if self.early is None:
@@ -219,8 +219,8 @@ class LocalExecutor:
 
             try:
                 # Its compiler's warm-up, off the lane, ends before the lane is taken: waited for on
-                # the lane, it held the lane idle 5-9 s while the batch's first attempts waited (H200,
-                # docs/decisions/measurement-notebook.md, 2026-11-29).
+                # the lane, it holds the lane idle for seconds while the batch's first attempts wait
+                # (docs/decisions/spares-and-startup.md).
                 started = time.monotonic()
                 await asyncio.to_thread(bench.request, {"op": "settle"}, settings.timeout_s, started_with)
                 waited = round(time.monotonic() - started, 2)

@@ -31,8 +31,8 @@ class Lanes(Generic[Lane]):
     """A pool of lanes handed out one job at a time.
 
     Jobs carry a key (the task): a lane keeps a task's reference process, and the first attempt of a
-    task on a lane pays for starting it and for compiling the reference beside it (about 16 s on an
-    H200, against 3.5 s for the next attempt: docs/decisions/measurement-notebook.md). So a free lane takes, in order,
+    task on a lane pays for starting it and for compiling the reference beside it (several times what
+    the next attempt pays: docs/decisions/spares-and-startup.md). So a free lane takes, in order,
     the oldest job of a task it has run before, the oldest of a task no lane has run, the oldest.
     Nothing waits for a particular lane: a free lane never stays idle while jobs wait."""
 

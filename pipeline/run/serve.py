@@ -2,8 +2,8 @@
 
 Alone, a `kgen eval` pays every time for what a batch pays once per task: importing torch, starting
 the task's reference process and warming its compiler, measuring baselines, starting the candidate's
-child (on a GPU: CUDA and the profiler). For a build already stored that was 34-39 s of wall on the
-H100 (docs/decisions/measurement-notebook.md, twelfth session). `kgen serve` keeps all of it between evaluations
+child (on a GPU: CUDA and the profiler): for a build already stored, over half a minute of wall on a
+GPU (docs/decisions/spares-and-startup.md). `kgen serve` keeps all of it between evaluations
 (pipeline.run.single.Warm), and `kgen eval` hands its candidate over when a server for its database is
 listening.
 

@@ -152,8 +152,8 @@ def evaluate_file(request: FileRequest, cfg: Config | None, *, db_path: Path | N
         code_path.write_text(code)
     db_path = db_path or (cfg.path(cfg.database) if cfg else Path("db/kgen.db"))
     # On a GPU the candidate's child starts now, beside the build and the reference process: loading
-    # Python and torch, then CUDA and the profiler, took 10-12 s of an H100 evaluation's wall
-    # (docs/decisions/measurement-notebook.md, tenth session). It touches no device until the baselines are timed.
+    # Python and torch, then CUDA and the profiler, is about ten seconds of an evaluation's wall on a GPU
+    # (docs/decisions/spares-and-startup.md). It touches no device until the baselines are timed.
     # Kept warm, a spare waits already (started after the last evaluation) and the next is started
     # once this one is over.
     spares = warm.spares if warm else (

@@ -130,8 +130,7 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
     # refused: bench/probe_room_cuda.py), so a GPU room may make one; what it can reach is what the
     # mount namespace leaves (/run, /tmp, /dev/shm empty) and a socket file nobody may write.
     # On a GPU its own /proc entry is writable: the CUDA driver writes there as it starts (and fails
-    # with error 304 where it cannot: docs/decisions/measurement-notebook.md); it is the
-    # process's own, and nothing there reaches another process.
+    # with error 304 where it cannot); it is the process's own, and nothing there reaches another process.
     return {"rules": rules, "uid": uid, "room": True, "memlock": True, "masks": masks,
             "own_proc": "write" if gpu else "read", "unix_sockets": gpu, "cgroups": room.folders if room else [],
             "cgroup_expect": room.expected if room else [], "file_bytes": int(file_bytes),

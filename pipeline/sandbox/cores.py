@@ -26,8 +26,8 @@ def cpu_cores(threads: int) -> str:
     cores of the 2-core box recorded 1.15x eager, timed on one thread, against its one-thread
     twin's 0.65x. They take turns on them (the child is stopped while eager is timed).
     KGEN_CPU_CORES ("1" or "2,3") names the cores to take first, in that order: two cpu jobs (or two
-    test workers) on one machine otherwise both time on its first core, and the suite's two workers
-    kept core 0 busy while core 1 sat two-thirds idle (docs/decisions/measurement-notebook.md, 32nd session)."""
+    test workers) on one machine otherwise both time on its first core while the next sits mostly
+    idle (docs/decisions/cpu-timing.md)."""
     cores = sorted(os.sched_getaffinity(0))
     if (wanted := os.environ.get("KGEN_CPU_CORES", "").strip()):
         try:

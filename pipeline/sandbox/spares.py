@@ -12,17 +12,17 @@ from . import OUTBOX_BYTES, Child, Jail, pin_all, start
 
 class Spares:
     """Children started before they are needed, kept per environment (a GPU lane's), so that an
-    attempt does not wait for Python, torch, CUDA and the profiler to start: a fresh child took 11-13
-    s on the H100 host, 6-7 of them the first profiler session (CUPTI), docs/decisions/measurement-notebook.md. A spare
-    runs no candidate code until it is taken, and each serves exactly one attempt.
+    attempt does not wait for Python, torch, CUDA and the profiler to start: about ten seconds on a
+    GPU host, half of them the first profiler session (CUPTI; docs/decisions/spares-and-startup.md). A
+    spare runs no candidate code until it is taken, and each serves exactly one attempt.
 
     Two ways to wait, chosen by `cores`:
     - With `cores` (cores no lane times on, executor.core_plan), up to `depth` spares start ahead
       and initialise CUDA and the profiler at once, on those cores, beside whatever the lane is
       timing; taking one moves all its threads onto the lane's cores (KGEN_CORES). Fresh processes
-      starting CUDA and the profiler on other cores left a timed kernel's median and p90 unchanged
-      on the H100 (docs/decisions/measurement-notebook.md, twelfth session), and the parent's bound uses medians and
-      minima, never a single window.
+      starting CUDA and the profiler on other cores leave a timed kernel's median and p90 unchanged
+      (docs/decisions/spares-and-startup.md), and the parent's bound uses medians and minima, never a
+      single window.
     - Without, one spare waits with torch loaded and touches no device until `release` sends it
       its first line, which the caller does once the current attempt's timing is over.
     With `refill` false, taking a spare starts no next one (`kgen eval` judges one candidate)."""

@@ -248,7 +248,7 @@ def m006_build_headers(db: sqlite_utils.Database) -> None:
 
 @migration
 def m007_grad_dtype(db: sqlite_utils.Database) -> None:
-    # The mode an attempt was judged in (issue 15): forward only or forward plus backward, and the
+    # The mode an attempt was judged in: forward only or forward plus backward, and the
     # dtype. Rows from before were all forward-only float32.
     attempts = db["attempts"]
     if "grad" not in attempts.columns_dict:
@@ -259,7 +259,7 @@ def m007_grad_dtype(db: sqlite_utils.Database) -> None:
 
 @migration
 def m008_run_kind(db: sqlite_utils.Database) -> None:
-    # A run is a batch (`kgen run`) or one `kgen eval` (issue 16): eval results are kept out of the
+    # A run is a batch (`kgen run`) or one `kgen eval`: eval results are kept out of the
     # leaderboard, report and library unless asked for. Eval runs from before were noted as such.
     runs = db["runs"]
     if "kind" not in runs.columns_dict:
@@ -269,7 +269,7 @@ def m008_run_kind(db: sqlite_utils.Database) -> None:
 
 @migration
 def m009_kernelbench(db: sqlite_utils.Database) -> None:
-    # The KernelBench level and problem id of an attempt's task (issue 28; pipeline/run/kernelbench.py), so
+    # The KernelBench level and problem id of an attempt's task (pipeline/run/kernelbench.py), so
     # metrics go per level and a result maps onto KernelBench's own tables. NULL: a task from a plain
     # folder, or an attempt stored before this migration.
     attempts = db["attempts"]
@@ -282,7 +282,7 @@ def m009_kernelbench(db: sqlite_utils.Database) -> None:
 @migration
 def m010_own_fraction(db: sqlite_utils.Database) -> None:
     # The share of a correct attempt's call in the candidate's own kernels, from the child's profile
-    # (issue 28, item 5: at KernelBench's levels 2 and 3 a candidate may keep a convolution or GEMM in
+    # (at KernelBench's levels 2 and 3 a candidate may keep a convolution or GEMM in
     # PyTorch, so that share is recorded rather than library calls forbidden). A claim, as the
     # profile's flags are. NULL: not profiled, not correct, or stored before this migration.
     if "own_fraction" not in db["attempts"].columns_dict:

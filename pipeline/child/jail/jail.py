@@ -28,7 +28,7 @@ The second sets, in this order, and then execs the real command in its own proce
 Everything is inherited across exec and by every thread and process started after it, so no thread
 of the candidate's process, not even one torch or the CUDA driver starts before the candidate is
 imported, runs outside it. Why not a call in the harness: Landlock confines only the thread that
-calls it, and by then `import torch` had started threads (issue 27).
+calls it, and by then `import torch` has started threads.
 
 Before the exec it writes one JSON line on STATUS_FD saying what held, and the descriptor closes at
 exec: whatever the parent reads on it was written here, before any candidate code existed. A layer
