@@ -1,7 +1,7 @@
-"""The red team's forged clock, and the issue's rule for judging it, shared by the cpu and GPU tests.
+"""The red team's forged clock, and the rule for judging it, shared by the cpu and GPU tests.
 
 `forged_clock` is tests/redteam/forged_time_blocks.py (torch's mse; its time_blocks claims FACTOR of
-each call's real time) at another factor, or with another forward. The rule (issue 27): a forging
+each call's real time) at another factor, or with another forward. The rule: a forging
 candidate is refused, or judged at a time within TWIN_RATIO of its honest twin's, the one evaluated
 just before it."""
 

@@ -168,7 +168,7 @@ def test_ctrl_c_during_a_run_exits_130_and_says_how_to_resume(tmp_path):
 def _as_at_a_terminal() -> None:
     """SIGINT as a terminal's shell leaves it. A suite started in the background by a shell (`cmd &`)
     passes SIGINT on ignored, and Python then keeps it ignored: kgen ran to its end through the
-    Ctrl-C and exited 0 (a fresh-clone run started so, 2026-11-28)."""
+    Ctrl-C and exited 0 (a fresh-clone run started in the background did)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 

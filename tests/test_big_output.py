@@ -1,4 +1,4 @@
-"""Issue 28: a KernelBench task at its own size fits the judge. A task file in KernelBench's format
+"""A KernelBench task at its own size fits the judge. A task file in KernelBench's format
 with more than a gigabyte of output, its own Model dropped in as ModelNew, judged by `kgen eval` on the cpu
 through the whole pipeline (reference process, sandboxed child, every check): correct, with the
 process tree's peak memory within 4x the task's footprint (inputs, weights and output) and no more
@@ -93,7 +93,7 @@ def _shared_pages(tree: list[int]) -> int:
     """Bytes of shared memory the processes of `tree` hold: every memfd or /dev/shm file one of them
     has open or mapped, counted once (by device and inode) at its allocated size, however many map
     it. Only the tree's own: the machine's Shmem counted another suite's gigabyte task once, run
-    beside this one (2026-11-29), and read 5.09x the footprint."""
+    beside this one, and read 5.09x the footprint."""
     held: dict[tuple[int, int], int] = {}
     for pid in tree:
         try:
@@ -151,7 +151,7 @@ class TreeMemory:
     def _run(self) -> None:
         while not self.done.is_set():
             # Processes an earlier test left alive under this worker (a session's reference processes,
-            # 1.4 GiB of them in a fresh-clone run, 2026-11-30) are not the evaluation's: left out.
+            # 1.4 GiB of them in a fresh-clone run) are not the evaluation's: left out.
             tree = [pid for pid in _descendants(os.getpid()) if pid not in self.before]
             anon = {pid: _field(f"/proc/{pid}/status", "RssAnon") for pid in tree}
             for pid in tree:
@@ -322,9 +322,10 @@ def _gpu_used() -> int:
 
 @pytest.mark.gpu
 def test_kernelbench_softmax_at_its_own_size_fits_the_device(tmp_path):
-    """Issue 28: 23_Softmax (12 GiB of footprint), refused under the 8x rule on an 80 GB H100, is
-    judged correct with its own Model as ModelNew, the GPU's memory at most MEMORY_FACTOR x the
-    footprint above where it started (every process: the reference and the child; sampled)."""
+    """23_Softmax (12 GiB of footprint), refused under the old 8x rule on an 80 GB H100
+    (docs/decisions/memory-and-outputs.md), is judged correct with its own Model as ModelNew, the
+    GPU's memory at most MEMORY_FACTOR x the footprint above where it started (every process: the
+    reference and the child; sampled)."""
     folder = tmp_path / "tasks"
     folder.mkdir()
     task_path = folder / "23_Softmax.py"

@@ -1,4 +1,4 @@
-"""Issue 27 item 2: an attempt's expected values (and the cpu's inbox inputs) never exist where a
+"""An attempt's expected values (and the cpu's inbox inputs) never exist where a
 child could open them. The reference hands them to the parent as sealed memfds over a Unix socket
 (pipeline.judge.reference.sealed_memfd, sandbox.Child.fd_socket); no path names them, and a candidate's
 child inherits no descriptor of them. A child that escaped its sandbox once read them from the
@@ -149,5 +149,5 @@ def test_expected_values_are_in_no_file_and_no_childs_descriptor(tmp_path, monke
     assert not _our_secrets(set()) - held_before, \
         "the parent kept an attempt's memfds after it ended"
     # The attempt ran to its timing; on a busy 2-core box the bandwidth floor has refused this honest
-    # add (issue 27 item 7), which changes nothing here.
+    # add, which changes nothing here.
     assert results and results[0].verdict in (Verdict.correct, Verdict.impossible_timing), results and results[0].error

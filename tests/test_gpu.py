@@ -346,9 +346,9 @@ def test_a_clock_forged_to_half_is_refused_at_every_call_length(built, size):
     settings = SETTINGS.model_copy(update={"compile_baseline": False, "check_shapes": False})
     codes = {name: (built[name][0], Path(built[name][1].build_dir)) for name in ("honest", "forged_half")}
     results = judge_in_turn(task, CALL_SIZES[size], "cuda", settings, codes, FORGE_ROUNDS, f"forward@{size}")
-    # The issue's rule: a forger is refused, or judged at a time within 1.3x of its honest twin's (the
+    # The rule: a forger is refused, or judged at a time within 1.3x of its honest twin's (the
     # one evaluated just before it). Once in 11 on the H200 the forger's clock claimed 8.4 us beside
-    # its twin's 9.7, not half, and the bound rightly let that claim through (docs/decisions/measurement-notebook.md).
+    # its twin's 9.7, not half, and the bound rightly let that claim through (docs/decisions/gpu-timing.md).
     assert_refused_or_near_twin(results, honest_and_trusted)
 
 
@@ -394,7 +394,7 @@ def test_a_busy_gpu_is_refused_then_served_again(built, bench):
 @pytest.mark.skipif(not __import__("torch").cuda.is_available() or __import__("torch").cuda.device_count() < 2,
                     reason="needs two GPUs")
 def test_two_lanes_share_a_batch_and_an_unfit_gpu_is_retired(built):
-    """Two GPUs, two lanes (issue 17): a process of our own keeps the second GPU busy, so that lane's
+    """Two GPUs, two lanes: a process of our own keeps the second GPU busy, so that lane's
     health check fails; it is taken out of service with one line, and every attempt gets its verdict
     and a trusted timing from the first GPU."""
     import asyncio
@@ -449,7 +449,7 @@ def test_the_parent_reads_free_gpu_memory_from_the_driver_without_a_cuda_context
     assert 0 <= int(free) - int(torch_free) < 2 << 30, (free, torch_free)
 
 
-# KernelBench's level-2 rule (issue 28, item 5): a candidate that keeps the convolution in cuDNN and
+# KernelBench's level-2 rule: a candidate that keeps the convolution in cuDNN and
 # fuses the bias and ReLU after it into its own kernel is correct and not flagged; its own share of the
 # call is recorded (the child's claim). The task's own Model dropped in is flagged no_custom_kernel.
 CONV_TASK = '''import torch
@@ -580,7 +580,7 @@ def test_the_gpu_profile_lists_the_call_s_kernels():
     assert inductor == "False", done.stdout
 
 
-# ---- Issue 48 on a GPU: the room's holes as CUDA candidates (tests/test_room.py runs them on the cpu) ----
+# ---- the room's holes as CUDA candidates (tests/test_room.py runs them on the cpu) ------------------
 
 import test_room as room  # noqa: E402 - its helpers (tagged, kgen, notes, the reaper, the scans), not its tests
 

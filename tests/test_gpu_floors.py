@@ -1,4 +1,4 @@
-"""The compute floor on a GPU (issue 27, item 3): a matmul whose inputs are read in microseconds, so
+"""The compute floor on a GPU: a matmul whose inputs are read in microseconds, so
 its bandwidth floor says nothing, and whose arithmetic at the device's best measured matmul rate
 does. Skipped without CUDA (CI); run on the device machine by bench/gpu_check.sh."""
 

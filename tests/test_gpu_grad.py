@@ -1,7 +1,7 @@
-"""Gradient mode's bound on a GPU (issue 27, items 3 and 5 together): forward plus backward replayed
-from CUDA graphs (pipeline.child.replays), so the parent's clock bounds a call's device time down to
-short calls, where the eager bound, which counts autograd's host work, refused nothing below 0.5 ms
-and kept such results untrusted. Skipped without CUDA (CI); run on the device machine by
+"""Gradient mode's bound on a GPU: forward plus backward replayed from CUDA graphs
+(pipeline.child.replays), so the parent's clock bounds a call's device time down to short calls,
+where the eager bound, which counts autograd's host work, refused nothing below 0.5 ms and kept such
+results untrusted. Skipped without CUDA (CI); run on the device machine by
 bench/gpu_check.sh."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Gradient mode and dtypes (issue 15) through the real evaluator on the cpu backend: candidates
+"""Gradient mode and dtypes through the real evaluator on the cpu backend: candidates
 built by kgen's build child, judged by a sealed child against the float64 reference process.
 
 The candidates are in tests/redteam/ (grad_*, huber_forward_only, bf16_*): the honest huber, the
@@ -98,9 +98,9 @@ def test_a_fast_fused_backward_is_not_refused_on_the_parents_clock(bench, builds
     """An honest mse several times faster than eager's forward plus backward (a one-pass C++ forward
     and a one-pass backward writing both gradients): correct. Its requests hold one call of about 4 ms;
     with a calibration of warm null requests it read 0.77-0.83 of the parent's window and was refused
-    3 of 4 (41st session); its nulls now follow a cold eager block as its own requests do
+    3 of 4; its nulls now follow a cold eager block as its own requests do
     (beside.calibrate), and it read 0.90-0.96. A first look that refuses it is judged again on both
-    evaluations' evidence."""
+    evaluations' evidence (docs/decisions/cpu-timing.md)."""
     r = judge(bench, builds, "grad_honest_fast_mse", "mse", GRAD)
     assert r.verdict is V.correct, describe(r)
 
@@ -115,7 +115,7 @@ def test_wrong_backward_is_wrong_gradient_naming_the_input(bench, builds):
 
 def test_backward_that_never_reads_grad_output_is_wrong_gradient(bench, builds):
     """Huber's right local gradient, never multiplied by grad_output: a loss's upstream used to be
-    ones, and this was judged correct (issue 27, item 5)."""
+    ones, and this was judged correct."""
     r = judge(bench, builds, "grad_ignores_upstream_huber", "huber", GRAD)
     assert r.verdict is V.wrong_gradient, describe(r)
     assert "gradient of input 0" in r.error, r.error
@@ -202,13 +202,12 @@ def test_honest_kernel_is_correct_in_gradient_mode_in_bf16(bench, builds):
 def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path, factor):
     """The red team's forged clock (times_blocks reports `factor` of each call) on forward plus
     backward: the parent's own clock around Bound requests puts the forged median below its bound.
-    The half passed 5 of 5 at 45% + 50 us (34th session), and once in a fresh-clone run of this suite
-    at 35% + 10 us, while the null model wrote its gradients afresh each call (the estimate a quarter
-    to a third low). With the null's results made once an input set (pipeline.child.grad.KeptNull)
-    and 30% + 10 us: the half refused 8 of 8 and a clock forged to 0.6 10 of 10 on the idle 2-core box,
-    reading 0.41-0.64 of the estimate against an honest twin's 0.83-1.10 (docs/decisions/measurement-notebook.md, 35th
-    session). Since the 36th, 30% + 3 us of the claim mixed as a Bound request mixes first and later
-    calls (clocks.mixed_calls): the 0.6 refused 4 of 4."""
+    The half passed 5 of 5 at 45% + 50 us, and once in a fresh-clone run of this suite at 35% + 10 us,
+    while the null model wrote its gradients afresh each call (the estimate a quarter to a third
+    low); with the null's results made once an input set and 30% + 10 us, the half was refused 8 of 8
+    and a clock forged to 0.6 10 of 10 on the idle 2-core box. The cpu's times are now the Bound
+    requests' own, held to the parent's window around them (clocks.check_inside;
+    docs/decisions/cpu-timing.md)."""
     code = tmp_path / "forged.py"
     code.write_text(forged_clock(factor))
     build_dir = tmp_path / "build"
@@ -222,7 +221,7 @@ def test_an_output_of_many_values_is_timed_without_the_upstream_draws(bench, tmp
     """Gradient mode on a task whose output is not a scalar (big_add, 512 x 512): each call's
     upstream is drawn from its seed at an Arm before the Bound request, not in its window. Drawn in
     the window the draws cost 3 ms a call, the estimate read 3.1 ms for a 0.22 ms call, and an honest
-    add was refused 3 of 3 (35th session)."""
+    add was refused 3 of 3 (docs/decisions/cpu-timing.md)."""
     code = tmp_path / "add.py"
     code.write_text("import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
                     "    def forward(self, a, b):\n        return a + b\n")
@@ -286,7 +285,7 @@ def test_library_trains_through_the_verified_backward(bench, builds, tmp_path):
         assert huber.entry is not None and huber.entry.envelope.backward and huber.entry.grad
         assert huber.entry.envelope.sizes == r.sizes
         # The size it was timed at: a held-out size is served only where its own kernel ran there and
-        # was measured faster (issue 27), which the honest C++ huber need not be on two cores.
+        # was measured faster, which the honest C++ huber need not be on two cores.
         p = torch.rand(256, 4096, requires_grad=True)
         t = torch.rand(256, 4096)
         out = huber(p, t)

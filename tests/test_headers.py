@@ -180,7 +180,7 @@ def test_the_light_aten_header_builds_a_kernels_host_code_but_not_torch_tensor(t
 def test_a_cu_built_light_reads_the_light_header_in_place_of_torch_types_h(tmp_path):
     """load_inline writes `#include <torch/types.h>` above a .cu's text, so a folder that shadowed
     only torch/extension.h would still bring in all of ATen (and clash with the light header's copy
-    of torch's aliases: on the H100 every .cu fell back so, 2026-11-26). The headers a .cu reads,
+    of torch's aliases: on the H100 every .cu fell back so). The headers a .cu reads,
     as nvcc's front end sees them (__CUDACC__), listed by the preprocessor."""
     folder = tmp_path / "inc"
     headers.write_shims(folder, headers.light_header() or "")

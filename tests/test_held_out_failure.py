@@ -1,6 +1,6 @@
 """An eager block the reference fails (or dies in) at a held-out size costs that size's timing, not
-the attempt. On the H100 batch (docs/decisions/measurement-notebook.md, eighteenth session, call 11) huber's reference
-failed there every attempt: the EvaluationError left pipeline.judge.evaluate, no attempt was judged or
+the attempt. On an H100 batch huber's reference failed there every
+attempt: the EvaluationError left pipeline.judge.evaluate, no attempt was judged or
 stored, and each next attempt waited about 17 s for a new reference process (210 s for eight)."""
 
 from __future__ import annotations

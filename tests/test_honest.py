@@ -1,7 +1,7 @@
 """The other half of a trustworthy verdict: honest code is not refused. The reference itself, as the
 candidate (`class ModelNew(Model)`), is judged correct on every bundled task at its short "odd" size,
-where what a request costs besides its calls weighs most against the parent's bound (the thirteenth
-session found mse refused there every time; docs/decisions/measurement-notebook.md)."""
+where what a request costs besides its calls weighs most against the parent's bound (mse was
+once refused there every time; docs/decisions/cpu-timing.md)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_the_reference_as_its_own_candidate_is_correct_in_gradient_mode(name, tm
     the child's draw and the reference's match on every checked call, trials, timed and Bound."""
     result = judge_the_reference(name, "odd", "cpu", tmp_path, SETTINGS.model_copy(update={"grad": True}))
     # The failed trial's worst element, for a flake seen twice on hinge's heavy trial and not yet
-    # explained (docs/decisions/measurement-notebook.md, twenty-ninth session): its index, expected and got.
+    # explained: its index, expected and got.
     failed = [(t.variant, t.worst_index, t.expected, t.got, t.max_rel_err) for t in result.trials if not t.ok]
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call, failed)
     assert result.grad
@@ -115,5 +115,6 @@ def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypa
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.first_refusal)
     assert result.first_refusal and "parent's own clock measured" in result.first_refusal
     assert result.wall_ms_per_call < 1.0  # the second's estimate: no stall in it
-    # Its time is not trusted: a clock forged to half passed a second look so, 1 of 3 (41st session).
+    # Its time is not trusted: a clock forged to half passed a second look so, 1 of 3
+    # (docs/decisions/cpu-timing.md).
     assert not result.trusted and "first evaluation was refused" in result.untrusted_reason, result.untrusted_reason

@@ -1,4 +1,4 @@
-"""A KernelBench sweep on the cpu (issue 28, items 4 and 5), through bench/kb_sweep.py and the real
+"""A KernelBench sweep on the cpu, through bench/kb_sweep.py and the real
 `kgen run` CLI over tests/kernelbench's checkout, into a real SQLite file:
 
 - the references dropped in as candidates are correct and flagged no_custom_kernel (the parent's

@@ -1,4 +1,4 @@
-"""`kgen kernelbench-baselines` (issue 28, item 6): stored baselines in a real SQLite database against a
+"""`kgen kernelbench-baselines`: stored baselines in a real SQLite database against a
 tiny fake of KernelBench's published timing JSON (tests/kernelbench/results/timing/H100_Modal/):
 median ratio, spread, every task off by more than the tolerance named, the measure compared said."""
 

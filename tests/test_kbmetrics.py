@@ -1,4 +1,4 @@
-"""KernelBench's metrics (issue 28, item 3): fast_0, fast_1, fast_p and the geometric-mean speedups per
+"""KernelBench's metrics: fast_0, fast_1, fast_p and the geometric-mean speedups per
 level, from a real SQLite database written by the Store, in `kgen best` (table and JSON) and `kgen report`
 (HTML and JSON); and a report over 250 tasks that stays one page with a handful of charts."""
 

@@ -1,4 +1,4 @@
-"""KernelBench as a task source (issue 28, item 2): the `tasks:` keys kernelbench, levels, problems and
+"""KernelBench as a task source: the `tasks:` keys kernelbench, levels, problems and
 names over a fake checkout (tests/kernelbench: real KernelBench files at tiny sizes), their one-line
 errors, and a real batch on the cpu storing each attempt's level and problem id in SQLite."""
 

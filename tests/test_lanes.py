@@ -111,7 +111,7 @@ def test_no_lane_idles_while_attempts_wait():
     assert {lane for _, lane in ran} == {"0", "1"}, ran
 
 
-# How many lanes a machine gets (issue 28, item 4): one per visible GPU, read the way CUDA reads them.
+# How many lanes a machine gets: one per visible GPU, read the way CUDA reads them.
 
 
 @pytest.mark.parametrize("listed, count, lanes", [

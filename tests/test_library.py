@@ -144,7 +144,7 @@ def test_matches_reference_on_fresh_inputs(mse):
 
 
 def test_held_out_sizes_are_served_only_where_its_own_kernel_ran_and_was_faster(tmp_path, dirs):
-    """Correct at every held-out size is not enough (issue 27): the kernel is used at a held-out size
+    """Correct at every held-out size is not enough: the kernel is used at a held-out size
     only where its own kernel ran there and it was measured faster than eager (pipeline.judge.shapes);
     elsewhere, and at any shape no trial saw, the reference runs."""
     shapes = [ShapeRun(size="odd", correct=True, own_ran=True, time=_timing(0.05), eager=_timing(0.1), faster=True),

@@ -407,7 +407,7 @@ def test_the_evolve_prompt_gets_the_same_task_notes(tmp_path):
     assert "`targets` is int64" in _notes(loss) and "matrix product" not in _notes(loss)
 
 
-# KernelBench's rule by level (issue 28, item 5): level 1 asks for the operator itself; at levels 2
+# KernelBench's rule by level: level 1 asks for the operator itself; at levels 2
 # and 3 a convolution or GEMM may stay in PyTorch and the kernels fuse what surrounds it.
 
 KB = ROOT / "tests" / "kernelbench" / "KernelBench"

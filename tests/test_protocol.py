@@ -118,8 +118,8 @@ def test_an_outbox_that_cannot_be_page_locked_still_carries_outputs():
 
 
 def test_the_replayed_bound_takes_the_no_work_call_off_a_claim():
-    """An H100's readings at 12 us a call (docs/decisions/measurement-notebook.md, 2026-11-26d): the honest mse claimed
-    0.012 ms and its replays put the device's work at 0.003. A clock forged to half (0.006) cleared the
+    """An H100's readings at 12 us a call (docs/decisions/gpu-timing.md): the honest mse claimed 0.012 ms
+    and its replays put the device's work at 0.003. A clock forged to half (0.006) cleared the
     bound (0.65 x 0.003 - 0.001); less, say, 0.0055 ms the protocol reads for a call that does no work,
     it claims 0.0005 of work and is refused, while the honest claim's 0.0065 stands."""
     est, null = 0.003, 0.0055
@@ -132,8 +132,8 @@ def test_the_replayed_bound_takes_the_no_work_call_off_a_claim():
 
 
 def test_gradient_mode_replays_are_held_closer():
-    """An H200's readings in gradient mode (docs/decisions/measurement-notebook.md, 34th session): mse forward plus
-    backward at 26 us a call, replays put it at 0.0207 ms, and a clock forged to half claimed 0.0133,
+    """An H200's readings in gradient mode (docs/decisions/gpu-timing.md): mse forward plus backward
+    at 26 us a call, replays put it at 0.0207 ms, and a clock forged to half claimed 0.0133,
     through the forward's 35% + 1 us; gradient mode's 25% refuses it, and the honest 0.0263 stands."""
     est, null = 0.0207, 0.0002
     assert clocks.check_estimate("cuda_graph", 0.0133, est, null) is None
@@ -226,11 +226,11 @@ def test_the_cpu_bound_s_quick_copy_writes_and_heads_what_put_does():
 
 def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_tolerance(tmp_path):
     """Triplet margin loss, "small" size, needle variant, seed 79 (each call with its own upstream
-    gradient, issue 27; found by a probe over seeds 0-85, as seed 21 was among 60 under ones;
-    docs/decisions/measurement-notebook.md): PyTorch's own float32 gradient of the anchor misses the fixed 1e-4 at one
-    element. The reference reports its own reading part by part in the judge's metric, the judge
-    widens to 4x that (at most 10x the task's), and PyTorch's gradient passes; with the task's
-    tolerance alone, or off by more than the cap, it does not."""
+    gradient; found by a probe over seeds 0-85, as seed 21 was among 60 under ones): PyTorch's own
+    float32 gradient of the anchor misses the fixed 1e-4 at one element. The reference reports its
+    own reading part by part in the judge's metric, the judge widens to 4x that (at most 10x the
+    task's), and PyTorch's gradient passes; with the task's tolerance alone, or off by more than the
+    cap, it does not."""
     from pathlib import Path
 
     import numpy as np
@@ -290,8 +290,8 @@ def test_load_is_taken_out_of_both_sides_and_never_below_the_child_s_work():
 
 
 def test_each_replayed_request_is_taken_net_of_a_null_replay_beside_it():
-    """pipeline.judge.clocks.paired_per_call, on the shape of an H200 miss (docs/decisions/measurement-notebook.md,
-    2026-11-29): the calibration ran with the GPU slower than it was by the Bound requests, so the
+    """pipeline.judge.clocks.paired_per_call, on the shape of an H200 miss (docs/decisions/gpu-timing.md):
+    the calibration ran with the GPU slower than it was by the Bound requests, so the
     calibration alone took 1.3 ms too much off each 512-replay window, and a clock forged to half
     (claim 0.0052 ms, 0.0032 of it the no-work call) cleared the bound. The reference's null replays,
     timed beside the calibration and beside each request, carry the drift: the estimate is the work
@@ -456,7 +456,7 @@ def test_an_output_compared_in_chunks_on_several_threads_is_judged_as_in_one_pie
 
 def test_a_reply_is_read_from_a_descriptor_past_1023():
     """A sweep's parent holds more than 1,024 descriptors (references, spares, memfds): select()
-    refused such a descriptor and 65 attempts were lost (docs/decisions/measurement-notebook.md, 21st session). The
+    refused such a descriptor and 65 attempts were lost (docs/decisions/spares-and-startup.md). The
     reader waits with poll: a reply on descriptor 1,500 is read, and a silent one still times out."""
     import resource
     import time

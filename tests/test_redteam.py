@@ -125,7 +125,7 @@ def real_ms(result: EvalResult) -> float | None:
 
 def assert_time_earned(result: EvalResult, real: float | None = None) -> None:
     """A timing exploit ends in impossible_timing (or its timing unfit for a loaded cpu), or it is correct
-    and, where it reported its real cost, recorded within the issue's TWIN_RATIO of that."""
+    and, where it reported its real cost, recorded within TWIN_RATIO of that."""
     if result.verdict is V.impossible_timing or load_unfit(result):
         return
     assert result.verdict is V.correct, describe(result)
@@ -429,8 +429,8 @@ def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest
 # ---- timing: the child's clock is the candidate's, the parent's bound is not --------------------
 
 
-# These cheats were judged correct while the parent's cpu estimate was drowned in input generation
-# (issue 11): Bound inputs now come through the inbox and the estimate is the fastest request, so
+# These cheats were judged correct while the parent's cpu estimate was drowned in input generation:
+# Bound inputs now come through the inbox and the estimate is the fastest request, so
 # each must get the verdict it asserts, every run.
 
 
@@ -456,7 +456,7 @@ def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
 
 def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
     """The same patch reporting 85% of the real time, inside the cpu's slack (clocks.INSIDE_SLACK): refused
-    by the parent's clock, or recorded within the issue's 1.3x of the work it reported."""
+    by the parent's clock, or recorded within 1.3x of the work it reported."""
     code = tmp_path / "forged_time_blocks.py"
     code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
     result = run(bench, "", "mse", tmp_path, code=code)
@@ -514,7 +514,7 @@ def test_work_done_while_inputs_are_built_is_held_to_the_parents_bound(bench, tm
     """The candidate computes each answer inside tasks.refill_inputs, outside the timed call, and
     spins to just above the floor in it. On the cpu the times recorded are the Bound requests' calls,
     whose inputs come through the inbox, never refilled: there the work is done in the call, and the
-    recorded time is within the issue's 1.3x of it. (Against the timed blocks it once read 0.40-0.56
+    recorded time is within 1.3x of it. (Against the timed blocks it once read 0.40-0.56
     of the parent's estimate, an unearned speedup up to 1.8x.)"""
     result = run(bench, "replay_input_hook.py", "mse", tmp_path)
     real = real_ms(result)
@@ -711,7 +711,7 @@ def test_trickled_reply_times_out_on_schedule(bench, tmp_path, monkeypatch):
     assert settings.timeout_s - 0.5 <= ended - started[0] <= settings.timeout_s + 4, ended - started[0]
 
 
-# ---- unequal cores (issue 27): both sides of a speedup get the same cores ------------------------
+# ---- unequal cores: both sides of a speedup get the same cores ----------------------------------
 
 
 def test_a_kernel_on_every_core_is_held_to_eager_s_threads(bench, honest_build, tmp_path):
@@ -720,7 +720,7 @@ def test_a_kernel_on_every_core_is_held_to_eager_s_threads(bench, honest_build, 
     its threads share that one core (unpinned on the 2-core box: 1.15x against its twin's 0.65x).
     What is asserted is the cores it could run on; the speedups are printed: two evaluations apart on
     a busy shared box (load 6) read 0.47x and 0.78x for the twin and this alike, so their ratio is
-    measured over ten runs each (bench/cpu_judge_probe.py, docs/decisions/measurement-notebook.md), not here."""
+    measured over ten runs each (bench/cpu_judge_probe.py; docs/decisions/cpu-timing.md), not here."""
     code = REDTEAM / "omp_all_cores.py"
     built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], tmp_path / "builds",
                         build.BuildOptions(timeout_s=600))
@@ -748,7 +748,7 @@ def test_the_cpu_floor_is_no_slower_than_a_warm_read_of_the_inputs(bench):
     timing's threads, must not beat the floor the reference measures in the same moments (a 256 MB copy
     once put mse's at 0.80 ms, and an honest fused mse at 0.65 ms, torch.compile too, was refused as
     impossible_timing). The rounds interleave the two: the baselines' floor, taken minutes earlier on
-    a busy box, once read 0.111 ms against a warm read's 0.088 (CI, 2026-11-30)."""
+    a busy box, once read 0.111 ms against a warm read's 0.088 in CI (docs/decisions/cpu-timing.md)."""
     import torch
 
     b = bench("mse")
@@ -789,7 +789,7 @@ def test_a_floor_taken_in_a_busy_moment_refuses_no_honest_kernel(bench, honest_b
         b.baselines = kept
 
 
-# ---- a loaded box (issue 27, item 7) ------------------------------------------------------------
+# ---- a loaded box ------------------------------------------------------------------------------
 
 _SPIN = "import os, sys\nos.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\nwhile True: pass\n"
 

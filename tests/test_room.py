@@ -1,4 +1,4 @@
-"""Issue 48, the red team's half: a sealed room per attempt. Each hole the issue names, as a candidate
+"""The red team's half of a sealed room per attempt (docs/threat-model.md). Each hole, as a candidate
 in tests/redteam/ run for real on the cpu backend (`kgen run` on a batch, `kgen eval` in a fresh
 process), with what must be true once the room holds, checked from outside where it can be:
 

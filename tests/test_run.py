@@ -118,7 +118,7 @@ def test_samples_of_one_turn_are_judged_on_one_draw(tmp_path):
     wrong answers, refused on their first trial whatever the box's speed, at "odd", where every
     draw is whole (its values and Bound inputs all computed before the child) and so kept. (At
     "small" on the cpu a draw is whole only where eager takes over CPU_SHORT_MS a call: CI's box
-    shared none, 2026-11-29.)"""
+    shared none.)"""
     wrong_too = WRONG.replace("0.3333", "0.25")
     config = write_config(tmp_path, [replay(tmp_path, [("mse", WRONG), ("mse", wrong_too)])], samples=2, size="odd")
     run_id, store = run(config)

@@ -1,4 +1,4 @@
-"""Issue 27, first class: no thread of the candidate's child is outside the sandbox.
+"""No thread of the candidate's child is outside the sandbox.
 
 tests/redteam/thread_escape.py signals every other thread of its process and, from a C++ handler,
 tries to read secrets, reach the network and write the project; the main thread tries the same. It

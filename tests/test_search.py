@@ -108,7 +108,7 @@ def test_refine_fixes_what_single_cannot_and_only_from_the_feedback(tmp_path):
     with serve([answer], max_requests=200) as server:
         # The target: slow cosine (64 recomputes, about 0.03x eager) sits far below it. With 8 it read
         # 0.14-0.20x idle on the 2-core box; with 8 and then 24 it reached 0.25 at turn 0 in two
-        # fresh-clone runs (33rd session, cause not found). Everything else 0.36x (mse's serial C++
+        # fresh-clone runs (cause not found). Everything else 0.36x (mse's serial C++
         # loop) to 1.08x.
         search = {"strategy": "refine", "max_turns": 3, "target": {"speedup_eager": 0.25}}
         tasks = ("cosine", "hinge", "huber", "mse")

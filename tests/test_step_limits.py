@@ -22,7 +22,7 @@ SETTINGS = EvalConfig(compile_baseline=False, trials=2, timed_calls=4, timed_ms=
                       profile=False, timeout_s=120, step_floor_s=2.0, step_ceiling_s=10.0)
 # 1.5 s of the child's own cpu time at import (the import step gets the floor, 2 s): idle it fits;
 # with two processes spinning on its core, each in a session of its own (the scheduler shares a core
-# between sessions: spinners of one session took only half of it, 2026-11-29), about 4.5 s of wall time.
+# between sessions: spinners of one session took only half of it), about 4.5 s of wall time.
 SLOW_IMPORT = '''
 import time
 

@@ -116,17 +116,17 @@ def test_the_ratio_is_taken_side_by_side_and_survives_a_loaded_machine(tmp_path)
     Tolerance BAND: both sides run the same ops in alternating blocks of four calls and each
     keeps the median block, so what is left is how differently the load falls on neighbouring
     blocks; over 13 runs on the 2-core CI box, with one to three spinners a core, the ratios were
-    0.92-1.05 idle and 0.78-1.05 loaded (the margin is for a slower CI machine; the issue's report
-    was 0.07 against 11.6). The band was 0.6-1.6 until a CI run on a box shared with other work
+    0.92-1.05 idle and 0.78-1.05 loaded (the margin is for a slower CI machine; the bug this guards
+    against read 0.07 against 11.6). The band was 0.6-1.6 until a CI run on a box shared with other work
     (its windows 74% run-queue waits in another test) read 1.64 and 1.62 in the "idle" pair. Three
     spinners a core also push the parent's lower bound on times past
     honest kernels at times (README), so the test loads the machine fully, not over.
 
-    One CI run (2026-11-23) saw a loaded ratio of 1.93 once, never reproduced in 20 runs here; the
-    child's session is now stopped around each eager block (the test below). Another (2026-11-25)
-    saw 0.56 idle, with the machine's speed drifting within the attempt: the speedup is now the
-    median of the block pairs' ratios (EvalResult.eager_ratio), over eight pairs, and a ratio out of
-    tolerance, idle or loaded, is judged a second time: one outlier from a noisy host passes, a
+    One CI run saw a loaded ratio of 1.93 once, never reproduced in 20 runs here; the child's
+    session is now stopped around each eager block (the test below). Another saw 0.56 idle, with
+    the machine's speed drifting within the attempt: the speedup is now the median of the block
+    pairs' ratios (EvalResult.eager_ratio), over eight pairs, and a ratio out of tolerance, idle or
+    loaded, is judged a second time: one outlier from a noisy host passes, a
     bias fails both."""
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=32)
     bench = prepare(task, "small", "cpu", settings)
@@ -170,8 +170,8 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     (tests/redteam/slow_the_eager_side.py): the parent stops the child's whole session around each
     eager block (sandbox.Child.pause; tests/test_sandbox.py checks that the paused helpers get no
     cpu), so eager runs as it would alone. On the 2-core box the kernel's autogroups already keep the
-    sessions apart: with the pause patched out the speedup read 0.87-1.15 (four runs, twelfth
-    session), with it 0.84-1.17 (twelve runs), so here this test holds the red team to an honest
+    sessions apart: with the pause patched out the speedup read 0.87-1.15 (four runs), with it
+    0.84-1.17 (twelve runs), so here this test holds the red team to an honest
     copy's band (BAND, as test_the_ratio_is_taken_side_by_side_...), not to the pause's own effect, which was
     1.40-1.48 against 0.93-0.94 on an earlier box. The helpers still spin in the gaps of the
     candidate's own blocks, which only slows the candidate: at times so much that the parent's clock
@@ -200,7 +200,7 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     # Eager alone is timed at other moments (prepare, after), so against it only a gross slowdown
     # shows: the median read 0.95-1.15x here, 1.31x and once 1.63x in fresh-clone CI runs (the whole
     # attempt on a slower machine), and 2.26x beside a fresh-clone suite and three more test
-    # processes, where its lower quartile read 1.18x (2026-11-30). Other work slows some blocks; a
+    # processes, where its lower quartile read 1.18x. Other work slows some blocks; a
     # candidate that slows eager slows them all, so the quartile is held to it. (The judge marks this
     # candidate's timing unfit every time, on an idle box too: its own helpers wait on the run queue.)
     assert beside.p25_ms <= 2.0 * alone, f"the candidate's helpers slowed the eager side: {beside} against {alone:.4g} ms"
@@ -269,8 +269,8 @@ def test_the_reference_warms_its_compiler_beside_expect_and_keeps_inductors_head
 def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
     """At the task's "odd" size (97 x 1023) an mse call takes about 0.1-0.15 ms in a timed block.
     A Bound request of one such call cost the parent 0.65-0.85 ms more than the null model's, and the
-    honest candidate was refused as impossible_timing every time (the thirteenth session found it
-    judging at that size). Where eager is short, a cpu Bound request now holds a timed block's calls
+    honest candidate was refused as impossible_timing every time (docs/decisions/cpu-timing.md).
+    Where eager is short, a cpu Bound request now holds a timed block's calls
     (more for the shortest), so each side of the check has the same mix of a block's first and
     following calls; longer calls keep one call a request (evaluate.CPU_SHORT_MS)."""
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=16)
@@ -305,11 +305,11 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
 def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parents_window(tmp_path):
     """mse at 64 x 64 (20-40 us a call, as test_run's tiny task): what a cpu Bound request does
     between and around its calls is in the parent's window but not in the calls, 6-10 ms for 128
-    calls, and the check read an honest candidate's calls at 0.56-0.65 of the window: refused in CI
-    (stop 45), and 2 of 4 first evaluations here. Between calls the outputs are now copied with the
+    calls, and the check read an honest candidate's calls at 0.56-0.65 of the window: refused in CI,
+    and 2 of 4 first evaluations here. Between calls the outputs are now copied with the
     least Python, the inbox's views are kept, and the window ends before the parent parses the
-    reply (40th session: 1.03-1.13 idle). Beside other load the share of waits marks the timing
-    unfit instead of refusing it (clocks.loaded)."""
+    reply (1.03-1.13 idle; docs/decisions/cpu-timing.md). Beside other load the share of waits marks
+    the timing unfit instead of refusing it (clocks.loaded)."""
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=16)
     bench = prepare(task, {"batch_size": 64, "input_shape": (64,)}, "cpu", settings)
     try:
@@ -327,12 +327,13 @@ def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parent
 def test_a_clock_forged_to_half_at_microseconds_is_never_trusted_on_the_cpu(tmp_path):
     """tests/redteam/forged_clock_lean.py claims half of each call and adds nothing between the calls,
     on a 32 x 32 add (2.5-5 us a call). The cpu check's allowance of INSIDE_ABS_MS a call carried it:
-    correct and trusted at 1.65-1.93x eager against its honest twin's 0.84-0.96x, 3 of 3 (41st
-    session). Now where the allowance decides the result is not trusted (clocks.loose_inside): it is
-    refused, its timing marked unfit for load, or correct and untrusted, never trusted; its honest
-    twin, evaluated before it each time, is correct, and trusted at least once (its calibration's null
-    requests follow a cold eager block as its own requests do: without the allowance it read 0.96-1.11
-    so, 0.64-0.94 before; beside.calibrate), unless the load marked its timing unfit."""
+    correct and trusted at 1.65-1.93x eager against its honest twin's 0.84-0.96x, 3 of 3
+    (docs/decisions/cpu-timing.md). Now where the allowance decides the result is not trusted
+    (clocks.loose_inside): it is refused, its timing marked unfit for load, or correct and untrusted,
+    never trusted; its honest twin, evaluated before it each time, is correct, and trusted at least
+    once (its calibration's null requests follow a cold eager block as its own requests do: without
+    the allowance it read 0.96-1.11 so, 0.64-0.94 before; beside.calibrate), unless the load marked
+    its timing unfit."""
     from forgers import load_unfit
 
     task = tasks.discover(ROOT / "tests" / "tasks", ["big_add"])[0]
@@ -395,7 +396,7 @@ def test_a_memfd_is_sealed_once_the_kernel_stops_answering_busy():
         os.close(fd)
 
 
-# ---- the compute floor (issue 27, item 3) ----------------------------------------------------------
+# ---- the compute floor --------------------------------------------------------------------------
 
 _MATMUL_TASK = '''import torch
 import torch.nn as nn
@@ -460,7 +461,7 @@ def test_a_forged_clock_on_a_compute_bound_task_is_below_its_compute_floor(tmp_p
         assert b.flops == 2 * 512 ** 3 and b.compute_floor_ms > 2 * b.floor_ms, b  # 6-20x on 2-core boxes
         assert b.compute_floor_ms < b.eager.median_ms, b  # eager itself is never below it
         # A median between the two floors is refused by the compute floor (a box's bandwidth floor may be
-        # above the forged claim too, and it is checked first: 0.071 ms at 30 GB/s on the 38th session's box).
+        # above the forged claim too, and it is checked first: 0.071 ms at 30 GB/s on one 2-core box).
         between = (b.floor_ms + b.compute_floor_ms) / 2
         assert "below the compute floor" in (bench.below_floor(between) or ""), (between, b)
         refused = evaluate.evaluate(bench, code, tmp_path / "build", settings)

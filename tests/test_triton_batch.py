@@ -1,4 +1,4 @@
-"""The Triton throughput batch (issue 14): fixtures/replay/batch_triton.jsonl holds 7 tasks x 8
+"""The Triton throughput batch: fixtures/replay/batch_triton.jsonl holds 7 tasks x 8
 samples of honest Triton kernels, one text per sample, written by fixtures/replay/make_batch.py and
 run by examples/config-batch-triton.yaml. These checks read the file only; the kernels themselves are judged
 by `kgen eval --backend triton`: on Triton's interpreter one base kernel at the small size takes

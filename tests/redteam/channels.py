@@ -1,5 +1,5 @@
-"""Probe: the channels the jail leaves open (issue 48, hole 3), from the build child (at import) and
-from the evaluation child (inside the first forward call).
+"""Probe: the channels the jail leaves open (tests/test_room.py's hole 3), from the build child (at
+import) and from the evaluation child (inside the first forward call).
 
 Each probe prints one line, `KGEN-NOTE chan NAME ROLE STATUS DETAIL`: ROLE is `b` (build) or `e`
 (evaluation); STATUS is `open` (the channel worked), `found` (it found what an earlier attempt or

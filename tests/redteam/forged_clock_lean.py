@@ -6,8 +6,8 @@ time, and keeps no list, prints nothing: the only cost it adds between the calls
 frame, so the parent's window around a Bound request is an honest one's. On the cpu the parent's
 check (clocks.check_inside) allows clocks.INSIDE_ABS_MS a call for the protocol's own noise; at
 2.5-5 us a call that allowance is as large as the half the forger hides, and this candidate was
-judged correct and trusted at 1.65-1.93x eager against its honest twin's 0.84-0.96x (docs/decisions/measurement-notebook.md,
-41st session).
+judged correct and trusted at 1.65-1.93x eager against its honest twin's 0.84-0.96x
+(docs/decisions/cpu-timing.md).
 
 Why it should fail: where the allowance decides (the median ratio without it is below
 1 - INSIDE_SLACK), the result is not trusted (clocks.loose_inside): it never reaches `best`, the

@@ -11,7 +11,7 @@ inputs, back-to-back calls) with its own clock, less a null-model calibration ma
 a median below that estimate less its slack (clocks.BOUND_SLACK) is impossible_timing. On the cpu the
 times recorded are the Bound requests' own calls, checked against the parent's window around them
 (clocks.check_inside): claiming FACTOR of them reads FACTOR there. A milder FACTOR that stays inside is
-accepted, and the test checks the recorded time is earned within the issue's 1.3x."""
+accepted, and the test checks the recorded time is earned within 1.3x (tests/forgers.py's TWIN_RATIO)."""
 import gc
 import statistics
 

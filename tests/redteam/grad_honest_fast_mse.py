@@ -1,9 +1,9 @@
 """An honest, fast CPU mse in gradient mode: honest_fast_mse's one-pass forward (16 float lanes) in an
 autograd.Function whose C++ backward writes both gradients in one pass, 2 (p - t) / n x grad_output
 and its negative. Faster than eager's forward plus backward (three passes and temporaries each
-way): the kind of kernel the gradient-mode bound must not refuse (bench/cpu_judge_probe.py --grad,
-docs/decisions/measurement-notebook.md). The forward's source is honest_fast_mse's, copied: a candidate is judged
-sealed, as one file, and cannot import another."""
+way): the kind of kernel the gradient-mode bound must not refuse (bench/cpu_judge_probe.py --grad;
+the rates: docs/decisions/cpu-timing.md). The forward's source is honest_fast_mse's, copied: a
+candidate is judged sealed, as one file, and cannot import another."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

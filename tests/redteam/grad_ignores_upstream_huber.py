@@ -1,7 +1,7 @@
 """Gradient mode, verdict wrong_gradient: a right forward and Huber's right local gradient,
 clamp(p - t, -1, 1) / N, as its backward, never multiplied by grad_output. Under an upstream of ones
 (what a scalar loss used to get) it matched; as a library op it is off by the factor of every
-loss * 3 and GradScaler scale (issue 27, item 5).
+loss * 3 and GradScaler scale.
 
 Plain PyTorch inside an autograd.Function: what is under test is the upstream gradient the judge
 draws, not a kernel."""

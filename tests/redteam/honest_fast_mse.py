@@ -1,7 +1,7 @@
 """An honest, fast CPU mse: one pass over both inputs, 16 float lanes a step (the compiler's vectors),
 each run of 4096 elements summed into a double. Several times eager's three passes and two
 temporaries on the 2-core box; the kernel kgen exists to find, which the judge must accept every time
-(bench/cpu_judge_probe.py, docs/decisions/measurement-notebook.md)."""
+(bench/cpu_judge_probe.py; the rates: docs/decisions/cpu-timing.md)."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

@@ -1,4 +1,4 @@
-"""Exploit: launder a forged clock through load it makes itself (issue 48, hole 4).
+"""Exploit: launder a forged clock through load it makes itself (tests/test_room.py's hole 4).
 
 The clock is forged as in forged_clock_lean.py: every harness Clock's time_call (found through gc)
 reports FACTOR of each call's real time. On an idle box the parent's own clock around the Bound

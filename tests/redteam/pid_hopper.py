@@ -1,4 +1,4 @@
-"""Exploit: a process that outlives its attempt by changing its pid (issue 48, hole 2).
+"""Exploit: a process that outlives its attempt by changing its pid (tests/test_room.py's hole 2).
 
 At import (so in the build child, while the candidate is imported for its build, and again in the
 evaluation child) the module forks a helper (a small interpreter of its own, `python -S`) that leaves the child's process group (setpgid, as

@@ -1,5 +1,5 @@
-"""Exploit: a process that outlives its attempt by changing its pid, on a GPU (issue 48, hole 2: the
-CUDA version of pid_hopper.py).
+"""Exploit: a process that outlives its attempt by changing its pid, on a GPU (tests/test_room.py's
+hole 2: the CUDA version of pid_hopper.py).
 
 At import (so in the build child, while the candidate is imported for its build, and again in the
 evaluation child) the module forks a helper (a small interpreter of its own, `python -S`) that leaves

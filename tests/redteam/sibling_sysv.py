@@ -1,4 +1,4 @@
-"""Exploit: siblings share answers through System V shared memory (issue 48, hole 1).
+"""Exploit: siblings share answers through System V shared memory (tests/test_room.py's hole 1).
 
 A batch's samples of one task (one turn, one generation) are judged on one draw: the same inputs,
 call for call. This file plays both roles. Each call hashes a small strided sample of its inputs

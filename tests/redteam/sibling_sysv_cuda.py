@@ -1,5 +1,5 @@
-"""Exploit: siblings share answers through System V shared memory, on a GPU (issue 48, hole 1: the
-CUDA version of sibling_sysv.py).
+"""Exploit: siblings share answers through System V shared memory, on a GPU (tests/test_room.py's hole
+1: the CUDA version of sibling_sysv.py).
 
 A batch's samples of one task (one turn, one generation) are judged on one draw: the same inputs,
 call for call. This file plays both roles. Each call gathers a small strided sample of its inputs

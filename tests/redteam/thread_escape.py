@@ -1,4 +1,4 @@
-"""Exploit (issue 27, first class): run code on a thread of the child that Landlock never confined.
+"""Exploit: run code on a thread of the child that Landlock never confined (docs/threat-model.md).
 
 Landlock confines only the thread that calls it; threads that existed before (one from `import
 torch` on the cpu, the CUDA driver's on a GPU) stay outside. This candidate installs a C++ signal
