@@ -277,13 +277,16 @@ def test_a_sigterm_the_moment_the_token_is_written_ends_the_server_cleanly(tmp_p
 def test_eval_and_serve_judge_a_task_file_at_the_same_size(tmp_path):
     """With no config file, the same task file (1024 x 4096, no KGEN_SIZES) is judged at the size it
     states, by `kgen eval` alone and through `kgen serve`: both resolve it by one rule
-    (pipeline.run.single.eval_size). Before, one judged a derived 1024 x 1024 and the other 1024 x 4096."""
+    (pipeline.run.single.eval_size). The candidate fails as it loads: the size is chosen, and the
+    reference's baselines timed at it, before any candidate runs, so a full judgement (a minute each
+    at the default settings) would add nothing here."""
     from tests.test_eval_size import WIDE
 
     task = tmp_path / "wide.py"
     task.write_text(WIDE.format(sizes=""))
     code = tmp_path / "mine.py"
-    code.write_text(HONEST)
+    code.write_text("import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def __init__(self, *args):\n"
+                    "        super().__init__()\n        raise RuntimeError('fails as it loads')\n")
     db = tmp_path / "db" / "kgen.db"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     sock, _ = serve.address(db)
@@ -309,5 +312,6 @@ def test_eval_and_serve_judge_a_task_file_at_the_same_size(tmp_path):
         proc.wait(timeout=60)
     local, said = judged("--local")
     assert "kgen serve" not in said
+    assert served["verdict"] == local["verdict"] == "runtime_error", (served, local)
     assert (served["size"], served["size_dims"]) == (local["size"], local["size_dims"]) == (
         "default", {"batch_size": 1024, "dim": 4096})

@@ -45,7 +45,6 @@ def calibrate(session: Any) -> None:
     session.part("startup_settle")
     noise = [np.random.default_rng().integers(0, 256, session.inbox.set_bytes, dtype=np.uint8)
              for _ in range(calls)] if session.inbox else None
-    blocks = CALIBRATION_BLOCKS["cpu" if bench.device == "cpu" else "cuda"]
     # On the cpu each of the candidate's Bound requests follows the reference's cold eager block on the
     # same core (eager_block), so each null request follows one too: back to back, the nulls meet warm
     # caches the candidate's requests never do, the base reads low, and honest kernels read below
@@ -53,6 +52,10 @@ def calibrate(session: Any) -> None:
     # cost more than COLD_CALIBRATION_MS each (calls of a task of gigabytes).
     eager_ms = bench.baselines.eager.median_ms if bench.baselines and bench.baselines.eager else None
     cold = bench.device == "cpu" and eager_ms is not None and eager_ms * calls <= COLD_CALIBRATION_MS
+    # Blocks longer than that hide a stall of a few milliseconds in their own noise: the GPU's count
+    # (at a gigabyte a call, each null request costs seconds of input making).
+    long = bench.device == "cpu" and eager_ms is not None and not cold
+    blocks = CALIBRATION_BLOCKS["cpu" if bench.device == "cpu" and not long else "cuda"]
     for i in range(blocks + 1):
         if cold:
             with session.child.paused():
