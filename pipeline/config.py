@@ -205,7 +205,8 @@ class EvalConfig(_Strict):
     build_timeout_s: float = Field(default=900.0, gt=0)
     """Wall-clock limit of one build."""
     memory_limit_gb: float = Field(default=16.0, gt=0)
-    """Address-space limit of a cpu-backend child."""
+    """Address-space limit of a cpu-backend child, beside the output slots and inputs the parent
+    shares with it (sized for the task: a task of gigabytes maps that much more)."""
     load_retries: int = Field(default=2, ge=0)
     """A correct attempt whose cpu was too loaded to time it (no figure) is judged again, fresh, up
     to this many times; if the load never passes it keeps its verdict with no figure."""

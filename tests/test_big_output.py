@@ -205,7 +205,7 @@ def _fs_type(path: Path) -> str:
     return kind
 
 
-def _config(tmp_path: Path, folder: Path, names: list[str]) -> Path:
+def _config(tmp_path: Path, folder: Path, names: list[str], **evaluation) -> Path:
     cfg = {"models": [{"name": "m", "provider": "replay", "replay_file": "none.jsonl"}],
            "tasks": {"names": names, "size": "default", "directory": str(folder)},
            "database": "db/kgen.db", "generated_dir": "generated", "build_dir": "builds",
@@ -213,7 +213,7 @@ def _config(tmp_path: Path, folder: Path, names: list[str]) -> Path:
                           "compile_baseline": False, "profile": False, "timeout_s": 3000, "step_ceiling_s": 600,
                           "required_confinement": [],
                           # what is measured here is memory and disk, not time: no re-timing under load
-                          "load_retries": 0}}
+                          "load_retries": 0, **evaluation}}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -263,6 +263,24 @@ def test_a_kernelbench_task_with_a_gigabyte_of_output_fits_four_footprints_and_w
     assert peak >= total, "the meter never saw the task's inputs and output held at once: it measures nothing"
     assert peak <= 4 * total, f"the process tree's peak is {peak / total:.2f} x the task's footprint"
     assert written <= 300e6, f"{written / 1e6:.0f} MB written to disk: {by_process}"
+
+
+def test_the_childs_own_memory_limit_leaves_room_for_the_slots_the_parent_shares(tmp_path):
+    """The child's address-space limit (evaluation.memory_limit_gb) is its own memory beside the
+    memfd the parent sizes for the task's plan (float64 output slots, the inbox): a 64 MiB output's
+    slots are several hundred MiB, and under a limit of 1 GiB that counted them the child failed as
+    it started, "Cannot allocate memory" (so did a 2 GiB output under the default 16 GiB)."""
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    task = folder / "3_Wide_ReLU.py"
+    task.write_text(BIG_RELU.replace(f"batch_size = {ROWS}", "batch_size = 1024"))  # 16 Mi values, 64 MiB
+    candidate = tmp_path / "model_new.py"
+    candidate.write_text(task.read_text().replace("class Model(", "class ModelNew("))
+    config = _config(tmp_path, folder, ["3_Wide_ReLU"], memory_limit_gb=1.0)
+    result = CliRunner().invoke(main, ["eval", str(candidate), "--task", str(task), "--backend", "cpu", "--size",
+                                       "default", "--json", "--no-store", "--local", "-c", str(config)])
+    out = json.loads(result.output.strip().splitlines()[-1])
+    assert out["verdict"] == "correct", out.get("error")
 
 
 def test_a_task_that_cannot_fit_is_one_line_naming_the_bytes_needed_and_available(tmp_path):

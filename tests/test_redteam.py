@@ -333,18 +333,20 @@ def test_a_kernel_hardwired_to_the_declared_size_is_served_there_alone(bench, ha
 
 def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
     """A spare child (started during the previous attempt, torch already loaded) serves the next
-    attempt: same verdict, far less start-up. Without refill (kgen eval) taking it starts no other;
-    one that is never used is killed on close."""
-    spares = Spares(HARNESS, ["eval"])
+    attempt: the one waiting when it starts is gone when it ends, and the verdict is the same.
+    Without refill (kgen eval) taking it starts no other; one that is never used is killed on close.
+    (How much start-up it saves is a timing, which a loaded box moves: not asserted here.)"""
+    spares = Spares(HARNESS, ["eval"], refill=True)
     try:
         first = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
         spares.refill = False
+        waiting = [child for queue in spares._waiting.values() for child, _ in queue]
         second = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
         left = [entry for queue in spares._waiting.values() for entry in queue]
     finally:
         spares.close()
     assert first.verdict is V.correct and second.verdict is V.correct, describe(second)
-    assert second.phases["startup"] < 0.5 * first.phases["startup"], (first.phases, second.phases)
+    assert len(waiting) == 1 and waiting[0].proc.poll() is not None, "the spare did not serve the second attempt"
     assert left == [], "a spare was started after the last one was taken without refill"
     unused = Spares(HARNESS, ["eval"], refill=False)
     unused.spawn(evaluate.child_environment("cpu"), evaluate.spare_init("cpu", SETTINGS))

@@ -22,6 +22,7 @@ import yaml
 from click.testing import CliRunner
 
 from chat_server import Failure, Reply, serve
+from forgers import no_figure
 from pipeline.cli.main import main
 from pipeline.judge.health import descendants
 from pipeline.config import load_config
@@ -91,7 +92,8 @@ def test_replay_run_stores_each_outcome_and_resumes(tmp_path):
     verdicts = {a["sample"]: a["verdict"] for a in store.attempts(run=run_id)}
     assert verdicts == {0: "correct", 1: "mismatch", 2: "extract_failed"}
     right = store.attempt(next(a["id"] for a in store.attempts(run=run_id) if a["sample"] == 0))
-    assert right["result"].speedup_eager > 0 and right["result"].baselines.floor_ms > 0
+    assert no_figure(right["result"]) or right["result"].speedup_eager > 0  # the rule on a box too loaded to time
+    assert right["result"].baselines.floor_ms > 0
     assert (tmp_path / "generated" / f"{right['code_hash']}.py").read_text().startswith("import torch")
     db = str(tmp_path / "db" / "kgen.db")
     listed = CliRunner().invoke(main, ["attempts", "--db", db, "--json", "--verdict", "mismatch"])

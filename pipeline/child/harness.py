@@ -55,15 +55,18 @@ def readable_paths(extra: list[str]) -> list[str]:
     return paths
 
 
-def apply_limits(memory_gb: float | None, cuda: bool, read: list[str], write: list[str]) -> P.Confinement:
+def apply_limits(memory_gb: float | None, cuda: bool, read: list[str], write: list[str],
+                 shared_bytes: int = 0) -> P.Confinement:
     """Limits the child sets on itself before any candidate code runs, and how far they hold.
-    Writable: its own temp dir (HOME, TMPDIR) and `write`; not /dev/shm, which outlives the attempt."""
+    Writable: its own temp dir (HOME, TMPDIR) and `write`; not /dev/shm, which outlives the attempt.
+    On the cpu its address space is capped at `memory_gb` of its own beside `shared_bytes`, the
+    parent's memfd it maps (output slots and inbox, sized by the parent for the task's plan)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     seccomp = install_filter()
     if not seccomp:
         print("[kgen] seccomp unavailable: a process of the candidate could leave the session", flush=True)
     if memory_gb and not cuda:  # CUDA reserves huge virtual ranges, so an address-space cap breaks it
-        cap = int(memory_gb * (1 << 30))
+        cap = int(memory_gb * (1 << 30)) + shared_bytes
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     home = os.environ.get("HOME", "")
     writable = [p for p in (home, *write) if p]
@@ -458,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TORCH_EXTENSIONS_DIR"] = job.build_dir
     load_prebuilt_only()
     confinement = apply_limits(job.memory_gb, job.device.startswith("cuda"),
-                               [job.task_path, job.code_path, job.build_dir], [])
+                               [job.task_path, job.code_path, job.build_dir], [], os.fstat(args.outbox_fd).st_size)
     outbox = memfd.Outbox(args.outbox_fd, job.slot_values, job.slots)
     if job.device.startswith("cuda") and not outbox.pin():
         print("[kgen] the outbox could not be page-locked: output copies are pageable", flush=True)
