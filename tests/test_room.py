@@ -214,8 +214,12 @@ def test_siblings_share_no_answers_through_sysv_shm(tmp_path):
     assert len(results) == 3, [describe(r) for r in results]
     shown = "\n".join(describe(r) for r in results)
     print(shown)
-    # Siblings: one draw for the three (the first computed it; the later ones reused it).
-    assert sorted(r.phases.get("shared_draw") for r in results) == [0.0, 1.0, 1.0], shown
+    # Siblings: one draw for the three (the first computed it; the later ones reused it). A sample
+    # judged again on a loaded box (evaluation.load_retries) is judged on a fresh draw of its own, with
+    # no shared_draw phase; the others still shared theirs.
+    draws = [r.phases.get("shared_draw") for r in results]
+    shared = sorted(d for d in draws if d is not None)
+    assert shared == [0.0, 1.0, 1.0] or (None in draws and shared in ([0.0, 1.0], [1.0, 1.0], [0.0], [1.0], [])), shown
     twin = [r for r in results if not any(n[:2] == ["shm", "attached"] or n[:2] == ["shm", "denied"]
                                           for n in notes(r.output))]
     assert len(twin) == 1 and twin[0].verdict is Verdict.correct, shown  # the honest kernel is right

@@ -268,9 +268,13 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     for _ in range(settings.load_retries):
         if result.verdict is not Verdict.correct or not clocks.load_unfit(result.device_unfit):
             break
-        refusal = result.first_refusal
+        earlier = result
         result = _evaluate_once(bench, code_path, build_dir, settings, env, spares, watch, None)
-        result = result.model_copy(update={"first_refusal": result.first_refusal or refusal})
+        update = {"first_refusal": result.first_refusal or earlier.first_refusal}
+        if bench.device == "cpu" and result.trusted and not earlier.trusted and earlier.first_refusal:
+            # A refusal overturned stays so through a re-judging: a fresh look is one more chance for a forger.
+            update.update(trusted=False, untrusted_reason=earlier.untrusted_reason)
+        result = result.model_copy(update=update)
         spent += result.eval_seconds
     return result.model_copy(update={"eval_seconds": spent})
 
