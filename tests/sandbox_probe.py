@@ -106,11 +106,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _jailed_probes(outside: str, secret: str, project_file: str, port: str, sock_path: str = "", key: str = "0") -> dict:
+def _jailed_probes(outside: str, secret: str, project_file: str, port: str, sock_path: str = "", key: str = "0",
+                   which: int = 0) -> dict:
     """What one thread can reach; every probe but write_home must be denied in a jailed child."""
     job = os.path.join(os.path.dirname(os.environ["HOME"]), "job")
     parent = os.getppid()  # 0 in a pid namespace of its own: the parent is not even nameable
-    room = _room_probes(sock_path, int(key) + threading.get_ident() % 1000) if sock_path else {}
+    room = _room_probes(sock_path, int(key) + which) if sock_path else {}  # a key per thread: neither finds the other's
     return {"uid": os.getuid(),
             "write_home": _try(lambda: _write(os.path.join(os.environ["HOME"], f"in-{threading.get_ident()}.txt"))),
             "write_outside": _try(lambda: _write(outside)),
@@ -129,7 +130,7 @@ def main() -> int:
 
     def first_thread() -> None:  # started before anything else the probe does
         go.wait()
-        early.update(_jailed_probes(*early.pop("args")))
+        early.update(_jailed_probes(*early.pop("args"), which=1))
 
     thread = threading.Thread(target=first_thread, daemon=True)
     thread.start()

@@ -123,8 +123,9 @@ def test_kgen_eval_is_judged_by_a_warm_server_that_keeps_the_task_s_reference(tm
         first, said = _eval(code, config, db)
         assert "judged by kgen serve (pid %d)" % server.pid in said
         second, _ = _eval(code, config, db)
-    for out in (first, second):
-        assert out["verdict"] == "correct" and out["size"] == "small" and out["time_ms"] > 0
+    for out in (first, second):  # a box too loaded to time leaves no figure, and says so
+        assert out["verdict"] == "correct" and out["size"] == "small"
+        assert out["time_ms"] > 0 if not out["device_unfit"] else out["time_ms"] is None, out
     # The first evaluation started the task's reference process; the second used it as it was:
     # no start-up, no baselines, and the same baselines it measured.
     assert "reference_startup" in first["phases"] and "reference_baselines" in first["phases"]

@@ -225,6 +225,9 @@ def test_torch_compile_is_timed_side_by_side_too(tmp_path, monkeypatch):
     finally:
         bench.close()
     assert result.verdict is Verdict.correct, result.error
+    assert any(p.is_file() for p in (tmp_path / "cache" / "inductor").rglob("*")), "no compile cache written"
+    if no_figure(result):
+        return  # too loaded to time through the retries: no figure, no ratio
     beside = result.compiled_beside
     assert beside is not None and beside.n == result.timing.n  # on the cpu beside each Bound request
     ratio = result.compiled_ratio
@@ -234,7 +237,6 @@ def test_torch_compile_is_timed_side_by_side_too(tmp_path, monkeypatch):
     print(f"compile beside {beside.median_ms:.4g} ms (prepared {bench.baselines.compiled.median_ms:.4g}), "
           f"candidate {result.timing.median_ms:.4g} ms")
     assert 0.05 < result.speedup_compile < 20  # eager's own ops against the compiled reference
-    assert any(p.is_file() for p in (tmp_path / "cache" / "inductor").rglob("*")), "no compile cache written"
 
 
 def test_the_reference_warms_its_compiler_beside_expect_and_keeps_inductors_header(tmp_path, monkeypatch):
