@@ -42,6 +42,19 @@ def no_figure(result: EvalResult) -> bool:
     return True
 
 
+# On the cpu the parent's clock is the only one: a clock forged inside the child moves nothing, and
+# a candidate that is eager's own ops reads about 1x (0.8-1.0 beside a running suite). A figure
+# read from a clock forged to a tenth would be about 10x.
+UNEARNED_X = 2.0
+
+
+def gains_nothing(r: EvalResult) -> None:
+    """A forged clock judged on the cpu: correct and trusted as its honest twin is, and, where it was
+    timed, under UNEARNED_X eager (its forward is eager's own ops)."""
+    assert r.verdict is Verdict.correct and r.trusted, (r.verdict, r.error, r.untrusted_reason)
+    assert no_figure(r) or r.speedup_eager < UNEARNED_X, (r.speedup_eager, r.time_ms, r.eager_beside)
+
+
 def assert_refused_or_near_twin(results: list[tuple[str, EvalResult]], honest: Callable[[EvalResult], None],
                                 forger: Callable[[EvalResult], None] | None = None) -> None:
     """`results` in the order evaluated, (name, result), each forger right after its honest twin:

@@ -22,7 +22,7 @@ from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Provenance, Verdict as V
 
-from forgers import forged_clock, load_unfit, no_figure
+from forgers import forged_clock, gains_nothing, no_figure
 
 pytestmark = pytest.mark.slow
 
@@ -97,11 +97,8 @@ def test_honest_forward_and_backward_is_correct_in_gradient_mode(bench, builds):
 
 def test_a_fast_fused_backward_is_not_refused_on_the_parents_clock(bench, builds):
     """An honest mse several times faster than eager's forward plus backward (a one-pass C++ forward
-    and a one-pass backward writing both gradients): correct. Its requests hold one call of about 4 ms;
-    with a calibration of warm null requests it read 0.77-0.83 of the parent's window and was refused
-    3 of 4; its nulls now follow a cold eager block as its own requests do
-    (beside.calibrate), and it read 0.90-0.96. A first look that refuses it is judged again on both
-    evaluations' evidence (docs/decisions/cpu-timing.md)."""
+    and a one-pass backward writing both gradients): correct. With the child's clock checked against
+    the parent's it was refused 3 of 4 once; the parent's clock is now the only one on the cpu."""
     r = judge(bench, builds, "grad_honest_fast_mse", "mse", GRAD)
     assert r.verdict is V.correct, describe(r)
 
@@ -199,23 +196,17 @@ def test_honest_kernel_is_correct_in_gradient_mode_in_bf16(bench, builds):
     assert r.grad and r.dtype == "bfloat16"
 
 
-@pytest.mark.parametrize("factor", [0.1, 0.5])
-def test_a_forged_clock_is_refused_in_gradient_mode(bench, tmp_path, factor):
-    """The red team's forged clock (times_blocks reports `factor` of each call) on forward plus
-    backward: the parent's own clock around Bound requests puts the forged median below its bound.
-    The half passed 5 of 5 at 45% + 50 us, and once in a fresh-clone run of this suite at 35% + 10 us,
-    while the null model wrote its gradients afresh each call (the estimate a quarter to a third
-    low); with the null's results made once an input set and 30% + 10 us, the half was refused 8 of 8
-    and a clock forged to 0.6 10 of 10 on the idle 2-core box. The cpu's times are now the Bound
-    requests' own, held to the parent's window around them (clocks.check_inside;
-    docs/decisions/cpu-timing.md)."""
+def test_a_forged_clock_gains_nothing_in_gradient_mode(bench, tmp_path):
+    """The red team's forged clock (time_call reports a tenth of each call) on forward plus backward:
+    on the cpu the time recorded is the parent's window around Bound requests, less a null model's
+    whose results (gradients too) are made once an input set, so the claims move nothing."""
     code = tmp_path / "forged.py"
-    code.write_text(forged_clock(factor))
+    code.write_text(forged_clock(0.1))
     build_dir = tmp_path / "build"
     build_dir.mkdir()
     r = evaluate.evaluate(bench("mse", GRAD), code, build_dir, GRAD)
-    # On a cpu too loaded to time, its timing is marked unfit instead (pipeline.judge.clocks.loaded).
-    assert r.grad and (r.verdict is V.impossible_timing or load_unfit(r)), describe(r)
+    assert r.grad, describe(r)
+    gains_nothing(r)
 
 
 def test_an_output_of_many_values_is_timed_without_the_upstream_draws(bench, tmp_path):

@@ -81,12 +81,12 @@ def test_the_reference_as_its_own_candidate_is_correct_in_gradient_mode_on_the_g
     assert result.trusted and "replayed from CUDA graphs" in (result.bound_note or ""), (result.untrusted_reason, result.bound_note)
 
 
-def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypatch):
+def test_a_stalled_machine_slows_the_cpu_figure_and_refuses_nothing(tmp_path, monkeypatch):
     """A machine stalled through most Bound requests of one evaluation (here: the parent sleeps 20 ms
-    before sending two in three, inside its own window, as a loaded box does) reads the honest calls
-    far below its window and refuses them; a second evaluation, fresh child and fresh secrets, on a
-    machine no longer stalled, judges it correct on both evaluations' requests (the median of all:
-    the stalled third of them), and the first refusal is kept beside the verdict; the time is untrusted."""
+    before sending two in three, inside its own window, where no run queue counts it): on the cpu
+    the parent's clock is the only one, so the stall can only slow the figure, never refuse an
+    honest kernel or call for a second evaluation (which the child's clock checked against the
+    parent's once did, docs/decisions/cpu-timing.md)."""
     from pipeline import sandbox
     from pipeline.child import protocol as P
 
@@ -98,23 +98,18 @@ def test_a_refusal_on_the_parents_clock_alone_is_judged_again(tmp_path, monkeypa
         return real_judge(*args, **kwargs)
 
     def send(self, message):
-        if isinstance(message, P.Bound) and message.index >= 0 and message.index % 3 and len(evaluations) == 1:
+        if isinstance(message, P.Bound) and message.index >= 0 and message.index % 3:
             time.sleep(0.02)
         return real_send(self, message)
 
     monkeypatch.setattr(evaluate, "_judge", judge_counted)
     monkeypatch.setattr(sandbox.Child, "send", send)
     result = judge_the_reference("mse", "odd", "cpu", tmp_path)
-    if no_figure(result):
-        # A busy box (real load, not only the stall) through every retry: the judge marks the timing
-        # unfit for the load, with no figure, and a refusal on the clocks alone is then not a verdict
-        # (pipeline.judge.clocks.LOADED_SHARE).
-        assert result.verdict is Verdict.correct, (result.verdict.value, result.error)
+    assert result.verdict is Verdict.correct and result.trusted, (result.verdict.value, result.error)
+    assert result.first_refusal is None
+    if no_figure(result):  # a box too loaded to time through the retries: each retry is one more evaluation
         return
-    assert len(evaluations) >= 2  # a second look; more where a look's cpu was too loaded (load_retries)
-    assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.first_refusal)
-    assert result.first_refusal and "parent's own clock measured" in result.first_refusal
-    assert result.wall_ms_per_call < 1.0  # the second's estimate: no stall in it
-    # Its time is not trusted: a clock forged to half passed a second look so, 1 of 3
-    # (docs/decisions/cpu-timing.md).
-    assert not result.trusted and "first evaluation was refused" in result.untrusted_reason, result.untrusted_reason
+    assert len(evaluations) == 1
+    # Two requests in three slowed 20 ms, each of calls adding up to about 4 ms at eager's speed
+    # (evaluate.CPU_BOUND_MS): the median request carries the stall, about five times eager's time.
+    assert result.time_ms > 2 * result.baselines.eager.median_ms, (result.time_ms, result.baselines.eager)

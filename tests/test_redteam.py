@@ -31,7 +31,7 @@ from pipeline.child import HARNESS, tasks
 from pipeline.config import EvalConfig
 from pipeline.records import EvalResult, Flag, Verdict
 
-from forgers import TWIN_RATIO, load_unfit, no_figure
+from forgers import UNEARNED_X, gains_nothing, load_unfit, no_figure
 
 ROOT = Path(__file__).resolve().parent.parent
 REDTEAM = Path(__file__).resolve().parent / "redteam"
@@ -125,13 +125,14 @@ def real_ms(result: EvalResult) -> float | None:
 
 def assert_time_earned(result: EvalResult, real: float | None = None) -> None:
     """A timing exploit ends in impossible_timing (or its timing unfit for a loaded cpu), or it is correct
-    and, where it reported its real cost, recorded within TWIN_RATIO of that."""
+    and, where it reported its real cost, recorded within UNEARNED_X of that: its own measure counts
+    the time others held its core, the parent's figure does not (clocks.unloaded_ms)."""
     if result.verdict is V.impossible_timing or load_unfit(result):
         return
     assert result.verdict is V.correct, describe(result)
     assert result.wall_ms_per_call is not None, describe(result)
     if real is not None:
-        assert result.time_ms * TWIN_RATIO >= real, \
+        assert result.time_ms * UNEARNED_X >= real, \
             f"recorded {result.time_ms:.4g} ms for work that cost {real:.4g} ms a call: {describe(result)}"
 
 
@@ -436,44 +437,12 @@ def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest
 # each must get the verdict it asserts, every run.
 
 
-def test_forged_time_blocks_is_impossible_timing(bench, tmp_path):
+def test_forged_time_blocks_gains_nothing(bench, tmp_path):
     """Right answers, but the harness's Clock rebound to report 10% of each call's real time: on the cpu
-    the parent's own clock around the same calls reads them 10 times longer (clocks.check_inside)."""
+    the time recorded is the parent's window around Bound requests, so the forged claims move nothing."""
     result = run(bench, "forged_time_blocks.py", "mse", tmp_path)
-    real = real_ms(result)
-    assert real is not None, f"the patched time_call never ran: {describe(result)}"
-    if load_unfit(result):
-        return
-    assert result.verdict is V.impossible_timing, \
-        f"recorded {result.time_ms} ms for calls that took {real:.4g} ms: {describe(result)}"
-    # Refused on the parent's clock alone, it was judged twice (pipeline.judge.evaluate.evaluate) and both
-    # refused; below the bandwidth floor (a measured bound of another kind), once, or on the second
-    # evaluation after the first was refused on the clock (its claim of 10% sits near 0.85 of the
-    # floor on the 2-core box: 0.083 ms against 0.074, then 0.071).
-    if "bandwidth floor" in (result.error or ""):
-        assert result.first_refusal is None or "parent's own clock" in result.first_refusal, describe(result)
-    else:
-        assert result.first_refusal and "parent's own clock" in result.first_refusal, describe(result)
-
-
-def test_mild_forged_time_stays_within_the_parents_bound(bench, tmp_path):
-    """The same patch reporting 85% of the real time, inside the cpu's slack (clocks.INSIDE_SLACK): refused
-    by the parent's clock, or recorded within 1.3x of the work it reported."""
-    code = tmp_path / "forged_time_blocks.py"
-    code.write_text((REDTEAM / "forged_time_blocks.py").read_text().replace("FACTOR = 0.1\n", "FACTOR = 0.85\n"))
-    result = run(bench, "", "mse", tmp_path, code=code)
-    real = real_ms(result)
-    assert real is not None, f"the patched time_call never ran: {describe(result)}"
-    # A request's claims over the parent's window scatter (0.7-1.4 on the 2-core box), so 0.85 of its
-    # calls can read under the slack: a refused forged clock is a right verdict too.
-    if result.verdict is V.impossible_timing and "parent's own clock" in (result.error or ""):
-        return
-    if load_unfit(result):  # a refusal on a loaded cpu is no verdict: its timing is marked unfit instead
-        return
-    assert result.verdict is V.correct, describe(result)
-    assert result.wall_ms_per_call is not None and result.wall_ms_per_call > 0, describe(result)
-    assert result.time_ms * TWIN_RATIO >= real, \
-        f"recorded {result.time_ms:.4g} ms for {real:.4g} ms of work (first refusal: {result.first_refusal}): {describe(result)}"
+    assert real_ms(result) is not None, f"the patched time_call never ran: {describe(result)}"
+    gains_nothing(result)
 
 
 def test_work_deferred_to_the_output_copy_is_counted(bench, tmp_path):
@@ -796,11 +765,11 @@ def test_a_floor_taken_in_a_busy_moment_refuses_no_honest_kernel(bench, honest_b
 _SPIN = "import os, sys\nos.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\nwhile True: pass\n"
 
 
-def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_clock_never_trusted(bench, tmp_path):
+def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_clock_gains_nothing(bench, tmp_path):
     """Two processes spinning on the very cores the child and eager are held to (sandbox.cpu_cores):
-    the honest fused mse is judged correct every time, its timing trusted or marked unfit for the
-    load (never refused), and the clock forged to 10% of its work is refused or marked unfit, never a
-    trusted time (pipeline.judge.clocks.loaded). The child gets 300 s, not 60: with the spinners on its
+    the honest fused mse is judged correct every time, faster than eager where it was timed (never
+    refused), and the clock forged to 10% of its work gains nothing (pipeline.judge.clocks.loaded).
+    The child gets 300 s, not 60: with the spinners on its
     core, on a CI box shared with other work, loading the task alone once took 60 s."""
     # No re-judging on load (load_retries): the spinners never stop, so each retry would meet them
     # again; what is asserted holds of each judgement as it comes.
@@ -823,4 +792,4 @@ def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_cloc
         assert r.verdict is V.correct, describe(r)
         if not r.device_unfit:
             assert r.speedup_eager > 1.0, describe(r)
-    assert forged.verdict is V.impossible_timing or load_unfit(forged), describe(forged)
+    gains_nothing(forged)

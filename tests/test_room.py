@@ -9,8 +9,9 @@ process), with what must be true once the room holds, checked from outside where
 3. channels the jail leaves open (channels.py): from the build child and the evaluation child, each
    channel is refused (the candidate's note says so, and nothing reached the test's listener, and
    nothing is left in `ipcs`);
-4. load launders a forged clock (load_launder.py beside its honest twin): a timing marked unfit
-   carries no speedup figure, and `kgen eval` exits non-zero for it.
+4. load launders a forged clock (load_launder.py beside its honest twin): the cpu's one clock is the
+   parent's, so the forged claims move nothing; a timing marked unfit carries no speedup figure, and
+   `kgen eval` exits non-zero for it.
 
 Every candidate fills in a TAG the test substitutes, so runs do not collide and the test can find
 (and remove) what each left behind.
@@ -33,6 +34,8 @@ import pytest
 import yaml
 
 from pipeline.records import EvalResult, Verdict
+
+from forgers import UNEARNED_X
 from pipeline.store.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -458,13 +461,14 @@ SPEEDUP_FIELDS = ("speedup_eager", "speedup_compile")
 
 
 @pytest.mark.parametrize("twin", [False, True], ids=["forged", "honest_twin"])
-def test_unfit_timing_carries_no_figure(tmp_path, twin):
-    """load_launder.py forges its clock to a tenth and loads its own cores with two spinners so the
-    parent marks the timing unfit; its twin only loads. For each: the spinners ran and the timing is
-    marked unfit (clocks.loaded: the load is theirs), and then there is no figure: the stored
-    result's x eager and x compile (and the pairwise ratios behind them) are None, `kgen eval --json`
-    prints none, and `kgen eval` exits non-zero. The forger's rebound clocks are its own claim, so it
-    is checked on its note too: it forged (else the test proves nothing about a forged clock)."""
+def test_a_self_loaded_forger_gains_nothing_and_unfit_timing_carries_no_figure(tmp_path, twin):
+    """load_launder.py forges its clock to a tenth and loads its own cores with two spinners; its twin
+    only loads. For each: the spinners ran; where the load made the timing unfit (clocks.loaded)
+    there is no figure: the stored result's x eager and x compile (and the pairwise ratios behind
+    them) are None, `kgen eval --json` prints none, and `kgen eval` exits non-zero; where it was
+    timed through the load, the figure is the parent's and the forger gains nothing. The forger's
+    rebound clocks are its own claim, so it is checked on its note too: it forged (else the test
+    proves nothing about a forged clock)."""
     tag, name = uuid.uuid4().hex[:12], "load_launder.py"
     code = tagged(name, tag, tmp_path, **(TWIN[name] if twin else {}))
     # One re-judging (the default is two): it meets the candidate's own load again, and one shows that.
@@ -480,7 +484,10 @@ def test_unfit_timing_carries_no_figure(tmp_path, twin):
         if result.verdict.value == "impossible_timing":  # a judgement its load missed refused the forgery itself
             assert proc.returncode != 0, f"kgen eval exited 0 for a refused forgery: {proc.stdout[-1500:]}"
             return
-    assert result.device_unfit and result.device_unfit.startswith("the cpu was loaded"), describe(result)
+    if not result.device_unfit:  # timed through the load: the parent's figure, its claims unread
+        assert result.verdict is Verdict.correct and result.speedup_eager < UNEARNED_X, describe(result)
+        return
+    assert result.device_unfit.startswith("the cpu was loaded"), describe(result)
     printed = json.loads(proc.stdout[proc.stdout.index("{"):])
     figures = {"stored": {f: getattr(result, f) for f in SPEEDUP_FIELDS},
                "ratios": {"eager_ratio": result.eager_ratio, "compiled_ratio": result.compiled_ratio},

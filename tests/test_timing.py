@@ -20,7 +20,7 @@ from pipeline.judge.bench import open_bench, prepare
 from pipeline.judge.handover import close_all
 from pipeline.records import Verdict
 
-from forgers import no_figure
+from forgers import gains_nothing, no_figure
 
 ROOT = Path(__file__).resolve().parent.parent
 BAND = (0.5, 2.0)  # the speedup of a candidate that is eager's own ops (test_the_ratio_is_taken_side_by_side_...)
@@ -329,18 +329,13 @@ def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parent
         bench.close()
 
 
-def test_a_clock_forged_to_half_at_microseconds_is_never_trusted_on_the_cpu(tmp_path):
+def test_a_clock_forged_to_half_at_microseconds_gains_nothing_on_the_cpu(tmp_path):
     """tests/redteam/forged_clock_lean.py claims half of each call and adds nothing between the calls,
-    on a 32 x 32 add (2.5-5 us a call). The cpu check's allowance of INSIDE_ABS_MS a call carried it:
-    correct and trusted at 1.65-1.93x eager against its honest twin's 0.84-0.96x, 3 of 3
-    (docs/decisions/cpu-timing.md). Now where the allowance decides the result is not trusted
-    (clocks.loose_inside): it is refused, its timing marked unfit for load, or correct and untrusted,
-    never trusted; its honest twin, evaluated before it each time, is correct, and trusted at least
-    once (its calibration's null requests follow a cold eager block as its own requests do: without
-    the allowance it read 0.96-1.11 so, 0.64-0.94 before; beside.calibrate), unless the load marked
-    its timing unfit."""
-    from forgers import load_unfit
-
+    on a 32 x 32 add (2.5-5 us a call). Against the child's clock checked inside the parent's, with an
+    allowance a call for the protocol's noise, it was trusted at 1.65-1.93x eager against its honest
+    twin's 0.84-0.96x (docs/decisions/cpu-timing.md). The parent's clock is now the only one: the
+    forger and its honest twin, evaluated before it each time, are both correct and trusted, and the
+    forger gains nothing."""
     task = tasks.discover(ROOT / "tests" / "tasks", ["big_add"])[0]
     honest = tmp_path / "honest.py"
     honest.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, a, b):\n"
@@ -352,16 +347,12 @@ def test_a_clock_forged_to_half_at_microseconds_is_never_trusted_on_the_cpu(tmp_
     bench = prepare(task, {"rows": 32, "cols": 32}, "cpu", settings)
     try:
         assert bench.baselines.eager.median_ms < 0.03, bench.baselines.eager
-        twins = []
         for _ in range(2):
             twin = evaluate.evaluate(bench, honest, tmp_path / "build", settings)
-            assert twin.verdict is Verdict.correct, (twin.error, twin.first_refusal)
-            twins.append(twin)
+            assert twin.verdict is Verdict.correct and twin.trusted, (twin.error, twin.untrusted_reason)
             r = evaluate.evaluate(bench, forged, tmp_path / "build", settings)
-            assert (r.verdict is Verdict.impossible_timing or load_unfit(r) or
-                    (r.verdict is Verdict.correct and not r.trusted and "allowed for the protocol" in r.untrusted_reason)), \
-                (r.verdict, r.trusted, r.untrusted_reason, r.error, r.speedup_eager, twin.speedup_eager)
-        assert any(t.trusted or t.device_unfit for t in twins), [t.untrusted_reason for t in twins]
+            print(f"honest {twin.speedup_eager}, forged {r.speedup_eager} x eager")
+            gains_nothing(r)
     finally:
         bench.close()
 
@@ -440,12 +431,12 @@ def test_the_compute_floor_counts_the_reference_s_arithmetic_and_measures_nothin
     assert got["compute_floor_ms"] == pytest.approx(got["flops"] / got["flops_per_s"] * 1e3)
 
 
-def test_a_forged_clock_on_a_compute_bound_task_is_below_its_compute_floor(tmp_path):
+def test_a_compute_bound_task_has_a_compute_floor_and_a_forged_clock_gains_nothing(tmp_path):
     """A 512 x 512 matmul: its inputs' bytes (2 MB) are read in microseconds, so the bandwidth floor
-    says nothing about a clock that claims a fiftieth of the call. Its 268 MFLOP at the cpu's best
-    measured rate do: the forged clock is refused there, and the honest matmul beside it is
-    correct, not held below its own floor. With evaluation.compute_floor off, the floor refuses
-    nothing (the parent's clock still may)."""
+    says nothing of a time a fiftieth of the call's. Its 268 MFLOP at the cpu's best measured rate
+    do: such a time is below the compute floor. The honest matmul is correct, not held below its own
+    floor, and a clock forged to a fiftieth is timed as it is (the parent's clock is the cpu's only
+    one). With evaluation.compute_floor off, the floor refuses nothing."""
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "matmul.py").write_text(_MATMUL_TASK)
     task = tasks.discover(tmp_path / "tasks", ["matmul"])[0]
@@ -469,14 +460,12 @@ def test_a_forged_clock_on_a_compute_bound_task_is_below_its_compute_floor(tmp_p
         # above the forged claim too, and it is checked first: 0.071 ms at 30 GB/s on one 2-core box).
         between = (b.floor_ms + b.compute_floor_ms) / 2
         assert "below the compute floor" in (bench.below_floor(between) or ""), (between, b)
-        refused = evaluate.evaluate(bench, code, tmp_path / "build", settings)
         right = evaluate.evaluate(bench, honest, tmp_path / "build", settings)
-        off = settings.model_copy(update={"compute_floor": False})
-        bench.settings = off
-        unfloored = evaluate.evaluate(bench, code, tmp_path / "build", off)
+        forged_result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
+        bench.settings = settings.model_copy(update={"compute_floor": False})
+        assert bench.below_floor(between) is None, b  # off: the bandwidth floor alone, below `between`
     finally:
         bench.close()
-    assert refused.verdict is Verdict.impossible_timing and "floor" in refused.error, refused.error
     assert right.verdict is Verdict.correct, right.error
-    assert "compute floor" not in (unfloored.error or ""), unfloored.error
-    print(refused.error, "|", right.time_ms, "|", unfloored.verdict.value, unfloored.error)
+    gains_nothing(forged_result)
+    print(right.time_ms, forged_result.time_ms, b.compute_floor_ms)

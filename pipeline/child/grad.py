@@ -148,33 +148,20 @@ def null_model(module, shape: tuple, dtype: torch.dtype, device: str, grad: bool
     else:
         def make(*inputs):
             return torch.zeros(shape, device=device, dtype=dtype)
-    return KeptNull(make, reads=device == "cpu")
+    return KeptNull(make)
 
 
 class KeptNull:
     """A null model whose result for an input set (keyed by its first tensor's storage: an inbox
     set's place, a replayed set's) is made once and handed back at every later call on that set, so
-    the null the estimate subtracts writes no output, which a candidate's call writes as its own work.
-    Zeros made afresh each call count an output's allocation and writes as the protocol's: they put
-    the estimate a quarter to a half low on large outputs, on the cpu and on a GPU, and clocks forged
-    to half or 0.6 would pass (docs/decisions/cpu-timing.md). With `reads` (the cpu, where the parent
-    subtracts only what is outside the calls) nothing is kept."""
+    the null the calibration subtracts does no work a candidate's call does: it reads no input and
+    writes no output. Zeros made afresh each call would count an output's allocation and writes as
+    the protocol's and put the time recorded low (docs/decisions/cpu-timing.md)."""
 
-    def __init__(self, make, most: int = 128, reads: bool = False):
-        self.make, self.most, self.kept, self.reads = make, most, {}, reads
+    def __init__(self, make, most: int = 128):
+        self.make, self.most, self.kept = make, most, {}
 
     def __call__(self, *inputs):
-        if self.reads:
-            # On the cpu, inside its timed call, it reads every input and makes a fresh result as a call
-            # does, and the harness copies and frees it after, as it does a candidate's: the calibration
-            # then takes off only what is outside the calls (pipeline.judge.clocks.inside_ratios) and all
-            # of it. Kept results, or untouched inputs, would leave out what a call leaves behind: the
-            # copies and headers after an honest mse's calls cost twice the null's, and freeing a large
-            # output puts an honest reference's calls well under the window (docs/decisions/cpu-timing.md).
-            for x in inputs:
-                if isinstance(x, torch.Tensor) and x.numel():
-                    x.max()
-            return self.make(*inputs)
         key = next((x.data_ptr() for x in inputs if isinstance(x, torch.Tensor)), None)
         if key not in self.kept:
             if len(self.kept) >= self.most:  # sets made afresh each request (eager GPU requests)

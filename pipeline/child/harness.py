@@ -313,11 +313,9 @@ class Evaluator:
     def bound(self, req: P.Bound) -> P.BoundDone | P.BoundReady:
         """Inputs (in place in the inbox, or made from a seed each), calls on each back to back, one
         device sync, then the outputs: the parent's clock around this request bounds the calls' time
-        (pipeline.judge). On the cpu each call is timed on the child's clock too: those are the times
-        the attempt records there, each request's checked against the parent's clock around it.
-        Nothing here copies the inputs, so nothing here is work a candidate could skip by taking the
-        values where they were made: all that is left besides the calls is what
-        the null model's calibration measured and the candidate cannot do without. On the cpu each
+        (pipeline.judge); on the cpu it is the time recorded. Nothing here copies the inputs, so
+        nothing here is work a candidate could skip by taking the values where they were made: all that
+        is left besides the calls is what the null model's calibration measured. On the cpu each
         output goes to its slot as its call returns and is freed, as in a timed block: held to the
         request's end, each call's output would take fresh pages (faults a timed call never pays), and
         an honest add's estimate would read well above its calls (docs/decisions/cpu-timing.md)."""
@@ -342,17 +340,15 @@ class Evaluator:
                         self.model.reseed(inputs, seed)
                     else:  # the null model draws as much, so the calibration takes the draws out of the estimate
                         draw_upstream(seed, tuple(self.job.out_shape), self.main.__kgen_dtype__ or torch.float32, self.device)
-            if self.device == "cpu":  # each call timed, its output to its slot as it comes, and freed
-                # The least Python between calls (memfd.copy_quick): all of it is in the parent's window
-                # and not in the calls, and it ran slower after a real call than after the null's.
-                kept, times, model, outbox = [], [], self.model, self.outbox
+            if self.device == "cpu":  # each output to its slot as it comes, and freed
+                # The least Python between calls (memfd.copy_quick): all of it is in the parent's window,
+                # and it ran slower after a real call than after the null's.
+                kept, model, outbox = [], self.model, self.outbox
                 for i, inputs in enumerate(sets):
-                    ms, out = self.clock.time_call(lambda: model(*inputs))
-                    times.append(ms)
+                    out = model(*inputs)
                     kept.append(memfd.copy_quick(outbox, i, out))
                     del out
-                return P.BoundDone(index=req.index, outputs=[P.OutputHeader(**memfd.fields_of(k)) for k in kept],
-                                   times_ms=times)
+                return P.BoundDone(index=req.index, outputs=[P.OutputHeader(**memfd.fields_of(k)) for k in kept])
             else:
                 outs = [self.model(*inputs) for inputs in sets]
                 self.clock.sync()

@@ -315,9 +315,6 @@ class BoundDone(Message):
     outputs: list[OutputHeader]
     digests: list[float] = Field(default_factory=list)
     """After a Play: each replay's digest, in order (claims the parent checks against the reference's)."""
-    times_ms: list[float] = Field(default_factory=list)
-    """On the cpu: each call's milliseconds on the child's clock, in order (claims the parent checks
-    against its own clock around the same calls: pipeline.judge.clocks.check_inside)."""
 
 
 class ProfileDone(Message):

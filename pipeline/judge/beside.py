@@ -47,9 +47,8 @@ def calibrate(session: Any) -> None:
              for _ in range(calls)] if session.inbox else None
     # On the cpu each of the candidate's Bound requests follows the reference's cold eager block on the
     # same core (eager_block), so each null request follows one too: back to back, the nulls meet warm
-    # caches the candidate's requests never do, the base reads low, and honest kernels read below
-    # 1 - clocks.INSIDE_SLACK and are refused (docs/decisions/cpu-timing.md). Not where the blocks would
-    # cost more than COLD_CALIBRATION_MS each (calls of a task of gigabytes).
+    # caches the candidate's requests never do and the base reads low (docs/decisions/cpu-timing.md).
+    # Not where the blocks would cost more than COLD_CALIBRATION_MS each (calls of a task of gigabytes).
     eager_ms = bench.baselines.eager.median_ms if bench.baselines and bench.baselines.eager else None
     cold = bench.device == "cpu" and eager_ms is not None and eager_ms * calls <= COLD_CALIBRATION_MS
     # Blocks longer than that hide a stall of a few milliseconds in their own noise: the GPU's count
@@ -60,10 +59,9 @@ def calibrate(session: Any) -> None:
         if cold:
             with session.child.paused():
                 reference_block(session, calls, False, compiled=False, cold=True)
-        reply, ms = session.ask_bound(-1 - i, [_seed() for _ in range(calls)], "calibration", noise)
+        _, ms = session.ask_bound(-1 - i, [_seed() for _ in range(calls)], "calibration", noise)
         if i:
             session.calibration.append(Window(ms, calls, session.load))
-            session.calibration_claims.append(sum(reply.times_ms))  # on the cpu (clocks.inside_ratios)
     noise = None  # a copy of the inputs' size, which the float64 forwards to come need more
     if not plan.replays:
         return

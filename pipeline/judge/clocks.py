@@ -1,6 +1,4 @@
-"""The parent's clock against the child's: what a time the child reports must fit inside.
-
-A time the child reports is accepted only inside the bounds of the parent's clock:
+"""The parent's clock: on the cpu the only one; on a GPU the bounds a time the child reports must fit inside:
 
 - upper: a timed block cannot claim more time than passed between the request and its reply;
 - lower: the parent times `Bound` requests itself and subtracts what the very same requests cost
@@ -13,11 +11,11 @@ A time the child reports is accepted only inside the bounds of the parent's cloc
   stands (pipeline.judge.evaluate.evaluate).
 
 On a GPU the child's flushed, held per-call times refine the parent's estimate (they exclude host
-launch work and warm caches); they may not fall below it by more than BOUND_SLACK. On the cpu the
-times recorded are the child's own of the Bound requests' calls, each request's checked against the
-parent's window around those very calls (check_inside): the same calls on both clocks, so nothing
-about the machine or the task separates them (the fastest request against the timed blocks' calls
-scatters too widely between evaluations to refuse a clock forged to 0.6: docs/decisions/cpu-timing.md).
+launch work and warm caches); they may not fall below it by more than BOUND_SLACK. On the cpu there is
+one clock, the parent's: the time recorded is each Bound request's window less what other processes
+took of it and less the calibration's fastest null request, per call (net_per_call). The child's own
+times are never read there, so a clock forged inside it has nothing to forge
+(docs/decisions/cpu-timing.md).
 
 On a cpu, what a loaded machine added to a window is the kernel's own account, which no candidate
 forges: /proc/<pid>/task/<tid>/schedstat holds, per thread, nanoseconds on a cpu and nanoseconds
@@ -28,10 +26,11 @@ tens of microseconds a thread), and unloaded_ms takes the load out of the window
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
-from dataclasses import dataclass, field
+import time
+from typing import Callable
+from dataclasses import dataclass
 
 from ..child.timing import summarize_blocks
 from ..records import Ratio, Timing, Verdict
@@ -46,7 +45,7 @@ def _stat(path: str) -> tuple[int, int]:
         return 0, 0
 
 
-def threads(pid: int) -> dict[int, tuple[int, int]]:
+def threads_of(pid: int) -> dict[int, tuple[int, int]]:
     """(ns on a cpu, ns waiting on a run queue) of every live thread of `pid`."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -102,17 +101,7 @@ def cores_of(pid: int) -> set[int] | None:
 #   hence 0.25 ms absolute, and LOOSE_BELOW_MS below which it refuses nothing.
 # - cuda_graph (pipeline.child.replays): the device's work alone, the claim less the no-work call
 #   (Baselines.null_ms). _grad: honest claims read 0.98-1.49 of the estimate, a half-forged 26 us 0.63-0.64.
-# (The cpu's own check is check_inside, with INSIDE_SLACK.)
 BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cuda_graph_grad": (0.25, 0.001)}  # (relative, ms)
-# On the cpu, how far below the parent's window (less what a request costs outside its calls) the child's times
-# of the same calls may add up, as the median over the requests (check_inside). With the Bound calls copying their
-# outputs with the least work between them, honest kernels read about 0.87-1.07 of it and clocks forged to 0.7 or
-# lower read under 0.75 (docs/decisions/cpu-timing.md). At 0.8 a forger that passes claims at most 1.25x the speed of
-# its honest twin.
-INSIDE_SLACK = 0.2
-# And this much a call besides (ms), for calls of a few microseconds, whose request is mostly the protocol's: KernelBench's
-# ReLU at the sweep's size (5 us a call) read 0.36-0.47 honest. A clock that claims nothing passes below about this.
-INSIDE_ABS_MS = 0.003
 # Calls not replayed from a graph: the eager bound counts host work, and below this refuses nothing (untrusted).
 LOOSE_BELOW_MS = 0.5
 # Replays a replayed Bound request (evaluate.replay_count); at REPLAYS_MAX calls are too short to fill one.
@@ -141,6 +130,24 @@ def unloaded_ms(window: Window, threads: int = 1) -> float:
     if window.load is None:
         return window.ms
     return max(window.ms - window.load.wait_ms, window.load.cpu_ms / max(1, threads), 0.0)
+
+
+def unloaded_run(run: Callable[[], list[list[float]]], calls: int, threads: int) -> list[list[float]]:
+    """`run`'s call times (the reference's cold block, in this process) with its load taken out
+    (unloaded_block), read from this process's threads around it."""
+    before, at = threads_of(os.getpid()), time.perf_counter()
+    times = run()
+    load = between((before, (0, 0)), (threads_of(os.getpid()), (0, 0)))
+    return unloaded_block(times, Window((time.perf_counter() - at) * 1e3, calls, load), threads)
+
+
+def unloaded_block(times: list[list[float]], block: Window, threads: int) -> list[list[float]]:
+    """The reference's cold block (the cpu, beside a Bound request), timed call by call, with what other
+    processes took of the block taken out as the parent takes it out of the candidate's windows
+    (unloaded_ms): each time scaled by the block's unloaded share, so that both sides of a speedup
+    are measured one way."""
+    share = unloaded_ms(block, threads) / block.ms if block.ms > 0 else 1.0
+    return [[t * min(1.0, share) for t in side] for side in times]
 
 
 def parent_estimate(calibration: list[Window], bounds: list[Window], device: str = "cuda") -> float | None:
@@ -213,21 +220,15 @@ class Evidence:
     """Whether per_call came from paired_per_call: each request net of a null request of its own, so
     the estimate is their median, not the fastest (a null replay slowed by chance would make its
     request the fastest)."""
-    inside: list[float] = field(default_factory=list)
-    """On the cpu: each Bound request's calls as the child timed them over the parent's window around them (inside_ratios)."""
-    bare: list[float] = field(default_factory=list)
-    """On the cpu: the same ratios without INSIDE_ABS_MS a call (loose_inside)."""
 
 
-# On the cpu, an evaluation whose windows spent this share of their time in run-queue waits was
-# timed on a machine unfit to time. Under a load of several processes a core the waits take most of
-# each window, and neither the correction for them (unloaded_ms) nor the speedup stands: honest claims
-# fall to a third of the parent's estimate and are refused (docs/decisions/cpu-timing.md).
-# Such an attempt keeps its correctness verdict and its timing is marked unfit
-# (EvalResult.device_unfit), as on a GPU that failed its health check: kept out of `best` and the
-# library, re-timed by a resume. A candidate that loads its own core gains nothing: its timing is
-# marked unfit too, and its clock is never believed.
-LOADED_SHARE = 0.15
+# On the cpu, an evaluation whose windows spent this share of their time in run-queue waits was timed
+# on a machine unfit to time: the load is taken out of both sides (unloaded_ms, unloaded_block), and up
+# to here an honest kernel's figure stayed within a stated tolerance of its idle one
+# (docs/decisions/cpu-timing.md). Beyond it the attempt keeps its verdict, its timing is marked unfit
+# (EvalResult.device_unfit: no figure, out of `best` and the library) and it is re-timed
+# (EvalConfig.load_retries, and a resume). A candidate that loads its own cores gains nothing either way.
+LOADED_SHARE = 0.6
 
 
 def load_share(windows: list[Window]) -> float:
@@ -287,67 +288,6 @@ def check_estimate(device: str, median_ms: float, estimate: float | None,
         return (Verdict.impossible_timing, f"the child's clock says {median_ms:.4g} ms a call{less}, but the parent's "
                 f"own clock measured {estimate:.4g} ms a call on fresh inputs (at least {lower:.4g} ms): the "
                 f"work was done outside the timed calls or the timer was tampered with")
-    return None
-
-
-def inside_ratios(claims: list[list[float]], windows: list[Window], base: float | None,
-                  threads: int = 1, abs_ms: float | None = None) -> list[float]:
-    """On the cpu, each Bound request's calls as the child timed them, added up, over the parent's window
-    around the same request (less what other processes took of it: unloaded_ms) less `base`, what a
-    request costs outside its calls (outside_ms). The null model reads its inputs in its calls
-    (pipeline.child.grad.KeptNull), so what the harness does between calls, the outputs' copies and
-    the request's own work, meets caches as a candidate's calls leave them. The median null, not the
-    fastest: one that ran fast by chance would lift every ratio. Each call's claim counts INSIDE_ABS_MS
-    (or `abs_ms`) more. A request whose window holds no more than that reads as infinite; none without a base."""
-    if base is None:
-        return []
-    extra = INSIDE_ABS_MS if abs_ms is None else abs_ms
-    ratios = []
-    for claimed, window in zip(claims, windows):
-        net = unloaded_ms(window, threads) - base
-        ratios.append((sum(claimed) + extra * len(claimed)) / net if net > 0 else math.inf)
-    return ratios
-
-
-def outside_ms(calibration: list[Window], calibration_claims: list[float], threads: int = 1) -> float | None:
-    """What a cpu Bound request costs outside its calls (inside_ratios): the median over the calibration
-    of a null request's window less its calls as the child timed them (windows less what other
-    processes took of them: unloaded_ms); None without one claim a request."""
-    if not calibration or len(calibration_claims) != len(calibration):
-        return None
-    return statistics.median(unloaded_ms(w, threads) - c for w, c in zip(calibration, calibration_claims))
-
-
-def loose_inside(bare: list[float]) -> str | None:
-    """Why a cpu result that passed check_inside is kept untrusted: its requests' median ratio without
-    INSIDE_ABS_MS (`bare`, over both evaluations' where this is a second look) is below 1 - INSIDE_SLACK,
-    so the allowance for the protocol's per-call noise decided. There a clock that claims half its
-    calls passes as an honest one: at a few microseconds a call, a forger claiming half reads above
-    1 - INSIDE_SLACK with the allowance and far below it without (docs/decisions/cpu-timing.md). Such
-    a result is not refused, and not
-    trusted either: kept out of `best`, the search's archive and the library, as a GPU's unreplayed
-    short calls are (LOOSE_BELOW_MS). Honest adds of 3-47 us a call read 0.90-1.11 without the
-    allowance since the calibration's nulls follow a cold eager block (beside.calibrate; 0.64-0.94
-    before), so they are seldom caught here."""
-    if not bare or (ratio := statistics.median(bare)) >= 1 - INSIDE_SLACK:
-        return None
-    return (f"its calls are so short that the child's clock passed the parent's only by the {INSIDE_ABS_MS * 1e3:g} us "
-            f"a call allowed for the protocol's own noise: without it they read {ratio:.2f} of the parent's window "
-            f"(at least {1 - INSIDE_SLACK:.2f} asked), where a clock that claims half its calls reads as an honest one")
-
-
-def check_inside(ratios: list[float]) -> tuple[Verdict, str] | None:
-    """The cpu's clock check: the median of the requests' ratios (inside_ratios), over both evaluations'
-    where this is a second look, at least 1 - INSIDE_SLACK. A median, so that neither a stalled request
-    (an honest ratio read low) nor a few honest requests among forged ones (a forger's read high) decide."""
-    if not ratios:
-        return Verdict.protocol_error, "no Bound request was timed by the parent"
-    ratio = statistics.median(ratios)
-    if ratio < 1 - INSIDE_SLACK:
-        return (Verdict.impossible_timing, f"the child's clock says its calls took {ratio:.2f} of the time the parent's "
-                f"own clock measured around the same calls (the median over {len(ratios)} requests, each less a null "
-                f"request's; at least {1 - INSIDE_SLACK:.2f}): the work was done outside the timed calls or the timer "
-                f"was tampered with")
     return None
 
 

@@ -245,10 +245,9 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     With `watch`, the device is checked before and after: on an unfit one the candidate is judged
     for correctness only, and a device that went bad during the attempt marks its timing.
 
-    A refusal that rests on the parent's clock alone (the child's times below its own estimate of a
-    call; on the cpu, below its window around the very calls) is judged again, by a second evaluation
-    with a fresh child and fresh secrets, whose clock check decides on BOTH evaluations' evidence
-    (pipeline.judge.clocks.pooled; on the cpu the median of both evaluations' requests, check_inside):
+    On a GPU, a refusal that rests on the parent's clock alone (the child's times below its own
+    estimate of a call) is judged again, by a second evaluation with a fresh child and fresh secrets,
+    whose clock check decides on BOTH evaluations' evidence (pipeline.judge.clocks.pooled):
     a second evaluation may confirm a refusal or overturn it on the evidence of both, never hand a
     cheat a fresh draw: the refused evaluation's requests still count. A request can be slowed (a
     loaded machine stalled every Bound request of one evaluation: a fresh-clone CI run refused the
@@ -257,8 +256,8 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     spike gets through, and a clock that understates its work stays below its bound (once, the
     first refused a clock claiming 0.56-0.60 of its time and the second, a fresh draw that forgot
     the first, accepted it). The second costs only where the first refused; its verdict is kept, the
-    first's refusal beside it (`first_refusal`).
-    On the cpu a refusal so overturned leaves the result untrusted.
+    first's refusal beside it (`first_refusal`). On the cpu the parent's clock is the only one, and
+    nothing is judged twice for it.
 
     A correct result whose cpu was too loaded to time it (clocks.loaded: no figure) is judged again,
     with a fresh child and a fresh draw, up to `settings.load_retries` times: load is waited out where
@@ -270,11 +269,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
             break
         earlier = result
         result = _evaluate_once(bench, code_path, build_dir, settings, env, spares, watch, None)
-        update = {"first_refusal": result.first_refusal or earlier.first_refusal}
-        if bench.device == "cpu" and result.trusted and not earlier.trusted and earlier.first_refusal:
-            # A refusal overturned stays so through a re-judging: a fresh look is one more chance for a forger.
-            update.update(trusted=False, untrusted_reason=earlier.untrusted_reason)
-        result = result.model_copy(update=update)
+        result = result.model_copy(update={"first_refusal": result.first_refusal or earlier.first_refusal})
         spent += result.eval_seconds
     return result.model_copy(update={"eval_seconds": spent})
 
@@ -286,15 +281,8 @@ def _evaluate_once(bench: TaskBench, code_path: Path, build_dir: Path, settings:
     if not again:
         return first
     second, _, _ = _judge(bench, code_path, build_dir, settings, env, spares, watch, prior=[evidence])
-    update = {"first_refusal": first.error if first.verdict is Verdict.impossible_timing else None,
-              "eval_seconds": first.eval_seconds + second.eval_seconds}
-    if bench.device == "cpu" and update["first_refusal"] and second.verdict is Verdict.correct and second.trusted:
-        # The pooled median may straddle two machine phases (a small box can run in phases about 2x
-        # apart, and each evaluation's null calibration is its own): a clock claiming half, refused on
-        # its first look, can pass its second (docs/decisions/cpu-timing.md).
-        update.update(trusted=False, untrusted_reason="its first evaluation was refused on the parent's clock "
-                      "and a second passed on both evaluations' requests: the verdict stands, its time is not trusted")
-    return second.model_copy(update=update)
+    return second.model_copy(update={"first_refusal": first.error if first.verdict is Verdict.impossible_timing else None,
+                                     "eval_seconds": first.eval_seconds + second.eval_seconds})
 
 
 def _secrets(bench: TaskBench, lane_env: dict[str, str] | None, before: dict[str, float], timeout_s: float) -> Secrets:

@@ -8,11 +8,9 @@ attempt's own seeds, its expected values: all in one `expect` where they are sma
 of the outputs' shapes and one per checked call (pipeline.judge.evaluate.AttemptPlan.specs). Where
 torch.compile is timed, a thread warms the compiler up at start (CompilerWarmup) while the process
 serves `expect`; every op that times anything, and `settle`, waits for it first. Expected outputs
-go, in full and as float64, into memfds (anonymous memory, sealed once written) handed to the parent
-over a Unix socket and closed here (pipeline.judge.handover): no path names them, and the parent passes
-them to no child. The parent compares them with the candidate's outputs: this process never sees
-one, so nothing a candidate returns can reach the process that makes the values it is judged against.
-"""
+go, in full and as float64, into sealed memfds handed to the parent over a Unix socket
+(pipeline.judge.handover); the parent compares them with the candidate's outputs, which this process
+never sees."""
 
 from __future__ import annotations
 
@@ -37,6 +35,7 @@ from ..child.protocol import write_line
 from ..child.timing import (BLOCK, Clock, ColdPool, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
                             measure_bandwidth, plain_ms, summarize_blocks, time_blocks, time_cold, time_sides)
 from ..sandbox import pin_all
+from . import clocks
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .handover import give, sealed_memfd
 from .health import IdleProbe, cpu_name
@@ -90,8 +89,7 @@ def _parts(result: Any) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
 
 
 def _described(out: torch.Tensor, parts: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-    """A call's shapes and dtypes as the judge lays out its output (pipeline.judge.judge.Expected),
-    from the run dtype's forward: the float64 one has the same shapes."""
+    """A call's shapes and dtypes as the judge lays out its output (judge.Expected); float64's are the same."""
     return {"shape": list(out.shape), "numel": sum(t.numel() for _, t in parts),
             "ref_dtype": str(out.dtype).removeprefix("torch."), "parts": [[label, list(t.shape)] for label, t in parts],
             "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in parts]}
@@ -264,7 +262,8 @@ class Reference:
                     self.clock.sync()
             if cold:
                 sets = self.cold.take(_size_key(size), lambda seed: tasks.make_inputs(module, seed, "base", self.device), seeds)
-                times = time_cold(self.clock, [lambda x, m=m: m(*x) for m in models], sets)
+                times = clocks.unloaded_run(lambda: time_cold(self.clock, [lambda x, m=m: m(*x) for m in models], sets),
+                                            len(sets), torch.get_num_threads())
                 del sets
             else:
                 times = self._blocks(models, module, self.sets, seeds, len(seeds), self.clock)

@@ -47,7 +47,6 @@ class Session:
         self.device_busy: str | None = None  # the reference's probe saw other work on the GPU (IdleProbe)
         self.judged: list[TrialResult] = []
         self.calibration: list[Window] = []
-        self.calibration_claims: list[float] = []  # the null model's calls as the child timed them, a request each (cpu)
         self.bound_windows: list[Window] = []
         # Replayed Bound requests (cuda, pipeline.child.replays): calibration and windows; the reference's null
         # replays, index for index (None where none: beside.null_play, clocks.paired_per_call); the reference's
@@ -60,7 +59,7 @@ class Session:
         self.loose_bound: str | None = None  # why a correct result is kept untrusted (its bound says too little)
         self.bound_note: str | None = None  # how the parent's bound was measured (EvalResult.bound_note)
         self.timed: list[tuple[list[float], Window]] = []
-        self.bound_claims: list[list[float]] = []  # on the cpu: the child's times of each Bound request's calls
+        self.cpu_times: list[list[float]] = []  # on the cpu: each Bound request's net ms a call, a value a call (cpu_clock)
         self.estimate: float | None = None
         self.load: clocks.Load | None = clocks.Load()  # the last window's (ask); None on a GPU
         # The verdict rests on the parent's estimate alone (pipeline.judge.evaluate judges again, on both).
@@ -112,7 +111,7 @@ class Session:
         # Load out of windows on the cpu only (clocks.unloaded_ms): on a GPU the reads (0.3 ms, 32 threads) were all of it.
         counted = self.bench.device == "cpu"
         pid = self.child.pid
-        child_before = clocks.threads(pid) if counted else {}
+        child_before = clocks.threads_of(pid) if counted else {}
         waited = clocks.waited_s(pid)
         parent_before = clocks.own()
         sent = time.monotonic()
@@ -149,7 +148,7 @@ class Session:
             raise Ended(EvalResult(verdict=Verdict.protocol_error, error=f"while waiting for {what}: {exc}")) from None
         if reply is None:
             raise Ended(None)
-        self.load = (clocks.between((child_before, parent_before), (clocks.threads(pid), parent_after))
+        self.load = (clocks.between((child_before, parent_before), (clocks.threads_of(pid), parent_after))
                      if counted else None)
         if isinstance(reply, P.Failed):
             raise Ended(self.failed(reply, what))
@@ -219,8 +218,8 @@ class Session:
         if self.spares:
             self.spares.release(self.env)  # nothing is timed on this device any more in this attempt
         self.mark("timing")
-        # What the attempt records: on the cpu the child's times inside the parent's Bound windows (cpu_clock).
-        blocks = self.bound_claims if bench.device == "cpu" else [times for times, _ in self.timed]
+        # What the attempt records: on the cpu the parent's Bound windows, net (cpu_clock); on a GPU the child's bounded times.
+        blocks = self.cpu_times if bench.device == "cpu" else [times for times, _ in self.timed]
         claimed = [t for times in blocks for t in times]
         timing = summarize(claimed) if claimed else None
         eager = summarize(self.eager) if self.eager else None
@@ -372,36 +371,20 @@ class Session:
         return problem
 
     def cpu_clock(self) -> tuple[Verdict, str] | None:
-        """On the cpu the attempt records the child's clock inside the parent's own: each Bound request's
-        calls as the child timed them, against the parent's window around the same calls less the null
-        model's (clocks.check_inside), over this evaluation's requests and an earlier one's where this
-        is a second look; then the floors, and the load."""
-        bench, threads = self.bench, self.settings.cpu_threads
-        windows = self.bound_windows
-        base = clocks.outside_ms(self.calibration, self.calibration_claims, threads)
-        inside = clocks.inside_ratios(self.bound_claims, windows, base, threads)
-        bare = clocks.inside_ratios(self.bound_claims, windows, base, threads, abs_ms=0.0)
-        per_call = [max(0.0, clocks.unloaded_ms(w, threads) - base) / w.calls for w in windows] if base is not None else []
-        self.evidence = clocks.Evidence(per_call, [], clocks.load_share(windows + self.calibration), inside=inside, bare=bare)
-        self.estimate, _ = clocks.pooled(self.prior + [self.evidence])
-        claims = [t for times in self.bound_claims for t in times]
-        if not claims:
+        """On the cpu the parent's clock is the only one: each Bound request's window less what other
+        processes took of it and less the calibration's fastest null request, per call
+        (clocks.net_per_call). The child's own times are not read. Then the floors, and the load."""
+        bench, windows = self.bench, self.bound_windows
+        per_call = clocks.net_per_call(self.calibration, windows, "cpu", self.settings.cpu_threads)
+        self.evidence = clocks.Evidence(per_call, [], clocks.load_share(windows + self.calibration))
+        if not per_call:
             return Verdict.protocol_error, "no Bound request was timed"
-        if (why := bench.below_floor(summarize(claims).median_ms, self.lane)):
+        self.estimate = statistics.median(per_call)
+        self.cpu_times = [[x] * w.calls for x, w in zip(per_call, windows)]
+        if (why := bench.below_floor(self.estimate, self.lane)):
             return Verdict.impossible_timing, why
-        if (problem := clocks.check_windows(list(zip(self.bound_claims, windows)))):
-            return problem
-        problem = clocks.check_inside([x for e in self.prior + [self.evidence] for x in e.inside])
-        if problem is None:  # passed, but perhaps only by the per-call allowance: then untrusted
-            self.loose_bound = clocks.loose_inside([x for e in self.prior + [self.evidence] for x in e.bare])
-        self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing  # judged again, on both
-        if (unfit := clocks.loaded(self.evidence, bench.device)):
-            # Neither clock means much here: the timing is unfit, a refusal on the clocks no verdict (LOADED_SHARE).
-            self.load_unfit = unfit if not self.clock_alone else f"{unfit}; the parent's clock refused the child's: {problem[1]}"
-            if self.clock_alone:
-                self.clock_alone = False
-                return None
-        return problem
+        self.load_unfit = clocks.loaded(self.evidence, bench.device)
+        return None
 
     def blocks(self) -> tuple[Verdict, str] | None:
         """Timed blocks with Bound requests and eager blocks spread among them (so all see the same
@@ -452,12 +435,8 @@ class Session:
                 if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
                     return problem
                 at = self.spent("timing_checks", at)
-                if self.bench.device == "cpu":
-                    # The times recorded (cpu_clock), and eager beside them timed as the same calls were.
-                    if len(reply.times_ms) != len(bound_seeds) or not all(np.isfinite(t) and t > 0 for t in reply.times_ms):
-                        return Verdict.impossible_timing, f"bound block {k}: {len(reply.times_ms)} times for {len(bound_seeds)} calls, or a non-positive one"
-                    self.bound_claims.append(list(reply.times_ms))
-                    beside.eager_block(self, len(bound_seeds), first=len(self.bound_claims) == 1, cold=True)
+                if self.bench.device == "cpu":  # eager beside each request, timed as its calls were (cpu_clock)
+                    beside.eager_block(self, len(bound_seeds), first=len(self.bound_windows) == 1, cold=True)
                     at = time.monotonic()
         return None
 

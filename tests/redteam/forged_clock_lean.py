@@ -3,15 +3,12 @@ two-input task (a + b) whose calls take a few microseconds on the cpu.
 
 It rebinds every harness Clock's time_call (found through gc) to report FACTOR of each call's real
 time, and keeps no list, prints nothing: the only cost it adds between the calls is one Python
-frame, so the parent's window around a Bound request is an honest one's. On the cpu the parent's
-check (clocks.check_inside) allows clocks.INSIDE_ABS_MS a call for the protocol's own noise; at
-2.5-5 us a call that allowance is as large as the half the forger hides, and this candidate was
-judged correct and trusted at 1.65-1.93x eager against its honest twin's 0.84-0.96x
-(docs/decisions/cpu-timing.md).
+frame, so the parent's window around a Bound request is an honest one's. Against the child's clock
+checked inside the parent's, with an allowance a call for the protocol's own noise, this was judged
+correct and trusted at 1.65-1.93x eager against its honest twin's 0.84-0.96x (docs/decisions/cpu-timing.md).
 
-Why it should fail: where the allowance decides (the median ratio without it is below
-1 - INSIDE_SLACK), the result is not trusted (clocks.loose_inside): it never reaches `best`, the
-search's archive or the library. Where it does not, the check refuses it."""
+Why it should fail: on the cpu the parent's clock is the only one; the claims are never read, and
+the forger is timed as its honest twin is."""
 import gc
 
 import torch

@@ -1,8 +1,8 @@
 """Exploit: launder a forged clock through load it makes itself (tests/test_room.py's hole 4).
 
 The clock is forged as in forged_clock_lean.py: every harness Clock's time_call (found through gc)
-reports FACTOR of each call's real time. On an idle box the parent's own clock around the Bound
-requests refuses that (clocks.check_inside). So, in the evaluation child, the import also forks
+reports FACTOR of each call's real time. When the child's clock was checked against the parent's
+around the Bound requests, an idle box refused that. So, in the evaluation child, the import also forks
 SPINNERS busy loops onto the child's own cores (they inherit its affinity; they stop on their own
 after SPIN_S): the child's thread waits on the run queue through its own requests, the parent reads
 a third or more of each window as waits and marks the timing unfit (clocks.loaded), and with the
@@ -10,7 +10,9 @@ timing unfit the clock's refusal is dropped. The result was stored `correct`, "t
 the forged speedup, and `kgen eval` exited 0 and printed it. It prints `KGEN-NOTE spinners N` and
 `KGEN-NOTE forged K` (the clocks it rebound).
 
-Why it should fail: unfit means no figure. A timing marked unfit carries no speedup anywhere (the
+Why it should fail: on the cpu the parent's clock is the only one, and the load is taken out of its
+windows (clocks.unloaded_ms): the claims move nothing. Where the load is too much, unfit means no
+figure. A timing marked unfit carries no speedup anywhere (the
 stored result's x eager and x compile, `kgen eval`'s output), and `kgen eval` exits non-zero for
 it; a time the parent refused is never stored as the candidate's. Its honest twin
 (this file with FACTOR = 1.0, tests/test_room.py TWIN: the same spinners, no forgery) gets the same treatment."""
