@@ -309,14 +309,18 @@ class EvalResult(Record):
     baselines: Baselines | None = None
     """Eager, compile and floor on the same device."""
     first_refusal: str | None = None
-    """Where this verdict is a second evaluation's: the first one's refusal, which rested on the
-    parent's clock alone and so was not kept without a second (pipeline.judge.evaluate.evaluate)."""
+    """Where this verdict is a second evaluation's (a GPU's): the first one's refusal, which rested on
+    the parent's clock alone and so was not kept without a second (pipeline.judge.evaluate.evaluate)."""
+    policy: str | None = None
+    """The version of the judge's thresholds this verdict was reached under (pipeline.judge.policy);
+    None for attempts judged before it was recorded."""
     bound_note: str | None = None
     """How the parent measured its bound on the child's times (on a GPU: replayed from CUDA graphs,
     or eager requests and why); not stored."""
     wall_ms_per_call: float | None = None
     """The parent's own estimate of one call: its clock around blocks of back-to-back calls on fresh
-    inputs, less what the same blocks cost with a null model before the candidate was imported."""
+    inputs, less what the same blocks cost with a null model before the candidate was imported (on the
+    cpu, the median of them, whose calls are the time recorded)."""
     confinement: Confinement | None = None
     """How the candidate's child was confined (it reported this before any candidate code ran)."""
     output: str | None = None

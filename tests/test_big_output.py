@@ -20,9 +20,9 @@ from click.testing import CliRunner
 
 from pipeline.child import memory, tasks
 from pipeline.cli.main import main
-from pipeline.judge.evaluate import INBOX_BYTES
+from pipeline.judge.policy import POLICY
 
-# Just over 1 GiB of float32 input and as much output: past the cpu's inbox (pipeline.judge.evaluate.INBOX_BYTES),
+# Just over 1 GiB of float32 input and as much output: past the cpu's inbox (POLICY.inbox_bytes),
 # where the Bound calls' inputs would be held once more, in the child's inbox (CPU_MEMORY_FACTOR). Each
 # checked call costs the judge about 15 s here on one core of the 2-core box, so no more than that.
 ROWS, COLS = 16400, 16384
@@ -228,7 +228,7 @@ def test_a_kernelbench_task_with_a_gigabyte_of_output_fits_four_footprints_and_w
     candidate.write_text(BIG_RELU.replace("class Model(", "class ModelNew("))
     footprint = memory.footprint(tasks.load_module(tasks.task_file(task_path), "default"))
     assert footprint == {"inputs": ROWS * COLS * 4, "weights": 0, "output": ROWS * COLS * 4}
-    assert footprint["output"] > GIB and footprint["inputs"] > INBOX_BYTES
+    assert footprint["output"] > GIB and footprint["inputs"] > POLICY.inbox_bytes
     config = _config(tmp_path, folder, ["1_Big_ReLU"])
     # The disk meter sees a real write here (else a tmpfs: then its pages are shared memory, which
     # the memory meter counts).

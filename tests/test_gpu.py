@@ -177,7 +177,7 @@ TIMER_PATCH = """        torch.cuda.Event.elapsed_time = lambda self, other: 1e-
 
 # Rebinds the live Clock's time_call (found through gc) to report a tenth of each timed call. The
 # parent's own clock around its Bound requests measures the real calls, so at a size where a call
-# takes far longer than the bound's slack (BOUND_SLACK: 25% + 30 us on cuda), the claim is refused.
+# takes far longer than the bound's slack (POLICY.bound_slack: 25% + 30 us on cuda), the claim is refused.
 FORGED_CLOCK = """        if not hasattr(self, "forged"):
             import gc
             from pipeline.child import timing

@@ -61,7 +61,7 @@ def test_an_attempt_on_an_unfit_device_is_judged_but_not_timed(mse_bench, tmp_pa
 
 def test_a_fit_check_just_taken_stands_for_the_next_attempt_s_own(mse_bench, tmp_path, monkeypatch):
     """In a batch the check after one attempt (its child dead) comes a second or two before the next
-    attempt's: within health.RECENT_S the next attempt takes it for its own and the lane skips a
+    attempt's: within POLICY.recent_s the next attempt takes it for its own and the lane skips a
     probe; past it, or after a check that found the device unfit, it probes again."""
     code = tmp_path / "honest.py"
     code.write_text(RIGHT.split("```python\n")[1].split("```")[0])
@@ -72,10 +72,10 @@ def test_a_fit_check_just_taken_stands_for_the_next_attempt_s_own(mse_bench, tmp
     evaluations, real_judge = [], evaluate._judge
     monkeypatch.setattr(evaluate, "_judge", lambda *a, **k: evaluations.append(1) or real_judge(*a, **k))
     evaluate.evaluate(mse_bench, code, tmp_path / "build", SETTINGS, watch=watch)
-    # Before and after; a second evaluation's own "before" may be the first's "after" (RECENT_S).
+    # Before and after; a second evaluation's own "before" may be the first's "after" (POLICY.recent_s).
     assert len(watch.history) == 2 if len(evaluations) == 1 else 3 <= len(watch.history) <= 4, watch.history
     for recent_s, taken in ((3600.0, 1), (0.0, 2)):
-        monkeypatch.setattr(health, "RECENT_S", recent_s)
+        monkeypatch.setattr(health, "POLICY", health.POLICY.model_copy(update={"recent_s": recent_s}))
         fit = watch.history[-1][1] is None  # a loaded box may read its bandwidth low: then no reuse
         before, evaluations[:] = len(watch.history), []
         result = evaluate.evaluate(mse_bench, code, tmp_path / "build", SETTINGS, watch=watch)

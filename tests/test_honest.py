@@ -111,5 +111,5 @@ def test_a_stalled_machine_slows_the_cpu_figure_and_refuses_nothing(tmp_path, mo
         return
     assert len(evaluations) == 1
     # Two requests in three slowed 20 ms, each of calls adding up to about 4 ms at eager's speed
-    # (evaluate.CPU_BOUND_MS): the median request carries the stall, about five times eager's time.
+    # (POLICY.cpu_bound_ms): the median request carries the stall, about five times eager's time.
     assert result.time_ms > 2 * result.baselines.eager.median_ms, (result.time_ms, result.baselines.eager)

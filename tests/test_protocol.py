@@ -15,6 +15,7 @@ from pipeline.judge import clocks, judge
 from pipeline.child import protocol as P
 from pipeline.child import memfd
 from pipeline.judge.clocks import Window
+from pipeline.judge.policy import POLICY
 
 
 def _memfd(outbox_bytes: int, inbox_bytes: int) -> tuple[int, int]:
@@ -257,7 +258,7 @@ def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_to
     ref = want.values()
     at = first + n // 2  # an element of the anchor's gradient, moved twice as far as the cap allows
     far = values.copy()
-    far[at] = ref[at] + 2 * judge.OWN_ERR_CAP * 1e-4 * (abs(ref[at]) + np.abs(ref[first:first + n]).mean())
+    far[at] = ref[at] + 2 * POLICY.own_err_cap * 1e-4 * (abs(ref[at]) + np.abs(ref[first:first + n]).mean())
     assert judge.compare(header, far, want, 1e-4, "cpu").verdict is judge.Verdict.wrong_gradient
     os.close(want.fd)
 
@@ -348,7 +349,7 @@ def test_a_second_evaluation_decides_on_both_evaluations_evidence():
 
 
 def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():
-    """pipeline.judge.clocks.loaded: run-queue waits took more than LOADED_SHARE of the windows: the timing
+    """pipeline.judge.clocks.loaded: run-queue waits took more than POLICY.loaded_share of the windows: the timing
     is unfit (kept out of `best`, re-timed by a resume). Idle, or on a GPU, it stands."""
     from pipeline.judge.clocks import Load
 

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 
 from chat_server import Failure, Reply, serve
 from forgers import no_figure
+from pipeline.judge.policy import POLICY
 from pipeline.cli.main import main
 from pipeline.judge.health import descendants
 from pipeline.config import load_config
@@ -94,6 +95,7 @@ def test_replay_run_stores_each_outcome_and_resumes(tmp_path):
     right = store.attempt(next(a["id"] for a in store.attempts(run=run_id) if a["sample"] == 0))
     assert no_figure(right["result"]) or right["result"].speedup_eager > 0  # the rule on a box too loaded to time
     assert right["result"].baselines.floor_ms > 0
+    assert right["result"].policy == POLICY.version  # the thresholds it was judged under, stored with it
     assert (tmp_path / "generated" / f"{right['code_hash']}.py").read_text().startswith("import torch")
     db = str(tmp_path / "db" / "kgen.db")
     listed = CliRunner().invoke(main, ["attempts", "--db", db, "--json", "--verdict", "mismatch"])
@@ -103,7 +105,7 @@ def test_replay_run_stores_each_outcome_and_resumes(tmp_path):
     shown = CliRunner().invoke(main, ["show", right["id"][:20], "--db", db, "-c", str(config)])
     assert shown.exit_code == 0, shown.output
     timed = () if no_figure(right["result"]) else ("x eager",)
-    for part in ("prompt", "completion", "class ModelNew", "verdict detail", "trial 0", *timed):
+    for part in ("prompt", "completion", "class ModelNew", "verdict detail", "trial 0", "judged under policy", *timed):
         assert part in shown.output, part
     first = store.attempts(run=run_id)
     again, store = run(config)
@@ -120,7 +122,7 @@ def test_samples_of_one_turn_are_judged_on_one_draw(tmp_path):
     computed its values for the first judged, and the second is refused on them all the same. Two
     wrong answers, refused on their first trial whatever the box's speed, at "odd", where every
     draw is whole (its values and Bound inputs all computed before the child) and so kept. (At
-    "small" on the cpu a draw is whole only where eager takes over CPU_SHORT_MS a call: CI's box
+    "small" on the cpu a draw is whole only where eager takes over POLICY.cpu_short_ms a call: CI's box
     shared none.)"""
     wrong_too = WRONG.replace("0.3333", "0.25")
     config = write_config(tmp_path, [replay(tmp_path, [("mse", WRONG), ("mse", wrong_too)])], samples=2, size="odd")

@@ -18,6 +18,7 @@ from pipeline.config import EvalConfig, cache_root
 from pipeline.judge import clocks, evaluate
 from pipeline.judge.bench import open_bench, prepare
 from pipeline.judge.handover import close_all
+from pipeline.judge.policy import POLICY
 from pipeline.records import Verdict
 
 from forgers import gains_nothing, no_figure
@@ -277,34 +278,34 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
     honest candidate was refused as impossible_timing every time (docs/decisions/cpu-timing.md).
     Where eager is short, a cpu Bound request now holds a timed block's calls
     (more for the shortest), so each side of the check has the same mix of a block's first and
-    following calls; longer calls keep one call a request (evaluate.CPU_SHORT_MS)."""
+    following calls; longer calls keep one call a request (POLICY.cpu_short_ms)."""
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=16)
     bench = prepare(task, "odd", "cpu", settings)
     try:
         block = evaluate.block_calls(bench.output_bytes)
         eager = bench.baselines.eager.median_ms
         calls = evaluate.cpu_bound_calls(eager, bench.baselines.input_bytes, bench.output_bytes)
-        assert calls >= block > 1 and (calls == block or calls * eager < 2 * evaluate.CPU_BOUND_MS), (calls, eager)
-        # As many requests as fit ahead, never fewer than BOUND_REQUESTS: packed between the child's
+        assert calls >= block > 1 and (calls == block or calls * eager < 2 * POLICY.cpu_bound_ms), (calls, eager)
+        # As many requests as fit ahead, never fewer than POLICY.bound_requests: packed between the child's
         # requests instead, their inputs ran cold and honest calls were refused.
         plan = evaluate.AttemptPlan.draw(bench)
-        assert plan.inputs_ahead and evaluate.BOUND_REQUESTS <= len(plan.bounds) <= evaluate.CPU_BOUND_REQUESTS, plan.bounds
+        assert plan.inputs_ahead and POLICY.bound_requests <= len(plan.bounds) <= POLICY.cpu_bound_requests, plan.bounds
         for _ in range(2):
             result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
             assert result.verdict is Verdict.correct, (result.error, result.wall_ms_per_call)
-            assert no_figure(result) or result.time_ms < evaluate.CPU_SHORT_MS  # a short call indeed (0.1-0.15 ms idle, 1.16 beside another suite)
+            assert no_figure(result) or result.time_ms < POLICY.cpu_short_ms  # a short call indeed (0.1-0.15 ms idle, 1.16 beside another suite)
     finally:
         bench.close()
     e = evaluate
     mib = 1 << 20
-    assert e.cpu_bound_calls(e.CPU_SHORT_MS * 1.25, mib, 4) == 1 == e.cpu_bound_calls(None, mib, 4)
+    assert e.cpu_bound_calls(POLICY.cpu_short_ms * 1.25, mib, 4) == 1 == e.cpu_bound_calls(None, mib, 4)
     assert e.cpu_bound_calls(1.5, mib, 4) == e.BLOCK == 4  # a block's calls
-    assert e.cpu_bound_calls(0.5, mib, 4) == 8  # CPU_BOUND_MS (4 ms) of calls where a block's take less
-    assert e.cpu_bound_calls(0.01, mib, 4) == e.CPU_BOUND_MAX_CALLS  # more for the shortest
-    # the sets of a request within CPU_BOUND_SET_BYTES, the outputs within BLOCK_OUTPUT_BYTES, never below one
-    assert e.cpu_bound_calls(0.5, e.CPU_BOUND_SET_BYTES // 2, 4) == 2
-    assert e.cpu_bound_calls(0.01, mib, e.BLOCK_OUTPUT_BYTES // 2) == 2
-    assert e.cpu_bound_calls(0.5, e.CPU_BOUND_SET_BYTES * 3, 4) == 1
+    assert e.cpu_bound_calls(0.5, mib, 4) == 8  # POLICY.cpu_bound_ms (4 ms) of calls where a block's take less
+    assert e.cpu_bound_calls(0.01, mib, 4) == POLICY.cpu_bound_max_calls  # more for the shortest
+    # the sets of a request within POLICY.cpu_bound_set_bytes, the outputs within POLICY.block_output_bytes, never below one
+    assert e.cpu_bound_calls(0.5, POLICY.cpu_bound_set_bytes // 2, 4) == 2
+    assert e.cpu_bound_calls(0.01, mib, POLICY.block_output_bytes // 2) == 2
+    assert e.cpu_bound_calls(0.5, POLICY.cpu_bound_set_bytes * 3, 4) == 1
 
 
 def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parents_window(tmp_path):
@@ -321,7 +322,7 @@ def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parent
         # many calls a request, so that what the harness does between them weighs (CI's eager read
         # 0.033 ms: 123 calls, not the 128 at most that a faster box gets)
         assert bench.baselines.eager.median_ms < 0.1 and evaluate.cpu_bound_calls(
-            bench.baselines.eager.median_ms, bench.baselines.input_bytes, bench.output_bytes) >= evaluate.CPU_BOUND_MAX_CALLS // 2
+            bench.baselines.eager.median_ms, bench.baselines.input_bytes, bench.output_bytes) >= POLICY.cpu_bound_max_calls // 2
         for _ in range(3):
             result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
             assert result.verdict is Verdict.correct, (result.error, result.first_refusal)

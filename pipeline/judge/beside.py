@@ -17,20 +17,10 @@ import numpy as np
 from ..child import protocol as P
 from .bench import EvaluationError, _seed
 from ..records import Verdict
-from .clocks import REPLAYS_MAX, Window, calibration_offset
+from .clocks import Window, calibration_offset
 from .judge import digest_ok
+from .policy import POLICY
 
-# Null-model Bound requests before import: what a block costs besides the calls. Fifteen on the cpu,
-# not five: on 2 cores in gradient mode about half of them can stall 1.5-2 ms, and where all five do,
-# the fastest is as slow as the candidate's own requests, the estimate says nothing and a forged clock
-# passes. On a GPU five (a sixth of an attempt's start-up in a batch), which refuse a clock forged to
-# half at 8-10 us a call (docs/decisions/cpu-timing.md, gpu-timing.md).
-CALIBRATION_BLOCKS = {"cpu": 15, "cuda": 5}
-COLD_CALIBRATION_MS = 50.0  # the most eager time a cpu calibration request's cold block may take (calibrate)
-# A null replay of the reference's beside every third of the calibration's replayed windows; beside
-# each where the plan's calls are short (clocks.REPLAYS_MAX), where the offset the pairs give is most
-# of a call's estimate.
-NULL_EVERY = 3
 
 
 def calibrate(session: Any) -> None:
@@ -48,13 +38,13 @@ def calibrate(session: Any) -> None:
     # On the cpu each of the candidate's Bound requests follows the reference's cold eager block on the
     # same core (eager_block), so each null request follows one too: back to back, the nulls meet warm
     # caches the candidate's requests never do and the base reads low (docs/decisions/cpu-timing.md).
-    # Not where the blocks would cost more than COLD_CALIBRATION_MS each (calls of a task of gigabytes).
+    # Not where the blocks would cost more than POLICY.cold_calibration_ms each (calls of a task of gigabytes).
     eager_ms = bench.baselines.eager.median_ms if bench.baselines and bench.baselines.eager else None
-    cold = bench.device == "cpu" and eager_ms is not None and eager_ms * calls <= COLD_CALIBRATION_MS
+    cold = bench.device == "cpu" and eager_ms is not None and eager_ms * calls <= POLICY.cold_calibration_ms
     # Blocks longer than that hide a stall of a few milliseconds in their own noise: the GPU's count
     # (at a gigabyte a call, each null request costs seconds of input making).
     long = bench.device == "cpu" and eager_ms is not None and not cold
-    blocks = CALIBRATION_BLOCKS["cpu" if bench.device == "cpu" and not long else "cuda"]
+    blocks = POLICY.calibration_blocks["cpu" if bench.device == "cpu" and not long else "cuda"]
     for i in range(blocks + 1):
         if cold:
             with session.child.paused():
@@ -65,7 +55,7 @@ def calibrate(session: Any) -> None:
     noise = None  # a copy of the inputs' size, which the float64 forwards to come need more
     if not plan.replays:
         return
-    every = 1 if plan.replays >= REPLAYS_MAX else NULL_EVERY
+    every = 1 if plan.replays >= POLICY.replays_max else POLICY.null_every
     for i in range(blocks + 1):
         ready, _ = session.ask(P.Bound(index=-100 - i, seeds=[_seed() for _ in range(calls)], replays=plan.replays,
                                        digest_seed=_seed()), P.BoundReady, "calibration")

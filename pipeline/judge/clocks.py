@@ -11,7 +11,7 @@
   stands (pipeline.judge.evaluate.evaluate).
 
 On a GPU the child's flushed, held per-call times refine the parent's estimate (they exclude host
-launch work and warm caches); they may not fall below it by more than BOUND_SLACK. On the cpu there is
+launch work and warm caches); they may not fall below it by more than POLICY.bound_slack. On the cpu there is
 one clock, the parent's: the time recorded is each Bound request's window less what other processes
 took of it and less the calibration's fastest null request, per call (net_per_call). The child's own
 times are never read there, so a clock forged inside it has nothing to forge
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from ..child.timing import summarize_blocks
 from ..records import Ratio, Timing, Verdict
+from .policy import POLICY
 
 
 def _stat(path: str) -> tuple[int, int]:
@@ -92,21 +93,6 @@ def cores_of(pid: int) -> set[int] | None:
         return os.sched_getaffinity(pid)
     except OSError:
         return None
-
-
-# How far below the parent's estimate the child's per-call time may be: (relative, milliseconds); the
-# measurements behind each in docs/decisions/gpu-timing.md:
-# - cuda (eager Bound requests): the estimate counts the forward's host work, which the hold hides
-#   from the child's events (an honest 11 us kernel cost 110 us a call on the H100's parent clock),
-#   hence 0.25 ms absolute, and LOOSE_BELOW_MS below which it refuses nothing.
-# - cuda_graph (pipeline.child.replays): the device's work alone, the claim less the no-work call
-#   (Baselines.null_ms). _grad: honest claims read 0.98-1.49 of the estimate, a half-forged 26 us 0.63-0.64.
-BOUND_SLACK = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001), "cuda_graph_grad": (0.25, 0.001)}  # (relative, ms)
-# Calls not replayed from a graph: the eager bound counts host work, and below this refuses nothing (untrusted).
-LOOSE_BELOW_MS = 0.5
-# Replays a replayed Bound request (evaluate.replay_count); at REPLAYS_MAX calls are too short to fill one.
-REPLAYS_MIN, REPLAYS_MAX = 4, 512
-UPPER_SLACK_MS = 1.0  # the child's sum over a timed block against the parent's window around it
 
 
 @dataclass
@@ -222,15 +208,6 @@ class Evidence:
     request the fastest)."""
 
 
-# On the cpu, an evaluation whose windows spent this share of their time in run-queue waits was timed
-# on a machine unfit to time: the load is taken out of both sides (unloaded_ms, unloaded_block), and up
-# to here an honest kernel's figure stayed within a stated tolerance of its idle one
-# (docs/decisions/cpu-timing.md). Beyond it the attempt keeps its verdict, its timing is marked unfit
-# (EvalResult.device_unfit: no figure, out of `best` and the library) and it is re-timed
-# (EvalConfig.load_retries, and a resume). A candidate that loads its own cores gains nothing either way.
-LOADED_SHARE = 0.6
-
-
 def load_share(windows: list[Window]) -> float:
     """The share of `windows`' milliseconds that went to run-queue waits (above): the
     child's busiest thread's and the parent's."""
@@ -245,8 +222,8 @@ def load_unfit(reason: str | None) -> bool:
 
 
 def loaded(evidence: Evidence, device: str) -> str | None:
-    """Why an evaluation's timing is unfit for the load on its cpu (LOADED_SHARE); else None."""
-    if device != "cpu" or evidence.load_share < LOADED_SHARE:
+    """Why an evaluation's timing is unfit for the load on its cpu (POLICY.loaded_share); else None."""
+    if device != "cpu" or evidence.load_share < POLICY.loaded_share:
         return None
     return (f"the cpu was loaded: {evidence.load_share:.0%} of the timed windows went to run-queue waits "
             f"(other processes, or the candidate's own threads)")
@@ -266,7 +243,7 @@ def pooled(evidence: list[Evidence]) -> tuple[float | None, float | None]:
 def check_windows(blocks: list[tuple[list[float], Window]]) -> tuple[Verdict, str] | None:
     """Each timed block's claimed calls within the parent's window around it."""
     for claimed, window in blocks:
-        if sum(claimed) > window.ms + UPPER_SLACK_MS:
+        if sum(claimed) > window.ms + POLICY.upper_slack_ms:
             return (Verdict.impossible_timing, f"a timed block claims {sum(claimed):.4g} ms but only "
                     f"{window.ms:.4g} ms passed on the parent's clock")
     return None
@@ -274,13 +251,13 @@ def check_windows(blocks: list[tuple[list[float], Window]]) -> tuple[Verdict, st
 
 def check_estimate(device: str, median_ms: float, estimate: float | None,
                    null_ms: float | None = None) -> tuple[Verdict, str] | None:
-    """The child's median call against the parent's own estimate of a call, less BOUND_SLACK. For the
+    """The child's median call against the parent's own estimate of a call, less POLICY.bound_slack. For the
     replayed bound (`cuda_graph`) the claim is first taken `null_ms` less (Baselines.null_ms): what the
     child's clock reads around a call that does no work, which the estimate of the device's work in
     replays does not hold."""
     if estimate is None:
         return Verdict.protocol_error, "no bound blocks were timed by the parent"
-    rel, abs_ms = BOUND_SLACK[device if device in BOUND_SLACK else "cuda"]
+    rel, abs_ms = POLICY.bound_slack[device if device in POLICY.bound_slack else "cuda"]
     lower = estimate * (1 - rel) - abs_ms
     offset = null_ms if device.startswith("cuda_graph") and null_ms else 0.0
     if median_ms - offset < lower:

@@ -36,43 +36,8 @@ from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
 from . import clocks, health, owncode, shapes
 from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
-from .clocks import REPLAYS_MAX, REPLAYS_MIN
 from .session import Session
-
-EVALUATOR_VERSION = "2"
-BOUND_REQUESTS = 5  # at least: the parent's estimate is the fastest of them (clocks.parent_estimate)
-# On the cpu, Bound requests of one call each: with three spinning processes a core, a request of
-# four 2.4 ms calls was always preempted (the fastest of five read 5.5 ms a call) and an honest kernel
-# was refused; a one-call request fits between preemptions often enough for its fastest to count.
-CPU_BOUND_REQUESTS = 12
-# ... but a call in a request alone is not a call in a timed block. A block's calls follow one another
-# and only its first follows the refill, and the claim checked is the blocks' mean; a lone call follows
-# the request's arrival, like a block's first, and on 2 cores takes up to twice as long as a block's
-# later calls, so honest kernels would read far below the parent's estimate. Where eager takes under
-# CPU_SHORT_MS a call, a request holds a timed block's calls on as many inbox sets, so each side of the
-# check has the same mix of first and following calls. Longer calls keep one a request: a block's first
-# call weighs little there, and a one-call request fits between a loaded box's preemptions. A call so
-# short that a block's calls take under CPU_BOUND_MS gets more (up to CPU_BOUND_MAX_CALLS), so that what
-# a request costs besides its calls is spread thinner. Then only as many requests as fit ahead
-# (AHEAD_BYTES), the sets together within CPU_BOUND_SET_BYTES (docs/decisions/cpu-timing.md).
-CPU_SHORT_MS = 4.0
-CPU_BOUND_MS = 4.0
-# 128, not 32: 32 calls of 5 us are a sixth of the millisecond of protocol around them, and honest kernels
-# read under half the parent's window (docs/decisions/cpu-timing.md).
-CPU_BOUND_MAX_CALLS = 128
-CPU_BOUND_SET_BYTES = 256 << 20
-# cuda: Bound requests replay CUDA graphs (pipeline.child.replays) for about this long at the
-# faster baseline's speed, REPLAYS_MIN to REPLAYS_MAX replays, REPLAY_CHECKS digests checked a request.
-REPLAY_TARGET_MS = 10.0
-REPLAY_CHECKS = 3
-CHECKED_TIMED = 16  # timed calls whose outputs are compared in full, chosen in secret per attempt
-BOUND_SET_BYTES = 8 << 30  # input bytes a Bound request may hold at once
-# On the cpu, Bound inputs come from the parent through the inbox, up to this many bytes a request:
-# making the values in the child (torch's normal_, about 7 ms per million values on one core) costs
-# ten times an mse call, and its noise would drown the calls in the parent's clock.
-INBOX_BYTES = 1 << 30
-BLOCK_OUTPUT_BYTES = 512 << 20  # outputs a timed block or a Bound request writes at most (block_calls)
-AHEAD_BYTES = 256 << 20  # an attempt's expected values and inbox sets computed before its child starts (specs)
+from .policy import POLICY
 
 
 @dataclass
@@ -108,20 +73,20 @@ class AttemptPlan:
         n, calls = bench.timed_calls, block_calls(bench.output_bytes)
         timed = [[_seed() for _ in range(min(calls, n - first))] for first in range(0, n, calls)]
         input_bytes = bench.baselines.input_bytes if bench.baselines else 0
-        inbox = bench.device == "cpu" and 0 < input_bytes <= INBOX_BYTES
+        inbox = bench.device == "cpu" and 0 < input_bytes <= POLICY.inbox_bytes
         if inbox:  # short requests: the fastest is then one no other process preempted
             per = cpu_bound_calls(bench.baselines.eager.median_ms if bench.baselines else None, input_bytes,
                                   bench.output_bytes)
-            # As many as fit ahead (AHEAD_BYTES): packed between the child's requests they ran cold.
-            requests = max(BOUND_REQUESTS, min(CPU_BOUND_REQUESTS, AHEAD_BYTES // max(per * input_bytes, 1)))
+            # As many as fit ahead (POLICY.ahead_bytes): packed between the child's requests they ran cold.
+            requests = max(POLICY.bound_requests, min(POLICY.cpu_bound_requests, POLICY.ahead_bytes // max(per * input_bytes, 1)))
             bounds = [[_seed() for _ in range(per)] for _ in range(requests)]
         else:
-            per_bound = max(1, min(calls, BOUND_SET_BYTES // max(input_bytes, 1)))
-            bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(BOUND_REQUESTS, min(8, len(timed))))]
+            per_bound = max(1, min(calls, POLICY.bound_set_bytes // max(input_bytes, 1)))
+            bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(POLICY.bound_requests, min(8, len(timed))))]
         checked = {f"trial{t.index}": {"size": t.size, "seed": t.seed, "variant": t.variant} for t in trials}
         flat = [(f"timed{b}_{j}", seed) for b, block in enumerate(timed) for j, seed in enumerate(block)]
         rng = random.SystemRandom()
-        for key, seed in rng.sample(flat, min(CHECKED_TIMED, len(flat))):
+        for key, seed in rng.sample(flat, min(POLICY.checked_timed, len(flat))):
             checked[key] = {"size": bench.size, "seed": seed, "variant": "base"}
         for b, block in enumerate(bounds):  # one call of every Bound request, chosen in secret
             j = rng.randrange(len(block))
@@ -136,16 +101,16 @@ class AttemptPlan:
         # between the child's requests, and honest kernels were refused at half the estimate.)
         grads = input_bytes if s.grad else 0
         bound_bytes = input_bytes * sum(map(len, bounds)) if inbox else 0
-        plan.ahead = 0 < bench.output_bytes and (bench.output_bytes + grads) * 2 * len(checked) + bound_bytes <= AHEAD_BYTES
+        plan.ahead = 0 < bench.output_bytes and (bench.output_bytes + grads) * 2 * len(checked) + bound_bytes <= POLICY.ahead_bytes
         # The Bound requests' inputs ahead wherever they fit, whatever the expected values need:
         # packed by the reference between the child's requests, on its cores, they slowed the Bound
         # calls (cold caches) and honest kernels were refused at half the estimate.
-        plan.inputs_ahead = bound_bytes <= AHEAD_BYTES
+        plan.inputs_ahead = bound_bytes <= POLICY.ahead_bytes
         if bench.device.startswith("cuda") and bench.settings.replay_bound:
             plan.replays = replay_count(fastest_ms(bench))
             plan.digest_seeds = [_seed() for _ in bounds]
             plan.factor_seeds = [_seed() for _ in bounds]
-            plan.replay_checks = [sorted(rng.sample(range(plan.replays), min(REPLAY_CHECKS, plan.replays)))
+            plan.replay_checks = [sorted(rng.sample(range(plan.replays), min(POLICY.replay_checks, plan.replays)))
                                   for _ in bounds]
         return plan
 
@@ -189,10 +154,10 @@ class AttemptPlan:
 
 def block_calls(output_bytes: int) -> int:
     """Calls in a timed block and a Bound request: BLOCK, fewer where their outputs, each in its own
-    outbox slot until the parent has checked them, would take more than BLOCK_OUTPUT_BYTES (one call
+    outbox slot until the parent has checked them, would take more than POLICY.block_output_bytes (one call
     a request for an output of a gigabyte, whose slots beside the reference's float64 forward were
     more than the judge's budget; pipeline.child.memory.MEMORY_FACTOR)."""
-    return max(1, min(BLOCK, BLOCK_OUTPUT_BYTES // max(output_bytes, 1)))
+    return max(1, min(BLOCK, POLICY.block_output_bytes // max(output_bytes, 1)))
 
 
 def fastest_ms(bench: TaskBench) -> float | None:
@@ -205,23 +170,23 @@ def fastest_ms(bench: TaskBench) -> float | None:
 
 
 def replay_count(call_ms: float | None) -> int:
-    """Replays a request: about REPLAY_TARGET_MS of calls at the faster baseline's speed, so the
+    """Replays a request: about POLICY.replay_target_ms of calls at the faster baseline's speed, so the
     request's noise and the graph's launch are spread over many calls."""
     if not call_ms:
-        return REPLAYS_MAX
-    return max(REPLAYS_MIN, min(REPLAYS_MAX, math.ceil(REPLAY_TARGET_MS / call_ms)))
+        return POLICY.replays_max
+    return max(POLICY.replays_min, min(POLICY.replays_max, math.ceil(POLICY.replay_target_ms / call_ms)))
 
 
 def cpu_bound_calls(eager_ms: float | None, input_bytes: int, output_bytes: int) -> int:
-    """Calls per Bound request on the cpu's inbox path (see CPU_SHORT_MS): where eager is short, a
-    timed block's, or more for a call so short that a block's calls take under CPU_BOUND_MS
-    (CPU_BOUND_MAX_CALLS at most); within CPU_BOUND_SET_BYTES of inputs and BLOCK_OUTPUT_BYTES of
+    """Calls per Bound request on the cpu's inbox path (see POLICY.cpu_short_ms): where eager is short, a
+    timed block's, or more for a call so short that a block's calls take under POLICY.cpu_bound_ms
+    (POLICY.cpu_bound_max_calls at most); within POLICY.cpu_bound_set_bytes of inputs and POLICY.block_output_bytes of
     outputs. Else one."""
-    if not eager_ms or eager_ms <= 0 or eager_ms >= CPU_SHORT_MS:
+    if not eager_ms or eager_ms <= 0 or eager_ms >= POLICY.cpu_short_ms:
         return 1
     block = block_calls(output_bytes)
-    calls = max(block, min(CPU_BOUND_MAX_CALLS, math.ceil(CPU_BOUND_MS / eager_ms)))
-    calls = min(calls, BLOCK_OUTPUT_BYTES // max(output_bytes, 1), CPU_BOUND_SET_BYTES // max(input_bytes, 1))
+    calls = max(block, min(POLICY.cpu_bound_max_calls, math.ceil(POLICY.cpu_bound_ms / eager_ms)))
+    calls = min(calls, POLICY.block_output_bytes // max(output_bytes, 1), POLICY.cpu_bound_set_bytes // max(input_bytes, 1))
     return max(1, calls)
 
 
@@ -422,7 +387,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
     return result.model_copy(update={
         "device": bench.env.get("device_name", ""), "torch_version": bench.env.get("torch_version", ""),
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,
-        "grad": bench.settings.grad, "dtype": bench.settings.dtype, "own_code": own,
+        "grad": bench.settings.grad, "dtype": bench.settings.dtype, "own_code": own, "policy": POLICY.version,
         "eval_seconds": ended - started,
         "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), again, session.evidence
 

@@ -5,7 +5,7 @@ candidates, every kernel timed at 3.19 ms and the bandwidth measured 673 GB/s in
 and nothing warned. So the lane's reference process measures its device (the memory
 bandwidth, and how long a 1 ms hold takes between CUDA events), and the parent looks at the driver
 for compute processes that are not kgen's and for clocks held down by a hardware or thermal limit.
-The device is fit when the measures agree, within BANDWIDTH_TOL and HOLD_TOL, with what it measured
+The device is fit when the measures agree, within POLICY.bandwidth_tol and POLICY.hold_tol, with what it measured
 when the run began (the first fit check of the lane) and, for a model we have measured, with
 STORED_BANDWIDTH; and nothing else computes on it.
 
@@ -29,18 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from .policy import POLICY
 
-# Below the run's first figure (or the stored one) by more: unfit. A healthy H100 can measure 14% below
-# its start in the middle of a run with its timings sound, and the sick states seen measure under a
-# quarter of it (docs/decisions/gpu-timing.md).
-BANDWIDTH_TOL = 0.25
-HOLD_TOL = 0.05  # a 1 ms hold that takes over 1.05 ms shares the GPU (or every launch slowed)
 # Measured by this code on healthy machines (docs/decisions/gpu-timing.md): the figure a model's first check of
 # a run is held to, so a device already sick when the run begins is caught too.
 STORED_BANDWIDTH = {"NVIDIA H100 80GB HBM3": 2995.0}
 # clocks_event_reasons bits that mean the device is slowed by something other than its work: HW
 # slowdown, SW and HW thermal slowdown, HW power brake (nvidia-smi --help-query-gpu).
-RECENT_S = 3.0  # a fit check this recent stands for the check before an attempt (Watch.recent)
 THROTTLE_BITS = {0x8: "hardware slowdown", 0x20: "thermal slowdown (software)", 0x40: "thermal slowdown (hardware)",
                  0x80: "power brake"}
 
@@ -64,11 +59,11 @@ def unfit_reason(probe: Probe, start: Probe | None, device_name: str) -> str | N
         return f"another compute process is on the GPU ({', '.join(probe.others[:3])})"
     if probe.throttle:
         return f"the driver reports clocks held down ({', '.join(probe.throttle)})"
-    if probe.hold_ms is not None and probe.hold_ms > 1.0 * (1 + HOLD_TOL):
+    if probe.hold_ms is not None and probe.hold_ms > 1.0 * (1 + POLICY.hold_tol):
         return f"a 1 ms hold took {probe.hold_ms:.3f} ms: the GPU is shared or every launch has slowed"
     for figure, where in ((start.bandwidth_gbs if start else None, "when the run began"),
                           (STORED_BANDWIDTH.get(device_name), f"on a healthy {device_name}")):
-        if figure and probe.bandwidth_gbs < figure * (1 - BANDWIDTH_TOL):
+        if figure and probe.bandwidth_gbs < figure * (1 - POLICY.bandwidth_tol):
             return f"bandwidth {probe.bandwidth_gbs:.0f} GB/s against {figure:.0f} GB/s {where}"
     return None
 
@@ -113,7 +108,7 @@ class Watch:
         attempt, taken once its child is dead, comes a second or two before the next attempt's: only
         kgen's own work ran on the device between them, and the check after that next attempt still
         sees whatever came up meanwhile."""
-        within_s = RECENT_S if within_s is None else within_s
+        within_s = POLICY.recent_s if within_s is None else within_s
         return self.fit_at is not None and time.monotonic() - self.fit_at < within_s
 
     @property

@@ -18,8 +18,8 @@ import numpy as np
 from ..child.memfd import PACKED_DTYPES
 from ..child.protocol import OutputHeader
 from ..records import TrialResult, Verdict
+from .policy import POLICY
 
-DIGEST_SUM_EPS = 1e-5  # a replayed call's digest's float32 summing, beside the tolerance (digest_ok)
 CHUNK = 1 << 22  # values a step where an output is compared in pieces (32 MiB of float64 an array)
 # Values each chunk is worked through at a time, here and in the reference's own check (reference._errs):
 # the float64 temporaries (512 KiB each) stay in the core's cache, which whole 4M-value chunks miss: a
@@ -77,25 +77,19 @@ def mapped(fd: int, dtype=np.uint8, count: int = -1) -> np.ndarray:
 # The least relative tolerance a dtype gets: its machine epsilon. A fixed 1e-4 fails every honest
 # bfloat16 kernel; the rounding of the output alone is up to half an epsilon.
 DTYPE_EPS = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
-REF_ERR_FACTOR = 4  # and at least this many times PyTorch's own error in the dtype against float64
-# float32 widens the task's tolerance to REF_ERR_FACTOR x PyTorch's own reading in the judge's
-# elementwise metric, at most this many times the task's: PyTorch's own float32 gradient of triplet
-# margin loss failed 1e-4 on 1 seed in 60 of the needle variant (an element 7x below the part's
-# mean, off by 1e-3 of itself), and the honest reference was judged wrong_gradient.
-OWN_ERR_CAP = 10
 
 
 def tolerance_for(tol: float, dtype: str, ref_err: float | None, own_err: float | None = None) -> float:
     """The relative tolerance for one part in the run's dtype. float32 keeps the task's (default
     1e-4), widened only where PyTorch's own float32 result on the attempt's very inputs reads more
-    than a quarter of it in the judge's elementwise metric (`own_err`), to REF_ERR_FACTOR x that,
-    at most OWN_ERR_CAP x the task's. In bfloat16 and float16 it is derived from the reference's own
+    than a quarter of it in the judge's elementwise metric (`own_err`), to POLICY.ref_err_factor x that,
+    at most POLICY.own_err_cap x the task's. In bfloat16 and float16 it is derived from the reference's own
     error in that dtype against float64 (measured per attempt on the same inputs), never below the
     dtype's epsilon. Every comparison is against float64, so a reduction accumulated in the low
     dtype (whose error grows with its length) fails where PyTorch's, accumulated in float32, passes."""
     if dtype not in DTYPE_EPS:
-        return min(max(tol, REF_ERR_FACTOR * (own_err or 0.0)), OWN_ERR_CAP * tol)
-    return max(tol, DTYPE_EPS[dtype], REF_ERR_FACTOR * (ref_err or 0.0))
+        return min(max(tol, POLICY.ref_err_factor * (own_err or 0.0)), POLICY.own_err_cap * tol)
+    return max(tol, DTYPE_EPS[dtype], POLICY.ref_err_factor * (ref_err or 0.0))
 
 
 def fail(verdict: Verdict, error: str, **extra) -> TrialResult:
@@ -273,9 +267,8 @@ def same_values(a, b) -> bool:
     return all(np.array_equal(at[0](i, i + CHUNK), at[1](i, i + CHUNK), equal_nan=True) for i in range(0, a.size, CHUNK))
 
 
-
 def digest_ok(digest: float, want: float, scale: float, tol: float, dtype: str, parts: Expected | None) -> bool:
     """A replayed call's digest, sum(values x w) in float32, against the reference's (pipeline.child.replays): parts
     within their tolerances (as `compare` widens a checked call's) move it at most the widest x scale."""
     tol = max(parts.tolerances(tol, dtype)) if parts else tolerance_for(tol, dtype, None)
-    return bool(np.isfinite(digest)) and abs(digest - want) <= (tol + DIGEST_SUM_EPS) * scale + 1e-30
+    return bool(np.isfinite(digest)) and abs(digest - want) <= (tol + POLICY.digest_sum_eps) * scale + 1e-30

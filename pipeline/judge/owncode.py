@@ -24,12 +24,8 @@ from pathlib import Path
 
 from .. import backends
 from ..records import Flag, OwnCode, ShapeRun, TrialResult
+from .policy import POLICY
 
-NO_CUSTOM_KERNEL_FRACTION = 0.5  # share of the call's time in PyTorch's own ops that raises the flag
-# KernelBench's levels 2 and 3 let a candidate keep a convolution or GEMM in cuDNN or cuBLAS and fuse
-# what surrounds it, so most of its call may rightly be PyTorch's: there the flag asks only that its
-# own kernels did some of the work, more than a token launch (a one-element kernel beside PyTorch).
-LIBRARY_OWN_FRACTION = 0.01
 LIBRARY_LEVELS = (2, 3)
 MAX_FILES = 16  # extension files read; a build folder is written by the candidate's build child
 MAX_NAMES = 20
@@ -199,7 +195,7 @@ def flags_for(profile, shape_results: list[TrialResult], own: OwnCode | None = N
     PyTorch's share of the call there, so PyTorch did the work when its ops alone took half as long
     as eager's whole call. With `library_ok` (library_allowed: a KernelBench level-2 or -3 task),
     PyTorch's share may be most of the call, and only one where its own code took under
-    LIBRARY_OWN_FRACTION is claimed PyTorch's. `shape_specialized`: the parent's finding where a held-out
+    POLICY.library_own_fraction is claimed PyTorch's. `shape_specialized`: the parent's finding where a held-out
     size failed; else the child's claim where its profile says its own kernel did not run at one of them."""
     flags, claimed = [], []
     if own is not None and own.holds_own is False:
@@ -217,11 +213,11 @@ def flags_for(profile, shape_results: list[TrialResult], own: OwnCode | None = N
 
 def pytorch_did_it(profile, interpreted_eager_ms: float | None = None, library_ok: bool = False) -> bool | None:
     """The child's claim, from one profile: PyTorch's ops did the call's work (None: no profile).
-    With `library_ok`, only when the candidate's own code did next to none of it (LIBRARY_OWN_FRACTION)."""
+    With `library_ok`, only when the candidate's own code did next to none of it (POLICY.library_own_fraction)."""
     if profile is None or profile.torch_fraction is None or profile.error:
         return None
     if library_ok:
-        return own_share(profile) < LIBRARY_OWN_FRACTION
+        return own_share(profile) < POLICY.library_own_fraction
     if interpreted_eager_ms:
-        return (profile.torch_us or 0.0) / 1000 >= NO_CUSTOM_KERNEL_FRACTION * interpreted_eager_ms
-    return profile.torch_fraction > NO_CUSTOM_KERNEL_FRACTION
+        return (profile.torch_us or 0.0) / 1000 >= POLICY.no_custom_kernel_fraction * interpreted_eager_ms
+    return profile.torch_fraction > POLICY.no_custom_kernel_fraction

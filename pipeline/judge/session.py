@@ -25,6 +25,7 @@ from . import beside, clocks, judge, owncode, shapes
 from .bench import Ended, TaskBench, ended_early, lane_of
 from .clocks import Window, pair_ratios, summarize
 from .judge import Expected
+from .policy import POLICY
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
 PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
@@ -357,13 +358,13 @@ class Session:
         if (problem := clocks.check_windows(self.timed)):
             return problem
         problem = clocks.check_estimate(kind, claim if claim is not None else median, self.estimate, b.null_ms if b else None)
-        if not kind.startswith("cuda_graph") and median < clocks.LOOSE_BELOW_MS:
+        if not kind.startswith("cuda_graph") and median < POLICY.loose_below_ms:
             # The eager GPU bound counts host work the hold keeps out of the child's events (an H200's autograd put
-            # honest references below it): below LOOSE_BELOW_MS it refuses nothing, and the result is untrusted.
+            # honest references below it): below POLICY.loose_below_ms it refuses nothing, and the result is untrusted.
             why = (f"its calls could not be replayed from a CUDA graph ({self.graph_failed[:160]})" if self.graph_failed
                    else "replay_bound is off, so its calls were not replayed from CUDA graphs")
             self.loose_bound = (f"{why}, so the parent's bound, which counts the calls' host work, says little below "
-                                f"{clocks.LOOSE_BELOW_MS} ms a call")
+                                f"{POLICY.loose_below_ms} ms a call")
             if problem is not None and problem[0] is Verdict.impossible_timing:
                 self.loose_bound += f"; it read: {problem[1][:300]}"
                 problem = None

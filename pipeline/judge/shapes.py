@@ -3,7 +3,7 @@
 A held-out trial that passes says the output was right, not whose code made it: a kernel hard-wired
 to the declared size that hands every other size to PyTorch is right everywhere
 (tests/redteam/hardwired_size_fallback.py). So at each held-out size whose trial passed the parent
-asks for the child's profile of one call there (a claim: which ops took the time), times SHAPE_BLOCKS
+asks for the child's profile of one call there (a claim: which ops took the time), times POLICY.shape_blocks
 blocks of the candidate's calls with an eager block by the reference after each (the child paused),
 as the main size is timed, and checks one call of each block against the reference in secret. The
 library serves a kernel at a held-out size only where all three held (ShapeRun.served).
@@ -25,8 +25,7 @@ from ..leaderboard import faster
 from ..records import ShapeRun, Timing, TrialResult
 from . import beside, owncode
 from .bench import EvaluationError, _seed
-
-SHAPE_BLOCKS = 3  # timed blocks of BLOCK calls per held-out size, each followed by an eager block
+from .policy import POLICY
 
 
 def draw(trials: list[P.Trial], main_size, calls: int = BLOCK) -> tuple[dict[int, list[list[int]]], dict[str, dict[str, Any]]]:
@@ -38,7 +37,7 @@ def draw(trials: list[P.Trial], main_size, calls: int = BLOCK) -> tuple[dict[int
     for trial in trials:
         if trial.size == main_size:
             continue
-        seeds[trial.index] = [[_seed() for _ in range(calls)] for _ in range(SHAPE_BLOCKS)]
+        seeds[trial.index] = [[_seed() for _ in range(calls)] for _ in range(POLICY.shape_blocks)]
         for b, block in enumerate(seeds[trial.index]):
             j = rng.randrange(len(block))
             checked[f"shape{trial.index}_{b}_{j}"] = {"size": trial.size, "seed": block[j], "variant": "base"}

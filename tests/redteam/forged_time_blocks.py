@@ -8,7 +8,7 @@ real_ms) so the test can compare.
 
 Why it should fail: the child's times are only claims. On a GPU the parent times Bound requests (fresh
 inputs, back-to-back calls) with its own clock, less a null-model calibration made before the import:
-a median below that estimate less its slack (clocks.BOUND_SLACK) is impossible_timing. On the cpu the
+a median below that estimate less its slack (POLICY.bound_slack) is impossible_timing. On the cpu the
 times recorded are the Bound requests' own calls, checked against the parent's window around them
 (clocks.check_inside): claiming FACTOR of them reads FACTOR there. A milder FACTOR that stays inside is
 accepted, and the test checks the recorded time is earned within 1.3x (tests/forgers.py's TWIN_RATIO)."""

@@ -1,0 +1,110 @@
+"""Every threshold the judge plans or decides by, in one versioned record.
+
+The judge's modules read `POLICY`; each attempt stores the version it was judged under
+(`EvalResult.policy`). A change to any value, or to how one is used, is a new version. The
+measurements behind each value are in docs/decisions/ (cpu-timing, gpu-timing, memory-and-outputs).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
+
+    version: str = "3"
+    """Stored with each attempt; bumped with any change below."""
+
+    # ---- the plan: how many calls, in what requests -----------------------------------------------
+    checked_timed: int = 16
+    """Timed calls whose outputs are compared in full, chosen in secret per attempt."""
+    bound_requests: int = 5
+    """Bound requests an attempt makes at least (a GPU's estimate is the fastest of them)."""
+    cpu_bound_requests: int = 12
+    """On the cpu, Bound requests where the inputs fit ahead: short requests fit between a loaded
+    box's preemptions often enough."""
+    cpu_short_ms: float = 4.0
+    """On the cpu, where eager takes under this a call, a Bound request holds a timed block's calls
+    (or more), else one: a long call is its own request's measure."""
+    cpu_bound_ms: float = 4.0
+    """... and a call so short that a block's calls take under this gets more calls a request, so what
+    a request costs besides its calls is spread thinner."""
+    cpu_bound_max_calls: int = 128
+    """The most calls a cpu Bound request holds: 32 calls of 5 us were a sixth of the millisecond of
+    protocol around them."""
+    cpu_bound_set_bytes: int = 256 << 20
+    """Input bytes a cpu Bound request's sets hold together at most."""
+    inbox_bytes: int = 1 << 30
+    """On the cpu, Bound inputs come from the parent through the inbox up to this many bytes a set:
+    made in the child (torch's normal_, about 7 ms per million values) they cost ten times an mse call."""
+    bound_set_bytes: int = 8 << 30
+    """Input bytes a GPU Bound request may hold at once."""
+    block_output_bytes: int = 512 << 20
+    """Outputs a timed block or a Bound request writes at most, each in its own outbox slot until
+    checked (fewer calls a block for outputs of a gigabyte)."""
+    ahead_bytes: int = 256 << 20
+    """An attempt's expected values and inbox sets computed before its child starts, at most: made
+    between the child's requests, on its cores, they slowed its calls."""
+    shape_blocks: int = 3
+    """Timed blocks per held-out size, each followed by an eager block."""
+
+    # ---- the calibration and the clocks -------------------------------------------------------------
+    calibration_blocks: dict[str, int] = {"cpu": 15, "cuda": 5}
+    """Null-model Bound requests before the import. Fifteen on the cpu, where about half can stall
+    1.5-2 ms in gradient mode; five on a GPU (a sixth of an attempt's start-up in a batch)."""
+    cold_calibration_ms: float = 50.0
+    """On the cpu each null request follows a cold eager block, as each of the candidate's requests
+    does, where such a block takes at most this (and five null requests where it takes more)."""
+    loaded_share: float = 0.6
+    """On the cpu, the share of the timed windows that went to run-queue waits beyond which the
+    timing is unfit (no figure, re-timed). The load is taken out of both sides below it; at 30-62%
+    an honest kernel read 0.80-0.98x eager beside a running suite."""
+    bound_slack: dict[str, tuple[float, float]] = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001),
+                                                    "cuda_graph_grad": (0.25, 0.001)}
+    """On a GPU, how far below the parent's estimate the child's per-call time may be (relative, ms):
+    eager requests count the forward's host work (an honest 11 us kernel cost 110 us a call on the
+    parent's clock); replayed graphs the device's work alone; in gradient mode honest claims read
+    0.98-1.49 of the estimate, a half-forged 26 us 0.63-0.64."""
+    loose_below_ms: float = 0.5
+    """On a GPU, calls not replayed from a graph: the eager bound counts host work, and below this
+    refuses nothing (the result is untrusted)."""
+    upper_slack_ms: float = 1.0
+    """On a GPU, how far a timed block's claimed sum may exceed the parent's window around it."""
+    replays_min: int = 4
+    """The fewest replays a replayed Bound request holds."""
+    replays_max: int = 512
+    """The most: at this many, calls are too short to fill replay_target_ms."""
+    replay_target_ms: float = 10.0
+    """A replayed Bound request holds about this much of calls at the faster baseline's speed, so the
+    request's noise and the graph's launch are spread over many calls."""
+    replay_checks: int = 3
+    """Replays whose digests a replayed request checks, chosen in secret."""
+    null_every: int = 3
+    """A null replay of the reference's beside every this-many calibration windows (each one where
+    a request replays replays_max, and the offset is most of a call's estimate)."""
+
+    # ---- the device's health --------------------------------------------------------------------------
+    bandwidth_tol: float = 0.25
+    """A GPU's bandwidth below the run's first figure (or the stored one) by more is unfit: a healthy
+    H100 measured 14% below its start mid-run, the sick states seen under a quarter of it."""
+    hold_tol: float = 0.05
+    """A 1 ms hold that takes over 1.05 ms shares the GPU (or every launch is slowed)."""
+    recent_s: float = 3.0
+    """A fit check this recent stands for the check before an attempt."""
+
+    # ---- correctness and flags ------------------------------------------------------------------------
+    ref_err_factor: float = 4.0
+    """A low-precision output may be off by this many times PyTorch's own error in that dtype."""
+    own_err_cap: float = 10.0
+    """... and by no more than this many times the tolerance, element by element."""
+    digest_sum_eps: float = 1e-5
+    """A replayed call's digest's float32 summing, beside the tolerance."""
+    no_custom_kernel_fraction: float = 0.5
+    """The share of a call in PyTorch's own ops that raises no_custom_kernel."""
+    library_own_fraction: float = 0.01
+    """At KernelBench's levels 2 and 3, where a library GEMM or convolution may stay, the share of the
+    call its own kernels must do (more than a token launch)."""
+
+
+POLICY = Policy()
