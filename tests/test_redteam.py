@@ -181,8 +181,9 @@ def test_hang_times_out_and_every_process_dies(bench, tmp_path):
     assert int(notes["helper"][1]) == int(notes["child"][1])  # the plain helper stayed in the child's group
     # The escaper could not start a session of its own (seccomp); it left the group with setpgid.
     assert notes["escaper"][3] == "setpgid", notes
-    # Seen from outside, nothing is left in the room's pid namespace (the parent ended its pid 1).
-    assert sandbox.in_namespace(room.pop()) == []
+    # Seen from outside, nothing was left in the room's pid namespace (the parent ended its pid 1, then
+    # looked while it held the namespace, so its inode could be no later room's: Child.pidns_fd).
+    assert "outlived" not in (result.untrusted_reason or ""), result.untrusted_reason
 
 
 def test_a_hang_costs_the_step_limit_its_baseline_gives_not_the_whole_timeout(bench, tmp_path):
@@ -203,7 +204,7 @@ def test_a_hang_costs_the_step_limit_its_baseline_gives_not_the_whole_timeout(be
     assert took < settings.step_ceiling_s + 30 < settings.timeout_s, f"{took:.1f} s for a step limit of {limit:.1f} s"
     notes = {line.split()[1]: line.split()[2:] for line in (result.output or "").splitlines()
              if line.startswith("KGEN-NOTE ")}
-    assert notes and all(sandbox.in_namespace(int(fields[2])) == [] for fields in notes.values()), notes
+    assert notes and "outlived" not in (result.untrusted_reason or ""), (notes, result.untrusted_reason)
 
 
 _SNOOP_RUNNER = """
@@ -755,7 +756,7 @@ def test_a_floor_taken_in_a_busy_moment_refuses_no_honest_kernel(bench, honest_b
         result = evaluate.evaluate(b, REDTEAM / "honest_cpp.py", honest_build, SETTINGS)
         assert result.verdict is V.correct, describe(result)
         assert b.baselines.floor_ms < kept.eager.median_ms and b.baselines.bandwidth_gbs > 1, b.baselines
-        assert 0 < result.floor_fraction < 1, describe(result)
+        assert no_figure(result) or 0 < result.floor_fraction < 1, describe(result)
     finally:
         b.baselines = kept
 

@@ -188,6 +188,8 @@ def test_a_room_closes_every_channel_from_every_thread(tmp_path):
             report = child.receive()
             seen.append(child.confinement())
             pidns, room = child.room_namespace(), child.room
+            # Our own hold on the namespace: once freed, its inode may be a later room's (another test's).
+            held = os.open(f"/proc/{child.proc.pid}/ns/pid_for_children", os.O_RDONLY)
             code, log = child.finish()
             assert report is not None and code == 0, log[-3000:]
             c = seen[0]
@@ -200,7 +202,10 @@ def test_a_room_closes_every_channel_from_every_thread(tmp_path):
                 # pid 2 of a namespace of its own, under the room's pid 1: no process of the host is
                 # nameable, only the room's init and its own threads
                 assert got["pid"] == 2 and set(got["ns_pids"]) <= {1, *got["own_tasks"]}, got
-            assert pidns and not sandbox.in_namespace(pidns), "a process of the room outlived it"
+            try:
+                assert pidns and not sandbox.in_namespace(pidns), "a process of the room outlived it"
+            finally:
+                os.close(held)
             assert room is not None and not Path(room.folders[0]).exists(), "the room's cgroup was left"
             assert not child.left
         for server in listeners:

@@ -153,7 +153,9 @@ def test_the_ratio_is_taken_side_by_side_and_survives_a_loaded_machine(tmp_path)
                 # both sides (its cause not found), and the pairing is what this asserts.
                 assert result.eager_beside is not None and result.eager_beside.n == result.timing.n, \
                     (result.eager_beside, result.timing)
-                assert result.eager_ratio is not None and result.eager_ratio.pairs == result.timing.n // 4
+                # a pair a Bound request, each of as many calls (4-8 here, as eager's speed gives them)
+                ratio = result.eager_ratio
+                assert ratio is not None and ratio.pairs >= 2 and result.timing.n % ratio.pairs == 0, (ratio, result.timing)
                 assert result.speedup_eager == result.eager_ratio.median
                 if load:  # the machine busy throughout, the spinners among what kept it so: on a box already
                     # busy they get less of it (a fresh clone beside a busy loop: 3.7 cpu-s, every tick busy)

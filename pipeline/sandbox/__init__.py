@@ -89,6 +89,9 @@ class Child:
     """The jailed child's cgroups, removed by `finish`."""
     pidns: int | None = None
     """The inode of the jailed child's pid namespace, once read (`room_namespace`)."""
+    pidns_fd: int | None = None
+    """Held from `room_namespace` until `finish` has looked for leftovers: a namespace referenced is
+    never freed, so its inode cannot be another room's when the parent looks."""
     status: dict | None = None
     """The jail's status line, once `confinement` read it: what held, as the jail saw it."""
     left: list[int] = field(default_factory=list)
@@ -232,11 +235,13 @@ class Child:
         as the namespace its children are born in; None before the jail made it or without a jail."""
         if self.pidns is None and self.policy is not None and self.proc.returncode is None:
             try:
-                inode = os.stat(f"/proc/{self.proc.pid}/ns/pid_for_children").st_ino
-                if inode != os.stat("/proc/self/ns/pid").st_ino:
-                    self.pidns = inode
+                fd = os.open(f"/proc/{self.proc.pid}/ns/pid_for_children", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
-                pass
+                return None
+            if (inode := os.fstat(fd).st_ino) != os.stat("/proc/self/ns/pid").st_ino:
+                self.pidns, self.pidns_fd = inode, fd
+            else:
+                os.close(fd)
         return self.pidns
 
     def leftovers(self, wait: float = 2.0) -> list[int]:
@@ -320,6 +325,9 @@ class Child:
             self.left = self.leftovers()
             if self.room is not None and not self.left:
                 self.room.remove()
+        if self.pidns_fd is not None:
+            os.close(self.pidns_fd)
+            self.pidns_fd = None
         os.close(self.reader.fd)
         if self.status_fd is not None:
             os.close(self.status_fd)
