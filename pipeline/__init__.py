@@ -2,7 +2,7 @@
 
 The stages, each a folder with its own import rule (in its __init__; tests/test_boundary.py checks
 them all): child (the trust boundary), sandbox, generate, build, judge, store, run, library, report,
-cli. The core beside them (records, config, backends, bundled, leaderboard) is shared by all.
+cli. The core beside them (records, config, policy, backends, bundled, leaderboard) is shared by all.
 
 May import: child.
 

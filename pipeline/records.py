@@ -312,7 +312,7 @@ class EvalResult(Record):
     """Where this verdict is a second evaluation's (a GPU's): the first one's refusal, which rested on
     the parent's clock alone and so was not kept without a second (pipeline.judge.evaluate.evaluate)."""
     policy: str | None = None
-    """The version of the judge's thresholds this verdict was reached under (pipeline.judge.policy);
+    """The version of the judge's thresholds this verdict was reached under (pipeline.policy);
     None for attempts judged before it was recorded."""
     bound_note: str | None = None
     """How the parent measured its bound on the child's times (on a GPU: replayed from CUDA graphs,

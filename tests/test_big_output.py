@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from pipeline.child import memory, tasks
 from pipeline.cli.main import main
-from pipeline.judge.policy import POLICY
+from pipeline.policy import POLICY
 
 # Just over 1 GiB of float32 input and as much output: past the cpu's inbox (POLICY.inbox_bytes),
 # where the Bound calls' inputs would be held once more, in the child's inbox (CPU_MEMORY_FACTOR). Each

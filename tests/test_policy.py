@@ -1,4 +1,4 @@
-"""pipeline.judge.policy: every threshold the judge plans or decides by, in one versioned record."""
+"""pipeline.policy: every threshold the judge plans or decides by, in one versioned record."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipeline.judge.policy import POLICY, Policy
+from pipeline.policy import POLICY, Policy
 
 JUDGE = Path(__file__).resolve().parent.parent / "pipeline" / "judge"
 

@@ -15,7 +15,7 @@ from pipeline.judge import clocks, judge
 from pipeline.child import protocol as P
 from pipeline.child import memfd
 from pipeline.judge.clocks import Window
-from pipeline.judge.policy import POLICY
+from pipeline.policy import POLICY
 
 
 def _memfd(outbox_bytes: int, inbox_bytes: int) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from chat_server import Failure, Reply, serve
 from forgers import no_figure
-from pipeline.judge.policy import POLICY
+from pipeline.policy import POLICY
 from pipeline.cli.main import main
 from pipeline.judge.health import descendants
 from pipeline.config import load_config

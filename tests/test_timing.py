@@ -18,7 +18,7 @@ from pipeline.config import EvalConfig, cache_root
 from pipeline.judge import clocks, evaluate
 from pipeline.judge.bench import open_bench, prepare
 from pipeline.judge.handover import close_all
-from pipeline.judge.policy import POLICY
+from pipeline.policy import POLICY
 from pipeline.records import Verdict
 
 from forgers import gains_nothing, no_figure

@@ -23,7 +23,7 @@ from .sizes import DEFAULT_SIZE, SizeError, _meta, _task_name
 # can tell), at the judge's peak: the reference's float64 forward of one checked call, its inputs and
 # output in float64 (2), while the candidate's child holds its own inputs, weights and the output
 # slots not yet judged (1). Nothing else is kept beside them: past 256 MiB of an attempt's
-# expected values (pipeline.judge.policy.POLICY.ahead_bytes) the parent asks for one call's float64 values at a
+# expected values (pipeline.policy.POLICY.ahead_bytes) the parent asks for one call's float64 values at a
 # time, and it compares them in chunks, never as whole float64 copies; the
 # reference drops its float32 inputs during the float64 forward and its eager blocks' large input
 # sets before it (pipeline.judge.reference.Reference.expected); a block keeps one input set where a set is

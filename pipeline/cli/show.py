@@ -100,7 +100,7 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
     if not result.trusted:
         lines.append(f"not trusted: {result.untrusted_reason}")
     if result.policy:
-        lines.append(f"judged under policy {result.policy} (pipeline/judge/policy.py)")
+        lines.append(f"judged under policy {result.policy} (pipeline/policy.py)")
     for t in result.trials:
         status = "ok" if t.ok else f"{t.verdict.value if t.verdict else 'failed'}: {t.error}"
         err = f" rel err {t.max_rel_err:.3g}" if t.max_rel_err is not None else ""

@@ -19,7 +19,7 @@ from .bench import EvaluationError, _seed
 from ..records import Verdict
 from .clocks import Window, calibration_offset
 from .judge import digest_ok
-from .policy import POLICY
+from ..policy import POLICY
 
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ..child.timing import summarize_blocks
 from ..records import Ratio, Timing, Verdict
-from .policy import POLICY
+from ..policy import POLICY
 
 
 def _stat(path: str) -> tuple[int, int]:

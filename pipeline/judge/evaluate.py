@@ -37,7 +37,7 @@ from ..sandbox.spares import Spares
 from . import clocks, health, owncode, shapes
 from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
 from .session import Session
-from .policy import POLICY
+from ..policy import POLICY
 
 
 @dataclass

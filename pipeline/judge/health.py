@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
-from .policy import POLICY
+from ..policy import POLICY
 
 # Measured by this code on healthy machines (docs/decisions/gpu-timing.md): the figure a model's first check of
 # a run is held to, so a device already sick when the run begins is caught too.

@@ -18,7 +18,7 @@ import numpy as np
 from ..child.memfd import PACKED_DTYPES
 from ..child.protocol import OutputHeader
 from ..records import TrialResult, Verdict
-from .policy import POLICY
+from ..policy import POLICY
 
 CHUNK = 1 << 22  # values a step where an output is compared in pieces (32 MiB of float64 an array)
 # Values each chunk is worked through at a time, here and in the reference's own check (reference._errs):

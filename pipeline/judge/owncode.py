@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import backends
 from ..records import Flag, OwnCode, ShapeRun, TrialResult
-from .policy import POLICY
+from ..policy import POLICY
 
 LIBRARY_LEVELS = (2, 3)
 MAX_FILES = 16  # extension files read; a build folder is written by the candidate's build child

@@ -25,7 +25,7 @@ from . import beside, clocks, judge, owncode, shapes
 from .bench import Ended, TaskBench, ended_early, lane_of
 from .clocks import Window, pair_ratios, summarize
 from .judge import Expected
-from .policy import POLICY
+from ..policy import POLICY
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
 PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")

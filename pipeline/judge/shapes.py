@@ -25,7 +25,7 @@ from ..leaderboard import faster
 from ..records import ShapeRun, Timing, TrialResult
 from . import beside, owncode
 from .bench import EvaluationError, _seed
-from .policy import POLICY
+from ..policy import POLICY
 
 
 def draw(trials: list[P.Trial], main_size, calls: int = BLOCK) -> tuple[dict[int, list[list[int]]], dict[str, dict[str, Any]]]:
