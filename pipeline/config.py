@@ -179,7 +179,8 @@ class EvalConfig(_Strict):
     tolerance: float = Field(default=1e-4, gt=0, lt=1)
     """Default relative tolerance for float32 (a task may declare its own)."""
     timed_calls: int = Field(default=30, ge=3, le=10000)
-    """Least timed calls after warm-up, in blocks of fresh input sets; the median block mean is recorded."""
+    """On a GPU, least timed calls after warm-up, in blocks of fresh input sets. (On the cpu the
+    parent times the Bound requests alone: their calls are set by the policy.)"""
     timed_ms: float = Field(default=100.0, ge=0)
     """Short calls get more timed calls, until about this many milliseconds of them (estimated from
     the faster baseline), so a sub-millisecond median is as stable as a long one; 0 keeps timed_calls."""

@@ -13,12 +13,13 @@ from pydantic import BaseModel, ConfigDict
 class Policy(BaseModel):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
 
-    version: str = "3"
+    version: str = "4"
     """Stored with each attempt; bumped with any change below."""
 
     # ---- the plan: how many calls, in what requests -----------------------------------------------
     checked_timed: int = 16
-    """Timed calls whose outputs are compared in full, chosen in secret per attempt."""
+    """Timed calls whose outputs are compared in full, chosen in secret per attempt (on the cpu, which
+    has no timed blocks, Bound calls: one of each request, then more up to this many)."""
     bound_requests: int = 5
     """Bound requests an attempt makes at least (a GPU's estimate is the fastest of them)."""
     cpu_bound_requests: int = 12

@@ -71,7 +71,10 @@ class AttemptPlan:
         trials += [P.Trial(index=s.trials + j, seed=_seed(), variant="scaled", size=other, repeat=False)
                    for j, other in enumerate(bench.other_sizes)]
         n, calls = bench.timed_calls, block_calls(bench.output_bytes)
-        timed = [[_seed() for _ in range(min(calls, n - first))] for first in range(0, n, calls)]
+        # On the cpu the parent's Bound windows are the only clock, so the child's timed blocks would
+        # only carry checked outputs: the checks go to the Bound requests' calls instead.
+        timed = [] if bench.device == "cpu" else [[_seed() for _ in range(min(calls, n - first))]
+                                                  for first in range(0, n, calls)]
         input_bytes = bench.baselines.input_bytes if bench.baselines else 0
         inbox = bench.device == "cpu" and 0 < input_bytes <= POLICY.inbox_bytes
         if inbox:  # short requests: the fastest is then one no other process preempted
@@ -91,6 +94,11 @@ class AttemptPlan:
         for b, block in enumerate(bounds):  # one call of every Bound request, chosen in secret
             j = rng.randrange(len(block))
             checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": block[j], "variant": "base"}
+        if not timed:  # the cpu: as many more of the Bound calls as a GPU checks of its timed calls
+            rest = [(f"bound{b}_{j}", seed) for b, block in enumerate(bounds) for j, seed in enumerate(block)
+                    if f"bound{b}_{j}" not in checked]
+            for key, seed in rng.sample(rest, min(max(0, POLICY.checked_timed - len(bounds)), len(rest))):
+                checked[key] = {"size": bench.size, "seed": seed, "variant": "base"}
         shape_timed, shape_checked = shapes.draw(trials, bench.size, calls)
         checked.update(shape_checked)
         plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size, shape_timed)

@@ -389,8 +389,11 @@ class Session:
 
     def blocks(self) -> tuple[Verdict, str] | None:
         """Timed blocks with Bound requests and eager blocks spread among them (so all see the same
-        machine state), each output the plan checks compared as soon as its reply is in."""
+        machine state), each output the plan checks compared as soon as its reply is in. The cpu has
+        no timed blocks (its clock is the Bound windows'): its Bound requests alone."""
         plan = self.plan
+        if not plan.timed:
+            return self.bound_requests(0, len(plan.bounds))
         done = 0  # Bound requests sent so far: spread evenly over the timed blocks, the rest after the last
         for j, seeds in enumerate(plan.timed):
             at = time.monotonic()
@@ -403,42 +406,47 @@ class Session:
             self.timed.append((list(reply.times_ms), Window(ms, len(seeds), self.load)))
             if (problem := self.check_block(f"timed{j}", "timed call", j * len(seeds), reply.outputs)):
                 return problem
-            at = self.spent("timing_checks", at)
-            if self.bench.device != "cpu":  # on the cpu eager is timed beside each Bound request instead
-                beside.eager_block(self, len(seeds), first=j == 0)
+            self.spent("timing_checks", at)
+            beside.eager_block(self, len(seeds), first=j == 0)
             if self.device_busy:
                 return Verdict.impossible_timing, self.device_busy
-            at = time.monotonic()
             # Spread, not bunched at the end: on a machine whose speed drifts (the 2-core CI box ran
             # one attempt's calls at 1.1 ms and the next's at 2.4), Bound requests all sent after the
             # last block could see another machine than the child's timed blocks did, and an honest
             # kernel was refused; the estimate is the fastest request, so spreading can only help it.
-            last = j == len(plan.timed) - 1
-            due = len(plan.bounds) if last else (j + 1) * len(plan.bounds) // len(plan.timed)
-            while done < due:
-                k, bound_seeds = done, plan.bounds[done]
-                done += 1
-                if plan.replays and not self.graph_failed:
-                    replayed = beside.replayed(self, k, bound_seeds)
-                    at = self.spent("timing_bounds", at)
-                    if replayed is not None and replayed is not True:
-                        return replayed
-                    if replayed is True:
-                        continue
-                # Private copies, read before the window as the files were: a child that will not
-                # stop gets the write inside it (ask), and a first touch of a map's pages there costs.
-                values = self.bench.bound_inputs(plan, k, self.inputs, self.lane, self.inbox.set_bytes) if self.inbox else None
-                reply, ms = self.ask_bound(k, bound_seeds, f"bound block {k}", values)
+            due = len(plan.bounds) if j == len(plan.timed) - 1 else (j + 1) * len(plan.bounds) // len(plan.timed)
+            if (problem := self.bound_requests(done, due)):
+                return problem
+            done = due
+        return None
+
+    def bound_requests(self, first: int, end: int) -> tuple[Verdict, str] | None:
+        """The plan's Bound requests first..end-1, each checked as its reply is in; on the cpu eager
+        beside each, timed as its calls were (cpu_clock)."""
+        plan, at = self.plan, time.monotonic()
+        for k in range(first, end):
+            bound_seeds = plan.bounds[k]
+            if plan.replays and not self.graph_failed:
+                replayed = beside.replayed(self, k, bound_seeds)
                 at = self.spent("timing_bounds", at)
-                if len(reply.outputs) != len(bound_seeds):
-                    return Verdict.protocol_error, f"bound block {k}: {len(reply.outputs)} outputs for {len(bound_seeds)}"
-                self.bound_windows.append(Window(ms, len(bound_seeds), self.load))
-                if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
-                    return problem
-                at = self.spent("timing_checks", at)
-                if self.bench.device == "cpu":  # eager beside each request, timed as its calls were (cpu_clock)
-                    beside.eager_block(self, len(bound_seeds), first=len(self.bound_windows) == 1, cold=True)
-                    at = time.monotonic()
+                if replayed is not None and replayed is not True:
+                    return replayed
+                if replayed is True:
+                    continue
+            # Private copies, read before the window as the files were: a child that will not
+            # stop gets the write inside it (ask), and a first touch of a map's pages there costs.
+            values = self.bench.bound_inputs(plan, k, self.inputs, self.lane, self.inbox.set_bytes) if self.inbox else None
+            reply, ms = self.ask_bound(k, bound_seeds, f"bound block {k}", values)
+            at = self.spent("timing_bounds", at)
+            if len(reply.outputs) != len(bound_seeds):
+                return Verdict.protocol_error, f"bound block {k}: {len(reply.outputs)} outputs for {len(bound_seeds)}"
+            self.bound_windows.append(Window(ms, len(bound_seeds), self.load))
+            if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
+                return problem
+            at = self.spent("timing_checks", at)
+            if self.bench.device == "cpu":
+                beside.eager_block(self, len(bound_seeds), first=len(self.bound_windows) == 1, cold=True)
+                at = time.monotonic()
         return None
 
     def ask_bound(self, index: int, seeds: list[int], what: str, values: list[np.ndarray] | None) -> tuple[P.BoundDone, float]:
