@@ -332,13 +332,8 @@ class Reference:
                 result["compile_error"] = one_line(exc)
                 self.drop_compiled(_size_key(job["size"]))
         floors = bandwidth_floor(self.device, clock, result["input_bytes"])  # where the inputs sit
-        floors |= compute_floor(self.device, clock, lambda: m32(*inputs))
-        # The reference did this arithmetic itself: no rate below its own is the best (the cpu's
-        # 384-wide matmuls, or a busy core, read slower than a 512-wide task's own eager calls).
         own = min(t["p25_ms"] for t in (result["eager"], result.get("compiled")) if t)
-        if floors["compute_floor_ms"] and 0 < own < floors["compute_floor_ms"]:
-            floors |= {"compute_floor_ms": own, "flops_per_s": floors["flops"] / own * 1e3}
-        send(result | floors)
+        send(result | floors | compute_floor(self.device, clock, lambda: m32(*inputs), own_ms=own))
 
     def _time(self, model, module, seeds: list[int], clock: Clock, warmup: int) -> dict[str, float]:
         """The candidate's protocol exactly (pipeline.child.timing.time_blocks), with as many calls as the
