@@ -221,6 +221,18 @@ def load_unfit(reason: str | None) -> bool:
     return bool(reason) and reason.startswith("the cpu was loaded")
 
 
+def unmeasured(per_call: list[float]) -> str | None:
+    """Why a cpu timing says nothing of its calls: half or more of its Bound requests took no longer
+    than the calibration's fastest null request (net 0), so its median is 0. That is the protocol's
+    noise around calls of a few microseconds (docs/decisions/cpu-timing.md), not a time the calls
+    could have: no figure, rather than a refusal as impossible. Else None."""
+    empty = sum(x <= 0 for x in per_call)
+    if not per_call or 2 * empty < len(per_call):
+        return None
+    return (f"the calls are too short to time on this cpu: {empty} of {len(per_call)} Bound requests "
+            f"took no longer than a null request")
+
+
 def loaded(evidence: Evidence, device: str) -> str | None:
     """Why an evaluation's timing is unfit for the load on its cpu (POLICY.loaded_share); else None."""
     if device != "cpu" or evidence.load_share < POLICY.loaded_share:

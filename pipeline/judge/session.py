@@ -374,7 +374,8 @@ class Session:
     def cpu_clock(self) -> tuple[Verdict, str] | None:
         """On the cpu the parent's clock is the only one: each Bound request's window less what other
         processes took of it and less the calibration's fastest null request, per call
-        (clocks.net_per_call). The child's own times are not read. Then the floors, and the load."""
+        (clocks.net_per_call). The child's own times are not read. A median of 0 is no figure
+        (clocks.unmeasured); then the floors, and the load."""
         bench, windows = self.bench, self.bound_windows
         per_call = clocks.net_per_call(self.calibration, windows, "cpu", self.settings.cpu_threads)
         self.evidence = clocks.Evidence(per_call, [], clocks.load_share(windows + self.calibration))
@@ -382,6 +383,9 @@ class Session:
             return Verdict.protocol_error, "no Bound request was timed"
         self.estimate = statistics.median(per_call)
         self.cpu_times = [[x] * w.calls for x, w in zip(per_call, windows)]
+        self.load_unfit = clocks.unmeasured(per_call)
+        if self.load_unfit:
+            return None
         if (why := bench.below_floor(self.estimate, self.lane)):
             return Verdict.impossible_timing, why
         self.load_unfit = clocks.loaded(self.evidence, bench.device)
