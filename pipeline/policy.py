@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 class Policy(BaseModel):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
 
-    version: str = "4"
+    version: str = "5"
     """Stored with each attempt; bumped with any change below."""
 
     # ---- the plan: how many calls, in what requests -----------------------------------------------
@@ -47,8 +47,6 @@ class Policy(BaseModel):
     ahead_bytes: int = 256 << 20
     """An attempt's expected values and inbox sets computed before its child starts, at most: made
     between the child's requests, on its cores, they slowed its calls."""
-    shape_blocks: int = 3
-    """Timed blocks per held-out size, each followed by an eager block."""
 
     # ---- the calibration and the clocks -------------------------------------------------------------
     calibration_blocks: dict[str, int] = {"cpu": 15, "cuda": 5}

@@ -235,35 +235,30 @@ class OwnCode(Record):
 
 
 class ShapeRun(Record):
-    """One held-out size after its trial passed: whether the candidate's own kernel ran there, and how
-    fast it was against eager at that size. What the library serves beyond the main size."""
+    """One held-out size after its trial passed: whether the candidate's own kernel ran there. What
+    the library serves beyond the main size. Nothing is timed there (pipeline.judge.shapes)."""
+
+    # Rows judged under policy 4 or before also carry the child's times there (time, wall_ms, eager,
+    # faster): read and dropped, as nothing now uses a time the child measured.
+    model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)
 
     size: str
     """The size's label (as in EvalResult.sizes)."""
     correct: bool
-    """Its trial and a checked call of its timed block matched the reference (the parent's check)."""
+    """Its trial matched the reference (the parent's check)."""
     own_ran: bool | None = None
     """The child's claim, from its profile at this size: under half the call's time in PyTorch's own
     ops (at KernelBench's levels 2 and 3, over 1% in its own code: pipeline.judge.owncode.library_allowed).
     False when the parent found no code of the candidate's own; None: not profiled."""
     torch_fraction: float | None = None
     """The profile's share of the call in PyTorch's ops (the child's claim)."""
-    time: Timing | None = None
-    """The candidate's calls at this size, by the child's clock in the main blocks' protocol (a claim:
-    no Bound requests at this size; the parent's bound was checked at the main size)."""
-    wall_ms: float | None = None
-    """The parent's clock around the timed request, per call: an upper bound (refills and flushes in)."""
-    eager: Timing | None = None
-    """Eager PyTorch at this size, timed by the reference process right after."""
-    faster: bool | None = None
-    """Faster than eager by leaderboard.faster's rule (p75 below eager's median)."""
     error: str | None = None
     """Why it is not served, where a step failed."""
 
     @property
     def served(self) -> bool:
-        """Verified correct, its own kernel ran and faster than eager: the library may use it here."""
-        return self.correct and self.own_ran is True and self.faster is True
+        """Verified correct and its own kernel ran: the library may use it here."""
+        return self.correct and self.own_ran is True
 
 
 class EvalResult(Record):

@@ -1,7 +1,6 @@
-"""An eager block the reference fails (or dies in) at a held-out size costs that size's timing, not
-the attempt. On an H100 batch huber's reference failed there every
-attempt: the EvaluationError left pipeline.judge.evaluate, no attempt was judged or
-stored, and each next attempt waited about 17 s for a new reference process (210 s for eight)."""
+"""Nothing is timed at a held-out size (policy 5, docs/decisions/held-out-sizes.md): a reference
+that dies in any eager block there costs nothing. (Under policy 4 an H100 batch's huber reference
+failed there every attempt, and each next attempt waited about 17 s for a new reference process.)"""
 
 from __future__ import annotations
 
@@ -69,10 +68,9 @@ class ModelNew(nn.Module):
 '''
 
 
-@pytest.mark.parametrize("die", [False, True], ids=["fails", "dies"])
-def test_reference_failing_at_a_held_out_size_keeps_the_attempt(tmp_path, die):
+def test_no_eager_block_is_timed_at_a_held_out_size(tmp_path):
     task_path = tmp_path / "held_out_oom.py"
-    task_path.write_text(TASK.format(die=die))
+    task_path.write_text(TASK.format(die=True))
     code = tmp_path / "candidate.py"
     code.write_text(CANDIDATE)
     build_dir = tmp_path / "build"
@@ -85,9 +83,8 @@ def test_reference_failing_at_a_held_out_size_keeps_the_attempt(tmp_path, die):
     # On the busy 2-core box the floor can refuse this honest call before the held-out sizes (as in
     # test_expected_memfd); what matters is a verdict, not an exception.
     assert result.verdict in (Verdict.correct, Verdict.impossible_timing), result.error
-    if result.verdict is Verdict.correct:
-        assert result.shapes and all("was not timed" in (run.error or "") for run in result.shapes), result.shapes
-        assert not any(run.served for run in result.shapes)
+    if result.verdict is Verdict.correct:  # each held-out size judged, its reference never asked to time there
+        assert len(result.shapes) == 2 and all(run.correct and run.error is None for run in result.shapes), result.shapes
 
 
 def test_a_reference_that_fails_while_starting_is_not_left_running(monkeypatch):

@@ -284,9 +284,9 @@ def test_honest_cpp_kernel_is_correct_and_unflagged(bench, honest_build):
     assert result.verdict is V.correct, describe(result)
     assert result.flags == [], describe(result)
     assert result.own_code.holds_own is True and "mse(at::Tensor, at::Tensor)" in result.own_code.functions
-    # Every held-out size is recorded with the child's profile and times on both sides.
+    # Every held-out size is recorded with the child's profile, and served (nothing is timed there).
     assert len(result.shapes) == len(result.sizes) - 1 and all(s.correct and s.own_ran for s in result.shapes)
-    assert all(s.time and s.eager and s.faster is not None for s in result.shapes), result.shapes
+    assert all(s.served for s in result.shapes), result.shapes
     if not no_figure(result):  # a figure, unless the cpu stayed too loaded through the retries
         assert result.speedup_eager is not None and result.speedup_eager > 0
         assert result.floor_fraction is not None and 0 < result.floor_fraction < 1

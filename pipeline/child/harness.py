@@ -289,14 +289,8 @@ class Evaluator:
     def timed(self, req: P.Timed) -> P.TimedDone:
         import torch
 
-        model, module = self.at(req.size)
-        if module is self.main:
-            sets = self.block_sets(min(len(req.seeds), timing.input_sets(tasks.input_bytes(self.block_sets(1)[0]),
-                                                                                self.device)))
-        else:  # a held-out size (pipeline.judge.shapes): sets of its own, for this request only
-            first = tasks.make_inputs(module, 0, "base", self.device)
-            count = min(len(req.seeds), timing.input_sets(tasks.input_bytes(first), self.device))
-            sets = [first] + [tasks.make_inputs(module, 0, "base", self.device) for _ in range(count - 1)]
+        model, module = self.model, self.main
+        sets = self.block_sets(min(len(req.seeds), timing.input_sets(tasks.input_bytes(self.block_sets(1)[0]), self.device)))
         headers: list[P.OutputHeader] = []
         with torch.no_grad():
             times = timing.time_blocks(self.clock, lambda x: model(*x), sets, len(req.seeds),

@@ -117,8 +117,6 @@ class Timed(Message):
     op: Literal["timed"] = "timed"
     index: int
     seeds: list[int]
-    size: str | dict[str, Any] | None = None
-    """A held-out size to time at (the ModelNew built for it); None: the main size."""
 
 
 class Bound(Message):

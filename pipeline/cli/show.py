@@ -164,10 +164,7 @@ def own_code_lines(result) -> list[str]:
         if run.own_ran is not None and not (own is not None and own.holds_own is False):
             ran += " (the child's claim"
             ran += f", {run.torch_fraction:.0%} in PyTorch)" if run.torch_fraction is not None else ")"
-        speed = (f"{run.time.median_ms:.4g} ms (p75 {run.time.p75_ms:.4g}, child's clock) against eager "
-                 f"{run.eager.median_ms:.4g} ms: {'faster' if run.faster else 'not faster'}" if run.time and run.eager
-                 else "not timed")
         served = "served by the library" if run.served else "the reference there"
-        lines.append(f"size {run.size}: {'correct' if run.correct else 'wrong'}; {ran}; {speed}; {served}"
+        lines.append(f"size {run.size}: {'correct' if run.correct else 'wrong'}; {ran}; {served}"
                      + (f" ({run.error})" if run.error else ""))
     return lines

@@ -110,10 +110,10 @@ def reference_pair(session: Any, calls: int, first: bool, cold: bool = False) ->
     return list(blocks[0]["times_ms"]), (None if blocks[0].get("compiled_ms") is None else list(blocks[0]["compiled_ms"]))
 
 
-def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=None, cold: bool = False) -> list[float] | None:
-    """One block timed by the reference process (eager, or torch.compile of the same model), at
-    the main size or `size`; None when it reports the block failed."""
-    msgs = _time_block(session, calls, first, compiled=compiled, size=size, cold=cold)
+def reference_block(session: Any, calls: int, first: bool, compiled: bool, cold: bool = False) -> list[float] | None:
+    """One block timed by the reference process (eager, or torch.compile of the same model); None
+    when it reports the block failed."""
+    msgs = _time_block(session, calls, first, compiled=compiled, cold=cold)
     if (failed := [m for m in msgs if m.get("event") == "block_failed"]):
         session.block_error = failed[0].get("error")
         return None
@@ -123,12 +123,11 @@ def reference_block(session: Any, calls: int, first: bool, compiled: bool, size=
     return [t for m in msgs if m.get("event") == "block" for t in m["times_ms"]]
 
 
-def _time_block(session: Any, calls: int, first: bool, compiled: bool, size=None, pair: bool = False,
+def _time_block(session: Any, calls: int, first: bool, compiled: bool, pair: bool = False,
                 cold: bool = False) -> list[dict[str, Any]]:
     """The reference's `time_block` request (Reference.time_block) with fresh seeds: its messages."""
     bench = session.bench
-    return bench.request({"op": "time_block", "size": bench.size if size is None else size,
-                          "held_out": size is not None, "init_seed": session.plan.init_seed, "cold": cold,
+    return bench.request({"op": "time_block", "size": bench.size, "init_seed": session.plan.init_seed, "cold": cold,
                           "seeds": [_seed() for _ in range(calls)], "compiled": compiled, "pair": pair,
                           "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, session.lane)
 

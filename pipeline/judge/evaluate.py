@@ -34,7 +34,7 @@ from ..child.timing import BLOCK
 from ..config import EvalConfig
 from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
-from . import clocks, health, owncode, shapes
+from . import clocks, health, owncode
 from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
 from .session import Session
 from ..policy import POLICY
@@ -52,7 +52,6 @@ class AttemptPlan:
     checked: dict[str, dict[str, Any]]  # expected-output key -> {size, seed, variant}
     inbox: bool = False  # Bound inputs come from the parent (their reference specs ask for "inputs")
     size: str | dict[str, Any] = ""  # the main size, at which every timed and bound call runs
-    shape_timed: dict[int, list[list[int]]] = field(default_factory=dict)  # held-out trial -> its blocks' seeds
     # cuda: each Bound request replays CUDA graphs (pipeline.child.replays) this many times,
     # with its digests' seed, and the replays whose digests are checked, chosen in secret.
     replays: int = 0
@@ -99,9 +98,7 @@ class AttemptPlan:
                     if f"bound{b}_{j}" not in checked]
             for key, seed in rng.sample(rest, min(max(0, POLICY.checked_timed - len(bounds)), len(rest))):
                 checked[key] = {"size": bench.size, "seed": seed, "variant": "base"}
-        shape_timed, shape_checked = shapes.draw(trials, bench.size, calls)
-        checked.update(shape_checked)
-        plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size, shape_timed)
+        plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size)
         # float64 values (the output and, in gradient mode, gradients of the inputs' size) of every
         # checked call, and the inbox's sets: ahead where small and known (specs).
         # (Gradients, of the inputs' size, only in gradient mode: counted in forward mode too, a small
@@ -324,7 +321,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         mark = time.monotonic()
         main = expected["trial0"]
         slot_values = max(e.numel for e in expected.values())
-        slots = max(3, *(len(b) for b in plan.timed + plan.bounds + [s for x in plan.shape_timed.values() for s in x]))
+        slots = max(3, *(len(b) for b in plan.timed + plan.bounds))
         set_bytes = {os.fstat(fd).st_size for fd in inputs.values()}
         if plan.inbox and len(set_bytes) != 1:  # inputs whose size changes with the seed: the child fills
             plan.inbox = False

@@ -422,15 +422,9 @@ def main(argv: list[str] | None = None) -> int:
                 times, busy = idle.timed(block) if idle else (block(), None)
                 reply = {"times_ms": times[0], "compiled_ms": times[1]} if pair else {"times_ms": times}
             except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs its ratio, not the run
-                held_out = bool(request.get("held_out"))
-                if not (compiled or held_out or pair):
-                    raise  # eager failing at the main size is the reference's own fault, as it always was
-                if compiled or pair:  # the next attempt compiles anew, as it did before compiles were kept
-                    ref.drop_compiled(_size_key(request["size"]))
-                if held_out:  # a held-out size (pipeline.judge.shapes), e.g. out of memory beside the paused child:
-                    ref.release()  # its flag goes unmeasured; the attempt and this process go on
-                    if ref.device.startswith("cuda"):
-                        torch.cuda.empty_cache()
+                if not (compiled or pair):
+                    raise  # eager failing is the reference's own fault, as it always was
+                ref.drop_compiled(_size_key(request["size"]))  # the next attempt compiles anew
                 reply = {"error": one_line(exc)}
                 if pair:  # torch.compile failed beside eager: eager alone (were it eager, it raises again here)
                     times, busy = idle.timed(lambda: block(False)) if idle else (block(False), None)

@@ -242,7 +242,7 @@ class Session:
         for trial in plan.trials[len(main):]:
             try:
                 shape_results.append(self.trial(trial))
-                if shape_results[-1].ok:  # whose code ran there, and how fast (pipeline.judge.shapes)
+                if shape_results[-1].ok:  # whose code ran there (pipeline.judge.shapes)
                     shape_runs.append(shapes.held_out(self, trial, shape_results[-1], interpreted))
             except Ended as ended:  # a kernel that fails at another size is flagged, not rejected
                 error = ended.result.error if ended.result else f"no result at {trial.size}"
@@ -250,8 +250,6 @@ class Session:
                                                  verdict=ended.result.verdict if ended.result else Verdict.crashed,
                                                  error=error))
                 break
-        if any(run.eager for run in shape_runs):  # the reference frees what the held-out blocks kept
-            bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
         self.mark("other_sizes")
         self.child.send(P.Finish())
         sizes = [bench.size_name] + [t.variant.split("@", 1)[1] for t in shape_results if t.ok]

@@ -5,8 +5,8 @@
 
 The envelope is what the evaluator actually exercised: the device kind, the input dtypes and the
 shapes at the size the attempt was run at, and at each held-out size where the kernel was verified
-correct, its own kernel ran (the child's profile, pipeline.judge.shapes) and it was measured faster than
-eager (`served`). The library runs a kernel only inside it; the export writes it to manifest.json.
+correct and its own kernel ran (the child's profile, pipeline.judge.shapes): `served`. Its speed is
+verified at the timed size alone. The library runs a kernel only inside it; the export writes it to manifest.json.
 """
 
 from __future__ import annotations
@@ -214,8 +214,8 @@ def passed_shape_trials(result) -> bool:
 
 def served_inputs(task: tasks.TaskFile, result) -> dict[str, list[InputSpec]]:
     """The inputs at each held-out size the attempt may be served at (records.ShapeRun.served):
-    correct there, its own kernel ran, faster than eager. Rows from before these were measured have
-    none, so their kernels run at their timed size alone."""
+    correct there and its own kernel ran. Rows from before these were recorded have none, so their
+    kernels run at their timed size alone."""
     served = {}
     for run in result.shapes:
         if run.served and Flag.shape_specialized not in result.flags:
