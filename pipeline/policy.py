@@ -22,9 +22,9 @@ class Policy(BaseModel):
     has no timed blocks, Bound calls: one of each request, then more up to this many)."""
     bound_requests: int = 5
     """Bound requests an attempt makes at least (a GPU's estimate is the fastest of them)."""
-    cpu_bound_requests: int = 12
+    cpu_bound_requests: int = 8
     """On the cpu, Bound requests where the inputs fit ahead: short requests fit between a loaded
-    box's preemptions often enough."""
+    box's preemptions often enough (12 until policy 5: docs/decisions/cpu-timing.md)."""
     cpu_short_ms: float = 4.0
     """On the cpu, where eager takes under this a call, a Bound request holds a timed block's calls
     (or more), else one: a long call is its own request's measure."""
@@ -49,9 +49,10 @@ class Policy(BaseModel):
     between the child's requests, on its cores, they slowed its calls."""
 
     # ---- the calibration and the clocks -------------------------------------------------------------
-    calibration_blocks: dict[str, int] = {"cpu": 15, "cuda": 5}
-    """Null-model Bound requests before the import. Fifteen on the cpu, where about half can stall
-    1.5-2 ms in gradient mode; five on a GPU (a sixth of an attempt's start-up in a batch)."""
+    calibration_blocks: dict[str, int] = {"cpu": 10, "cuda": 5}
+    """Null-model Bound requests before the import. Ten on the cpu, where about half can stall
+    1.5-2 ms in gradient mode (all ten about once in a thousand); five on a GPU (a sixth of an
+    attempt's start-up in a batch)."""
     cold_calibration_ms: float = 50.0
     """On the cpu each null request follows a cold eager block, as each of the candidate's requests
     does, where such a block takes at most this (and five null requests where it takes more)."""

@@ -440,9 +440,10 @@ def test_spares_ahead_wait_on_their_own_cores_and_move_to_the_lane(bench, honest
 
 def test_forged_time_blocks_gains_nothing(bench, tmp_path):
     """Right answers, but the harness's Clock rebound to report 10% of each call's real time: on the cpu
-    the time recorded is the parent's window around Bound requests, so the forged claims move nothing."""
+    the time recorded is the parent's window around Bound requests, and the child's Clock is never
+    asked at all (no timed blocks, nothing timed at held-out sizes), so the forgery moves nothing."""
     result = run(bench, "forged_time_blocks.py", "mse", tmp_path)
-    assert real_ms(result) is not None, f"the patched time_call never ran: {describe(result)}"
+    assert real_ms(result) is None, f"the child's clock was asked on the cpu: {describe(result)}"
     gains_nothing(result)
 
 
@@ -485,24 +486,22 @@ def test_patching_the_clock_class_changes_nothing_the_harness_calls(bench, tmp_p
 def test_work_done_while_inputs_are_built_is_held_to_the_parents_bound(bench, tmp_path):
     """The candidate computes each answer inside tasks.refill_inputs, outside the timed call, and
     spins to just above the floor in it. On the cpu the times recorded are the Bound requests' calls,
-    whose inputs come through the inbox, never refilled: there the work is done in the call, and the
-    recorded time is within 1.3x of it. (Against the timed blocks it once read 0.40-0.56
-    of the parent's estimate, an unearned speedup up to 1.8x.)"""
+    whose inputs come through the inbox, never refilled (and the child refills nothing else: no timed
+    blocks, nothing timed at held-out sizes): the hook never runs, the work is done in the call and
+    counted. (Against the timed blocks it once read 0.40-0.56 of the parent's estimate.)"""
     result = run(bench, "replay_input_hook.py", "mse", tmp_path)
-    real = real_ms(result)
-    assert real is not None, f"the refill hook never ran: {describe(result)}"
-    print(f"{result.verdict.value}: recorded {result.time_ms} ms, the work cost {real:.4g} ms, the parent's "
-          f"estimate {result.wall_ms_per_call} ms")
-    assert_time_earned(result, real)
+    assert real_ms(result) is None, f"the child refilled a timed set on the cpu: {describe(result)}"
+    assert_time_earned(result)
+    gains_nothing(result)
 
 
 def test_patched_clock_instance_is_caught(bench, tmp_path):
     """Once a known gap: the live Clock found through gc and its time_call rebound to report 30%.
-    The parent's Bound requests, on fresh values and under its own clock, bound the time."""
+    On the cpu that Clock is never asked (the parent's windows are the only clock there)."""
     result = run(bench, "clock_instance_patch.py", "mse", tmp_path)
-    real = real_ms(result)
-    assert real is not None, f"the patched time_call never ran: {describe(result)}"
-    assert_time_earned(result, real)
+    assert real_ms(result) is None, f"the child's clock was asked on the cpu: {describe(result)}"
+    assert_time_earned(result)
+    gains_nothing(result)
 
 
 # ---- the child's files: links, FIFOs, giants ----------------------------------------------------
@@ -768,8 +767,8 @@ _SPIN = "import os, sys\nos.sched_setaffinity(0, {int(c) for c in sys.argv[1].sp
 
 def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_clock_gains_nothing(bench, tmp_path):
     """Two processes spinning on the very cores the child and eager are held to (sandbox.cpu_cores):
-    the honest fused mse is judged correct every time, faster than eager where it was timed (never
-    refused), and the clock forged to 10% of its work gains nothing (pipeline.judge.clocks.loaded).
+    the honest fused mse is judged correct, faster than eager where it was timed (never refused),
+    and the clock forged to 10% of its work gains nothing (pipeline.judge.clocks.loaded).
     The child gets 300 s, not 60: with the spinners on its
     core, on a CI box shared with other work, loading the task alone once took 60 s."""
     # No re-judging on load (load_retries): the spinners never stop, so each retry would meet them
@@ -783,7 +782,7 @@ def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_cloc
     (tmp_path / "f").mkdir()
     spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, cores]) for _ in range(2)]
     try:
-        honest = [evaluate.evaluate(bench("mse"), code, Path(built.build_dir), settings) for _ in range(2)]
+        honest = [evaluate.evaluate(bench("mse"), code, Path(built.build_dir), settings)]
         forged = run(bench, "forged_time_blocks.py", "mse", tmp_path / "f", settings)
     finally:
         for p in spinners:
