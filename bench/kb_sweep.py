@@ -3,7 +3,7 @@ and what it found per level. bench/kb_sweep.sh runs it on a GPU machine; tests/t
 runs it on the cpu over tests/kernelbench.
 
     python bench/kb_sweep.py setup CHECKOUT DIR [--backend cuda] [--executor local] [--levels 1 2 3]
-                                     [--db DB] [--size default] [--compile/--no-compile] [--eval KEY=VALUE ...]
+                                     [--problems 1-7 19] [--db DB] [--size default] [--compile/--no-compile] [--eval KEY=VALUE ...]
     python bench/kb_sweep.py summary DB [--json]
 
 `setup` writes DIR/dropin.jsonl, one replay answer per task file of the chosen levels: the file itself
@@ -47,7 +47,8 @@ def setup(args: argparse.Namespace) -> int:
     evaluation = {"compile_baseline": args.compile, **dict(kv.split("=", 1) for kv in args.eval)}
     config = {
         "models": [{"name": "dropin", "provider": "replay", "replay_file": str(out / "dropin.jsonl")}],
-        "tasks": {"kernelbench": str(Path(args.checkout).resolve()), "levels": args.levels, "size": args.size},
+        "tasks": {"kernelbench": str(Path(args.checkout).resolve()), "levels": args.levels, "size": args.size,
+                  **({"problems": args.problems} if args.problems else {})},
         "prompts_dir": str(ROOT / "prompts"), "samples": 1, "backend": args.backend, "executor": args.executor,
         "database": str(Path(args.db).resolve()) if args.db else str(out / "sweep.db"),
         "generated_dir": str(out / "generated"), "build_dir": str(out / "builds"),
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--ray-address", default=None)
     s.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3])
     s.add_argument("--size", default="default")
+    s.add_argument("--problems", nargs="*", default=None, help="problem ids or ranges (1-7) of every chosen level")
     s.add_argument("--db", default=None)
     s.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     s.add_argument("--eval", nargs="*", default=[], metavar="KEY=VALUE", help="evaluation settings (YAML values)")

@@ -18,7 +18,8 @@
 #           copies it to $OUT/kb-sweep.db (DB's name), also when RUN_LIMIT cuts the run short; copy that
 #           file to db/ before the next call and carry it.
 #
-# Settings (environment): KB (checkout, default kb), LEVELS (default "1 2 3"), EXECUTOR (local | ray),
+# Settings (environment): KB (checkout, default kb), LEVELS (default "1 2 3"), PROBLEMS (ids or ranges of
+# every chosen level, e.g. "1-7"; default all), EXECUTOR (local | ray),
 # GPUS (CUDA_VISIBLE_DEVICES for the run: "0" for one lane; default every GPU), DB (default
 # db/kb-sweep.db; another name for a throughput pass apart, e.g. GPUS=0 DB=db/kb-one.db),
 # RUN_LIMIT (seconds for `kgen run`, default 480: the call's 600 s less installs, known kernels and the copy),
@@ -49,6 +50,8 @@ known() {  # the known kernels on every GPU: start and end must agree within 2% 
 }
 known start
 extra=(); [ "${COMPILE:-1}" = 1 ] || extra+=(--no-compile)
+# shellcheck disable=SC2206
+[ -z "${PROBLEMS:-}" ] || extra+=(--problems $PROBLEMS)
 # shellcheck disable=SC2086
 python3 bench/kb_sweep.py setup "$KB" sweep --backend cuda --executor "$EXECUTOR" --levels $LEVELS \
   --db "$DB" "${extra[@]}" --eval ${EVAL:-} || exit 1

@@ -185,6 +185,7 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
     refused as impossible_timing. Either way it gains nothing."""
     task, code, settings = _mse_setup(tmp_path, (Path(__file__).parent / "redteam" / "slow_the_eager_side.py").read_text(),
                                       timed_calls=48, timed_ms=60)
+    settings = settings.model_copy(update={"load_retries": 0})  # its own spinners are the load: a retry meets them again
     bench = prepare(task, "small", "cpu", settings)
     try:
         result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
