@@ -340,10 +340,11 @@ def test_a_replayed_calls_digest_in_gradient_mode_is_the_references(task):
     from pipeline.child import replays
     from pipeline.child.grad import ForwardBackward, Grads
     from pipeline.judge import judge
+    from pipeline.judge import refproto as R
     from pipeline.judge.reference import Reference
 
     found = tasks.discover(ROOT / "reference_tasks", [task])[0]
-    ref = Reference({"task_path": str(found.path), "device": "cpu", "grad": True, "dtype": "float32"})
+    ref = Reference(R.Start(task_path=str(found.path), device="cpu", grad=True))
     module = tasks.load_module(found, "small", "float32")
     child = ForwardBackward(tasks.make_model(module, module.Model, 7, "cpu"), 7)
     seeds, digest_seed, factor_seed = [11, 12, 13], 99, 1234

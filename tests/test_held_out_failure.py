@@ -105,7 +105,7 @@ def test_a_reference_that_fails_while_starting_is_not_left_running(monkeypatch):
         started.append(child)
         return child
 
-    def receive(self):
+    def receive(self, parse):
         raise ValueError("filedescriptor out of range in select()")
 
     monkeypatch.setattr(sandbox, "start", start)

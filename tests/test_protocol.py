@@ -235,10 +235,11 @@ def test_pytorchs_own_float32_gradient_is_not_refused_where_it_reads_near_the_to
     import numpy as np
 
     from pipeline.child import tasks
+    from pipeline.judge import refproto as R
     from pipeline.judge.reference import Reference, _parts
 
     task_path = Path(__file__).resolve().parent.parent / "reference_tasks" / "triplet.py"
-    ref = Reference({"task_path": str(task_path), "device": "cpu", "grad": True, "dtype": "float32"})
+    ref = Reference(R.Start(task_path=str(task_path), device="cpu", grad=True))
     meta = ref.expected("small", 0, 79, "needle")
     want = judge.Expected(meta["shape"], meta["numel"], meta["ref_dtype"], meta["values_fd"], meta["fp32_rel_err"],
                           meta["parts"], meta["rel_errs"], meta["dtypes"], meta["own_errs"])
@@ -372,7 +373,7 @@ def test_an_output_compared_in_chunks_on_several_threads_is_judged_as_in_one_pie
     makes the output non-finite."""
     import numpy as np
 
-    from pipeline.judge.handover import sealed_memfd
+    from pipeline.judge.refproto import sealed_memfd
 
     monkeypatch.setattr(judge, "CHUNK", 1000)
     monkeypatch.setattr(judge, "PIECE", 300)
@@ -432,10 +433,11 @@ def test_a_described_call_has_the_checked_call_s_layout_and_no_values(task, grad
     checked call's, part by part, and it hands over no values."""
     from pathlib import Path
 
+    from pipeline.judge import refproto as R
     from pipeline.judge.reference import Reference
 
     task_path = Path(__file__).resolve().parent.parent / "reference_tasks" / f"{task}.py"
-    ref = Reference({"task_path": str(task_path), "device": "cpu", "grad": grad, "dtype": "float32"})
+    ref = Reference(R.Start(task_path=str(task_path), device="cpu", grad=grad))
     described = ref.expected("small", 0, 5, "base", values=False)
     full = ref.expected("small", 0, 5, "base")
     os.close(full.pop("values_fd"))

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from pipeline.child import tasks
+from pipeline.judge import refproto as R
 from pipeline.judge.compiling import stateless as _stateless
 from pipeline.judge.reference import Reference, _as64, _parts
 
@@ -67,7 +68,7 @@ def get_init_inputs():
 
 
 def _reference(path: Path) -> Reference:
-    return Reference({"task_path": str(path), "device": "cpu", "grad": False, "dtype": "float32"})
+    return Reference(R.Start(task_path=str(path), device="cpu"))
 
 
 def test_a_model_without_weights_and_its_compile_are_kept_across_attempts():
@@ -156,12 +157,11 @@ def test_a_torch_compile_that_failed_is_not_kept_for_the_next_attempt(tmp_path):
     before compiles were kept; kept, a failure once would have been every attempt's."""
     path = tmp_path / "uncompilable.py"
     path.write_text(UNCOMPILABLE)
-    ref = Reference({"task_path": str(path), "device": "cpu", "grad": False, "dtype": "float32", "size": "default",
-                     "init_seed": 1, "baseline_seeds": [1, 2, 3, 4], "warmup": 1, "timed_ms": 1, "timed_calls": 4,
-                     "max_timed_calls": 4, "compile_baseline": True})
+    ref = Reference(R.Start(task_path=str(path), device="cpu"))
     sent = []
-    ref.baselines(sent.append)
-    assert sent[0]["compile_error"] and "compiled" not in sent[0], sent[0]
+    ref.baselines(R.MeasureBaselines(size="default", init_seed=1, baseline_seeds=[1, 2, 3, 4], warmup=1, timed_ms=1,
+                                     timed_calls=4, max_timed_calls=4, compile_baseline=True), sent.append)
+    assert sent[0].baselines.compile_error and sent[0].baselines.compiled is None, sent[0]
     key = json.dumps("default")
     assert ref.kept[key].compiled is None and key not in ref.compiled
     _, m32, _ = ref.models_for("default", 2)
@@ -224,16 +224,15 @@ def test_a_paired_block_whose_torch_compile_fails_is_timed_eager_alone(tmp_path)
         bench = open_bench(tasks.load_file(path), "small" if compiles else "default", "cpu", settings)
         try:
             for first in (True, False):
-                msgs = bench.request({"op": "time_block", "size": bench.size, "held_out": False, "init_seed": 3,
-                                      "seeds": [11, 12, 13, 14, 15], "compiled": False, "pair": True,
-                                      "warmup": 1 if first else 0}, 120)
-                blocks = [m for m in msgs if m.get("event") == "block"]
-                assert len(blocks) == 1 and not [m for m in msgs if m.get("event") == "block_failed"], msgs
-                assert len(blocks[0]["times_ms"]) == 5 and min(blocks[0]["times_ms"]) > 0
+                msgs = bench.request(R.TimeBlock(size=bench.size, init_seed=3, seeds=[11, 12, 13, 14, 15], pair=True,
+                                                 warmup=1 if first else 0), 120)
+                blocks = [m for m in msgs if isinstance(m, R.Block)]
+                assert len(blocks) == 1 and not [m for m in msgs if isinstance(m, R.BlockFailed)], msgs
+                assert len(blocks[0].times_ms) == 5 and min(blocks[0].times_ms) > 0
                 if compiles:
-                    assert len(blocks[0]["compiled_ms"]) == 5 and min(blocks[0]["compiled_ms"]) > 0
-                    assert not blocks[0].get("compile_error")
+                    assert len(blocks[0].compiled_ms) == 5 and min(blocks[0].compiled_ms) > 0
+                    assert not blocks[0].compile_error
                 else:
-                    assert blocks[0]["compiled_ms"] is None and blocks[0]["compile_error"], blocks[0]
+                    assert blocks[0].compiled_ms is None and blocks[0].compile_error, blocks[0]
         finally:
             bench.close()

@@ -15,9 +15,8 @@ import pytest
 from pipeline.child import tasks
 from pipeline.child.timing import calls_for
 from pipeline.config import EvalConfig, cache_root
-from pipeline.judge import clocks, evaluate
+from pipeline.judge import clocks, evaluate, refproto as R
 from pipeline.judge.bench import open_bench, prepare
-from pipeline.judge.handover import close_all
 from pipeline.policy import POLICY
 from pipeline.records import Verdict
 
@@ -191,9 +190,9 @@ def test_a_candidate_cannot_slow_the_eager_side(tmp_path):
         result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
         # Eager alone again, now the candidate is gone: the slower of this and the baseline is the one
         # to hold the eager beside it to (a busy box slows every side at its own moments).
-        msgs = bench.request({"op": "time_block", "size": bench.size, "init_seed": 1, "seeds": list(range(48)),
-                              "warmup": settings.warmup_calls}, settings.timeout_s)
-        after = statistics.median(t for m in msgs if m.get("event") == "block" for t in m["times_ms"])
+        msgs = bench.request(R.TimeBlock(size=bench.size, init_seed=1, seeds=list(range(48)), warmup=settings.warmup_calls),
+                             settings.timeout_s)
+        after = statistics.median(t for m in msgs if isinstance(m, R.Block) for t in m.times_ms)
     finally:
         bench.close()
     alone = max(bench.baselines.eager.median_ms, after)
@@ -254,22 +253,22 @@ def test_the_reference_warms_its_compiler_beside_expect_and_keeps_inductors_head
     ~/.cache/kgen, once rewrote a header between the two processes."""
     monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / "cache"))
     task, _, settings = _mse_setup(tmp_path, MSE_IN_TORCH, compile_baseline=True)
-    spec = {"key": "a", "size": "small", "seed": 7, "variant": "base"}
+    spec = R.Spec(key="a", size="small", seed=7, variant="base")
     seen: list[dict[Path, int]] = []
     for process in range(2):
         bench = open_bench(task, "small", "cpu", settings)
         try:
             started = time.monotonic()
-            found = bench.request({"op": "expect", "init_seed": 3, "specs": [spec]}, 120)
+            found = bench.request(R.Expect(init_seed=3, specs=[spec]), 120)
             expect_s = time.monotonic() - started
-            close_all(found)
-            settled = [m for m in bench.request({"op": "settle"}, 120) if m.get("event") == "settled"]
+            R.close_all(found)
+            settled = [m for m in bench.request(R.Settle(), 120) if isinstance(m, R.Settled)]
         finally:
             bench.close()
-        assert [m["key"] for m in found if m.get("event") == "expected"] == ["a"]
-        assert len(settled) == 1 and settled[0]["error"] is None, settled
-        print(f"reference {process}: expect answered in {expect_s:.2f} s, warm-up {settled[0]['warm_s']} s")
-        assert settled[0]["warm_s"] > expect_s and settled[0]["waited_s"] > 0
+        assert [m.key for m in found if isinstance(m, R.ExpectedCall)] == ["a"]
+        assert len(settled) == 1 and settled[0].error is None, settled
+        print(f"reference {process}: expect answered in {expect_s:.2f} s, warm-up {settled[0].warm_s} s")
+        assert settled[0].warm_s > expect_s and settled[0].waited_s > 0
         headers = (cache_root() / "reference-tmp").glob("torchinductor_*/precompiled_headers/*.gch")
         seen.append({h: h.stat().st_mtime_ns for h in headers})
     assert seen[0] and seen[1] == seen[0]  # the second process reused the header the first left
@@ -394,15 +393,13 @@ def test_a_memfd_is_sealed_once_the_kernel_stops_answering_busy():
     import mmap
     import threading
 
-    from pipeline.judge import handover
-
     fd = os.memfd_create("kgen-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.write(fd, b"x" * 4096)
         held = mmap.mmap(fd, 4096)
         timer = threading.Timer(0.2, held.close)
         timer.start()
-        handover._seal(fd)
+        R._seal(fd)
         timer.join()
         assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE
     finally:
@@ -412,7 +409,7 @@ def test_a_memfd_is_sealed_once_the_kernel_stops_answering_busy():
         os.write(fd, b"x" * 4096)
         held = mmap.mmap(fd, 4096)
         with pytest.raises(OSError) as refused:
-            handover._seal(fd)
+            R._seal(fd)
         assert refused.value.errno == errno.EBUSY
     finally:
         held.close()

@@ -23,8 +23,8 @@ from .. import backends, sandbox
 from ..child import memory, sizes, tasks
 from ..child.timing import TIMING_VERSION, calls_for
 from ..config import EvalConfig, cache_root
-from ..records import Baselines, EvalResult, Timing, Verdict
-from . import handover, health
+from ..records import Baselines, EvalResult, Verdict
+from . import health, refproto as R
 from .judge import Expected, mapped
 
 REFERENCE = f"{__package__}.reference"  # the reference process's module (python -m), beside this one
@@ -46,7 +46,7 @@ class Secrets:
     plan: Any
     expected: dict[str, Expected]
     inputs: dict[str, int]
-    digests: dict[str, dict[str, Any]]
+    digests: dict[str, R.Digest]
 
     def copy(self) -> Secrets:
         """The same draw with descriptors of its own, which the attempt closes as it checks them."""
@@ -145,7 +145,7 @@ class TaskBench:
         ref = self.references.get(key)
         if ref is not None and ref.proc.poll() is None:
             return ref
-        ours, theirs = handover.pair()  # its expected values come as memfds over this socket
+        ours, theirs = R.pair()  # its expected values come as memfds over this socket
         # On the cpu pinned to the cores the candidate's child gets (sandbox.cpu_cores): both sides
         # of a speedup run on the same cores.
         pinned = {"KGEN_CORES": sandbox.cpu_cores(self.settings.cpu_threads)} if self.device == "cpu" else {}
@@ -161,44 +161,47 @@ class TaskBench:
         try:
             # spread_cores: where its `expect` may run on the cpu (every core of ours: nothing is timed
             # then, pipeline.judge.reference._spread); its timing stays on the pinned cores.
-            ref.send({"task_path": str(self.task.path.resolve()), "device": self.device,
-                      "threads": self.settings.cpu_threads, "dtype": self.settings.dtype, "grad": self.settings.grad,
-                      "warm_compiler": self.settings.compile_baseline, "off_lane": self.early,
-                      "spread_cores": sorted(os.sched_getaffinity(0)) if self.device == "cpu" else None})
-            ready = ref.receive()
+            ref.send(R.Start(task_path=str(self.task.path.resolve()), device=self.device, threads=self.settings.cpu_threads,
+                             dtype=self.settings.dtype, grad=self.settings.grad, warm_compiler=self.settings.compile_baseline,
+                             off_lane=self.early, spread_cores=sorted(os.sched_getaffinity(0)) if self.device == "cpu" else None))
+            ready, why = _event(ref)
         except BaseException:
             # Not yet one of self.references, so close() would not find it: a reference left running
             # here kept its task's inputs on the GPU, and the next children ran out of memory there.
             ref.kill()
             ref.finish(grace=0.1)
             raise
-        if not ready or ready.get("event") != "ready":
+        if not isinstance(ready, R.Ready):
             _, log = ref.finish()
-            raise EvaluationError(f"task {self.task.name}: reference process failed to start: {_tail(log)}")
-        self.env = {k: ready[k] for k in ("device_name", "torch_version", "cuda_version")}
+            raise EvaluationError(f"task {self.task.name}: reference process failed to start: {why}{_tail(log)}")
+        self.env = ready.model_dump(exclude={"event"})
         self.references[key] = ref
         return ref
 
-    def request(self, message: dict[str, Any], timeout: float, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-        """Send the lane's reference one request; its messages up to `done`."""
+    def request(self, message: R.Request, timeout: float, env: dict[str, str] | None = None) -> list[R.Event]:
+        """Send the lane's reference one request; its events up to Done. One that dies, runs out of
+        time, sends a line that is no event or not the descriptors it names has failed: EvaluationError."""
         ref = self._reference(env)
         ref.deadline = time.monotonic() + timeout
         ref.send(message)
-        out = []
-        while (msg := ref.receive()) is not None and msg.get("event") != "done":
-            out.append(msg)
-            if msg.get("fds"):
+        out: list[R.Event] = []
+        while True:
+            event, why = _event(ref)
+            if event is None or isinstance(event, R.Done):
+                break
+            out.append(event)
+            if isinstance(event, R.ExpectedCall) and event.fds:
                 try:
-                    msg["_fds"] = handover.take(ref.handover, msg["fds"])
-                except OSError:
+                    event.take(ref.handover)
+                except OSError as exc:
                     ref.kill()
-                    msg = None
+                    event, why = None, f"{exc}: "
                     break
-        if msg is None:
-            handover.close_all(out)
+        if event is None:
+            R.close_all(out)
             _, log = ref.finish()
             self.references.pop(self._key(env), None)
-            raise EvaluationError(f"task {self.task.name}: reference process failed on {message['op']}: {_tail(log)}")
+            raise EvaluationError(f"task {self.task.name}: reference process failed on {message.op}: {why}{_tail(log)}")
         return out
 
     def floor_now(self, env: dict[str, str] | None = None) -> Baselines:
@@ -207,11 +210,11 @@ class TaskBench:
         above what an honest kernel reaches in a quiet moment, and refuses it (docs/decisions/cpu-timing.md)."""
         b = self.baselines
         flops = (b.flops or 0) if self.settings.compute_floor else 0  # no rate to measure for a floor not checked
-        msgs = self.request({"op": "floor", "input_bytes": b.input_bytes, "flops": flops}, self.settings.timeout_s, env)
-        got = next(m for m in msgs if m.get("event") == "floor")
+        got = next(m for m in self.request(R.Floor(input_bytes=b.input_bytes, flops=flops), self.settings.timeout_s, env)
+                   if isinstance(m, R.Floors))
         for floor, rate in (("floor_ms", "bandwidth_gbs"), ("compute_floor_ms", "flops_per_s")):
-            if got[floor] and got[floor] < (getattr(b, floor) or math.inf):
-                b = b.model_copy(update={floor: got[floor], rate: got[rate]})
+            if getattr(got, floor) and getattr(got, floor) < (getattr(b, floor) or math.inf):
+                b = b.model_copy(update={floor: getattr(got, floor), rate: getattr(got, rate)})
         self.baselines = b
         return b
 
@@ -237,17 +240,16 @@ class TaskBench:
                env: dict[str, str] | None = None) -> tuple[dict[str, Expected], dict[str, int]]:
         """Expected outputs for this attempt's seeds, whole (`"values": False`: their shapes and dtypes
         alone), and the packed inputs the specs ask for (`"inputs": True`): sealed memfds the reference
-        handed over (pipeline.judge.handover), the caller's to close and never to pass on; no file holds them
+        handed over (pipeline.judge.refproto), the caller's to close and never to pass on; no file holds them
         (a child that escaped its sandbox read them there). An attempt asks for one call's values at a
         time, as it checks that call: all of them at once would be tens of copies of a gigabyte output."""
-        msgs = self.request({"op": "expect", "init_seed": init_seed,
-                             "specs": [{"key": k, **v} for k, v in specs.items()]}, self.settings.timeout_s * 2, env)
-        found = [m for m in msgs if m.get("event") == "expected"]
-        return ({m["key"]: Expected(m["shape"], m["numel"], m["ref_dtype"], m.get("_fds", {}).get("values_fd"), m.get("fp32_rel_err"),
-                                    m.get("parts") if self.settings.grad else None, m.get("rel_errs"),
-                                    m.get("dtypes"), m.get("own_errs"))
-                 for m in found if "shape" in m},
-                {m["key"]: m["_fds"]["inputs_fd"] for m in found if "inputs_fd" in m.get("_fds", {})})
+        msgs = self.request(R.Expect(init_seed=init_seed, specs=[R.Spec(key=k, **v) for k, v in specs.items()]),
+                            self.settings.timeout_s * 2, env)
+        found = [m for m in msgs if isinstance(m, R.ExpectedCall)]
+        return ({m.key: Expected(m.shape, m.numel, m.ref_dtype, m.fd("values_fd"), m.fp32_rel_err,
+                                 m.parts if self.settings.grad else None, m.rel_errs, m.dtypes, m.own_errs)
+                 for m in found if m.shape is not None},
+                {m.key: m.fd("inputs_fd") for m in found if m.fd("inputs_fd") is not None})
 
     def expected_for(self, init_seed: int, key: str, spec: dict[str, Any], env: dict[str, str] | None = None) -> Expected:
         """One checked call's expected values (`expect`), the caller's to close."""
@@ -365,7 +367,7 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
     ready_at = time.monotonic()
     cached = usable(cached_baselines(baseline_key(bench)) if cached_baselines else None, settings)
     if cached is None:  # the compiler's warm-up ends first, timed apart (the run's `reference` line)
-        bench.request({"op": "settle"}, settings.timeout_s, env)
+        bench.request(R.Settle(), settings.timeout_s, env)
         bench.phases["settle"] = round(time.monotonic() - ready_at, 2)
         ready_at = time.monotonic()
     if cached is None and watch is not None:
@@ -373,18 +375,18 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
     if cached is not None:
         bench.baselines, bench.cached = Baselines.model_validate_json(cached), True
         if settle:
-            bench.request({"op": "settle"}, settings.timeout_s, env)
+            bench.request(R.Settle(), settings.timeout_s, env)
     else:
         seeds = [_seed() for _ in range(max(settings.timed_calls, settings.max_timed_calls))]
-        msgs = bench.request({"op": "baselines", "size": size, "init_seed": _seed(), "baseline_seeds": seeds,
-                              "warmup": settings.warmup_calls, "compile_baseline": settings.compile_baseline,
-                              "timed_ms": settings.timed_ms, "timed_calls": settings.timed_calls,
-                              "max_timed_calls": settings.max_timed_calls}, settings.timeout_s * 4, env)
-        found = [m for m in msgs if m.get("event") == "baselines"]
+        msgs = bench.request(R.MeasureBaselines(size=size, init_seed=_seed(), baseline_seeds=seeds, warmup=settings.warmup_calls,
+                                                compile_baseline=settings.compile_baseline, timed_ms=settings.timed_ms,
+                                                timed_calls=settings.timed_calls, max_timed_calls=settings.max_timed_calls),
+                             settings.timeout_s * 4, env)
+        found = [m for m in msgs if isinstance(m, R.Measured)]
         if not found:
             bench.close()
             raise EvaluationError(f"task {task.name}: the reference process sent no baselines")
-        bench.baselines = _baselines(found[0])
+        bench.baselines = found[0].baselines
         if watch is not None and bench.suspect is None:
             bench.suspect = watch.check(bench, env)
     b = bench.baselines
@@ -432,12 +434,14 @@ def usable(cached: str | None, settings: EvalConfig) -> str | None:
     return cached if known.compiled is not None or known.compile_error else None
 
 
-def _baselines(msg: dict[str, Any]) -> Baselines:
-    return Baselines(eager=Timing(**msg["eager"]), compiled=Timing(**msg["compiled"]) if "compiled" in msg else None,
-                     floor_ms=msg["floor_ms"], bandwidth_gbs=msg["bandwidth_gbs"], input_bytes=msg["input_bytes"],
-                     eager_plain_ms=msg.get("eager_plain_ms"), compiled_plain_ms=msg.get("compiled_plain_ms"),
-                     compile_error=msg.get("compile_error"), null_ms=msg.get("null_ms"), flops=msg.get("flops"),
-                     flops_per_s=msg.get("flops_per_s"), compute_floor_ms=msg.get("compute_floor_ms"))
+def _event(ref: sandbox.Child) -> tuple[R.Event | None, str]:
+    """The reference's next event; else None and why, where the reference sent a line that is no
+    event (then it is killed: it has failed, as if it had died)."""
+    try:
+        return ref.receive(lambda line: R.parse(R.EVENT, line, "a reply")), ""
+    except R.Unparsed as exc:
+        ref.kill()
+        return None, f"{exc}: "
 
 
 def _tail(log: str, lines: int = 3) -> str:

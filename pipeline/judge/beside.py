@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..child import protocol as P
+from . import refproto as R
 from .bench import EvaluationError, _seed
 from ..records import Verdict
 from .clocks import Window, calibration_offset
@@ -31,7 +32,7 @@ def calibrate(session: Any) -> None:
     calls = len(plan.bounds[0])
     # The reference's compiler warm-up (pipeline.judge.reference.CompilerWarmup) has ended before the
     # calibration, so that it sees the machine the timed blocks will.
-    bench.request({"op": "settle"}, bench.settings.timeout_s, session.lane)
+    bench.request(R.Settle(), bench.settings.timeout_s, session.lane)
     session.part("startup_settle")
     noise = [np.random.default_rng().integers(0, 256, session.inbox.set_bytes, dtype=np.uint8)
              for _ in range(calls)] if session.inbox else None
@@ -102,41 +103,40 @@ def reference_pair(session: Any, calls: int, first: bool, cold: bool = False) ->
     compiled ones or None where torch.compile failed and eager was timed alone (its error kept in
     session.block_error)."""
     msgs = _time_block(session, calls, first, compiled=False, pair=True, cold=cold)
-    blocks = [m for m in msgs if m.get("event") == "block"]
+    blocks = [m for m in msgs if isinstance(m, R.Block)]
     if not blocks:
         raise EvaluationError(f"the reference timed no eager block: {msgs[-1] if msgs else 'no reply'}")
-    _note_busy(session, blocks[0])
-    session.block_error = blocks[0].get("compile_error") or session.block_error
-    return list(blocks[0]["times_ms"]), (None if blocks[0].get("compiled_ms") is None else list(blocks[0]["compiled_ms"]))
+    _note_busy(session, blocks[0].busy)
+    session.block_error = blocks[0].compile_error or session.block_error
+    return list(blocks[0].times_ms), (None if blocks[0].compiled_ms is None else list(blocks[0].compiled_ms))
 
 
 def reference_block(session: Any, calls: int, first: bool, compiled: bool, cold: bool = False) -> list[float] | None:
     """One block timed by the reference process (eager, or torch.compile of the same model); None
     when it reports the block failed."""
     msgs = _time_block(session, calls, first, compiled=compiled, cold=cold)
-    if (failed := [m for m in msgs if m.get("event") == "block_failed"]):
-        session.block_error = failed[0].get("error")
+    if (failed := [m for m in msgs if isinstance(m, R.BlockFailed)]):
+        session.block_error = failed[0].error
         return None
-    for m in msgs:
-        if m.get("event") == "block":
-            _note_busy(session, m)
-    return [t for m in msgs if m.get("event") == "block" for t in m["times_ms"]]
+    blocks = [m for m in msgs if isinstance(m, R.Block)]
+    for m in blocks:
+        _note_busy(session, m.busy)
+    return [t for m in blocks for t in m.times_ms]
 
 
 def _time_block(session: Any, calls: int, first: bool, compiled: bool, pair: bool = False,
-                cold: bool = False) -> list[dict[str, Any]]:
-    """The reference's `time_block` request (Reference.time_block) with fresh seeds: its messages."""
+                cold: bool = False) -> list[R.Event]:
+    """The reference's TimeBlock request (Reference.time_block) with fresh seeds: its events."""
     bench = session.bench
-    return bench.request({"op": "time_block", "size": bench.size, "init_seed": session.plan.init_seed, "cold": cold,
-                          "seeds": [_seed() for _ in range(calls)], "compiled": compiled, "pair": pair,
-                          "warmup": bench.settings.warmup_calls if first else 0}, bench.settings.timeout_s, session.lane)
+    return bench.request(R.TimeBlock(size=bench.size, init_seed=session.plan.init_seed, cold=cold,
+                                     seeds=[_seed() for _ in range(calls)], compiled=compiled, pair=pair,
+                                     warmup=bench.settings.warmup_calls if first else 0), bench.settings.timeout_s, session.lane)
 
 
-def _note_busy(session: Any, message: dict[str, Any]) -> None:
+def _note_busy(session: Any, busy: R.Busy | None) -> None:
     """A block the reference timed on a GPU still busy after a wait and a re-timing: the attempt is
     refused for it (IdleProbe)."""
-    busy = message.get("busy")
-    if busy and "after_ms" in busy:
+    if busy and busy.after_ms is not None:
         session.device_busy = _busy("timed", busy)
 
 
@@ -147,17 +147,17 @@ def null_play(session: Any, calls: int, pause: bool) -> float | None:
     the import that is work the candidate left running, and the attempt is refused for it."""
     with session.child.paused() if pause else contextlib.nullcontext():
         bench = session.bench
-        msgs = bench.request({"op": "null_play", "size": bench.size, "n_seeds": calls, "replays": session.plan.replays,
-                              "out_shape": session.out_shape}, bench.settings.timeout_s, session.lane)
-    played = [m for m in msgs if m.get("event") == "null_played"]
+        msgs = bench.request(R.NullPlay(size=bench.size, n_seeds=calls, replays=session.plan.replays,
+                                        out_shape=session.out_shape), bench.settings.timeout_s, session.lane)
+    played = [m for m in msgs if isinstance(m, R.NullPlayed)]
     if not played:
         return None
-    busy = played[0].get("busy")
-    if busy and "after_ms" in busy:
+    busy = played[0].busy
+    if busy and busy.after_ms is not None:
         if pause:
             session.device_busy = _busy("replayed its null model", busy)
         return None
-    return float(played[0]["ms"])
+    return played[0].ms
 
 
 def replayed(session: Any, k: int, seeds: list[int]) -> tuple[Verdict, str] | bool | None:
@@ -179,10 +179,10 @@ def replayed(session: Any, k: int, seeds: list[int]) -> tuple[Verdict, str] | bo
         want = session.digests.get(f"bound{k}@{r}")
         if want is None:
             return Verdict.protocol_error, f"no reference digest for bound block {k}, replay {r}"
-        if not digest_ok(reply.digests[r], want["digest"], want["scale"], session.bench.tolerance,
+        if not digest_ok(reply.digests[r], want.digest, want.scale, session.bench.tolerance,
                          session.bench.settings.dtype, session.expected.get("trial0")):
             return (Verdict.mismatch, f"bound block {k}, replayed call {r}: its digest {reply.digests[r]:.6g} is not "
-                    f"the reference's {want['digest']:.6g}: the work of a call was skipped or wrong")
+                    f"the reference's {want.digest:.6g}: the work of a call was skipped or wrong")
     session.replay_windows.append(Window(ms, plan.replays))
     session.null_windows.append(null_play(session, len(seeds), pause=True))
     if session.device_busy:
@@ -191,11 +191,11 @@ def replayed(session: Any, k: int, seeds: list[int]) -> tuple[Verdict, str] | bo
     return True
 
 
-def _busy(doing: str, busy: dict[str, Any]) -> str:
+def _busy(doing: str, busy: R.Busy) -> str:
     """Why an attempt is refused where the reference's idle probe (pipeline.judge.health.IdleProbe)
     found the GPU busy after a wait and a re-timing, the child stopped."""
-    return (f"the GPU ran other work while the reference {doing} (a probe took {busy['after_ms']:.3f} ms, "
-            f"{busy['idle_ms']:.3f} idle), after a wait and a re-timing: work the candidate left running")
+    return (f"the GPU ran other work while the reference {doing} (a probe took {busy.after_ms:.3f} ms, "
+            f"{busy.idle_ms:.3f} idle), after a wait and a re-timing: work the candidate left running")
 
 
 def paired_terms(calibration: list[Window], null_calibration: list[float | None], windows: list[Window],

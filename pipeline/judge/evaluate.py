@@ -34,7 +34,7 @@ from ..child.timing import BLOCK
 from ..config import EvalConfig
 from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
-from . import clocks, health, owncode
+from . import clocks, health, owncode, refproto as R
 from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
 from .session import Session
 from ..policy import POLICY
@@ -119,10 +119,10 @@ class AttemptPlan:
                                   for _ in bounds]
         return plan
 
-    def digest_items(self) -> list[dict[str, Any]]:
+    def digest_items(self) -> list[R.DigestItem]:
         """The replayed Bound calls whose digests the reference computes (pipeline.child.replays)."""
-        return [{"key": f"bound{b}@{r}", "seeds": self.bounds[b], "replay": r, "digest_seed": self.digest_seeds[b],
-                 "factor_seed": self.factor_seeds[b]} for b, checks in enumerate(self.replay_checks) for r in checks]
+        return [R.DigestItem(key=f"bound{b}@{r}", seeds=self.bounds[b], replay=r, digest_seed=self.digest_seeds[b],
+                             factor_seed=self.factor_seeds[b]) for b, checks in enumerate(self.replay_checks) for r in checks]
 
     def specs(self) -> dict[str, dict[str, Any]]:
         """What the reference computes before the child starts. Where an attempt's expected values and
@@ -268,9 +268,9 @@ def _secrets(bench: TaskBench, lane_env: dict[str, str] | None, before: dict[str
     before["expect"] = round(time.monotonic() - mark, 3)
     mark = time.monotonic()
     try:
-        secrets.digests = {m["key"]: m for m in bench.request(
-            {"op": "digests", "size": bench.size, "init_seed": plan.init_seed, "items": plan.digest_items()},
-            timeout_s, lane_env) if m.get("event") == "digest"} if plan.replays else {}
+        secrets.digests = {m.key: m for m in bench.request(
+            R.Digests(size=bench.size, init_seed=plan.init_seed, items=plan.digest_items()),
+            timeout_s, lane_env) if isinstance(m, R.Digest)} if plan.replays else {}
     except BaseException:
         secrets.close()
         raise

@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from ..policy import POLICY
+from . import refproto as R
 
 # Measured by this code on healthy machines (docs/decisions/gpu-timing.md): the figure a model's first check of
 # a run is held to, so a device already sick when the run begins is caught too.
@@ -81,15 +82,15 @@ class Watch:
     def check(self, bench: Any, env: dict[str, str] | None) -> str | None:
         """Probe the lane's device through `bench`'s reference process; why it is unfit, or None."""
         try:
-            msgs = bench.request({"op": "health"}, 120, env)
+            msgs = bench.request(R.CheckHealth(), 120, env)
         except RuntimeError as exc:  # the reference process died on its device (EvaluationError)
             return self._record(None, f"the reference process failed its health check: {str(exc)[-300:]}")
-        found = [m for m in msgs if m.get("event") == "health"]
+        found = [m for m in msgs if isinstance(m, R.HealthFigures)]
         if not found:
             return self._record(None, "the reference process sent no health figures")
         if self.uuid is None:
             self.uuid = _uuid(self.lane) or ""
-        probe = Probe(bandwidth_gbs=found[0]["bandwidth_gbs"], hold_ms=found[0].get("hold_ms"),
+        probe = Probe(bandwidth_gbs=found[0].bandwidth_gbs, hold_ms=found[0].hold_ms,
                       others=foreign_compute_processes(self.uuid), throttle=throttled(self.uuid))
         reason = unfit_reason(probe, self.start, bench.env.get("device_name", ""))
         if reason is None and self.start is None:

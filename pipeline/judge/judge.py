@@ -32,7 +32,7 @@ COMPARE_THREADS = max(1, min(8, len(os.sched_getaffinity(0))))
 @dataclass(frozen=True)
 class Expected:
     """The reference's output for one call: metadata, and its full float64 values in a sealed memfd
-    (pipeline.judge.handover.sealed_memfd) that only the parent holds, fetched as that call is checked and
+    (pipeline.judge.refproto.sealed_memfd) that only the parent holds, fetched as that call is checked and
     closed once it has been (pipeline.judge.session.Session.fetch); `fd` is None where only the metadata
     was asked for (an attempt's shapes, before its child starts)."""
 

@@ -8,9 +8,9 @@ attempt's own seeds, its expected values: all in one `expect` where they are sma
 of the outputs' shapes and one per checked call (pipeline.judge.evaluate.AttemptPlan.specs). Where
 torch.compile is timed, a thread warms the compiler up at start (CompilerWarmup) while the process
 serves `expect`; every op that times anything, and `settle`, waits for it first. Expected outputs
-go, in full and as float64, into sealed memfds handed to the parent over a Unix socket
-(pipeline.judge.handover); the parent compares them with the candidate's outputs, which this process
-never sees."""
+go, in full and as float64, into sealed memfds handed to the parent over a Unix socket; requests,
+events and memfds are pipeline.judge.refproto's. The parent compares the values with the candidate's
+outputs, which this process never sees."""
 
 from __future__ import annotations
 
@@ -35,9 +35,8 @@ from ..child.protocol import write_line
 from ..child.timing import (BLOCK, Clock, ColdPool, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
                             measure_bandwidth, plain_ms, summarize_blocks, time_blocks, time_cold, time_sides)
 from ..sandbox import pin_all
-from . import clocks
+from . import clocks, refproto as R
 from .compiling import CompilerWarmup, Kept, one_line, stateless
-from .handover import give, sealed_memfd
 from .health import IdleProbe, cpu_name
 from .judge import PIECE  # _errs's step, the comparison's: its float64 temporaries stay in cache
 
@@ -96,13 +95,12 @@ def _described(out: torch.Tensor, parts: list[tuple[str, torch.Tensor]]) -> dict
 
 
 class Reference:
-    def __init__(self, job: dict[str, Any]):
-        self.job = job
-        self.device = job["device"]
-        self.task = tasks.load_file(Path(job["task_path"]))
+    def __init__(self, start: R.Start):
+        self.device = start.device
+        self.task = tasks.load_file(Path(start.task_path))
         self.models: dict[str, tuple[Any, Any]] = {}
-        self.grad = bool(job.get("grad"))  # a call is forward plus backward (pipeline.child.grad)
-        self.dtype = job.get("dtype") or "float32"  # the run's dtype: inputs and weights cast to it
+        self.grad = start.grad  # a call is forward plus backward (pipeline.child.grad)
+        self.dtype = start.dtype  # the run's dtype: inputs and weights cast to it
         self.init_seed: int | None = None
         self.sets: list[list[Any]] | None = None  # an attempt's eager blocks' input sets
         self.sets_size = ""  # the size they are of
@@ -187,7 +185,7 @@ class Reference:
         inputs = tasks.make_inputs(module, seed, variant, self.device)
         meta: dict[str, Any] = {}
         if pack_inputs:
-            meta["inputs_fd"] = sealed_memfd("kgen-inputs", pack_set(inputs))
+            meta["inputs_fd"] = R.sealed_memfd("kgen-inputs", pack_set(inputs))
         if not output:
             return meta
         if not values:
@@ -217,7 +215,7 @@ class Reference:
         errs, own = map(list, zip(*(_errs(a, b) for (_, a), (_, b) in zip(parts32, parts))))
         described = {**_described(out32, parts32), "fp32_rel_err": errs[0], "rel_errs": errs, "own_errs": own}
         del out32, parts32
-        meta["values_fd"] = sealed_memfd("kgen-expected", *(
+        meta["values_fd"] = R.sealed_memfd("kgen-expected", *(
             t.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy() for _, t in parts))
         return {**meta, **described}
 
@@ -307,44 +305,43 @@ class Reference:
         """Free what an attempt's blocks kept (models, compiled models, input sets, the clock's buffers)."""
         self.models, self.compiled, self.sets, self.clock, self.warmed = {}, {}, None, None, set()
 
-    def baselines(self, send) -> None:
-        job = self.job
-        module, m32, _ = self.models_for(job["size"], job["init_seed"])
+    def baselines(self, request: R.MeasureBaselines, send) -> None:
+        module, m32, _ = self.models_for(request.size, request.init_seed)
         clock = Clock(self.device)
-        seeds = job["baseline_seeds"]
-        inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
-        result: dict[str, Any] = {"event": "baselines", "input_bytes": tasks.input_bytes(inputs)}
-        result["eager"] = self._time(m32, module, seeds, clock, job["warmup"])
+        inputs = tasks.make_inputs(module, request.baseline_seeds[0], "base", self.device)
+        result: dict[str, Any] = {"input_bytes": tasks.input_bytes(inputs)}
+        result["eager"] = self._time(m32, module, request, clock, request.warmup)
         if not self.grad:
-            result["null_ms"] = self._null_ms(clock, job["timed_calls"])
+            result["null_ms"] = self._null_ms(clock, request.timed_calls)
         cuda = self.device.startswith("cuda")
         if cuda:
             with torch.no_grad():
                 result["eager_plain_ms"] = plain_ms(lambda: m32(*inputs))
-        if job.get("compile_baseline"):
+        if request.compile_baseline:
             try:
-                compiled = self.compiled_for(_size_key(job["size"]), m32)
-                result["compiled"] = self._time(compiled, module, seeds, clock, job["warmup"] + 2)
+                compiled = self.compiled_for(_size_key(request.size), m32)
+                result["compiled"] = self._time(compiled, module, request, clock, request.warmup + 2)
                 if cuda:
                     with torch.no_grad():
                         result["compiled_plain_ms"] = plain_ms(lambda: compiled(*inputs))
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
                 result["compile_error"] = one_line(exc)
-                self.drop_compiled(_size_key(job["size"]))
+                self.drop_compiled(_size_key(request.size))
         floors = bandwidth_floor(self.device, clock, result["input_bytes"])  # where the inputs sit
         own = min(t["p25_ms"] for t in (result["eager"], result.get("compiled")) if t)
-        send(result | floors | compute_floor(self.device, clock, lambda: m32(*inputs), own_ms=own))
+        result |= compute_floor(self.device, clock, lambda: m32(*inputs), own_ms=own)
+        send(R.Measured(baselines=result | floors))
 
-    def _time(self, model, module, seeds: list[int], clock: Clock, warmup: int) -> dict[str, float]:
+    def _time(self, model, module, request: R.MeasureBaselines, clock: Clock, warmup: int) -> dict[str, float]:
         """The candidate's protocol exactly (pipeline.child.timing.time_blocks), with as many calls as the
         same rule gives a candidate this fast (timing.calls_for)."""
+        seeds = request.baseline_seeds
         inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
         with torch.no_grad():
             for _ in range(warmup):
                 model(*inputs)
-            job = self.job
-            count = calls_for(clock.block_ms(lambda: model(*inputs), 3) / 3, job["timed_ms"], job["timed_calls"],
-                              min(job["max_timed_calls"], len(seeds)))
+            count = calls_for(clock.block_ms(lambda: model(*inputs), 3) / 3, request.timed_ms, request.timed_calls,
+                              min(request.max_timed_calls, len(seeds)))
             times = self._blocks([model], module, tasks.block_sets(module, inputs, self.device), seeds, count, clock)[0]
         return summarize_blocks(times)
 
@@ -363,7 +360,7 @@ class Reference:
                           lambda x, seed: tasks.redraw_inputs(x, module, seed, self.device))
 
 
-BESIDE_WARMUP = ("expect", "digests", "release")  # may run while the compiler warms up: none times anything
+BESIDE_WARMUP = (R.Expect, R.Digests, R.Release)  # may run while the compiler warms up: none times anything
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,102 +371,104 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # a killed kgen must not leave this process holding the GPU
     fd = args.result_fd
     handover = socket.socket(fileno=args.fd_socket) if args.fd_socket is not None else None
-    job = json.loads(sys.stdin.readline())
-    if job["device"].startswith("cuda"):
-        if not job.get("off_lane"):  # off its lane: no GPU work until it is moved there (TaskBench.early)
+    start = R.parse(R.Start, sys.stdin.readline(), "a start line")
+    cuda = start.device.startswith("cuda")
+    if cuda:
+        if not start.off_lane:  # off its lane: no GPU work until it is moved there (TaskBench.early)
             torch.cuda.init()
-    elif job.get("threads"):
-        torch.set_num_threads(job["threads"])  # the candidate's child times with the same count
+    elif start.threads:
+        torch.set_num_threads(start.threads)  # the candidate's child times with the same count
 
-    def send(message: dict[str, Any]) -> None:
-        write_line(fd, json.dumps(message))
+    def send(event: R.Message) -> None:
+        write_line(fd, R.EVENT.dump_json(event).decode())
 
-    ref = Reference(job)  # job: task_path, device, threads, and the run's dtype and gradient mode
+    ref = Reference(start)
     idle: IdleProbe | None = None  # made at the first block or null_play, before any candidate has run
-    warming = (CompilerWarmup(job["device"], bool(job.get("grad")), bool(job.get("off_lane")))
-               if job.get("warm_compiler") else None)
-    warmed: dict[str, Any] = {"warm_s": None, "waited_s": 0.0, "error": None}
-    env = {"device_name": torch.cuda.get_device_name() if job["device"].startswith("cuda") else cpu_name(),
-           "torch_version": torch.__version__, "cuda_version": torch.version.cuda}
-    send({"event": "ready", **env})
+    warming = CompilerWarmup(start.device, start.grad, start.off_lane) if start.warm_compiler else None
+    warmed = R.Settled()
+    send(R.Ready(device_name=torch.cuda.get_device_name() if cuda else cpu_name(), torch_version=torch.__version__,
+                 cuda_version=torch.version.cuda))
     while (line := sys.stdin.readline()).strip():
-        request = json.loads(line)
-        if job["device"].startswith("cuda") and request["op"] in ("baselines", "time_block"):
+        request = R.parse(R.REQUEST, line, "a request")  # none: this process ends, and the parent sees it failed
+        if cuda and isinstance(request, (R.MeasureBaselines, R.TimeBlock)):
             # Started on other cores and moved to its lane's since (executor.LocalExecutor.prepare): as
             # many CPU threads as the lane has cores, like the candidate's child.
             if torch.get_num_threads() != (lane_cores := max(1, len(os.sched_getaffinity(0)))):
                 torch.set_num_threads(lane_cores)
-        if warming is not None and request["op"] not in BESIDE_WARMUP:
-            warmed = warming.join()  # nothing is timed beside the warm-up (nor a child's calibration)
+        if warming is not None and not isinstance(request, BESIDE_WARMUP):
+            warmed = R.Settled(**warming.join())  # nothing is timed beside the warm-up (nor a child's calibration)
             warming = None
-        if request["op"] == "baselines":
-            ref.job.update(request)
-            ref.baselines(send)
+        if isinstance(request, R.MeasureBaselines):
+            ref.baselines(request, send)
             ref.release()  # the compiled model and its caches: this process lives on, idle, for the run
-        elif request["op"] == "health":
+        elif isinstance(request, R.CheckHealth):
             clock = Clock(ref.device)
-            send({"event": "health", "bandwidth_gbs": measure_bandwidth(ref.device, clock),
-                  "hold_ms": hold_ms(clock) if clock.cuda else None})
+            send(R.HealthFigures(bandwidth_gbs=measure_bandwidth(ref.device, clock),
+                                 hold_ms=hold_ms(clock) if clock.cuda else None))
             del clock
-        elif request["op"] == "time_block":
-            compiled, pair, busy = request.get("compiled", False), request.get("pair", False), None
-            idle = idle or (IdleProbe() if ref.device.startswith("cuda") else None)
-
-            def block(pair: bool = pair) -> list[float]:
-                return ref.time_block(request["size"], request["init_seed"], request["seeds"],
-                                      request.get("warmup", 0), compiled, pair, request.get("cold", False))
-            try:
-                times, busy = idle.timed(block) if idle else (block(), None)
-                reply = {"times_ms": times[0], "compiled_ms": times[1]} if pair else {"times_ms": times}
-            except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs its ratio, not the run
-                if not (compiled or pair):
-                    raise  # eager failing is the reference's own fault, as it always was
-                ref.drop_compiled(_size_key(request["size"]))  # the next attempt compiles anew
-                reply = {"error": one_line(exc)}
-                if pair:  # torch.compile failed beside eager: eager alone (were it eager, it raises again here)
-                    times, busy = idle.timed(lambda: block(False)) if idle else (block(False), None)
-                    reply = {"times_ms": times, "compiled_ms": None, "compile_error": reply["error"]}
-            send({"event": "block" if "times_ms" in reply else "block_failed", **reply, "busy": busy})
-        elif request["op"] == "expect":
+        elif isinstance(request, R.TimeBlock):
+            idle = idle or (IdleProbe() if cuda else None)
+            send(_block(ref, request, idle))
+        elif isinstance(request, R.Expect):
             ref.drop_sets()  # a call's float64 forward needs the room more than the next eager block does
-            with _spread(job.get("spread_cores") if ref.device == "cpu" else None):
-                for spec in request["specs"]:
-                    meta = ref.expected(spec["size"], request["init_seed"], spec["seed"], spec["variant"],
-                                        bool(spec.get("inputs")), spec.get("output", True), spec.get("values", True))
+            with _spread(start.spread_cores if ref.device == "cpu" else None):
+                for spec in request.specs:
+                    meta = ref.expected(spec.size, request.init_seed, spec.seed, spec.variant, spec.inputs, spec.output,
+                                        spec.values)
                     fds = {name: meta.pop(name) for name in ("values_fd", "inputs_fd") if name in meta}
                     if fds:  # first: the parent takes them as it reads the line below (a line naming none takes none)
-                        give(handover, list(fds.values()))
-                    send({"event": "expected", "key": spec["key"], "fds": list(fds), **meta})
+                        R.give(handover, list(fds.values()))
+                    send(R.ExpectedCall(key=spec.key, fds=list(fds), **meta))
             ref.release()
-        elif request["op"] == "digests":  # the replayed Bound calls the parent checks (pipeline.child.replays)
-            for item in request["items"]:
-                send({"event": "digest", "key": item["key"],
-                      **ref.digest(request["size"], request["init_seed"], item["seeds"], item["replay"],
-                                   item["digest_seed"], item["factor_seed"])})
+        elif isinstance(request, R.Digests):  # the replayed Bound calls the parent checks (pipeline.child.replays)
+            for item in request.items:
+                send(R.Digest(key=item.key, **ref.digest(request.size, request.init_seed, item.seeds, item.replay,
+                                                         item.digest_seed, item.factor_seed)))
             ref.release()
-        elif request["op"] == "null_play":  # beside a replayed Bound request: the GPU's drift (Reference.null_play)
+        elif isinstance(request, R.NullPlay):  # beside a replayed Bound request: the GPU's drift (Reference.null_play)
             try:
                 idle = idle or IdleProbe()
-                times, busy = idle.timed(lambda: [ref.null_play(request["size"], request["n_seeds"], request["replays"],
-                                                                request["out_shape"])])
-                send({"event": "null_played", "ms": times[0], "busy": busy})
+                times, busy = idle.timed(lambda: [ref.null_play(request.size, request.n_seeds, request.replays,
+                                                                request.out_shape)])
+                send(R.NullPlayed(ms=times[0], busy=busy))
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory beside the paused child: the parent
                 ref.null = None  # falls back to its calibration alone (clocks.net_per_call); empty_cache below
-                send({"event": "null_failed", "error": one_line(exc)})
-        elif request["op"] == "release":
+                send(R.NullFailed(error=one_line(exc)))
+        elif isinstance(request, R.Release):
             ref.release()
             ref.null = None
-        elif request["op"] == "floor":  # the floors again, beside a time below one (TaskBench.floor_now)
-            send({"event": "floor", **floors_again(ref.device, ref.clock, request["input_bytes"], request["flops"])})
-        elif request["op"] == "settle":  # sent before a child's calibration, which must see a quiet machine
-            send({"event": "settled", **warmed})
-        if ref.device.startswith("cuda") and (request["op"] != "null_play" or ref.null is None) and request["op"] != "time_block":
+        elif isinstance(request, R.Floor):  # the floors again, beside a time below one (TaskBench.floor_now)
+            send(R.Floors(**floors_again(ref.device, ref.clock, request.input_bytes, request.flops)))
+        elif isinstance(request, R.Settle):  # sent before a child's calibration, which must see a quiet machine
+            send(warmed)
+        if cuda and not isinstance(request, R.TimeBlock) and (not isinstance(request, R.NullPlay) or ref.null is None):
             # This process stays alive beside every candidate of its task: it keeps no device memory
             # between requests (but an attempt's eager blocks, released when its timing ends), so
             # tasks' references together never starve a candidate.
             torch.cuda.empty_cache()
-        send({"event": "done", "op": request["op"]})
+        send(R.Done(op=request.op))
     return 0
+
+
+def _block(ref: Reference, request: R.TimeBlock, idle: IdleProbe | None) -> R.Block | R.BlockFailed:
+    """A TimeBlock's block, on an idle GPU (IdleProbe) where it is one."""
+    def block(pair: bool = request.pair) -> list[float]:
+        return ref.time_block(request.size, request.init_seed, request.seeds, request.warmup, request.compiled, pair,
+                              request.cold)
+    try:
+        times, busy = idle.timed(block) if idle else (block(), None)
+    except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs its ratio, not the run
+        if not (request.compiled or request.pair):
+            raise  # eager failing is the reference's own fault, as it always was
+        ref.drop_compiled(_size_key(request.size))  # the next attempt compiles anew
+        if not request.pair:
+            return R.BlockFailed(error=one_line(exc))
+        # torch.compile failed beside eager: eager alone (were it eager, it raises again here)
+        times, busy = idle.timed(lambda: block(False)) if idle else (block(False), None)
+        return R.Block(times_ms=times, compile_error=one_line(exc), busy=busy)
+    if request.pair:
+        return R.Block(times_ms=times[0], compiled_ms=times[1], busy=busy)
+    return R.Block(times_ms=times, busy=busy)
 
 
 @contextlib.contextmanager

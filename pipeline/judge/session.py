@@ -21,7 +21,7 @@ from .. import backends
 from ..child import protocol as P
 from ..child import memfd
 from ..records import EvalResult, TrialResult, Verdict
-from . import beside, clocks, judge, owncode, shapes
+from . import beside, clocks, judge, owncode, refproto as R, shapes
 from .bench import Ended, TaskBench, ended_early, lane_of
 from .clocks import Window, pair_ratios, summarize
 from .judge import Expected
@@ -55,7 +55,7 @@ class Session:
         self.replay_calibration, self.replay_windows = [], []
         self.null_calibration, self.null_windows = [], []  # list[float | None] each
         self.out_shape: list[int] = []
-        self.digests: dict[str, dict[str, Any]] = {}
+        self.digests: dict[str, R.Digest] = {}
         self.graph_failed: str | None = None
         self.loose_bound: str | None = None  # why a correct result is kept untrusted (its bound says too little)
         self.bound_note: str | None = None  # how the parent's bound was measured (EvalResult.bound_note)
@@ -328,7 +328,7 @@ class Session:
             if (problem := self.blocks()):
                 return problem
         finally:
-            bench.request({"op": "release"}, bench.settings.timeout_s, self.lane)
+            bench.request(R.Release(), bench.settings.timeout_s, self.lane)
         if bench.device == "cpu":
             return self.cpu_clock()
         paired = False

@@ -25,7 +25,7 @@ from ..child.tasks import TaskFile
 from ..config import Config, EvalConfig
 from ..judge import bench as bench_stage
 from ..judge import evaluate as evaluate_stage
-from ..judge import health
+from ..judge import health, refproto
 from ..records import BuildResult, EvalResult
 from ..sandbox.spares import Spares
 from .lanes import LaneFailed, Lanes
@@ -222,7 +222,7 @@ class LocalExecutor:
                 # the lane, it holds the lane idle for seconds while the batch's first attempts wait
                 # (docs/decisions/spares-and-startup.md).
                 started = time.monotonic()
-                await asyncio.to_thread(bench.request, {"op": "settle"}, settings.timeout_s, started_with)
+                await asyncio.to_thread(bench.request, refproto.Settle(), settings.timeout_s, started_with)
                 waited = round(time.monotonic() - started, 2)
                 bench = await self._on_lane(baselines, key=task.name, discard=_close)
                 bench.phases["settle"] = round(waited + bench.phases.get("settle", 0.0), 2)

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pydantic import BaseModel
+
 from ..child import PACKAGE_ROOT, memfd, protocol
 from . import cgroup, confine
 from .cores import cpu_cores, pin, pin_all  # noqa: F401 - the package's API
@@ -77,14 +79,13 @@ class Child:
     started: float
     deadline: float
     outbox_fd: int | None = None
-    messages: list[dict[str, Any]] = field(default_factory=list)
     timed_out: bool = False
     policy: dict | None = None
     """The jail's policy (pipeline/sandbox/confine.py), None for a process of the parent's side."""
     status_fd: int | None = None
     _confinement: protocol.Confinement | None = None
     handover: Any = None
-    """The reference process's: the parent's end of its socket for memfds (pipeline.judge.handover)."""
+    """The reference process's: the parent's end of its socket for memfds (pipeline.judge.refproto)."""
     room: cgroup.Room | None = None
     """The jailed child's cgroups, removed by `finish`."""
     pidns: int | None = None
@@ -153,28 +154,23 @@ class Child:
                     shutil.copyfile(src, target / rel / file, follow_symlinks=False)
         return str(target)
 
-    def send(self, message: dict[str, Any] | protocol.Message) -> None:
+    def send(self, message: dict[str, Any] | BaseModel) -> None:
         try:
-            text = message.model_dump_json() if isinstance(message, protocol.Message) else json.dumps(message)
+            text = message.model_dump_json() if isinstance(message, BaseModel) else json.dumps(message)
             protocol.write_line(self.proc.stdin.fileno(), text)
         except (BrokenPipeError, OSError):
             pass  # the child died; its exit status tells the story
 
-    def receive(self) -> dict[str, Any] | None:
-        """The next JSON message of a trusted child (the reference process), or None when it closed
-        the pipe or ran out of time."""
+    def receive(self, parse: Callable[[bytes], Any] = json.loads) -> Any:
+        """The next line of a trusted child, `parse`d (the reference process's: pipeline.judge.refproto),
+        or None when it closed the pipe or ran out of time. What `parse` raises goes to the caller."""
         try:
             line = self.reader.line(self.deadline)
         except (TimeoutError, protocol.ProtocolError):
             self.timed_out = True
             self.kill()
             return None
-        if line is None:
-            return None
-        msg = json.loads(line)
-        msg["_at"] = time.monotonic()
-        self.messages.append(msg)
-        return msg
+        return None if line is None else parse(line)
 
     def reply(self, deadline: float | None = None,
               later: Callable[[], float] | None = None) -> tuple[protocol.Message | None, float]:
