@@ -557,3 +557,33 @@ def test_kept_draws_hand_each_attempt_descriptors_of_its_own():
         secrets.close()
     assert held() == set(), "a kept draw's descriptors outlived close()"
 
+
+
+def test_two_slots_are_the_same_byte_for_byte_and_a_changed_value_is_not():
+    """judge.same_values on two outbox slots of one layout compares their bytes (no float64 copies),
+    across chunks; a value changed past the first chunk, or 0.0 turned to -0.0, is a change, and a
+    slot of another dtype is compared by value."""
+    n = judge.CHUNK * 8 // 4 + 1000  # float32 values past one byte chunk
+    outbox = memfd.Outbox(memfd.Outbox.create(n * 8 * 3), n, 3)
+    try:
+        values = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+        values[5] = 0.0
+        for slot in (0, 1):
+            assert outbox.write(slot, values)
+        assert outbox.write(2, values.astype(np.float64))
+
+        def slot(i: int, dtype: str = "float32") -> judge.Slot:
+            return judge.Slot.of(outbox, i, [dtype], [n])
+
+        assert judge.same_values(slot(0), slot(1))
+        assert judge.same_values(slot(0), slot(2, "float64"))  # by value: float32's values widened
+        changed = values.copy()
+        changed[n - 1] += 1.0
+        assert outbox.write(1, changed)
+        assert not judge.same_values(slot(0), slot(1))
+        signed = values.copy()
+        signed[5] = -0.0
+        assert outbox.write(1, signed)
+        assert not judge.same_values(slot(0), slot(1))
+    finally:
+        outbox.close()
