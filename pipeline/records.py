@@ -280,7 +280,7 @@ class EvalResult(Record):
     the call it did itself. On the cpu, and under Triton's interpreter, the part of the call outside
     PyTorch's ops counts as its own (Python's overhead included). None: not profiled, or the profile failed."""
     shapes: list[ShapeRun] = Field(default_factory=list)
-    """Per held-out size whose trial passed: whether the own kernel ran there and how fast."""
+    """Per held-out size whose trial passed: whether the own kernel ran there."""
     error: str | None = None
     """One-line reason for a failure."""
     detail: str | None = None

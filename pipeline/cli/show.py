@@ -145,7 +145,7 @@ def flag_sources(result, flags: list[str]) -> str:
 
 
 def own_code_lines(result) -> list[str]:
-    """The parent's look at the built code, and per held-out size whose code ran and how fast; what
+    """The parent's look at the built code, and per held-out size whose code ran there; what
     rests on the child's word says so."""
     lines = []
     own = result.own_code

@@ -240,8 +240,7 @@ class Reference:
         if self.clock is None:
             self.clock = Clock(self.device)
         with torch.no_grad():
-            # The attempt's first block, or the first at a held-out size (pipeline.judge.shapes): sets of
-            # that size, and the warm-up the candidate had; at least one call after an `expect` released the
+            # The attempt's first block: sets of its size, and the warm-up the candidate had; at least one call after an `expect` released the
             # models (in gradient mode a rebuilt model's first call drew its upstream: 7-11 ms of a 0.5 ms call).
             if self.sets is None or self.sets_size != _size_key(size):
                 self.sets = tasks.block_sets(module, tasks.make_inputs(module, seeds[0], "base", self.device), self.device)

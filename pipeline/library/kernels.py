@@ -82,7 +82,7 @@ class Envelope(_Record):
     """The sizes it was judged correct at: the timed one first, then the held-out shapes it passed."""
     served: dict[str, list[InputSpec]] = {}
     """Held-out sizes it is used at besides `inputs`, with their inputs: each verified correct there,
-    its own kernel ran there (the child's profile) and it was measured faster than eager there."""
+    and its own kernel ran there (the child's profile). Its speed is verified at `inputs` alone."""
 
 
 class KernelEntry(_Record):
