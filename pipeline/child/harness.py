@@ -35,11 +35,9 @@ from .profiling import profile, warm_profiler
 from .timing import Clock
 
 
-SYSTEM_READ, PROC_READ = landlock.SYSTEM_READ, landlock.PROC_READ
-
 
 def proc_paths() -> list[str]:
-    return [f"/proc/{name}" for name in PROC_READ] + [f"/proc/{os.getpid()}"]
+    return [f"/proc/{name}" for name in landlock.PROC_READ] + [f"/proc/{os.getpid()}"]
 
 
 def readable_paths(extra: list[str]) -> list[str]:
@@ -47,7 +45,7 @@ def readable_paths(extra: list[str]) -> list[str]:
     this job; not the project folder itself, where the database lives."""
     ours = str(Path(__file__).resolve().parent.parent)  # the pipeline package (its source is public)
     project = str(Path(ours).parent)
-    paths = [*SYSTEM_READ, *proc_paths(), sys.prefix, sys.base_prefix, sys.exec_prefix, ours, *extra]
+    paths = [*landlock.SYSTEM_READ, *proc_paths(), sys.prefix, sys.base_prefix, sys.exec_prefix, ours, *extra]
     paths += [p for p in sys.path if p and os.path.isdir(p) and os.path.abspath(p) != project]
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):

@@ -15,6 +15,7 @@ candidate is imported.
 from __future__ import annotations
 
 import ctypes
+import enum
 
 import torch
 
@@ -50,8 +51,13 @@ WAIT:
 }
 """
 THREADS = 1024
-_ATTR_NUM_REGS = 4  # CU_FUNC_ATTRIBUTE_NUM_REGS
-_DEV_SM_COUNT, _DEV_THREADS_PER_SM = 16, 39  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ..._MAX_THREADS_PER_MULTIPROCESSOR
+
+
+class _Cu(enum.IntEnum):
+    """The CUDA driver's attribute numbers this file asks for (cuda.h)."""
+    FUNC_ATTRIBUTE_NUM_REGS = 4
+    DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+    DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39
 
 
 class HoldError(RuntimeError):
@@ -77,9 +83,10 @@ class Hold:
         _check(cu.cuModuleGetFunction(ctypes.byref(func), module, b"kgen_hold"), "cuModuleGetFunction")
         dev, sms, slots, per_sm, regs = (ctypes.c_int() for _ in range(5))
         _check(cu.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
-        _check(cu.cuDeviceGetAttribute(ctypes.byref(sms), _DEV_SM_COUNT, dev), "cuDeviceGetAttribute")
-        _check(cu.cuDeviceGetAttribute(ctypes.byref(slots), _DEV_THREADS_PER_SM, dev), "cuDeviceGetAttribute")
-        _check(cu.cuFuncGetAttribute(ctypes.byref(regs), _ATTR_NUM_REGS, func), "cuFuncGetAttribute")
+        _check(cu.cuDeviceGetAttribute(ctypes.byref(sms), _Cu.DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute")
+        _check(cu.cuDeviceGetAttribute(ctypes.byref(slots), _Cu.DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev),
+               "cuDeviceGetAttribute")
+        _check(cu.cuFuncGetAttribute(ctypes.byref(regs), _Cu.FUNC_ATTRIBUTE_NUM_REGS, func), "cuFuncGetAttribute")
         _check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(per_sm), func, THREADS, ctypes.c_size_t(0)),
                "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         if per_sm.value * THREADS < slots.value:

@@ -9,6 +9,7 @@ The parent creates the memfd and seals its size; both sides map it.
 from __future__ import annotations
 
 import ctypes
+import enum
 import fcntl
 import mmap
 import os
@@ -30,7 +31,10 @@ def _address(buffer: mmap.mmap) -> int:
 
 # ---- the outbox --------------------------------------------------------------------------------
 
-FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE = 0x01, 0x02  # linux/falloc.h (Outbox.discard)
+class _Falloc(enum.IntFlag):
+    """fallocate(2)'s modes (FALLOC_FL_*, linux/falloc.h), for Outbox.discard."""
+    KEEP_SIZE = 0x01
+    PUNCH_HOLE = 0x02
 
 
 class Outbox:
@@ -159,7 +163,7 @@ class Outbox:
         offset, length = first * self.slot_values * 8, count * self.slot_values * 8
         libc = ctypes.CDLL(None, use_errno=True)
         libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
-        return length <= 0 or libc.fallocate(self.fd, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE, offset, length) == 0
+        return length <= 0 or libc.fallocate(self.fd, _Falloc.PUNCH_HOLE | _Falloc.KEEP_SIZE, offset, length) == 0
 
     def pin(self) -> bool:
         """Child side, on a GPU: page-lock the slots (cudaHostRegister), so outputs go off the device
@@ -311,7 +315,7 @@ def copy_quick(outbox: Outbox, slot: int, obj: Any) -> tuple | dict[str, Any]:
     header after the calls). Anything else goes through copy_out, which costs several times this a
     call, more after a real call than after the null's, so that an honest small kernel would read well
     under the parent's window and be refused (docs/decisions/cpu-timing.md)."""
-    tensor, grads, strided = _KINDS or _kinds()
+    tensor, grads, strided = _kinds_found or _kinds()
     kind = type(obj)
     if kind is tensor:  # the common case in the fewest steps (a third of the general form's time a call)
         if obj.is_cpu and obj.layout is strided and obj.is_contiguous():
@@ -330,17 +334,17 @@ def copy_quick(outbox: Outbox, slot: int, obj: Any) -> tuple | dict[str, Any]:
     return True, kept
 
 
-_KINDS: tuple | None = None  # (torch.Tensor, Grads, torch.strided), looked up once (copy_quick)
+_kinds_found: tuple | None = None  # (torch.Tensor, Grads, torch.strided), looked up once (copy_quick)
 
 
 def _kinds() -> tuple:
-    global _KINDS
+    global _kinds_found
     import torch
 
     from .grad import Grads
 
-    _KINDS = (torch.Tensor, Grads, torch.strided)
-    return _KINDS
+    _kinds_found = (torch.Tensor, Grads, torch.strided)
+    return _kinds_found
 
 
 def fields_of(kept: tuple | dict[str, Any]) -> dict[str, Any]:

@@ -34,16 +34,13 @@ from ..child.jail import landlock
 from .cgroup import Room
 
 NOBODY = 65534
-# The system and /proc files a child may read (the child's own /proc entry the jail adds).
-SYSTEM_READ, PROC_READ = landlock.SYSTEM_READ, landlock.PROC_READ
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # Folders every process may write that outlive an attempt, and /run, where host services keep their
 # sockets: each child gets fresh, empty ones (but for what it needs beneath them).
 SCRATCH_MASKS = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/var/run")
 # The layers a room must have for a candidate to run in it, where we are root (pipeline.child.jail.jail
-# refuses to start the command otherwise); without root, those a user namespace allows.
-ROOT_LAYERS = ["filesystem", "seccomp", "netns", "ipcns", "utsns", "pidns", "cgroup", "limits"]
-USER_LAYERS = ["filesystem", "seccomp", "netns", "ipcns", "utsns", "pidns", "limits"]
+# refuses to start the command otherwise); without root, all but the cgroup, which needs root.
+LAYERS = ("filesystem", "seccomp", "netns", "ipcns", "utsns", "pidns", "cgroup", "limits")
 
 
 def enabled() -> bool:
@@ -103,7 +100,8 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
     `extra_read`: folders it may read besides Python, the system and its workdir (the fast-build headers);
     `room`: the attempt's cgroups (pipeline.sandbox.cgroup), which the jail joins before it forks;
     `file_bytes`: the largest file it may write; `home_bytes`: the size of its HOME, a tmpfs."""
-    read = [*SYSTEM_READ, *(f"/proc/{n}" for n in PROC_READ), *_python_paths(),
+    # The system and /proc files a child may read (its own /proc entry the jail adds).
+    read = [*landlock.SYSTEM_READ, *(f"/proc/{n}" for n in landlock.PROC_READ), *_python_paths(),
             *(str(Path(PACKAGE_ROOT) / top) for top in top_packages), str(workdir), *extra_read]
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
@@ -135,7 +133,7 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
             "own_proc": "write" if gpu else "read", "unix_sockets": gpu, "cgroups": room.folders if room else [],
             "cgroup_expect": room.expected if room else [], "file_bytes": int(file_bytes),
             "home": str(workdir / "tmp") if uid is not None else None, "home_bytes": int(home_bytes),
-            "require": ROOT_LAYERS if uid is not None else USER_LAYERS}
+            "require": [layer for layer in LAYERS if uid is not None or layer != "cgroup"]}
 
 
 def jail_command(policy: dict, status_fd: int, command: list[str]) -> list[str]:

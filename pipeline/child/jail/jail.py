@@ -38,6 +38,7 @@ the policy requires that cannot be set ends the process (status 126) instead of 
 from __future__ import annotations
 
 import ctypes
+import enum
 import importlib.util
 import json
 import os
@@ -45,19 +46,38 @@ import resource
 import signal
 import sys
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID = 0x04000000, 0x08000000, 0x20000000
-ROOM = CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
-MS_NOEXEC = 0x8
-MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 0x4000, 1 << 18, 0x2, 0x4
-SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429  # the same on x86-64 and arm64
-OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH = 1, 0x8000, 0x4
-AT_FDCWD = -100
-HERE = os.path.dirname(os.path.abspath(__file__))
+class Clone(enum.IntFlag):
+    """Namespace flags of clone(2) and unshare(2)."""
+    NEWNS = 0x00020000
+    NEWUTS = 0x04000000
+    NEWIPC = 0x08000000
+    NEWUSER = 0x10000000
+    NEWPID = 0x20000000
+    NEWNET = 0x40000000
+    ROOM = NEWNET | NEWIPC | NEWUTS | NEWPID  # the room's own namespaces (its mounts: pid 1's, as root)
+
+
+class Mount(enum.IntFlag):
+    """Flags of mount(2) (MS_*)."""
+    NOSUID = 0x2
+    NODEV = 0x4
+    NOEXEC = 0x8
+    REC = 0x4000
+    PRIVATE = 1 << 18
+
+
+class MountApi(enum.IntEnum):
+    """open_tree(2) and move_mount(2): their numbers (the same on x86-64 and arm64) and the values passed."""
+    SYS_OPEN_TREE = 428
+    SYS_MOVE_MOUNT = 429
+    OPEN_TREE_CLONE = 1
+    AT_RECURSIVE = 0x8000
+    MOVE_MOUNT_F_EMPTY_PATH = 0x4
+    AT_FDCWD = -100
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"kgen_jail_{name}", os.path.join(HERE, f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(f"kgen_jail_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -68,8 +88,8 @@ def _unshare_room(libc) -> bool:
     as root directly, else inside a user namespace that maps our own ids and nothing more."""
     uid, gid = os.geteuid(), os.getegid()
     if uid == 0:
-        return libc.unshare(ROOM) == 0
-    if libc.unshare(CLONE_NEWUSER | ROOM) != 0:  # unprivileged user namespaces are off
+        return libc.unshare(Clone.ROOM) == 0
+    if libc.unshare(Clone.NEWUSER | Clone.ROOM) != 0:  # unprivileged user namespaces are off
         return False
     try:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
@@ -87,17 +107,18 @@ def _mask(libc, folder: str, mode: str, keep: list[str]) -> None:
     libc.syscall.restype = ctypes.c_long
     trees = []
     for name in keep:
-        fd = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.path.join(folder, name).encode(),
-                          OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)
+        fd = libc.syscall(MountApi.SYS_OPEN_TREE, MountApi.AT_FDCWD, os.path.join(folder, name).encode(),
+                          MountApi.OPEN_TREE_CLONE | MountApi.AT_RECURSIVE | os.O_CLOEXEC)
         if fd < 0:
             raise OSError(ctypes.get_errno(), f"open_tree {folder}/{name}")
         trees.append((name, fd))
-    if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}".encode()) != 0:
+    if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", Mount.NOSUID | Mount.NODEV, f"mode={mode}".encode()) != 0:
         raise OSError(ctypes.get_errno(), f"tmpfs on {folder}")
     for name, fd in trees:
         target = os.path.join(folder, name)
         os.mkdir(target)
-        if libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH) != 0:
+        if libc.syscall(MountApi.SYS_MOVE_MOUNT, fd, b"", MountApi.AT_FDCWD, target.encode(),
+                        MountApi.MOVE_MOUNT_F_EMPTY_PATH) != 0:
             raise OSError(ctypes.get_errno(), f"move_mount onto {target}")
         os.close(fd)
 
@@ -132,10 +153,10 @@ def mount_room(policy: dict, held: dict) -> dict:
     held["masked"] = []
     held["own_proc"] = False
     if policy.get("masks") and os.geteuid() == 0 and held.get("pidns"):
-        if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        if libc.unshare(Clone.NEWNS) != 0 or libc.mount(b"none", b"/", None, Mount.REC | Mount.PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "a mount namespace")
         if policy.get("own_proc_mount", True):  # /proc of this pid namespace: no host process is listed
-            if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+            if libc.mount(b"proc", b"/proc", b"proc", Mount.NOSUID | Mount.NODEV | Mount.NOEXEC, None) != 0:
                 raise OSError(ctypes.get_errno(), "a /proc of its own")
             held["own_proc"] = True
         for folder, mode, keep in policy["masks"]:
@@ -143,7 +164,7 @@ def mount_room(policy: dict, held: dict) -> dict:
             held["masked"].append(folder)
         if policy.get("home") and policy.get("home_bytes"):
             opts = f"mode=0700,size={int(policy['home_bytes'])},uid={policy.get('uid') or 0},gid={policy.get('uid') or 0}"
-            if libc.mount(b"tmpfs", policy["home"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts.encode()) != 0:
+            if libc.mount(b"tmpfs", policy["home"].encode(), b"tmpfs", Mount.NOSUID | Mount.NODEV, opts.encode()) != 0:
                 raise OSError(ctypes.get_errno(), f"tmpfs on {policy['home']}")
             held["home_tmpfs"] = True
     return held

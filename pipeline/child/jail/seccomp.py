@@ -8,16 +8,19 @@ can load this file before it execs the interpreter, and the harness and the refe
 from __future__ import annotations
 
 import ctypes
+import enum
 import errno
 import os
 import platform
 import signal
+import socket
 import struct  # all imported here: the jail loads this file before its rules can refuse the standard library
 
-PR_SET_PDEATHSIG = 1
-AF_UNIX = 1
-# Namespace flags of clone(2): a process of the candidate's may not make namespaces of its own.
-CLONE_NEW_ANY = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+class _Arg(enum.IntEnum):
+    """Arguments this file passes or the filter checks, by their Linux ABI values."""
+    PR_SET_PDEATHSIG = 1  # prctl's option
+    # Namespace flags of clone(2): a process of the candidate's may not make namespaces of its own.
+    CLONE_NEW_ANY = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
 # What the filter refuses (EPERM unless said), each with why a kernel's child needs none of it:
 REFUSED = {
@@ -59,7 +62,7 @@ def die_with_parent() -> None:
     must leave no reference process or child behind holding a GPU. A parent of pid 1 means it was
     orphaned already, but for pid 2 of a room, whose parent is the room's pid 1 (jail.py)."""
     parent = os.getppid()
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    ctypes.CDLL(None).prctl(_Arg.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent or (parent == 1 and os.getpid() != 2):  # the parent died before the line above
         os._exit(1)
 
@@ -78,7 +81,8 @@ def program(machine: str, unix: bool = False) -> list[tuple[int, int, int, int]]
         (jeq, "nosys", None, nr["clone3"]),
         *((jeq, "deny", None, nr[name]) for name in REFUSED),
     ]
-    checked = [("prctl", jeq, PR_SET_PDEATHSIG), ("clone", jset, CLONE_NEW_ANY)] + ([] if unix else [("socket", jeq, AF_UNIX)])
+    checked = [("prctl", jeq, _Arg.PR_SET_PDEATHSIG), ("clone", jset, _Arg.CLONE_NEW_ANY)]
+    checked += [] if unix else [("socket", jeq, socket.AF_UNIX)]
     for name, op, value in checked:
         code += [(jeq, None, f"after_{name}", nr[name]), (load, None, None, ARG0), (op, "deny", "allow", value)]
     code += [(ret, None, None, 0x7FFF0000),                         # allow: SECCOMP_RET_ALLOW
