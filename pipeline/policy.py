@@ -92,8 +92,14 @@ class Policy(BaseModel):
     """A 1 ms hold that takes over 1.05 ms shares the GPU (or every launch is slowed)."""
     recent_s: float = 3.0
     """A fit check this recent stands for the check before an attempt."""
+    stored_bandwidth: dict[str, float] = {"NVIDIA H100 80GB HBM3": 2995.0}
+    """GB/s measured by the health check on healthy devices of a name (docs/decisions/gpu-timing.md):
+    a run's first check is held to it too, so a device already sick when the run begins is caught."""
 
     # ---- correctness and flags ------------------------------------------------------------------------
+    dtype_eps: dict[str, float] = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
+    """The least relative tolerance a low-precision dtype gets: its machine epsilon. A fixed 1e-4 fails
+    every honest bfloat16 kernel; the rounding of the output alone is up to half an epsilon."""
     ref_err_factor: float = 4.0
     """A low-precision output may be off by this many times PyTorch's own error in that dtype."""
     own_err_cap: float = 10.0
@@ -103,8 +109,45 @@ class Policy(BaseModel):
     no_custom_kernel_fraction: float = 0.5
     """The share of a call in PyTorch's own ops that raises no_custom_kernel."""
     library_own_fraction: float = 0.01
+    library_levels: tuple[int, ...] = (2, 3)
+    """KernelBench's levels where a candidate may keep library operators (a GEMM, a convolution)."""
     """At KernelBench's levels 2 and 3, where a library GEMM or convolution may stay, the share of the
     call its own kernels must do (more than a token launch)."""
+    own_code_files: int = 16
+    """Extension files the parent reads symbols from (the build folder is the candidate's to fill)."""
+    own_code_names: int = 20
+    """Function and kernel names a build's OwnCode keeps of each kind."""
+    tool_s: int = 30
+    """The longest one run of `nm`, `c++filt` or `readelf` over a build's files may take."""
+
+    # ---- the judge's own work: memory, threads, retries ---------------------------------------------
+    compare_chunk: int = 1 << 22
+    """Values a step where an output is compared in pieces (32 MiB of float64 an array)."""
+    compare_piece: int = 1 << 16
+    """Values each chunk is worked through at a time, in the comparison and in the reference's own
+    check: the float64 temporaries (512 KiB each) stay in the core's cache, which whole 4M-value
+    chunks miss, and a gigabyte output's comparison took two to three times as long
+    (docs/decisions/memory-and-outputs.md)."""
+    compare_threads: int = 8
+    """Threads an output's chunks are compared on at most (fewer where the process has fewer cores):
+    each holds about 3 chunk-sized float64 arrays (100 MiB)."""
+    digest_chunk: int = 1 << 22
+    """Values a step where the reference works through a replayed output's float64 digest."""
+    large_sets_bytes: int = 256 << 20
+    """Input sets this large the reference frees before an `expect` (made again when needed), and its
+    cold blocks beside the cpu's Bound requests keep sets only below it; on the cpu, a checked call's
+    inputs up to it stay beside its float64 forward."""
+    discard_slot_bytes: int = 64 << 20
+    """On the cpu, outbox slots this large are given back once judged (Session.discard)."""
+    seal_tries: int = 40
+    """Tries at sealing a memfd while the kernel answers EBUSY (its own memory work holds pages for a
+    moment: one `expect` on the 2-core box went unjudged without them) ..."""
+    seal_pause_s: float = 0.05
+    """... and the pause between them."""
+    log_tail_bytes: int = 200_000
+    """Bytes of a child's log the parent reads, the last ones: nvcc can print megabytes of warnings."""
+    outbox_bytes: int = 1 << 31
+    """A spare child's outbox (virtual: pages cost memory only when the child writes them)."""
 
 
 POLICY = Policy()

@@ -375,8 +375,7 @@ def test_an_output_compared_in_chunks_on_several_threads_is_judged_as_in_one_pie
 
     from pipeline.judge.refproto import sealed_memfd
 
-    monkeypatch.setattr(judge, "CHUNK", 1000)
-    monkeypatch.setattr(judge, "PIECE", 300)
+    monkeypatch.setattr(judge, "POLICY", POLICY.model_copy(update={"compare_chunk": 1000, "compare_piece": 300}))
     rng = np.random.default_rng(0)
     ref = rng.standard_normal(10_000) + 2.0
     fd = sealed_memfd("want", ref.tobytes())
@@ -563,7 +562,7 @@ def test_two_slots_are_the_same_byte_for_byte_and_a_changed_value_is_not():
     """judge.same_values on two outbox slots of one layout compares their bytes (no float64 copies),
     across chunks; a value changed past the first chunk, or 0.0 turned to -0.0, is a change, and a
     slot of another dtype is compared by value."""
-    n = judge.CHUNK * 8 // 4 + 1000  # float32 values past one byte chunk
+    n = POLICY.compare_chunk * 8 // 4 + 1000  # float32 values past one byte chunk
     outbox = memfd.Outbox(memfd.Outbox.create(n * 8 * 3), n, 3)
     try:
         values = np.random.default_rng(0).standard_normal(n).astype(np.float32)

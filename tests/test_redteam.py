@@ -29,6 +29,7 @@ from pipeline import sandbox
 from pipeline.sandbox.spares import Spares
 from pipeline.child import HARNESS, tasks
 from pipeline.config import EvalConfig
+from pipeline.policy import POLICY
 from pipeline.records import EvalResult, Flag, Verdict
 
 from forgers import UNEARNED_X, gains_nothing, load_unfit, no_figure
@@ -572,7 +573,7 @@ def test_log_tricks_at_build_time(tmp_path, name):
                          build.BuildOptions(timeout_s=timeout_s))
     assert time.monotonic() - started < timeout_s
     assert result.ok and not result.timed_out, result.log[-2000:]
-    assert len(result.log) < sandbox.LOG_TAIL + 1000
+    assert len(result.log) < POLICY.log_tail_bytes + 1000
     assert "KGEN-NOTE" in result.log, result.log[-2000:]
 
 

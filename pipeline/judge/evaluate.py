@@ -331,7 +331,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         at = memfd.inbox_offset(slot_values * slots * 8)
         need = at + set_size * sets
         init = P.Init(device=bench.device, profiler=settings.profile)
-        child = spares.take(env, settings.timeout_s) if spares and need <= sandbox.OUTBOX_BYTES else None
+        child = spares.take(env, settings.timeout_s) if spares and need <= POLICY.outbox_bytes else None
         if child is None:
             room = sandbox.Jail(memory_bytes=int(settings.room_memory_gb * (1 << 30)))
             child = sandbox.start(HARNESS, ["eval"], settings.timeout_s, env, outbox=max(need, 8), jail=room)

@@ -7,7 +7,7 @@ bandwidth, and how long a 1 ms hold takes between CUDA events), and the parent l
 for compute processes that are not kgen's and for clocks held down by a hardware or thermal limit.
 The device is fit when the measures agree, within POLICY.bandwidth_tol and POLICY.hold_tol, with what it measured
 when the run began (the first fit check of the lane) and, for a model we have measured, with
-STORED_BANDWIDTH; and nothing else computes on it.
+POLICY.stored_bandwidth; and nothing else computes on it.
 
 An unfit device stops timing: an attempt that starts on it is judged for correctness only, one
 that ran while it went bad keeps its verdict with its timing marked (EvalResult.device_unfit),
@@ -32,9 +32,6 @@ from pydantic import BaseModel
 from ..policy import POLICY
 from . import refproto as R
 
-# Measured by this code on healthy machines (docs/decisions/gpu-timing.md): the figure a model's first check of
-# a run is held to, so a device already sick when the run begins is caught too.
-STORED_BANDWIDTH = {"NVIDIA H100 80GB HBM3": 2995.0}
 # clocks_event_reasons bits that mean the device is slowed by something other than its work: HW
 # slowdown, SW and HW thermal slowdown, HW power brake (nvidia-smi --help-query-gpu).
 THROTTLE_BITS = {0x8: "hardware slowdown", 0x20: "thermal slowdown (software)", 0x40: "thermal slowdown (hardware)",
@@ -63,7 +60,7 @@ def unfit_reason(probe: Probe, start: Probe | None, device_name: str) -> str | N
     if probe.hold_ms is not None and probe.hold_ms > 1.0 * (1 + POLICY.hold_tol):
         return f"a 1 ms hold took {probe.hold_ms:.3f} ms: the GPU is shared or every launch has slowed"
     for figure, where in ((start.bandwidth_gbs if start else None, "when the run began"),
-                          (STORED_BANDWIDTH.get(device_name), f"on a healthy {device_name}")):
+                          (POLICY.stored_bandwidth.get(device_name), f"on a healthy {device_name}")):
         if figure and probe.bandwidth_gbs < figure * (1 - POLICY.bandwidth_tol):
             return f"bandwidth {probe.bandwidth_gbs:.0f} GB/s against {figure:.0f} GB/s {where}"
     return None

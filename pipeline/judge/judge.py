@@ -20,14 +20,6 @@ from ..child.protocol import OutputHeader
 from ..records import TrialResult, Verdict
 from ..policy import POLICY
 
-CHUNK = 1 << 22  # values a step where an output is compared in pieces (32 MiB of float64 an array)
-# Values each chunk is worked through at a time, here and in the reference's own check (reference._errs):
-# the float64 temporaries (512 KiB each) stay in the core's cache, which whole 4M-value chunks miss: a
-# gigabyte output's comparison then takes two to three times as long (docs/decisions/memory-and-outputs.md).
-PIECE = 1 << 16
-# Threads an output's chunks are compared on: each holds about 3 chunk-sized float64 arrays (100 MiB).
-COMPARE_THREADS = max(1, min(8, len(os.sched_getaffinity(0))))
-
 
 @dataclass(frozen=True)
 class Expected:
@@ -74,9 +66,6 @@ def mapped(fd: int, dtype=np.uint8, count: int = -1) -> np.ndarray:
     return np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), dtype=dtype, count=count)
 
 
-# The least relative tolerance a dtype gets: its machine epsilon. A fixed 1e-4 fails every honest
-# bfloat16 kernel; the rounding of the output alone is up to half an epsilon.
-DTYPE_EPS = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
 
 
 def tolerance_for(tol: float, dtype: str, ref_err: float | None, own_err: float | None = None) -> float:
@@ -87,9 +76,9 @@ def tolerance_for(tol: float, dtype: str, ref_err: float | None, own_err: float 
     error in that dtype against float64 (measured per attempt on the same inputs), never below the
     dtype's epsilon. Every comparison is against float64, so a reduction accumulated in the low
     dtype (whose error grows with its length) fails where PyTorch's, accumulated in float32, passes."""
-    if dtype not in DTYPE_EPS:
+    if dtype not in POLICY.dtype_eps:
         return min(max(tol, POLICY.ref_err_factor * (own_err or 0.0)), POLICY.own_err_cap * tol)
-    return max(tol, DTYPE_EPS[dtype], POLICY.ref_err_factor * (ref_err or 0.0))
+    return max(tol, POLICY.dtype_eps[dtype], POLICY.ref_err_factor * (ref_err or 0.0))
 
 
 def fail(verdict: Verdict, error: str, **extra) -> TrialResult:
@@ -134,9 +123,10 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         where = "output" if label == "output" else label
         # Magnitude-aware: relative per element, with the part's mean magnitude as the absolute
         # floor, so zeros never pass against a non-zero reference (KernelBench #165). In chunks of
-        # CHUNK values (whole-part float64 copies would be several times a gigabyte output),
-        # spread over the parent's cores (a 6.4 GB output took minutes on one).
-        chunks = [(i, min(i + CHUNK, part.stop)) for i in part[::CHUNK]]
+        # POLICY.compare_chunk values (whole-part float64 copies would be several times a gigabyte
+        # output), spread over the parent's cores (a 6.4 GB output took minutes on one).
+        step = POLICY.compare_chunk
+        chunks = [(i, min(i + step, part.stop)) for i in part[::step]]
         mean = sum(_spread(lambda c: _abs_sum(b, *c), chunks)) / n if n else 0.0
         stats = _spread(lambda c: _range_stats(got_at, b, *c, mean, part_tol), chunks)
         finite = all(st is not None for st in stats)
@@ -164,16 +154,18 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
 
 
 def _abs_sum(values: np.ndarray, lo: int, hi: int) -> float:
-    """The sum of |values[lo:hi]|, a PIECE at a time."""
-    return sum(float(np.abs(values[i:min(i + PIECE, hi)]).sum()) for i in range(lo, hi, PIECE))
+    """The sum of |values[lo:hi]|, POLICY.compare_piece values at a time."""
+    piece = POLICY.compare_piece
+    return sum(float(np.abs(values[i:min(i + piece, hi)]).sum()) for i in range(lo, hi, piece))
 
 
 def _range_stats(got_at, ref: np.ndarray, lo: int, hi: int, mean: float, tol: float):
-    """_chunk_stats over values lo to hi, a PIECE at a time (got_at(i, j): the output's values i to
-    j), as one: None where one piece holds NaN or Inf; the worst value's index counted from lo."""
-    top_diff, top_mag, worst = 0.0, 0.0, None
-    for i in range(lo, hi, PIECE):
-        j = min(i + PIECE, hi)
+    """_chunk_stats over values lo to hi, POLICY.compare_piece values at a time (got_at(i, j): the
+    output's values i to j), as one: None where one piece holds NaN or Inf; the worst value's index
+    counted from lo."""
+    top_diff, top_mag, worst, piece = 0.0, 0.0, None, POLICY.compare_piece
+    for i in range(lo, hi, piece):
+        j = min(i + piece, hi)
         if (st := _chunk_stats(got_at(i, j), ref[i:j], mean, tol)) is None:
             return None
         top_diff, top_mag = max(top_diff, st[0]), max(top_mag, st[1])
@@ -202,18 +194,19 @@ def _chunk_stats(got: np.ndarray, ref: np.ndarray, mean: float, tol: float):
     return tuple(stats)
 
 
-_POOL: ThreadPoolExecutor | None = None
+_pool: ThreadPoolExecutor | None = None  # started at the first comparison of more than one chunk
 
 
 def _spread(fn, chunks: list) -> list:
-    """fn over the chunks in order, on up to COMPARE_THREADS threads (numpy lets go of the GIL on
+    """fn over the chunks in order, on up to POLICY.compare_threads threads (numpy lets go of the GIL on
     arrays this large); one chunk runs here."""
-    global _POOL
+    global _pool
     if len(chunks) <= 1:
         return [fn(c) for c in chunks]
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(COMPARE_THREADS, thread_name_prefix="kgen-compare")
-    return list(_POOL.map(fn, chunks))
+    if _pool is None:
+        threads = max(1, min(POLICY.compare_threads, len(os.sched_getaffinity(0))))
+        _pool = ThreadPoolExecutor(threads, thread_name_prefix="kgen-compare")
+    return list(_pool.map(fn, chunks))
 
 
 class Slot:
@@ -270,11 +263,12 @@ def same_values(a, b) -> bool:
     if not isinstance(a, Slot) and not isinstance(b, Slot):
         return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
     at = [x.chunk if isinstance(x, Slot) else (lambda i, j, x=x: x.reshape(-1)[i:j]) for x in (a, b)]
-    return all(np.array_equal(at[0](i, i + CHUNK), at[1](i, i + CHUNK), equal_nan=True) for i in range(0, a.size, CHUNK))
+    step = POLICY.compare_chunk
+    return all(np.array_equal(at[0](i, i + step), at[1](i, i + step), equal_nan=True) for i in range(0, a.size, step))
 
 
 def _same_bytes(a: Slot, b: Slot, at_a: int, at_b: int, size: int) -> bool:
-    step = CHUNK * 8
+    step = POLICY.compare_chunk * 8
     for i in range(0, size, step):
         n = min(step, size - i)
         if not np.array_equal(np.frombuffer(a.outbox.map, np.uint8, n, at_a + i), np.frombuffer(b.outbox.map, np.uint8, n, at_b + i)):

@@ -26,10 +26,6 @@ from .. import backends
 from ..records import Flag, OwnCode, ShapeRun, TrialResult
 from ..policy import POLICY
 
-LIBRARY_LEVELS = (2, 3)
-MAX_FILES = 16  # extension files read; a build folder is written by the candidate's build child
-MAX_NAMES = 20
-TOOL_SECONDS = 30
 # The first name of a C++ symbol that is not the candidate's: pybind11's glue, torch's and the C++
 # library's inline code that every extension instantiates.
 GLUE_SCOPES = {"pybind11", "std", "c10", "at", "torch", "caffe2", "__gnu_cxx", "__cxxabiv1", "_object", "PyObject"}
@@ -65,21 +61,21 @@ def inspect_build(build_dir: str | Path | None, backend: str, source: str) -> Ow
     own = bool(functions or kernels or triton)
     return OwnCode(holds_own=True if own else (None if unknown else False), triton_kernels=triton,
                    extensions=[str(f.relative_to(build_dir)) for f in files],
-                   functions=demangle(sorted(set(functions))[:MAX_NAMES]),
-                   device_kernels=demangle(sorted(set(kernels))[:MAX_NAMES]), device_code=device_code,
+                   functions=demangle(sorted(set(functions))[:POLICY.own_code_names]),
+                   device_kernels=demangle(sorted(set(kernels))[:POLICY.own_code_names]), device_code=device_code,
                    error=f"no symbol table in {', '.join(unknown)}" if unknown else None)
 
 
 def extension_files(build_dir: Path) -> list[Path]:
     """Regular .so files under the build folder: no link is followed (one pointing at libtorch
-    would lend the candidate torch's code), and at most MAX_FILES."""
+    would lend the candidate torch's code), and at most POLICY.own_code_files."""
     found = []
     for root, _dirs, names in os.walk(build_dir, followlinks=False):
         for name in sorted(names):
             path = Path(root) / name
             if name.endswith(".so") and stat.S_ISREG(path.lstat().st_mode):
                 found.append(path)
-                if len(found) >= MAX_FILES:
+                if len(found) >= POLICY.own_code_files:
                     return found
     return found
 
@@ -90,7 +86,7 @@ def symbols(nm: str, path: Path) -> list[str] | None:
     for extra in ([], ["-D"]):
         try:
             proc = subprocess.run([nm, "--defined-only", *extra, str(path)], capture_output=True, text=True,
-                                  timeout=TOOL_SECONDS, errors="replace")
+                                  timeout=POLICY.tool_s, errors="replace")
         except (OSError, subprocess.TimeoutExpired):
             return None
         names = [parts[2] for parts in (line.split(maxsplit=2) for line in proc.stdout.splitlines())
@@ -106,7 +102,7 @@ def demangle(names: list[str]) -> list[str]:
     if not names or tool is None:
         return names
     try:
-        proc = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True, timeout=TOOL_SECONDS,
+        proc = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True, timeout=POLICY.tool_s,
                               errors="replace")
     except (OSError, subprocess.TimeoutExpired):
         return names
@@ -120,7 +116,7 @@ def fat_binary(path: Path) -> bool:
     if readelf is None:
         return False
     try:
-        proc = subprocess.run([readelf, "-SW", str(path)], capture_output=True, text=True, timeout=TOOL_SECONDS,
+        proc = subprocess.run([readelf, "-SW", str(path)], capture_output=True, text=True, timeout=POLICY.tool_s,
                               errors="replace")
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -173,7 +169,7 @@ def _first_scope(encoding: str) -> str | None:
 
 def library_allowed(level: int | None) -> bool:
     """Whether a task's level lets a candidate keep library operators (KernelBench levels 2 and 3)."""
-    return level in LIBRARY_LEVELS
+    return level in POLICY.library_levels
 
 
 def own_share(profile) -> float | None:

@@ -38,11 +38,7 @@ from ..sandbox import pin_all
 from . import clocks, refproto as R
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .health import IdleProbe, cpu_name
-from .judge import PIECE  # _errs's step, the comparison's: its float64 temporaries stay in cache
-
-
-CHUNK = 1 << 22  # values a step where a digest works through an output (replays.expected_digest)
-LARGE_SETS = 256 << 20  # bytes of eager input sets freed before an `expect` (Reference.drop_sets)
+from ..policy import POLICY
 
 
 def _size_key(size: str | dict[str, Any]) -> str:
@@ -58,17 +54,17 @@ def _errs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     """How far `a` (PyTorch in the run's dtype) lands from `b` (float64): the largest |a - b| over
     the largest |b|, and the same in the judge's elementwise metric (pipeline.judge.judge.compare), the
     largest |a - b| / (|b| + the part's mean |b|), infinite where an element of an all-zero part is
-    not zero. In pieces of PIECE values: whole-part float64 temporaries would be four more copies of
-    an output."""
+    not zero. In pieces of POLICY.compare_piece values, as the comparison's: whole-part float64
+    temporaries would be four more copies of an output, and pieces this small stay in cache."""
     if a.numel() == 0:
         return 0.0, 0.0
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-    n = b.numel()
-    mean = sum(float(b[i:i + PIECE].double().abs().sum()) for i in range(0, n, PIECE)) / n
+    n, piece = b.numel(), POLICY.compare_piece
+    mean = sum(float(b[i:i + piece].double().abs().sum()) for i in range(0, n, piece)) / n
     top_diff = top_mag = own = 0.0
-    for i in range(0, n, PIECE):
-        ref = b[i:i + PIECE].double()
-        diff, mag = a[i:i + PIECE].double().sub_(ref).abs_(), ref.abs()
+    for i in range(0, n, piece):
+        ref = b[i:i + piece].double()
+        diff, mag = a[i:i + piece].double().sub_(ref).abs_(), ref.abs()
         top_diff, top_mag = max(top_diff, diff.max().item()), max(top_mag, mag.max().item())
         if mean > 0:  # every element's floor is above zero
             own = max(own, diff.div_(mag.add_(mean)).max().item())
@@ -104,7 +100,8 @@ class Reference:
         self.init_seed: int | None = None
         self.sets: list[list[Any]] | None = None  # an attempt's eager blocks' input sets
         self.sets_size = ""  # the size they are of
-        self.cold = ColdPool(LARGE_SETS)  # the cold blocks' sets beside the cpu's Bound requests, kept where small
+        # The cold blocks' sets beside the cpu's Bound requests, kept where small.
+        self.cold = ColdPool(POLICY.large_sets_bytes)
         self.clock: Clock | None = None
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
         self.null: tuple[str, replays.Captured] | None = None  # null_play's graphs, and what they were made for
@@ -145,7 +142,7 @@ class Reference:
         with torch.no_grad():
             parts = replays.parts(m64(*inputs))
         w = replays.weights(sum(p.numel() for p in parts), digest_seed, self.device)  # float32, as the child's
-        return replays.expected_digest(parts, w, CHUNK)
+        return replays.expected_digest(parts, w, POLICY.digest_chunk)
 
     def null_play(self, size, n_seeds: int, replay_count: int, out_shape: list[int]) -> float:
         """Milliseconds on this process's clock to play a null model's replayed Bound request shaped as
@@ -222,10 +219,10 @@ class Reference:
     def _room(self, inputs: list[Any], inputs64: list[Any]) -> bool:
         """Whether `inputs` may stay while the float64 forward runs, not be drawn again after it
         (7 ms of the 70 of an 8 GB mse's checked call, H200): where every tensor of them was copied
-        into `inputs64` and a tenth of the free memory holds them (else LARGE_SETS)."""
+        into `inputs64` and a tenth of the free memory holds them (else POLICY.large_sets_bytes)."""
         if any(a is b for a, b in zip(inputs, inputs64) if isinstance(a, torch.Tensor)):
             return False  # shared: the float64 forward may have written into it
-        free = torch.cuda.mem_get_info()[0] // 10 if self.device.startswith("cuda") else LARGE_SETS
+        free = torch.cuda.mem_get_info()[0] // 10 if self.device.startswith("cuda") else POLICY.large_sets_bytes
         return tasks.input_bytes(inputs) <= free
 
     def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False,
@@ -295,9 +292,9 @@ class Reference:
         """Free the eager blocks' and null replays' input sets where large (made again when needed): on a
         task of gigabytes they were, beside a checked call's float64 forward, more than the judge's
         budget (pipeline.child.memory.MEMORY_FACTOR)."""
-        if self.sets and tasks.input_bytes(self.sets[0]) * len(self.sets) >= LARGE_SETS:
+        if self.sets and tasks.input_bytes(self.sets[0]) * len(self.sets) >= POLICY.large_sets_bytes:
             self.sets = None
-        if self.null is not None and self.null[1].sets_bytes >= LARGE_SETS:
+        if self.null is not None and self.null[1].sets_bytes >= POLICY.large_sets_bytes:
             self.null = None  # made again at the next null_play
 
     def release(self) -> None:

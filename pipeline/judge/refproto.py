@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
+from ..policy import POLICY
 from ..records import Baselines
 
 
@@ -396,8 +397,6 @@ def sealed_memfd(name: str, *data) -> int:
     return fd
 
 
-SEAL_TRIES, SEAL_PAUSE_S = 40, 0.05
-
 
 def _seal(fd: int) -> None:
     """Seal the memfd, again while the kernel answers EBUSY: F_SEAL_WRITE waits for every extra
@@ -405,14 +404,14 @@ def _seal(fd: int) -> None:
     holds some for a moment. In the demo's first run on the 2-core box one `expect` failed so, with
     nothing else holding the memfd, and the attempt went unjudged."""
     seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-    for attempt in range(SEAL_TRIES):
+    for attempt in range(POLICY.seal_tries):
         try:
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
             return
         except OSError as exc:
-            if exc.errno != errno.EBUSY or attempt == SEAL_TRIES - 1:
+            if exc.errno != errno.EBUSY or attempt == POLICY.seal_tries - 1:
                 raise
-            time.sleep(SEAL_PAUSE_S)
+            time.sleep(POLICY.seal_pause_s)
 
 
 def give(sock: socket.socket, fds: list[int]) -> None:

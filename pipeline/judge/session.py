@@ -29,7 +29,6 @@ from ..policy import POLICY
 
 # Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
 PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
-DISCARD_SLOT_BYTES = 64 << 20  # outbox slots this large are given back once judged (Session.discard)
 
 
 class Session:
@@ -291,7 +290,7 @@ class Session:
 
     def discard(self, first: int = 1, count: int | None = None) -> None:
         """On the cpu, judged slots' pages back where large; never slot 0 (Bound calls write it in the window: faults)."""
-        if self.bench.device == "cpu" and self.outbox.slot_values * 8 >= DISCARD_SLOT_BYTES:
+        if self.bench.device == "cpu" and self.outbox.slot_values * 8 >= POLICY.discard_slot_bytes:
             self.outbox.discard(first, count)
 
     def trial(self, trial: P.Trial) -> TrialResult:

@@ -10,7 +10,7 @@ extension) into the child's own job/ folder (Child.stage); it never names a path
 What the parent reads back is hostile: replies go through pipeline.child.protocol.Reader (an
 absolute deadline, a line limit); the log is read through the parent's own descriptor of the file it
 created, never by path (the child can replace the path with a link, a FIFO or a sparse giant), and
-only its last LOG_TAIL bytes.
+only its last POLICY.log_tail_bytes bytes.
 
 May import: core, child.
 """
@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 from pydantic import BaseModel
 
 from ..child import PACKAGE_ROOT, memfd, protocol
+from ..policy import POLICY
 from . import cgroup, confine
 from .cores import cpu_cores, pin, pin_all  # noqa: F401 - the package's API
 
@@ -42,8 +43,6 @@ ENV_ALLOW = (
     "PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
     "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "NVCC_APPEND_FLAGS", "KGEN_LANDLOCK",
 )
-LOG_TAIL = 200_000  # bytes of a child's log the parent reads: nvcc can print megabytes of warnings
-OUTBOX_BYTES = 1 << 31  # a spare's outbox (virtual: pages cost memory only when the child writes them)
 
 
 # glibc hands large blocks back to the system when freed (mmap above a threshold that adapts, and
@@ -192,11 +191,11 @@ class Child:
                 end = moved
 
     def log(self) -> str:
-        """The last LOG_TAIL bytes the child wrote to its output, read through our own descriptor."""
+        """The last POLICY.log_tail_bytes bytes the child wrote to its output, read through our own descriptor."""
         try:
             size = os.fstat(self.log_fd).st_size
-            start = max(0, size - LOG_TAIL)
-            data = os.pread(self.log_fd, LOG_TAIL, start)
+            start = max(0, size - POLICY.log_tail_bytes)
+            data = os.pread(self.log_fd, POLICY.log_tail_bytes, start)
         except OSError:
             return ""
         text = data.decode(errors="replace")

@@ -7,7 +7,8 @@ import threading
 import time
 from typing import Any
 
-from . import OUTBOX_BYTES, Child, Jail, pin_all, start
+from ..policy import POLICY
+from . import Child, Jail, pin_all, start
 
 
 class Spares:
@@ -27,7 +28,7 @@ class Spares:
       its first line, which the caller does once the current attempt's timing is over.
     With `refill` false, taking a spare starts no next one (`kgen eval` judges one candidate)."""
 
-    def __init__(self, module: str, args: list[str], outbox: int | None = OUTBOX_BYTES, refill: bool = True,
+    def __init__(self, module: str, args: list[str], outbox: int | None = POLICY.outbox_bytes, refill: bool = True,
                  cores: str | None = None, depth: int = 2, jail: Jail | None = Jail()):
         self.module, self.args, self.outbox, self.refill, self.jail = module, args, outbox, refill, jail
         self.cores = cores or None

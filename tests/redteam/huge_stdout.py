@@ -2,7 +2,7 @@
 extends its stdout, the log file the parent keeps, to 1 TiB (sparse, so it costs nothing) and goes
 on writing at its end: a parent that read the whole log would run out of memory or time. The room's
 file-size limit refuses 1 TiB, so it takes what the limit allows (1 GiB). Why it fails: the parent
-reads only the last LOG_TAIL bytes of the log, through its own descriptor."""
+reads only the last POLICY.log_tail_bytes of the log, through its own descriptor."""
 import os
 import resource
 
