@@ -44,6 +44,24 @@ class Policy(BaseModel):
     block_output_bytes: int = 512 << 20
     """Outputs a timed block or a Bound request writes at most, each in its own outbox slot until
     checked (fewer calls a block for outputs of a gigabyte)."""
+    memory_factor: dict[str, int] = {"cpu": 4, "cuda": 3}
+    """Bytes a size needs per byte of its footprint (inputs, weights and output, where the meta device
+    can tell), at the judge's peak; a size that needs more than the device has free is refused
+    (pipeline.child.memory.check_memory). On a GPU: the reference's float64 forward of one checked
+    call, its inputs and output in float64 (2), while the candidate's child holds its own inputs,
+    weights and the output slots not yet judged (1). Nothing else is kept beside them: past
+    ahead_bytes of an attempt's expected values the parent asks for one call's float64 values at a
+    time, and it compares them in chunks, never as whole float64 copies; the reference drops its
+    float32 inputs during the float64 forward and its eager blocks' large input sets before it
+    (pipeline.judge.reference.Reference.expected); a block keeps one input set where a set is over a
+    gigabyte (timing.input_sets), and its outputs take at most about block_output_bytes of slots. Not
+    counted: the float64 model's own temporaries, and a model kept twice (its float32 and float64
+    copies, 3x the weights, beside the child's); where weights dominate, the check is that much too
+    lenient (docs/decisions/memory-and-outputs.md). On the cpu every process shares one memory, and
+    more of the judge is there: the parent's and the child's shared slots (the output judged, and on
+    the inbox path, for inputs up to a GiB, the Bound calls' inputs beside the child's own set), and
+    three Python processes with torch loaded (about 1.5 GiB together); tests/test_big_output.py
+    measures the whole tree against it."""
     ahead_bytes: int = 256 << 20
     """An attempt's expected values and inbox sets computed before its child starts, at most: made
     between the child's requests, on its cores, they slowed its calls."""
@@ -108,6 +126,12 @@ class Policy(BaseModel):
     """A replayed call's digest's float32 summing, beside the tolerance."""
     no_custom_kernel_fraction: float = 0.5
     """The share of a call in PyTorch's own ops that raises no_custom_kernel."""
+    cpu_short_profile_us: float = 20_000
+    """On the cpu, a call whose profiled span is under this is profiled again and the median share
+    taken: a short call's span holds the gaps between its ops, and one preemption there can put a
+    pure-PyTorch call under half ..."""
+    cpu_short_profiles: int = 3
+    """... up to this many profiles."""
     library_own_fraction: float = 0.01
     library_levels: tuple[int, ...] = (2, 3)
     """KernelBench's levels where a candidate may keep library operators (a GEMM, a convolution)."""

@@ -151,7 +151,7 @@ class Timing(Record):
     """Timing statistics of one callable, in milliseconds."""
 
     median_ms: float
-    """Median over the timed calls (of the means of blocks of calls, see pipeline.child.timing.BLOCK)."""
+    """Median over the timed calls (of the means of blocks of calls, see pipeline.child.timing.METHOD.block)."""
     p25_ms: float
     """25th percentile, of the same."""
     p75_ms: float

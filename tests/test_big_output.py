@@ -23,7 +23,7 @@ from pipeline.cli.main import main
 from pipeline.policy import POLICY
 
 # Just over 1 GiB of float32 input and as much output: past the cpu's inbox (POLICY.inbox_bytes),
-# where the Bound calls' inputs would be held once more, in the child's inbox (CPU_MEMORY_FACTOR). Each
+# where the Bound calls' inputs would be held once more, in the child's inbox (POLICY.memory_factor["cpu"]). Each
 # checked call costs the judge about 15 s here on one core of the 2-core box, so no more than that.
 ROWS, COLS = 16400, 16384
 # KernelBench's format (Model, get_inputs, get_init_inputs) with no kgen declarations. The input is
@@ -295,7 +295,7 @@ def test_a_task_that_cannot_fit_is_one_line_naming_the_bytes_needed_and_availabl
     assert result.exit_code != 0 and "Traceback" not in result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output
-    needed = memory.factor("cpu") * 2 * 4 * 2 ** 24 * COLS
+    needed = POLICY.memory_factor["cpu"] * 2 * 4 * 2 ** 24 * COLS
     assert f"needs about {needed} bytes" in lines[0] and "bytes (" in lines[0] and "available" in lines[0], lines[0]
 
 
@@ -342,7 +342,7 @@ def _gpu_used() -> int:
 def test_kernelbench_softmax_at_its_own_size_fits_the_device(tmp_path):
     """23_Softmax (12 GiB of footprint), refused under the old 8x rule on an 80 GB H100
     (docs/decisions/memory-and-outputs.md), is judged correct with its own Model as ModelNew, the
-    GPU's memory at most MEMORY_FACTOR x the footprint above where it started (every process: the
+    GPU's memory at most POLICY.memory_factor x the footprint above where it started (every process: the
     reference and the child; sampled)."""
     folder = tmp_path / "tasks"
     folder.mkdir()
@@ -368,4 +368,4 @@ def test_kernelbench_softmax_at_its_own_size_fits_the_device(tmp_path):
     print(f"device peak {(peak[0] - base) / GIB:.2f} GiB above {base / GIB:.2f} = {(peak[0] - base) / total:.2f} x the footprint")
     out = json.loads(result.output.strip().splitlines()[-1])
     assert out["verdict"] == "correct", out.get("error")
-    assert peak[0] - base <= memory.MEMORY_FACTOR * total
+    assert peak[0] - base <= POLICY.memory_factor["cuda"] * total

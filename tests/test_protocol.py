@@ -449,32 +449,32 @@ def test_a_replayed_request_keeps_enough_sets_to_read_its_inputs_cold():
     """pipeline.child.replays.set_count: a multiple of the request's seeds (replay r's set holds the
     reference's seeds[r % n]), enough that about three L2s of traffic pass between a set's rewrite and
     its forward, within the caps; a set larger than the L2 needs no more than the seeds."""
-    from pipeline.child.replays import COLD_L2, MAX_SETS, SETS_BYTES, set_count
+    from pipeline.child.replays import PLAN, set_count
 
     l2 = 60 << 20
     small = set_count(4, 2 << 20, l2, 512)  # mse at 64 x 4096: 2 MB of inputs
-    assert small % 4 == 0 and (small - 1) * 3 * (2 << 20) >= COLD_L2 * l2 and small <= MAX_SETS
+    assert small % 4 == 0 and (small - 1) * 3 * (2 << 20) >= PLAN.cold_l2 * l2 and small <= PLAN.max_sets
     assert set_count(4, 1 << 30, l2, 4) == 4
-    assert set_count(3, 64 << 10, l2, 512) == 63  # capped at MAX_SETS, a multiple of 3
-    assert set_count(4, 100 << 20, l2, 512) * 2 * (100 << 20) <= max(SETS_BYTES, 8 * (100 << 20))
+    assert set_count(3, 64 << 10, l2, 512) == 63  # capped at PLAN.max_sets, a multiple of 3
+    assert set_count(4, 100 << 20, l2, 512) * 2 * (100 << 20) <= max(PLAN.sets_bytes, 8 * (100 << 20))
     assert set_count(4, 2 << 20, l2, 6) == 4  # no more sets than the request replays
 
 
 def test_a_replay_s_factor_is_the_table_s_and_the_table_is_cheap():
     """pipeline.child.replays: the reference makes a checked replay's inputs from `factor` (one replay)
     while the child writes the whole table in the parent's window: the two must agree value for value
-    at every length, the factors stay within 1 +- AMPLITUDE and differ by seed, and the table costs
+    at every length, the factors stay within 1 +- PLAN.amplitude and differ by seed, and the table costs
     far less than a replayed request (a Python draw per replay cost 6.3 ms of 17 on an H200)."""
     import time
 
-    from pipeline.child.replays import AMPLITUDE, factor, factors, table
+    from pipeline.child.replays import PLAN, factor, factors, table
 
     seed = 0xFFFF_FFFF_FFFF_FFFF  # past a torch seed's 63 bits (plans draw 48): folded in, still its own
     full = factors(seed, 2600)
     for n in (1, 15, 16, 17, 64, 511, 600):
         assert torch.equal(factors(seed, n), full[:n])
     assert [factor(seed, r) for r in (0, 16, 599)] == [float(full[r]) for r in (0, 16, 599)]
-    assert float((full - 1).abs().max()) <= AMPLITUDE and float(full.std()) > AMPLITUDE / 4
+    assert float((full - 1).abs().max()) <= PLAN.amplitude and float(full.std()) > PLAN.amplitude / 4
     assert not torch.equal(factors(seed - 1, 64), full[:64])
     costs = []
     for _ in range(10):  # the fastest of ten: a busy box's preemptions only add

@@ -11,6 +11,7 @@ from pipeline.judge import evaluate
 from pipeline.judge.bench import prepare
 from pipeline.child import memory, sizes, tasks
 from pipeline.config import EvalConfig
+from pipeline.policy import POLICY
 from pipeline.records import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -301,17 +302,17 @@ def test_check_memory_refuses_a_size_that_cannot_fit_without_allocating_it(tmp_p
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.monotonic()
     with pytest.raises(sizes.SizeError) as err:
-        memory.check_memory(module, "cpu", budget_bytes=1 << 30)
+        memory.check_memory(module, "cpu", budget_bytes=1 << 30, factor=POLICY.memory_factor["cpu"])
     assert time.monotonic() - started < 1
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 256 * 1024  # KiB: nothing allocated
     assert memory.footprint(module) == {"inputs": 4 * 2**36, "weights": 0, "output": 4 * 2**36}  # softmax
-    needed = memory.factor("cpu") * 2 * 4 * 2**36
+    needed = POLICY.memory_factor["cpu"] * 2 * 4 * 2**36
     message = str(err.value)
     assert message.startswith("task huge: size 'default' needs about") and "\n" not in message
     assert f"{needed} bytes" in message and f"{1 << 30} bytes" in message
-    assert memory.check_memory(module, "cpu", budget_bytes=needed) == needed
+    assert memory.check_memory(module, "cpu", budget_bytes=needed, factor=POLICY.memory_factor["cpu"]) == needed
     # A small size fits this machine as it is.
-    assert 0 < memory.check_memory(_module("mse", "small"), "cpu") < 1 << 30
+    assert 0 < memory.check_memory(_module("mse", "small"), "cpu", factor=POLICY.memory_factor["cpu"]) < 1 << 30
 
 
 def test_kgen_eval_json_reports_and_stores_the_size_that_ran(tmp_path):
@@ -364,7 +365,7 @@ def test_a_gpu_without_a_driver_figure_is_not_refused_on_the_cpu_s_memory(monkey
     assert health.gpu_free_bytes("0") is None
     module = _module("mse", "small")
     assert memory.available_memory("cuda") is None
-    assert memory.check_memory(module, "cuda", health.gpu_free_bytes(None)) > 0
+    assert memory.check_memory(module, "cuda", health.gpu_free_bytes(None), factor=POLICY.memory_factor["cuda"]) > 0
     with pytest.raises(sizes.SizeError):
-        memory.check_memory(module, "cuda", budget_bytes=1)
+        memory.check_memory(module, "cuda", budget_bytes=1, factor=POLICY.memory_factor["cuda"])
     assert not torch.cuda.is_initialized()

@@ -301,7 +301,7 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
     e = evaluate
     mib = 1 << 20
     assert e.cpu_bound_calls(POLICY.cpu_short_ms * 1.25, mib, 4) == 1 == e.cpu_bound_calls(None, mib, 4)
-    assert e.cpu_bound_calls(1.5, mib, 4) == e.BLOCK == 4  # a block's calls
+    assert e.cpu_bound_calls(1.5, mib, 4) == e.METHOD.block == 4  # a block's calls
     assert e.cpu_bound_calls(0.5, mib, 4) == 8  # POLICY.cpu_bound_ms (4 ms) of calls where a block's take less
     assert e.cpu_bound_calls(0.01, mib, 4) == POLICY.cpu_bound_max_calls  # more for the shortest
     # the sets of a request within POLICY.cpu_bound_set_bytes, the outputs within POLICY.block_output_bytes, never below one

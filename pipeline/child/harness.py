@@ -258,7 +258,8 @@ class Evaluator:
         if isinstance(req, P.Profile):
             try:
                 model, module = self.at(req.size)
-                return P.ProfileDone(**profile(model, module, self.warm_seed, self.device, self.job.own_kernels))
+                return P.ProfileDone(**profile(model, module, self.warm_seed, self.device, self.job.own_kernels,
+                                               req.repeats, req.short_us))
             except Exception as exc:  # noqa: BLE001 - a profile that fails leaves the flag unset, not the verdict
                 return P.ProfileDone(error=f"{type(exc).__name__}: {_first_line(exc)}")
         raise ValueError(f"unexpected request {req.op}")

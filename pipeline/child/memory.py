@@ -2,7 +2,8 @@
 nothing allocated) and the memory a device has free.
 
 `check_memory(module, device)` refuses, before anything is allocated, a size whose inputs (with
-weights and output where the meta device can tell) times MEMORY_FACTOR exceed the memory available.
+weights and output where the meta device can tell) times `factor` (the parent's POLICY.memory_factor)
+exceed the memory available.
 On a GPU the parent passes the free bytes the driver reports (pipeline.judge.health.gpu_free_bytes):
 asking torch would open a CUDA context in the parent.
 
@@ -18,30 +19,6 @@ from pathlib import Path
 import torch
 
 from .sizes import DEFAULT_SIZE, SizeError, _meta, _task_name
-
-# Bytes a size needs per byte of its footprint (inputs, weights and output, where the meta device
-# can tell), at the judge's peak: the reference's float64 forward of one checked call, its inputs and
-# output in float64 (2), while the candidate's child holds its own inputs, weights and the output
-# slots not yet judged (1). Nothing else is kept beside them: past 256 MiB of an attempt's
-# expected values (pipeline.policy.POLICY.ahead_bytes) the parent asks for one call's float64 values at a
-# time, and it compares them in chunks, never as whole float64 copies; the
-# reference drops its float32 inputs during the float64 forward and its eager blocks' large input
-# sets before it (pipeline.judge.reference.Reference.expected); a block keeps one input set where a set is
-# over a gigabyte (timing.input_sets), and its outputs take at most about 512 MiB of slots
-# (pipeline.judge.evaluate.block_calls). Not counted: the float64 model's own temporaries, and a model
-# kept twice (its float32 and float64 copies, 3x the weights, beside the child's); where weights
-# dominate, the check is that much too lenient (docs/decisions/memory-and-outputs.md).
-MEMORY_FACTOR = 3
-# On the cpu every process shares one memory, and more of the judge is there: the parent's and the
-# child's shared slots (the output judged, and on the inbox path, for inputs up to a GiB, the Bound
-# calls' inputs beside the child's own set), and three Python processes with torch loaded (about
-# 1.5 GiB together). tests/test_big_output.py measures the whole tree against this.
-CPU_MEMORY_FACTOR = 4
-
-
-def factor(device: str) -> int:
-    return CPU_MEMORY_FACTOR if device == "cpu" else MEMORY_FACTOR
-
 
 def footprint(module: types.ModuleType) -> dict[str, int] | None:
     """Bytes of the inputs from get_inputs(), of Model's weights and of its output, computed on the
@@ -65,8 +42,9 @@ def footprint(module: types.ModuleType) -> dict[str, int] | None:
     return out
 
 
-def check_memory(module: types.ModuleType, device: str, budget_bytes: int | None = None) -> int | None:
-    """Refuse a size that cannot fit, before anything is allocated: factor(device) x the footprint's
+def check_memory(module: types.ModuleType, device: str, budget_bytes: int | None = None, *,
+                 factor: int) -> int | None:
+    """Refuse a size that cannot fit, before anything is allocated: `factor` x the footprint's
     bytes against `budget_bytes`, or else the memory available on `device` (cpu: MemAvailable, and
     the cgroup's limit where lower; on a GPU only `budget_bytes`, the driver's figure that the
     parent passes). Returns the bytes needed, or None where the meta device cannot tell (get_inputs
@@ -74,12 +52,12 @@ def check_memory(module: types.ModuleType, device: str, budget_bytes: int | None
     sizes = footprint(module)
     if sizes is None:
         return None
-    needed = factor(device) * sum(sizes.values())
+    needed = factor * sum(sizes.values())
     available = budget_bytes if budget_bytes is not None else available_memory(device)
     if available is not None and needed > available:
         size = getattr(module, "__kgen_size__", (None, DEFAULT_SIZE))[1]
         raise SizeError(f"task {_task_name(module)}: size {size!r} needs about {needed} bytes ({_gib(needed)}: "
-                        f"{factor(device)} x {sum(sizes.values())} bytes of inputs, weights and output) but {device} "
+                        f"{factor} x {sum(sizes.values())} bytes of inputs, weights and output) but {device} "
                         f"has {available} bytes ({_gib(available)}) available; choose a smaller size")
     return needed
 

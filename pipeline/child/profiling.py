@@ -14,25 +14,24 @@ from . import tasks
 from .grad import reseed
 
 
-# On the cpu, calls whose profiled span is under this are profiled SHORT_PROFILES times.
-SHORT_SPAN_US, SHORT_PROFILES = 20_000, 3
-
-
-def profile(model, module, warm_seed: int, device: str, own: list[str] = ()) -> dict[str, Any]:
-    """Where one call's time went: the candidate's own code, or PyTorch's kernels and ops."""
+def profile(model, module, warm_seed: int, device: str, own: list[str] = (), repeats: int = 1,
+            short_us: float = 0.0) -> dict[str, Any]:
+    """Where one call's time went: the candidate's own code, or PyTorch's kernels and ops. On the cpu
+    a call whose profiled span is under `short_us` is profiled again, `repeats` times at most (the
+    parent's POLICY.cpu_short_profiles, POLICY.cpu_short_profile_us)."""
     import torch
 
     inputs = tasks.make_inputs(module, warm_seed, "base", device)
     cuda = device.startswith("cuda")
     found = []
-    for _ in range(1 if cuda else SHORT_PROFILES):
+    for _ in range(1 if cuda else repeats):
         reseed(model, inputs, warm_seed)  # gradient mode: the call's upstream, from the same seed
         with torch.no_grad(), _profiler(cuda) as prof:
             model(*inputs)
             if cuda:
                 torch.cuda.synchronize()
         found.append(summarize_profile(prof.function_events, cuda, own))
-        if (found[-1]["total_us"] or 0) >= SHORT_SPAN_US:
+        if (found[-1]["total_us"] or 0) >= short_us:
             break
     # The median share: on the cpu a short call's span holds the gaps between its ops, and one
     # preemption there can put a pure-PyTorch call under half.

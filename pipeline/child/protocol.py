@@ -113,7 +113,7 @@ class Trial(Message):
 
 
 class Timed(Message):
-    """A block of timed calls (up to timing.BLOCK), each flushed and behind the hold; outputs to slots 0.."""
+    """A block of timed calls (up to timing.METHOD.block), each flushed and behind the hold; outputs to slots 0.."""
     op: Literal["timed"] = "timed"
     index: int
     seeds: list[int]
@@ -166,6 +166,9 @@ class Profile(Message):
     op: Literal["profile"] = "profile"
     size: str | dict[str, Any] | None = None
     """A held-out size to profile one call at; None: the main size."""
+    repeats: int = 1
+    short_us: float = 0.0
+    """On the cpu, a call whose profiled span is under short_us is profiled again, up to `repeats` times."""
 
 
 class Finish(Message):

@@ -41,6 +41,7 @@ values and ops on the same device, so the inputs are the child's bit for bit.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -48,19 +49,39 @@ import torch
 from . import tasks
 from .grad import ForwardBackward, Grads, null_model
 
-AMPLITUDE = 0.05
-PERTURBED = ("real", "positive")  # a positive factor keeps both domains
+
+@dataclass(frozen=True)
+class Plan:
+    """How replayed requests perturb and lay out their inputs (the child's numbers: it may not import
+    pipeline.policy)."""
+    amplitude: float = 0.05
+    """Each replay's inputs are its set's bases times a factor within 1 +- this."""
+    perturbed: tuple[str, ...] = ("real", "positive")
+    """The input domains a factor is applied to: a positive factor keeps both."""
+    # Cold replays. Rewriting a set's inputs right before its forward would leave them in the L2, and
+    # graphs launched one replay at a time are bound by the host's launches: at 8-20 us a call the
+    # estimate would read far below an honest kernel's claim (docs/decisions/gpu-timing.md). So a set
+    # is rewritten one round ahead of its forward, with enough sets that about cold_l2 times the L2 is
+    # touched in between, and a round of at least round_replays replays is one graph launch.
+    cold_l2: int = 3
+    max_sets: int = 64
+    round_replays: int = 32
+    sets_bytes: int = 1 << 30
+    """Bases and inputs of every set together, at most."""
+
+
+PLAN = Plan()
 
 
 def factors(factor_seed: int, replays: int) -> torch.Tensor:
-    """The first `replays` replays' factors (float32, on the cpu): 1 +- AMPLITUDE, from the request's
+    """The first `replays` replays' factors (float32, on the cpu): 1 +- PLAN.amplitude, from the request's
     `play` seed, drawn in one call of a seeded generator. The table is made inside the parent's window:
     a Python draw per replay costs over a third of a 512-replay request, with jitter tens of times the
     graphs' own variation (docs/decisions/gpu-timing.md)."""
     gen = torch.Generator()
     gen.manual_seed(factor_seed % (1 << 63))
     u = torch.rand(replays, generator=gen, dtype=torch.float64)
-    return (1.0 + AMPLITUDE * (2.0 * u - 1.0)).to(torch.float32)
+    return (1.0 + PLAN.amplitude * (2.0 * u - 1.0)).to(torch.float32)
 
 
 def factor(factor_seed: int, replay: int) -> float:
@@ -73,7 +94,7 @@ def table(factor_seed: int, replays: int, device: str) -> torch.Tensor:
 
 
 def _perturbed(x: Any, domain: str) -> bool:
-    return isinstance(x, torch.Tensor) and x.is_floating_point() and domain.partition(":")[0] in PERTURBED
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and domain.partition(":")[0] in PLAN.perturbed
 
 
 def inputs_for(module, seeds: list[int], replay: int, factor_seed: int, device: str) -> list[Any]:
@@ -144,31 +165,20 @@ def _clean_capture(device: str) -> None:
         pass
 
 
-# Cold replays. Rewriting a set's inputs right before its forward would leave them in the L2, and graphs
-# launched one replay at a time are bound by the host's launches: at 8-20 us a call the estimate would read
-# far below an honest kernel's claim (docs/decisions/gpu-timing.md). So a set is
-# rewritten one round ahead of its forward, with enough sets that about COLD_L2 times the L2 is
-# touched in between, and a round of at least ROUND_REPLAYS replays is one graph launch.
-COLD_L2 = 3
-MAX_SETS = 64
-ROUND_REPLAYS = 32
-SETS_BYTES = 1 << 30  # bases and inputs of every set together, at most
-
-
 def set_count(n_seeds: int, set_bytes: int, l2_bytes: int, replays: int) -> int:
     """Input sets a request keeps: a multiple of its seeds (set j holds seeds[j % n_seeds], so replay
-    r's set holds the reference's seeds[r % n_seeds]) with about COLD_L2 L2s of traffic between a
+    r's set holds the reference's seeds[r % n_seeds]) with about PLAN.cold_l2 L2s of traffic between a
     set's rewrite and its forward (each replay in between reads its base, writes and reads its
-    inputs: three times a set's bytes), within MAX_SETS, SETS_BYTES and what the replays use."""
+    inputs: three times a set's bytes), within PLAN.max_sets, PLAN.sets_bytes and what the replays use."""
     per = max(set_bytes, 1)
-    want = math.ceil(COLD_L2 * l2_bytes / (3 * per)) + 1
-    cap = min(MAX_SETS, SETS_BYTES // (2 * per), max(replays, n_seeds))
+    want = math.ceil(PLAN.cold_l2 * l2_bytes / (3 * per)) + 1
+    cap = min(PLAN.max_sets, PLAN.sets_bytes // (2 * per), max(replays, n_seeds))
     return min(math.ceil(want / n_seeds), max(cap // n_seeds, 1)) * n_seeds
 
 
 class Captured:
     """A request's graphs, captured and waiting for `play`: one a set (its replay), a round (every
-    set's replay in order, repeated up to ROUND_REPLAYS) and the prologue that writes the first
+    set's replay in order, repeated up to PLAN.round_replays) and the prologue that writes the first
     round's inputs."""
 
     def __init__(self, model: Callable[..., Any], module, seeds: list[int], replays: int, digest_seed: int,
@@ -232,7 +242,7 @@ class Captured:
                 with torch.cuda.graph(graph, pool=pool):
                     replay(j)
                 self.graphs.append(graph)
-            self.round_replays = n * math.ceil(ROUND_REPLAYS / n)
+            self.round_replays = n * math.ceil(PLAN.round_replays / n)
             if self.round_replays <= replays:
                 self.round = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(self.round, pool=pool):

@@ -15,26 +15,43 @@ import math
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from .hold import Hold
 
-L2_FLUSH_BYTES = 256 << 20  # twice the largest L2 of current parts
-# No flush on the cpu: a call there runs on the inputs its block just wrote, as the parent's Bound
-# requests run on the inputs the parent just wrote, so the two clocks see the same cache state. (A
-# flush left the cache full of dirty lines: a flushed mse call took 1.7 ms against 0.8 ms in a
-# Bound request, and that gap was room for a cheat.)
-SIDE_WORK_RATIO, SIDE_WORK_MS = 1.5, 0.05  # busy-until-idle over events, beyond sync latency
-HOLD_MS = 1.0  # covers torch.compile's cold launch path (90-260 us) and most host stalls
-TIMING_VERSION = "10"  # part of the baseline cache key: a change of method invalidates cached times
-# Timed calls come in blocks of this many input sets, each filled with fresh values before the block:
-# only a block's first call follows the refill (whose host-side work leaves the launch path cold and
-# cost torch.compile's Python wrapper 50-250 us a call on the H100), and every call is timed, so
-# work shifted from one call to another still counts. The time is the median of the block means.
-BLOCK = 4
-SETS_BYTES = 1 << 30  # input sets a block keeps at most, together (input_sets)
+@dataclass(frozen=True)
+class Method:
+    """How calls are timed, here and in the reference (the child's numbers: it may not import
+    pipeline.policy). `version` is part of the baseline cache key: a change of any other field, or of
+    how one is used, is a new version and invalidates cached times."""
+    version: str = "10"
+    block: int = 4
+    """Timed calls come in blocks of this many input sets, each filled with fresh values before the
+    block: only a block's first call follows the refill (whose host-side work leaves the launch path
+    cold and cost torch.compile's Python wrapper 50-250 us a call on the H100), and every call is
+    timed, so work shifted from one call to another still counts. The time is the median of the block
+    means."""
+    sets_bytes: int = 1 << 30
+    """Input sets a block keeps at most, together (input_sets)."""
+    hold_ms: float = 1.0
+    """A GPU call is launched behind a hold this long: it covers torch.compile's cold launch path
+    (90-260 us) and most host stalls."""
+    side_work_ratio: float = 1.5
+    side_work_ms: float = 0.05
+    """A call whose busy-until-idle time exceeds its events' by side_work_ratio x, plus this (beyond
+    sync latency), did work on other streams."""
+    l2_flush_bytes: int = 256 << 20
+    """Bytes written before each GPU call to flush the L2: twice the largest L2 of current parts. No
+    flush on the cpu: a call there runs on the inputs its block just wrote, as the parent's Bound
+    requests run on the inputs the parent just wrote, so the two clocks see the same cache state. (A
+    flush left the cache full of dirty lines: a flushed mse call took 1.7 ms against 0.8 ms in a
+    Bound request, and that gap was room for a cheat.)"""
+
+
+METHOD = Method()
 
 
 class Clock:
@@ -52,7 +69,7 @@ class Clock:
             self._elapsed = torch.cuda.Event.elapsed_time
             self._sync = torch.cuda.synchronize
             self._reset_l2 = _persisting_l2_reset()
-            self._flush_buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+            self._flush_buf = torch.empty(METHOD.l2_flush_bytes // 4, dtype=torch.float32, device=device)
             self._hold = Hold(device)
             self._current_stream = torch.cuda.current_stream
 
@@ -77,9 +94,9 @@ class Clock:
         if self.cuda:
             start, end, idle = (self._event(enable_timing=True) for _ in range(3))
             # The call's host-side launch runs while the hold keeps the GPU busy (pipeline.child.hold): the
-            # start event fires when the hold ends, so host stalls shorter than HOLD_MS are not timed.
+            # start event fires when the hold ends, so host stalls shorter than METHOD.hold_ms are not timed.
             stream = self._current_stream()
-            self._hold(stream.cuda_stream, HOLD_MS)
+            self._hold(stream.cuda_stream, METHOD.hold_ms)
             self._record(start, stream)
             out = fn()
             self._record(end, stream)
@@ -90,7 +107,7 @@ class Clock:
             until_idle = float(self._elapsed(start, idle))
             # Events see only the current stream. Work left on other streams shows as a device far
             # longer busy than the events: then the time until the device was idle is the time.
-            if until_idle > events * SIDE_WORK_RATIO + SIDE_WORK_MS:
+            if until_idle > events * METHOD.side_work_ratio + METHOD.side_work_ms:
                 return until_idle, out
             return events, out
         t0 = self._ns()
@@ -131,12 +148,12 @@ def _persisting_l2_reset() -> Callable[[], None] | None:
 
 
 def input_sets(nbytes: int, device: str) -> int:
-    """How many input sets of `nbytes` to keep for a block: up to BLOCK, together at most SETS_BYTES
+    """How many input sets of `nbytes` to keep for a block: up to METHOD.block, together at most METHOD.sets_bytes
     (at least one), and on a GPU within 40% of free memory. Several sets keep a block's calls off
     each other's caches; sets this large are far past any cache, so one set, refilled before each
     call, is as cold, and four would be four copies of a task's inputs in the child and four more in
     the reference, past the memory of a task of gigabytes."""
-    count = max(1, min(BLOCK, SETS_BYTES // max(nbytes, 1)))
+    count = max(1, min(METHOD.block, METHOD.sets_bytes // max(nbytes, 1)))
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info()
         return max(1, min(count, int(0.4 * free) // max(nbytes, 1)))
@@ -146,7 +163,7 @@ def input_sets(nbytes: int, device: str) -> int:
 def time_blocks(clock: Clock, call: Callable[[list[Any]], Any], sets: list[list[Any]], total: int,
                 seeds_for: Callable[[int, int], list[int]], refill: Callable[[list[Any], int], None],
                 keep: Callable[[Any], None] = lambda out: None) -> list[float]:
-    """Milliseconds of `total` timed calls in blocks of BLOCK. Before a block its sets get fresh values
+    """Milliseconds of `total` timed calls in blocks of METHOD.block. Before a block its sets get fresh values
     (`seeds_for(first, count)`, then `refill`); a block longer than the sets refills a set again
     right before reusing it, so no call ever sees values it saw before. `keep` gets each output."""
     return time_sides(clock, [call], sets, total, seeds_for, refill, keep)[0]
@@ -161,8 +178,8 @@ def time_sides(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list
     second runs on inputs as far out of cache as the first. One list of times per callable; `keep`
     gets the first callable's outputs."""
     times: list[list[float]] = [[] for _ in calls]
-    for first in range(0, total, BLOCK):
-        seeds = seeds_for(first, min(BLOCK, total - first))
+    for first in range(0, total, METHOD.block):
+        seeds = seeds_for(first, min(METHOD.block, total - first))
         for j, seed in enumerate(seeds[:len(sets)]):
             refill(sets[j], seed)
         for j, seed in enumerate(seeds):
@@ -225,7 +242,7 @@ def calls_for(estimate_ms: float | None, target_ms: float, least: int, most: int
     return max(least, min(most, math.ceil(target_ms / estimate_ms)))
 
 
-def summarize_blocks(times_ms: list[float], block: int = BLOCK) -> dict[str, float]:
+def summarize_blocks(times_ms: list[float], block: int = METHOD.block) -> dict[str, float]:
     """Median and quartiles of the block means; n counts calls."""
     means = [statistics.fmean(times_ms[i:i + block]) for i in range(0, len(times_ms), block)]
     return {**summarize(means), "n": len(times_ms)}
@@ -256,7 +273,7 @@ def summarize(times_ms: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(times_ms), "p25_ms": qs[0], "p75_ms": qs[2], "n": len(times_ms)}
 
 
-def hold_ms(clock: Clock, ms: float = HOLD_MS, repeats: int = 5) -> float:
+def hold_ms(clock: Clock, ms: float = METHOD.hold_ms, repeats: int = 5) -> float:
     """How long a hold (pipeline.child.hold) of `ms` takes between CUDA events, median of `repeats`:
     on a GPU that is ours alone it is `ms` within microseconds; time-sliced with another process's
     work, or on a device whose every launch has slowed, it is longer. The measured hold is queued

@@ -21,8 +21,9 @@ from typing import Any, Callable
 
 from .. import backends, sandbox
 from ..child import memory, sizes, tasks
-from ..child.timing import TIMING_VERSION, calls_for
+from ..child.timing import METHOD, calls_for
 from ..config import EvalConfig, cache_root
+from ..policy import POLICY
 from ..records import Baselines, EvalResult, Verdict
 from . import health, refproto as R
 from .judge import Expected, mapped
@@ -343,7 +344,7 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
     device = device_for(backend)
     if not memory_checked:
         memory.check_memory(module, device, health.gpu_free_bytes((env or {}).get("CUDA_VISIBLE_DEVICES"))
-                            if device == "cuda" else None)
+                            if device == "cuda" else None, factor=POLICY.memory_factor[device])
     bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device,
                       tasks.tolerance(module, settings.tolerance), settings,
                       other_sizes=_held_out(module, size) if settings.check_shapes else [],
@@ -421,7 +422,7 @@ def baseline_key(bench: TaskBench) -> str:
     mode = [s.dtype] if s.dtype != "float32" else []
     mode += ["grad"] if s.grad else []  # forward plus backward is another baseline
     return ":".join([bench.task.name, bench.task.sha, bench.size_name, bench.backend, env["device_name"],
-                     env["torch_version"], f"timing{TIMING_VERSION}", *threads, *mode])
+                     env["torch_version"], f"timing{METHOD.version}", *threads, *mode])
 
 
 def usable(cached: str | None, settings: EvalConfig) -> str | None:

@@ -30,7 +30,7 @@ from ..child import HARNESS
 from ..child import protocol as P
 from ..child import memfd
 from ..child import tasks
-from ..child.timing import BLOCK
+from ..child.timing import METHOD
 from ..config import EvalConfig
 from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
@@ -158,11 +158,11 @@ class AttemptPlan:
 
 
 def block_calls(output_bytes: int) -> int:
-    """Calls in a timed block and a Bound request: BLOCK, fewer where their outputs, each in its own
+    """Calls in a timed block and a Bound request: METHOD.block, fewer where their outputs, each in its own
     outbox slot until the parent has checked them, would take more than POLICY.block_output_bytes (one call
     a request for an output of a gigabyte, whose slots beside the reference's float64 forward were
-    more than the judge's budget; pipeline.child.memory.MEMORY_FACTOR)."""
-    return max(1, min(BLOCK, POLICY.block_output_bytes // max(output_bytes, 1)))
+    more than the judge's budget; POLICY.memory_factor)."""
+    return max(1, min(METHOD.block, POLICY.block_output_bytes // max(output_bytes, 1)))
 
 
 def fastest_ms(bench: TaskBench) -> float | None:

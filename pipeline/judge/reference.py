@@ -32,7 +32,7 @@ from ..child.grad import ForwardBackward, Grads, reseed
 from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
 from ..child.protocol import write_line
-from ..child.timing import (BLOCK, Clock, ColdPool, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
+from ..child.timing import (METHOD, Clock, ColdPool, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
                             measure_bandwidth, plain_ms, summarize_blocks, time_blocks, time_cold, time_sides)
 from ..sandbox import pin_all
 from . import clocks, refproto as R
@@ -291,7 +291,7 @@ class Reference:
     def drop_sets(self) -> None:
         """Free the eager blocks' and null replays' input sets where large (made again when needed): on a
         task of gigabytes they were, beside a checked call's float64 forward, more than the judge's
-        budget (pipeline.child.memory.MEMORY_FACTOR)."""
+        budget (POLICY.memory_factor)."""
         if self.sets and tasks.input_bytes(self.sets[0]) * len(self.sets) >= POLICY.large_sets_bytes:
             self.sets = None
         if self.null is not None and self.null[1].sets_bytes >= POLICY.large_sets_bytes:
@@ -347,7 +347,7 @@ class Reference:
         and one slow reading taken as the null refuses honest kernels (docs/decisions/gpu-timing.md)."""
         call = lambda _: torch.zeros(1, device=self.device)  # noqa: E731
         times = time_blocks(clock, call, [[]], count, lambda first, n: [0] * n, lambda inputs, seed: None)
-        return min(statistics.fmean(times[i:i + BLOCK]) for i in range(0, len(times), BLOCK))
+        return min(statistics.fmean(times[i:i + METHOD.block]) for i in range(0, len(times), METHOD.block))
 
     def _blocks(self, models, module, sets: list[list[Any]], seeds: list[int], count: int, clock: Clock) -> list[list[float]]:
         """`count` calls of each of `models` timed in blocks, each set drawn anew from the next seeds

@@ -231,7 +231,8 @@ class Session:
                               eager_beside=eager, compiled_beside=compiled, **ratios)
         profile = None
         if bench.settings.profile:
-            profile, _ = self.ask(P.Profile(), P.ProfileDone, "the profile")
+            request = P.Profile(repeats=POLICY.cpu_short_profiles, short_us=POLICY.cpu_short_profile_us)
+            profile, _ = self.ask(request, P.ProfileDone, "the profile")
         self.mark("profile")
         shape_results, shape_runs = [], []
         # Eager as timed beside this attempt's blocks, where it was: against the baseline (minutes before,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 from ..child import protocol as P
+from ..policy import POLICY
 from ..records import ShapeRun, TrialResult
 from . import owncode
 
@@ -28,7 +29,8 @@ def held_out(session, trial: P.Trial, passed: TrialResult, interpreted_eager_ms:
         run.own_ran = False
     elif session.settings.profile:
         at = time.monotonic()
-        prof, _ = session.ask(P.Profile(size=trial.size), P.ProfileDone, f"the profile at {run.size}")
+        request = P.Profile(size=trial.size, repeats=POLICY.cpu_short_profiles, short_us=POLICY.cpu_short_profile_us)
+        prof, _ = session.ask(request, P.ProfileDone, f"the profile at {run.size}")
         session.spent("shapes_profile", at)
         claim = owncode.pytorch_did_it(prof, interpreted_eager_ms, owncode.library_allowed(session.bench.task.level))
         run.own_ran = None if claim is None else not claim

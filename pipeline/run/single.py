@@ -24,6 +24,7 @@ from ..generate import feedback
 from ..judge import evaluate, health
 from ..judge.bench import device_for, measure_baselines, open_bench
 from ..judge.bench import TaskBench
+from ..policy import POLICY
 from ..records import BuildResult, EvalResult, FileRequest, Provenance, Verdict
 from ..sandbox.spares import Spares
 from .batch import remember_baselines, resolve_backend
@@ -138,7 +139,8 @@ def evaluate_file(request: FileRequest, cfg: Config | None, *, db_path: Path | N
     if backend == "cuda" and not gpu:
         raise ValueError("--backend cuda: no CUDA device is visible on this machine")
     device = device_for(backend)
-    memory.check_memory(module, device, health.gpu_free_bytes(None) if device == "cuda" else None)
+    memory.check_memory(module, device, health.gpu_free_bytes(None) if device == "cuda" else None,
+                        factor=POLICY.memory_factor[device])
     if on_size:
         on_size(size_name, sizes.size_dims(module))
     settings = cfg.evaluation if cfg else EvalConfig()
