@@ -102,6 +102,16 @@ class Policy(BaseModel):
     """A null replay of the reference's beside every this-many calibration windows (each one where
     a request replays replays_max, and the offset is most of a call's estimate)."""
 
+    malloc_env: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
+                                  "MALLOC_TOP_PAD_": str(64 << 20)}
+    """glibc's settings in every child's environment, so freed blocks stay in the heap. glibc hands
+    large blocks back to the system when freed (mmap above a threshold that adapts, and heap
+    trimming), so a call's temporaries page-fault afresh whenever the heap was trimmed in between:
+    about 1 us per 4 KiB page, 2-5 ms for an mse call on 4 MiB inputs that takes 1.3 ms when the heap
+    stays. Whether it stayed depended on what else the process did between calls, so the same call
+    timed differently in a timed block and in a Bound request. Kept: the reference (baselines) and the
+    candidate's child time their calls on the same warm heap."""
+
     # ---- the device's health --------------------------------------------------------------------------
     bandwidth_tol: float = 0.25
     """A GPU's bandwidth below the run's first figure (or the stored one) by more is unfit: a healthy

@@ -17,6 +17,7 @@ from pipeline.build import build
 from pipeline import sandbox
 from pipeline.sandbox import cgroup
 from pipeline.child.jail import landlock
+from pipeline.policy import POLICY
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = {
@@ -28,7 +29,7 @@ SECRETS = {
 }
 # What the child may hold: the allow-list, the variables sandbox.start sets itself, and the extras we pass.
 SET_BY_SANDBOX = {"HOME", "TMPDIR", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONNOUSERSITE",
-                  *sandbox.MALLOC_ENV}
+                  *POLICY.malloc_env}
 
 
 def probe(*args: str, extra_env: dict[str, str] | None = None, jail: sandbox.Jail | None = None,

@@ -28,7 +28,6 @@ from ..records import Baselines, EvalResult, Verdict
 from . import health, refproto as R
 from .judge import Expected, mapped
 
-REFERENCE = f"{__package__}.reference"  # the reference process's module (python -m), beside this one
 
 
 class EvaluationError(RuntimeError):
@@ -151,7 +150,8 @@ class TaskBench:
         # of a speedup run on the same cores.
         pinned = {"KGEN_CORES": sandbox.cpu_cores(self.settings.cpu_threads)} if self.device == "cpu" else {}
         try:
-            ref = sandbox.start(REFERENCE, ["--fd-socket", str(theirs.fileno())], 24 * 3600,
+            # The reference process runs this package's reference module (python -m).
+            ref = sandbox.start(f"{__package__}.reference", ["--fd-socket", str(theirs.fileno())], 24 * 3600,
                                 {**compile_cache_env(), **pinned, **(env or {})}, keep=(theirs.fileno(),))
         except BaseException:
             ours.close()

@@ -32,7 +32,6 @@ GLUE_SCOPES = {"pybind11", "std", "c10", "at", "torch", "caffe2", "__gnu_cxx", "
 # Unmangled (C) names every extension has: module init, CPython's inline helpers, the runtime's own.
 GLUE_C = re.compile(r"^(PyInit_|pybind11_|Py[A-Z_]|_Py|_init$|_fini$|_start|frame_dummy$|register_tm_clones$|"
                     r"deregister_tm_clones$|__|_GLOBAL_|_DYNAMIC|_edata|_end|__bss_start|_ITM_|\.)")
-DEVICE_STUB = "__device_stub__"
 
 
 def inspect_build(build_dir: str | Path | None, backend: str, source: str) -> OwnCode:
@@ -131,8 +130,8 @@ def classify(symbol: str) -> tuple[str, str]:
     first = _first_scope(base[2:])
     if first is None:
         return "glue", base  # vtables, typeinfo, thunks, guards: no function body of the candidate's
-    if first.startswith(DEVICE_STUB):
-        return "kernel", first[len(DEVICE_STUB):]
+    if first.startswith("__device_stub__"):  # nvcc's host-side launcher of kernel NAME: __device_stub__NAME
+        return "kernel", first.removeprefix("__device_stub__")
     if first in GLUE_SCOPES or first.startswith("pybind11_"):
         return "glue", base
     return "own", base

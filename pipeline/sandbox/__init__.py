@@ -45,16 +45,6 @@ ENV_ALLOW = (
 )
 
 
-# glibc hands large blocks back to the system when freed (mmap above a threshold that adapts, and
-# heap trimming), so a call's temporaries page-fault afresh whenever the heap was trimmed in between:
-# about 1 us per 4 KiB page, 2-5 ms for an mse call on 4 MiB inputs that takes 1.3 ms when the
-# heap stays. Whether it stayed depended on what else the process did between calls, so the same
-# call timed differently in a timed block and in a Bound request. Kept: the reference (baselines)
-# and the candidate's child time their calls on the same warm heap.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
-              "MALLOC_TOP_PAD_": str(64 << 20)}
-
-
 def child_env(extra: dict[str, str] | None = None, home: str = "/tmp", package_path: str = PACKAGE_ROOT) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
     # Our package first, then where the parent found its own packages outside the interpreter
@@ -62,7 +52,7 @@ def child_env(extra: dict[str, str] | None = None, home: str = "/tmp", package_p
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
              if p and os.path.abspath(p) != PACKAGE_ROOT]
     env.update(HOME=home, TMPDIR=home, PYTHONPATH=os.pathsep.join([package_path, *inherited]), PYTHONDONTWRITEBYTECODE="1",
-               PYTHONUNBUFFERED="1", PYTHONNOUSERSITE="1", **MALLOC_ENV)
+               PYTHONUNBUFFERED="1", PYTHONNOUSERSITE="1", **POLICY.malloc_env)
     env.update(extra or {})
     return env
 
