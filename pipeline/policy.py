@@ -142,9 +142,9 @@ class Policy(BaseModel):
     pure-PyTorch call under half ..."""
     cpu_short_profiles: int = 3
     """... up to this many profiles."""
-    library_own_fraction: float = 0.01
     library_levels: tuple[int, ...] = (2, 3)
     """KernelBench's levels where a candidate may keep library operators (a GEMM, a convolution)."""
+    library_own_fraction: float = 0.01
     """At KernelBench's levels 2 and 3, where a library GEMM or convolution may stay, the share of the
     call its own kernels must do (more than a token launch)."""
     own_code_files: int = 16
