@@ -13,13 +13,21 @@ from pydantic import BaseModel, ConfigDict
 class Policy(BaseModel):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
 
-    version: str = "5"
+    version: str = "6"
     """Stored with each attempt; bumped with any change below."""
 
     # ---- the plan: how many calls, in what requests -----------------------------------------------
     checked_timed: int = 16
     """Timed calls whose outputs are compared in full, chosen in secret per attempt (on the cpu, which
     has no timed blocks, Bound calls: one of each request, then more up to this many)."""
+    checked_output_bytes: int = 2 << 30
+    """... fewer where their outputs together would pass this many bytes; so too the Bound requests
+    whose one call is checked (each check's float64 expected values, twice its output, are made by
+    the reference and compared by the parent: 2.4 s for 512 MiB on an H100's host, 11 s for 1 GiB on
+    the 2-core box; docs/decisions/memory-and-outputs.md) ..."""
+    checked_min: int = 2
+    """... but never fewer than this. A stale output on a share f of the calls is then caught with
+    probability 1 - (1 - f)^2 at the least, beside the trials and, on a GPU, the replays' digests."""
     bound_requests: int = 5
     """Bound requests an attempt makes at least (a GPU's estimate is the fastest of them)."""
     cpu_bound_requests: int = 8

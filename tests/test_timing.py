@@ -308,6 +308,10 @@ def test_an_honest_short_call_is_not_refused_by_the_parents_bound(tmp_path):
     assert e.cpu_bound_calls(0.5, POLICY.cpu_bound_set_bytes // 2, 4) == 2
     assert e.cpu_bound_calls(0.01, mib, POLICY.block_output_bytes // 2) == 2
     assert e.cpu_bound_calls(0.5, POLICY.cpu_bound_set_bytes * 3, 4) == 1
+    # Calls compared in full: all sixteen for small outputs, fewer past POLICY.checked_output_bytes, never under the minimum
+    assert e.checked_count(4) == e.checked_count(0) == POLICY.checked_timed
+    assert e.checked_count(POLICY.checked_output_bytes // 4) == 4 < POLICY.checked_timed
+    assert e.checked_count(POLICY.checked_output_bytes) == e.checked_count(1 << 40) == POLICY.checked_min
 
 
 def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parents_window(tmp_path):

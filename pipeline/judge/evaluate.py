@@ -88,15 +88,17 @@ class AttemptPlan:
         checked = {f"trial{t.index}": {"size": t.size, "seed": t.seed, "variant": t.variant} for t in trials}
         flat = [(f"timed{b}_{j}", seed) for b, block in enumerate(timed) for j, seed in enumerate(block)]
         rng = random.SystemRandom()
-        for key, seed in rng.sample(flat, min(POLICY.checked_timed, len(flat))):
+        for key, seed in rng.sample(flat, min(checked_count(bench.output_bytes), len(flat))):
             checked[key] = {"size": bench.size, "seed": seed, "variant": "base"}
-        for b, block in enumerate(bounds):  # one call of every Bound request, chosen in secret
-            j = rng.randrange(len(block))
-            checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": block[j], "variant": "base"}
+        # One call of every Bound request, chosen in secret (of as many requests as checked_count allows).
+        for b in sorted(rng.sample(range(len(bounds)), min(len(bounds), checked_count(bench.output_bytes)))):
+            j = rng.randrange(len(bounds[b]))
+            checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": bounds[b][j], "variant": "base"}
         if not timed:  # the cpu: as many more of the Bound calls as a GPU checks of its timed calls
             rest = [(f"bound{b}_{j}", seed) for b, block in enumerate(bounds) for j, seed in enumerate(block)
                     if f"bound{b}_{j}" not in checked]
-            for key, seed in rng.sample(rest, min(max(0, POLICY.checked_timed - len(bounds)), len(rest))):
+            more = checked_count(bench.output_bytes) - sum(k.startswith("bound") for k in checked)
+            for key, seed in rng.sample(rest, min(max(0, more), len(rest))):
                 checked[key] = {"size": bench.size, "seed": seed, "variant": "base"}
         plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size)
         # float64 values (the output and, in gradient mode, gradients of the inputs' size) of every
@@ -163,6 +165,13 @@ def block_calls(output_bytes: int) -> int:
     a request for an output of a gigabyte, whose slots beside the reference's float64 forward were
     more than the judge's budget; POLICY.memory_factor)."""
     return max(1, min(METHOD.block, POLICY.block_output_bytes // max(output_bytes, 1)))
+
+
+def checked_count(output_bytes: int) -> int:
+    """Timed calls (on the cpu, Bound calls) whose outputs are compared in full: POLICY.checked_timed,
+    fewer where their outputs together would pass POLICY.checked_output_bytes, never under
+    POLICY.checked_min."""
+    return max(POLICY.checked_min, min(POLICY.checked_timed, POLICY.checked_output_bytes // max(output_bytes, 1)))
 
 
 def fastest_ms(bench: TaskBench) -> float | None:
