@@ -136,6 +136,12 @@ class Policy(BaseModel):
     dtype_eps: dict[str, float] = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
     """The least relative tolerance a low-precision dtype gets: its machine epsilon. A fixed 1e-4 fails
     every honest bfloat16 kernel; the rounding of the output alone is up to half an epsilon."""
+    tf32_tol: float = 2.0 ** -8
+    """On a GPU in float32, a task whose call runs a convolution is judged at this tolerance at least:
+    PyTorch lets cuDNN convolve in TF32 (10 bits of mantissa) by default, and which engine runs, with
+    TF32 or not, differs between processes. KernelBench's own level-2 references dropped in read 1.7e-3
+    to 1.9e-3 in the elementwise metric against float64 and failed at 1e-3 while the reference's own
+    float32 run read under a quarter of it (H100, 2026-12-06). ref_err_factor x TF32's epsilon 2^-10."""
     ref_err_factor: float = 4.0
     """A low-precision output may be off by this many times PyTorch's own error in that dtype."""
     own_err_cap: float = 10.0

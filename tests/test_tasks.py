@@ -133,6 +133,45 @@ def test_a_dropped_in_kernelbench_task_with_weights_runs_unchanged(tmp_path):
         assert result.verdict is verdict, result.error
 
 
+CONV_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, 8, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+def get_inputs():
+    return [torch.randn(4, 3, 32, 32)]
+
+
+def get_init_inputs():
+    return [3]
+"""
+
+
+def test_a_float32_convolution_on_a_gpu_is_judged_at_tf32_s_tolerance_and_nothing_else_is(tmp_path):
+    """cuDNN may convolve float32 in TF32 (PyTorch's default), and whether it does differs between
+    processes: KernelBench's own level-2 references failed at 1e-3 on an H100. Seen on the meta device,
+    so this runs without a GPU; a matmul, the cpu and the low-precision dtypes keep their tolerance."""
+    from pipeline.judge.bench import task_tolerance
+
+    (tmp_path / "1_Conv_ReLU.py").write_text(CONV_TASK)
+    (tmp_path / "41_Linear_ReLU_Scale.py").write_text(KERNELBENCH_LEVEL2)
+    conv, linear = (tasks.load_module(tasks.discover(tmp_path, [name])[0], "default") for name in ("1_*", "41_*"))
+    assert memory.convolves(conv) and not memory.convolves(linear)
+    assert task_tolerance(conv, "cuda", "float32", 1e-3) == POLICY.tf32_tol > 1e-3
+    assert task_tolerance(conv, "cuda", "float32", 1e-2) == 1e-2  # a wider tolerance of the task's stays
+    assert task_tolerance(conv, "cpu", "float32", 1e-3) == task_tolerance(linear, "cuda", "float32", 1e-3) == 1e-3
+    assert task_tolerance(conv, "cuda", "bfloat16", 1e-3) == 1e-3  # its own rule (judge.tolerance_for)
+
+
 # --- sizes are explicit -------------------------------------------------------------------------
 
 import json  # noqa: E402

@@ -42,6 +42,29 @@ def footprint(module: types.ModuleType) -> dict[str, int] | None:
     return out
 
 
+def convolves(module: types.ModuleType) -> bool:
+    """Whether Model's forward runs a convolution, seen on the meta device (False where it cannot
+    run there): on a GPU in float32 PyTorch lets cuDNN run those in TF32 (POLICY.tf32_tol)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        seen = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Ops.seen = Ops.seen or "convolution" in func.overloadpacket.__name__
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with _meta():
+            inputs = list(module.get_inputs())
+            model = module.Model(*module.get_init_inputs())
+            with Ops():
+                model(*inputs)
+    except Exception:  # noqa: BLE001 - best effort: strict tolerance where it cannot tell
+        return False
+    return Ops.seen
+
+
 def check_memory(module: types.ModuleType, device: str, budget_bytes: int | None = None, *,
                  factor: int) -> int | None:
     """Refuse a size that cannot fit, before anything is allocated: `factor` x the footprint's

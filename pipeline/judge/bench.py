@@ -334,6 +334,15 @@ def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, sett
     return measure_baselines(open_bench(task, size, backend, settings, env), cached_baselines, env, watch)
 
 
+def task_tolerance(module, device: str, dtype: str, default: float) -> float:
+    """The task's relative tolerance (its KGEN_TOLERANCE, else `default`), at least POLICY.tf32_tol
+    where a float32 call convolves on a GPU (cuDNN's TF32)."""
+    tolerance = tasks.tolerance(module, default)
+    if device == "cuda" and dtype == "float32" and memory.convolves(module):
+        return max(tolerance, POLICY.tf32_tol)
+    return tolerance
+
+
 def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
                env: dict[str, str] | None = None, memory_checked: bool = False, early: bool = False) -> TaskBench:
     """The task's bench with its reference process started (and, where torch.compile is timed,
@@ -346,7 +355,7 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
         memory.check_memory(module, device, health.gpu_free_bytes((env or {}).get("CUDA_VISIBLE_DEVICES"))
                             if device == "cuda" else None, factor=POLICY.memory_factor[device])
     bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device,
-                      tasks.tolerance(module, settings.tolerance), settings,
+                      task_tolerance(module, device, settings.dtype, settings.tolerance), settings,
                       other_sizes=_held_out(module, size) if settings.check_shapes else [],
                       output_bytes=(memory.footprint(module) or {}).get("output", 0), early=early)
     started = time.monotonic()
