@@ -59,7 +59,9 @@ def _errs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     if a.numel() == 0:
         return 0.0, 0.0
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-    n, piece = b.numel(), POLICY.compare_piece
+    # On a GPU in chunks, not cache-sized pieces: each piece costs launches and three syncs (a 4 GiB
+    # output is 16K pieces), and the device has no core cache to stay in.
+    n, piece = b.numel(), POLICY.compare_piece if b.device.type == "cpu" else POLICY.compare_chunk
     mean = sum(float(b[i:i + piece].double().abs().sum()) for i in range(0, n, piece)) / n
     top_diff = top_mag = own = 0.0
     for i in range(0, n, piece):
