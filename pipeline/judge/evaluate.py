@@ -89,17 +89,17 @@ class AttemptPlan:
         flat = [(f"timed{b}_{j}", seed) for b, block in enumerate(timed) for j, seed in enumerate(block)]
         rng = random.SystemRandom()
         for key, seed in rng.sample(flat, min(checked_count(bench.output_bytes), len(flat))):
-            checked[key] = {"size": bench.size, "seed": seed, "variant": "base"}
+            checked[key] = {"size": bench.size, "seed": seed, "variant": "base", "errors": False}
         # One call of every Bound request, chosen in secret (of as many requests as checked_count allows).
         for b in sorted(rng.sample(range(len(bounds)), min(len(bounds), checked_count(bench.output_bytes)))):
             j = rng.randrange(len(bounds[b]))
-            checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": bounds[b][j], "variant": "base"}
+            checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": bounds[b][j], "variant": "base", "errors": False}
         if not timed:  # the cpu: as many more of the Bound calls as a GPU checks of its timed calls
             rest = [(f"bound{b}_{j}", seed) for b, block in enumerate(bounds) for j, seed in enumerate(block)
                     if f"bound{b}_{j}" not in checked]
             more = checked_count(bench.output_bytes) - sum(k.startswith("bound") for k in checked)
             for key, seed in rng.sample(rest, min(max(0, more), len(rest))):
-                checked[key] = {"size": bench.size, "seed": seed, "variant": "base"}
+                checked[key] = {"size": bench.size, "seed": seed, "variant": "base", "errors": False}
         plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size)
         # float64 values (the output and, in gradient mode, gradients of the inputs' size) of every
         # checked call, and the inbox's sets: ahead where small and known (specs).

@@ -166,7 +166,7 @@ class Reference:
         return ForwardBackward(model, init_seed, upstream_dtype)
 
     def expected(self, size: str, init_seed: int, seed: int, variant: str, pack_inputs: bool = False,
-                 output: bool = True, values: bool = True) -> dict[str, Any]:
+                 output: bool = True, values: bool = True, errors: bool = True) -> dict[str, Any]:
         """The reference's output for one call, in float64, written into a sealed memfd (`values_fd`,
         the caller's to close; with `values` False only what describes it: shapes and dtypes);
         with `pack_inputs`, the call's inputs too, packed as the inbox holds them
@@ -196,6 +196,15 @@ class Reference:
                 out32, parts32 = _parts(m32(*inputs))
             return {**meta, **_described(out32, parts32)}
         inputs64 = _as64(inputs)
+        if not errors:  # the float64 values alone (refproto.Spec.errors): no run-dtype forward to keep inputs for
+            del inputs
+            reseed(m64, inputs64, seed)
+            with torch.no_grad():
+                out64, parts = _parts(m64(*inputs64))
+            del inputs64
+            meta["values_fd"] = R.sealed_memfd("kgen-expected", *(
+                t.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy() for _, t in parts))
+            return {**meta, **_described(out64, parts)}
         kept = self._room(inputs, inputs64)
         if not kept:
             del inputs
@@ -412,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             with _spread(start.spread_cores if ref.device == "cpu" else None):
                 for spec in request.specs:
                     meta = ref.expected(spec.size, request.init_seed, spec.seed, spec.variant, spec.inputs, spec.output,
-                                        spec.values)
+                                        spec.values, spec.errors)
                     fds = {name: meta.pop(name) for name in ("values_fd", "inputs_fd") if name in meta}
                     if fds:  # first: the parent takes them as it reads the line below (a line naming none takes none)
                         R.give(handover, list(fds.values()))

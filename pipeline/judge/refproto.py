@@ -122,6 +122,9 @@ class Spec(Message):
     """Its output; False: its inputs alone."""
     values: bool = True
     """The output's float64 values (values_fd); False: only its shapes and dtypes."""
+    errors: bool = True
+    """Also PyTorch's own error in the run's dtype on these inputs (a second forward and a pass over
+    both); False: the float64 values alone, where the parent takes the rest from its size's trial."""
 
 
 class Expect(Message):
