@@ -14,12 +14,12 @@ import enum
 import os
 import struct
 
+
 class _Sys(enum.IntEnum):
     """Landlock's system calls (the same numbers on every architecture)."""
     CREATE_RULESET = 444
     ADD_RULE = 445
     RESTRICT_SELF = 446
-
 
 
 class _Fs(enum.IntFlag):
@@ -53,6 +53,7 @@ class _Scope(enum.IntFlag):
     """What a domain keeps inside itself (LANDLOCK_SCOPE_*, ABI 6)."""
     ABSTRACT_UNIX_SOCKET = 1
     SIGNAL = 2
+
 
 # What a confined child may read of the system: the jail's policy (pipeline/sandbox/confine.py) and the
 # harness's own second layer (harness.readable_paths) both use these.
