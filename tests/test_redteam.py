@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from pipeline.sandbox.spares import Spares
 from pipeline.child import HARNESS, tasks
 from pipeline.config import EvalConfig
 from pipeline.policy import POLICY
-from pipeline.records import EvalResult, Flag, Verdict
+from pipeline.records import BuildResult, EvalResult, Flag, Verdict
 
 from forgers import UNEARNED_X, gains_nothing, load_unfit, no_figure
 
@@ -40,6 +41,10 @@ TASKS = ROOT / "reference_tasks"
 TEST_TASKS = Path(__file__).resolve().parent / "tasks"  # tasks of our own (big_add: a large output)
 SETTINGS = EvalConfig(compile_baseline=False, trials=5, timed_calls=10, timed_ms=0, warmup_calls=2, timeout_s=60)
 HANG_SETTINGS = SETTINGS.model_copy(update={"timeout_s": 20})
+# For the tests that look at verdicts, notes and rooms, never at a timing figure: a correct result the
+# cpu was too loaded to time is judged again (load_retries) only to get it a figure, and each such
+# judgement is a fresh child and draw (seconds each on a loaded CI box) that these tests never read.
+ONCE = SETTINGS.model_copy(update={"load_retries": 0})
 
 V = Verdict
 FAILS = [
@@ -217,17 +222,20 @@ from pipeline.child import tasks
 from pipeline.config import EvalConfig
 settings = EvalConfig.model_validate_json(sys.argv[3])
 task = tasks.discover(Path(sys.argv[1]), ["mse"])[0]
-bench = prepare(task, "small", "cpu", settings)
+bench = prepare(task, "small", "cpu", settings, cached_baselines=lambda key: sys.argv[5])
 result = evaluate.evaluate(bench, Path(sys.argv[2]), Path(sys.argv[4]), settings)
 print("RESULT " + result.model_dump_json())
 bench.close()
 """
 
 
-def test_environment_snooping_finds_nothing(tmp_path, monkeypatch):
+def test_environment_snooping_finds_nothing(bench, tmp_path, monkeypatch):
     """Secrets in the evaluating process's environment (set before it started, so they are in its
     /proc/PID/environ too), the database under the project folder, and a TCP listener: the
-    candidate returns a wrong answer if it can read, write or reach any of them."""
+    candidate returns a wrong answer if it can read, write or reach any of them. The fresh process
+    starts its own reference process and takes the session's mse baselines as cached ones (as a
+    `kgen eval` finds those an earlier run stored), and judges the candidate once (ONCE: no figure
+    is looked at)."""
     monkeypatch.setenv("KGEN_TEST_SECRET", "s3cret")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-redteam-" + uuid.uuid4().hex)
     db_dir = ROOT / "db"
@@ -254,7 +262,7 @@ def test_environment_snooping_finds_nothing(tmp_path, monkeypatch):
         # A fresh evaluating process, so the secrets are in its initial environment as a real
         # `kgen run` launched from a shell with the key exported would have them.
         proc = subprocess.run([sys.executable, "-c", _SNOOP_RUNNER, str(TASKS), str(code),
-                               SETTINGS.model_dump_json(), str(build_dir)],
+                               ONCE.model_dump_json(), str(build_dir), bench("mse").baselines.model_dump_json()],
                               cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=300)
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -270,11 +278,29 @@ def test_environment_snooping_finds_nothing(tmp_path, monkeypatch):
             path.unlink(missing_ok=True)
 
 
+# The C++ candidates the tests below judge, each built once for the session.
+PREBUILT = ("honest_cpp.py", "hardwired_size_fallback.py", "omp_all_cores.py", "honest_fast_mse.py")
+
+
 @pytest.fixture(scope="session")
-def honest_build(tmp_path_factory):
-    code = REDTEAM / "honest_cpp.py"
-    code_hash = hashlib.sha256(code.read_bytes()).hexdigest()[:16]
-    result = build.build(code, code_hash, tmp_path_factory.mktemp("builds"), build.BuildOptions(timeout_s=600))
+def prebuilt(tmp_path_factory) -> dict[str, BuildResult]:
+    """Every PREBUILT candidate built by build.build as each test built its own before, two at a time
+    (each build is one g++ on one core) when the first test needs one; nothing is judged meanwhile
+    (the tests wait for their fixtures before they start), so no timing runs beside them."""
+    root = tmp_path_factory.mktemp("builds")
+
+    def one(name: str) -> BuildResult:
+        code = REDTEAM / name
+        return build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], root,
+                           build.BuildOptions(timeout_s=600))
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(PREBUILT, pool.map(one, PREBUILT)))
+
+
+@pytest.fixture(scope="session")
+def honest_build(prebuilt):
+    result = prebuilt["honest_cpp.py"]
     assert result.ok, result.log[-4000:]
     return Path(result.build_dir)
 
@@ -311,10 +337,8 @@ def test_the_parent_reads_the_extension_itself(honest_build, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def hardwired_build(tmp_path_factory):
-    code = REDTEAM / "hardwired_size_fallback.py"
-    code_hash = hashlib.sha256(code.read_bytes()).hexdigest()[:16]
-    result = build.build(code, code_hash, tmp_path_factory.mktemp("builds"), build.BuildOptions(timeout_s=600))
+def hardwired_build(prebuilt):
+    result = prebuilt["hardwired_size_fallback.py"]
     assert result.ok, result.log[-4000:]
     return Path(result.build_dir)
 
@@ -324,7 +348,7 @@ def test_a_kernel_hardwired_to_the_declared_size_is_served_there_alone(bench, ha
     """Its own kernel at 256 x 4096, PyTorch at every other size: right everywhere, so no held-out
     trial fails. The child's profile at each held-out size says PyTorch did the work: flagged
     shape_specialized (the child's claim, stored as such), and no held-out size is served."""
-    result = evaluate.evaluate(bench("mse"), REDTEAM / "hardwired_size_fallback.py", hardwired_build, SETTINGS)
+    result = evaluate.evaluate(bench("mse"), REDTEAM / "hardwired_size_fallback.py", hardwired_build, ONCE)
     assert result.verdict is V.correct, describe(result)
     assert result.own_code.holds_own is True, result.own_code
     assert Flag.shape_specialized in result.flags and Flag.shape_specialized in result.claimed_flags, describe(result)
@@ -341,10 +365,10 @@ def test_spare_child_serves_one_attempt_and_is_cleaned_up(bench, honest_build):
     (How much start-up it saves is a timing, which a loaded box moves: not asserted here.)"""
     spares = Spares(HARNESS, ["eval"], refill=True)
     try:
-        first = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
+        first = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, ONCE, spares=spares)
         spares.refill = False
         waiting = [child for queue in spares._waiting.values() for child, _ in queue]
-        second = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS, spares=spares)
+        second = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, ONCE, spares=spares)
         left = [entry for queue in spares._waiting.values() for entry in queue]
     finally:
         spares.close()
@@ -390,7 +414,7 @@ def test_a_reference_started_off_the_lane_moves_to_it(honest_build):
         opened.move_reference(own, lane)
         after = [c for pid in sandbox.session_members(ref.proc.pid) for c in _thread_cores(pid)]
         measure_baselines(opened, env=lane)
-        result = evaluate.evaluate(opened, REDTEAM / "honest_cpp.py", honest_build, SETTINGS, env=lane)
+        result = evaluate.evaluate(opened, REDTEAM / "honest_cpp.py", honest_build, ONCE, env=lane)
         serving = list(opened.references.values())
     finally:
         opened.close()
@@ -518,18 +542,20 @@ from pipeline.judge.bench import prepare
 from pipeline.child import tasks
 from pipeline.config import EvalConfig
 settings = EvalConfig.model_validate_json(sys.argv[2])
-bench = prepare(tasks.discover(Path(sys.argv[1]), ["mse"])[0], "small", "cpu", settings)
-for code, build_dir in zip(sys.argv[3::2], sys.argv[4::2]):
+bench = prepare(tasks.discover(Path(sys.argv[1]), ["mse"])[0], "small", "cpu", settings,
+                cached_baselines=lambda key: sys.argv[3])
+for code, build_dir in zip(sys.argv[4::2], sys.argv[5::2]):
     print("RESULT " + evaluate.evaluate(bench, Path(code), Path(build_dir), settings).model_dump_json(), flush=True)
 bench.close()
 """
 
 
-def test_log_link_fifo_and_giant_leak_and_hang_nothing(tmp_path, monkeypatch):
+def test_log_link_fifo_and_giant_leak_and_hang_nothing(bench, tmp_path, monkeypatch):
     """Each candidate swaps its log (HOME/output.log) for a symlink to the parent's
     /proc/PID/environ, a FIFO nobody writes, or a 1 TiB sparse file, then computes honestly. The
     evaluating process (a fresh one, with secrets in its initial environment) must finish each with
-    its normal verdict in time, and no secret may reach the result."""
+    its normal verdict in time, and no secret may reach the result. (It starts its own reference
+    process and takes the session's mse baselines as cached ones.)"""
     secrets = {"KGEN_TEST_SECRET": "s3cret-" + uuid.uuid4().hex, "OPENAI_API_KEY": "sk-redteam-" + uuid.uuid4().hex}
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
@@ -538,7 +564,8 @@ def test_log_link_fifo_and_giant_leak_and_hang_nothing(tmp_path, monkeypatch):
         (tmp_path / name).mkdir()
         args += [str(REDTEAM / name), str(tmp_path / name)]
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", _EVAL_RUNNER, str(TASKS), LOG_SETTINGS.model_dump_json(), *args],
+    proc = subprocess.run([sys.executable, "-c", _EVAL_RUNNER, str(TASKS), LOG_SETTINGS.model_dump_json(),
+                           bench("mse").baselines.model_dump_json(), *args],
                           cwd=ROOT, env=dict(os.environ), capture_output=True, text=True,
                           timeout=60 + len(LOG_TRICKS) * LOG_SETTINGS.timeout_s)
     elapsed = time.monotonic() - started
@@ -590,8 +617,8 @@ def test_nothing_survives_from_one_attempt_to_the_next(bench, tmp_path):
     outside = [Path("/dev/shm") / name, Path("/tmp") / name, Path(tempfile.gettempdir()) / name,
                (tmp_path / "build").resolve() / name]
     try:
-        first = run(bench, "", "mse", tmp_path, code=code)
-        second = run(bench, "", "mse", tmp_path, code=code)
+        first = run(bench, "", "mse", tmp_path, ONCE, code=code)
+        second = run(bench, "", "mse", tmp_path, ONCE, code=code)
         left = [p for p in outside if p.exists()]
     finally:
         for path in outside:
@@ -686,7 +713,7 @@ def test_trickled_reply_times_out_on_schedule(bench, tmp_path, monkeypatch):
 # ---- unequal cores: both sides of a speedup get the same cores ----------------------------------
 
 
-def test_a_kernel_on_every_core_is_held_to_eager_s_threads(bench, honest_build, tmp_path):
+def test_a_kernel_on_every_core_is_held_to_eager_s_threads(bench, honest_build, prebuilt):
     """omp_all_cores.py spreads honest_cpp.py's loop over every core with std::thread while eager is
     timed on cpu_threads (1) threads. The child is held to that many cores (sandbox.cpu_cores), so
     its threads share that one core (unpinned on the 2-core box: 1.15x against its twin's 0.65x).
@@ -694,8 +721,7 @@ def test_a_kernel_on_every_core_is_held_to_eager_s_threads(bench, honest_build, 
     a busy shared box (load 6) read 0.47x and 0.78x for the twin and this alike, so their ratio is
     measured over ten runs each (bench/cpu_judge_probe.py; docs/decisions/cpu-timing.md), not here."""
     code = REDTEAM / "omp_all_cores.py"
-    built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], tmp_path / "builds",
-                        build.BuildOptions(timeout_s=600))
+    built = prebuilt["omp_all_cores.py"]
     assert built.ok, built.log[-4000:]
     twin = evaluate.evaluate(bench("mse"), REDTEAM / "honest_cpp.py", honest_build, SETTINGS)
     spread = evaluate.evaluate(bench("mse"), code, Path(built.build_dir), SETTINGS)
@@ -766,7 +792,7 @@ def test_a_floor_taken_in_a_busy_moment_refuses_no_honest_kernel(bench, honest_b
 _SPIN = "import os, sys\nos.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\nwhile True: pass\n"
 
 
-def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_clock_gains_nothing(bench, tmp_path):
+def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_clock_gains_nothing(bench, prebuilt, tmp_path):
     """Two processes spinning on the very cores the child and eager are held to (sandbox.cpu_cores):
     the honest fused mse is judged correct, faster than eager where it was timed (never refused),
     and the clock forged to 10% of its work gains nothing (pipeline.judge.clocks.loaded).
@@ -777,8 +803,7 @@ def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_cloc
     settings = SETTINGS.model_copy(update={"timeout_s": 300, "load_retries": 0})
     cores = sandbox.cpu_cores(SETTINGS.cpu_threads)
     code = REDTEAM / "honest_fast_mse.py"
-    built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], tmp_path / "builds",
-                        build.BuildOptions(timeout_s=600))
+    built = prebuilt["honest_fast_mse.py"]
     assert built.ok, built.log[-2000:]
     (tmp_path / "f").mkdir()
     spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, cores]) for _ in range(2)]

@@ -301,11 +301,57 @@ def end_hoppers(names: set[str], groups: set[int]) -> None:
             return
 
 
-def eval_config(tmp: Path, evaluation: dict | None = None) -> Path:
-    return write_config(tmp, ["pass"], size="small", evaluation=evaluation)
+def eval_config(tmp: Path, evaluation: dict | None = None, cache: BaselineCache | None = None) -> Path:
+    """A `kgen eval` config, its database holding the baselines `cache` kept from earlier runs."""
+    path = write_config(tmp, ["pass"], size="small", evaluation=evaluation)
+    if cache:
+        cache.seed(tmp / "kgen.db")
+    return path
 
 
-def test_no_process_of_the_attempt_outlives_kgen_eval(tmp_path, subreaper):
+class BaselineCache:
+    """mse's baselines as the first `kgen eval` of this module timed and stored them, put in each later
+    run's database before it starts: as a second `kgen eval` on one machine finds in its database the
+    baselines the first stored (bench.measure_baselines), so the reference process times them once
+    for the module, not in every run (about 5 s each on the 2-core box). What each test looks at
+    (its candidate's build and evaluation, the room, the verdict and figures) is judged afresh."""
+
+    COLUMNS = ("key", "task", "size", "device", "torch_version", "result_json")
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple] = {}
+
+    def seed(self, db: Path) -> None:
+        if not self.rows:
+            return
+        store = Store.open(db)
+        try:
+            for row in self.rows.values():
+                store.save_baseline(*row)
+        finally:
+            store.close()
+
+    def keep(self, db: Path) -> None:
+        if not db.exists():
+            return
+        import sqlite3
+
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            rows = con.execute(f"SELECT {', '.join(self.COLUMNS)} FROM baselines").fetchall()
+        except sqlite3.Error:
+            rows = []
+        finally:
+            con.close()
+        self.rows.update((row[0], tuple(row)) for row in rows)
+
+
+@pytest.fixture(scope="module")
+def baseline_cache() -> BaselineCache:
+    return BaselineCache()
+
+
+def test_no_process_of_the_attempt_outlives_kgen_eval(tmp_path, subreaper, baseline_cache):
     """pid_hopper.py forks, at import, a helper that leaves its group and hops pids every 3 ms, from
     the build child (comm kb+TAG) and from the evaluation child (ke+TAG). After `kgen eval` returns
     (and a moment for the kernel to finish its kills), neither is alive: not in /proc, not in `ps`.
@@ -313,11 +359,12 @@ def test_no_process_of_the_attempt_outlives_kgen_eval(tmp_path, subreaper):
     tag = uuid.uuid4().hex[:12]
     names = {f"kb{tag}", f"ke{tag}"}
     code = tagged("pid_hopper.py", tag, tmp_path)
-    config = eval_config(tmp_path)
+    config = eval_config(tmp_path, cache=baseline_cache)
     groups: set[int] = set()
     try:
         proc = kgen("eval", str(code), "--task", "mse", "--backend", "cpu", "-c", str(config), cwd=tmp_path)
         time.sleep(1.0)  # SIGKILL sent is not yet dead: a moment, no more
+        baseline_cache.keep(tmp_path / "kgen.db")
         attempts = stored(tmp_path / "kgen.db") if (tmp_path / "kgen.db").exists() else []
         # The helpers' own groups, as their notes gave them: only where to look (frozen_survivors).
         for text in [a["build_log"] for a in attempts] + [a["result"].output for a in attempts]:
@@ -395,7 +442,7 @@ class Listener:
 
 
 @pytest.fixture(scope="module")
-def channel_runs(tmp_path_factory):
+def channel_runs(tmp_path_factory, baseline_cache):
     """channels.py judged twice by `kgen eval` (two attempts, each built afresh: the second's file
     differs by a comment), with the test's listeners under /run and under the project folder.
     Returns the notes of each run's build and evaluation, what the listeners got, and which of the
@@ -407,7 +454,7 @@ def channel_runs(tmp_path_factory):
     (ROOT / "db").mkdir(exist_ok=True)
     places.append(ROOT / "db" / f"kgen-test-{tag}.sock")
     listeners = [Listener(p) for p in places]
-    config = eval_config(tmp, {"step_floor_s": 60.0})
+    config = eval_config(tmp, {"step_floor_s": 60.0}, baseline_cache)
     runs = []
     try:
         for n in (1, 2):
@@ -417,6 +464,7 @@ def channel_runs(tmp_path_factory):
             code.write_text(code.read_text() + f"# attempt {n}\n")
             proc = kgen("eval", str(code), "--task", "mse", "--backend", "cpu", "-c", str(config), cwd=folder)
             leftover = {kind: {key + off} & ipcs_keys()[kind] for kind, off in SYSV.values()}
+            baseline_cache.keep(tmp / "kgen.db")
             attempt = [a for a in stored(tmp / "kgen.db") if a["run_id"] not in {r["run_id"] for r in runs}]
             assert len(attempt) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
             runs.append({"run_id": attempt[0]["run_id"], "result": attempt[0]["result"], "left": leftover,
@@ -461,7 +509,7 @@ SPEEDUP_FIELDS = ("speedup_eager", "speedup_compile")
 
 
 @pytest.mark.parametrize("twin", [False, True], ids=["forged", "honest_twin"])
-def test_a_self_loaded_forger_gains_nothing_and_unfit_timing_carries_no_figure(tmp_path, twin):
+def test_a_self_loaded_forger_gains_nothing_and_unfit_timing_carries_no_figure(tmp_path, twin, baseline_cache):
     """load_launder.py forges its clock to a tenth and loads its own cores with two spinners; its twin
     only loads. For each: the spinners ran; where the load made the timing unfit (clocks.loaded)
     there is no figure: the stored result's x eager and x compile (and the pairwise ratios behind
@@ -472,8 +520,9 @@ def test_a_self_loaded_forger_gains_nothing_and_unfit_timing_carries_no_figure(t
     tag, name = uuid.uuid4().hex[:12], "load_launder.py"
     code = tagged(name, tag, tmp_path, **(TWIN[name] if twin else {}))
     # One re-judging (the default is two): it meets the candidate's own load again, and one shows that.
-    config = eval_config(tmp_path, {"load_retries": 1})
+    config = eval_config(tmp_path, {"load_retries": 1}, baseline_cache)
     proc = kgen("eval", str(code), "--task", "mse", "--backend", "cpu", "-c", str(config), "--json", cwd=tmp_path)
+    baseline_cache.keep(tmp_path / "kgen.db")
     [attempt] = stored(tmp_path / "kgen.db")
     result = attempt["result"]
     said = notes(result.output)

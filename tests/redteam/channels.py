@@ -16,7 +16,7 @@ The channels:
 - fsize: one byte written at 3 GiB into a sparse file in HOME (no real disk), then removed;
 - nproc: up to NPROC blocked subshells of /bin/sh, then all ended (the pipe they read closes, their
   group is killed): open where every one started, denied with the count where a fork was refused
-  (the shell's, or, once its count stalls for 3 s, one of the probe's own), unfinished where the
+  (the shell's, or, once its count stalls for STALL_S, one of the probe's own), unfinished where the
   deadline came first with nothing refused.
 The forward is torch's own mse, so a verdict exists (correct, flagged no_custom_kernel).
 
@@ -39,6 +39,9 @@ SOCKETS = "__KGEN_SOCKETS__"  # colon-separated paths
 KEY = int("".join(c for c in TAG if c in "0123456789abcdef")[:7] or "4b67", 16) | 0x20000000
 NPROC = 10000
 NPROC_S = 25.0
+# A stall only asks whether the probe may fork at all: where it may, the count goes on (and a
+# fork refused is the only `denied` that a stall can give), so a short wait costs nothing but a fork.
+STALL_S = 1.0
 ROLE = "b" if "build" in sys.argv[1:] else "e"  # the harness runs as `... --result-fd N build|eval`
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -180,7 +183,7 @@ def _nproc():
         try:
             chunk = os.read(r, 4096)
         except BlockingIOError:
-            if time.monotonic() - moved > 3.0 and refused is None:  # the count stalled: may we fork at all?
+            if time.monotonic() - moved > STALL_S and refused is None:  # the count stalled: may we fork at all?
                 try:
                     child = os.fork()
                 except OSError as exc:
