@@ -24,22 +24,41 @@ SETTINGS = EvalConfig(trials=3, warmup_calls=1, compile_baseline=False, check_sh
                       timeout_s=120, timed_calls=16)
 
 
-def judge_the_reference(name: str, size: str, device: str, tmp_path: Path, settings: EvalConfig = SETTINGS):
-    """The task's own Model as the candidate (`class ModelNew(Model)`), judged once."""
+def judge_the_reference(name: str, size: str, device: str, tmp_path: Path, settings: EvalConfig = SETTINGS,
+                        kept: dict | None = None):
+    """The task's own Model as the candidate (`class ModelNew(Model)`), judged once. With `kept`
+    (the module's `benches`), the bench for mse at "odd" under SETTINGS is prepared once and kept for
+    the stalled-machine test, which judges that same task at that size: each evaluation still gets its
+    own child and draw (saves a reference process start and its baselines, about 10 s of CI)."""
     task = tasks.discover(ROOT / "reference_tasks", [name])[0]
     code = tmp_path / "cand.py"
     code.write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")
     (tmp_path / "build").mkdir()
-    bench = prepare(task, size, device, settings)
+    key = (name, size, device, settings.model_dump_json())
+    keep = kept is not None and (name, size, device, settings) == ("mse", "odd", "cpu", SETTINGS)
+    bench = kept.get(key) if keep else None
+    if bench is None:
+        bench = prepare(task, size, device, settings)
+        if keep:
+            kept[key] = bench
     try:
         return evaluate.evaluate(bench, code, tmp_path / "build", settings)
     finally:
+        if not keep:
+            bench.close()
+
+
+@pytest.fixture(scope="module")
+def benches():
+    kept: dict = {}
+    yield kept
+    for bench in kept.values():
         bench.close()
 
 
 @pytest.mark.parametrize("name", TASKS)
-def test_the_reference_as_its_own_candidate_is_correct(name, tmp_path):
-    result = judge_the_reference(name, "odd", "cpu", tmp_path)
+def test_the_reference_as_its_own_candidate_is_correct(name, tmp_path, benches):
+    result = judge_the_reference(name, "odd", "cpu", tmp_path, kept=benches)
     assert result.verdict is Verdict.correct, (result.verdict.value, result.error, result.wall_ms_per_call)
     # The reference is PyTorch's own ops: no code of its own was built, the parent's finding (pipeline.judge.owncode).
     assert result.flags == [Flag.no_custom_kernel], result.flags
@@ -81,7 +100,7 @@ def test_the_reference_as_its_own_candidate_is_correct_in_gradient_mode_on_the_g
     assert result.trusted and "replayed from CUDA graphs" in (result.bound_note or ""), (result.untrusted_reason, result.bound_note)
 
 
-def test_a_stalled_machine_slows_the_cpu_figure_and_refuses_nothing(tmp_path, monkeypatch):
+def test_a_stalled_machine_slows_the_cpu_figure_and_refuses_nothing(tmp_path, monkeypatch, benches):
     """A machine stalled through most Bound requests of one evaluation (here: the parent sleeps 20 ms
     before sending two in three, inside its own window, where no run queue counts it): on the cpu
     the parent's clock is the only one, so the stall can only slow the figure, never refuse an
@@ -104,7 +123,7 @@ def test_a_stalled_machine_slows_the_cpu_figure_and_refuses_nothing(tmp_path, mo
 
     monkeypatch.setattr(evaluate, "_judge", judge_counted)
     monkeypatch.setattr(sandbox.Child, "send", send)
-    result = judge_the_reference("mse", "odd", "cpu", tmp_path)
+    result = judge_the_reference("mse", "odd", "cpu", tmp_path, kept=benches)
     assert result.verdict is Verdict.correct and result.trusted, (result.verdict.value, result.error)
     assert result.first_refusal is None
     if no_figure(result):  # a box too loaded to time through the retries: each retry is one more evaluation
