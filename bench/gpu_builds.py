@@ -65,7 +65,7 @@ def run(label: str, group: list[tuple[str, str]], mode: str, at_once: int, root:
         path.write_text(code)
         result = build.build(path, "h" + name.replace("-", "_"), where / "builds",
                              build.BuildOptions(900, jobs, env, fast=mode != "plain", cuda=True,
-                                                light=mode.startswith("light"), split=mode != "light-serial"),
+                                                light=mode.startswith("light"), split=mode != "light-serial", reuse=False),
                              notice=print, spares=spares)
         row = dict(label=label, name=name, mode=mode, at_once=at_once, seconds=round(result.seconds, 1),
                    ok=result.ok, headers=result.headers,

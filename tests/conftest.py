@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -6,11 +8,23 @@ import pytest
 def pytest_configure(config):
     """Each xdist worker's cpu evaluations time on a core of their own (KGEN_CPU_CORES,
     pipeline.sandbox.cpu_cores): both on the first, core 0 ran at 99% while core 1 sat two-thirds
-    idle, and every child and reference process of both workers queued on it."""
+    idle, and every child and reference process of both workers queued on it.
+
+    Builds are kept for the session alone (KGEN_BUILD_CACHE, made here before the workers start,
+    so they share it): a candidate built by one test is not built again by the next, and nothing a
+    build test checks comes from an earlier session's build."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker and "KGEN_BUILD_CACHE" not in os.environ:
+        os.environ["KGEN_BUILD_CACHE"] = config._kgen_builds = tempfile.mkdtemp(prefix="kgen-test-builds-")
     cores = sorted(os.sched_getaffinity(0))
     if worker.startswith("gw") and len(cores) > 1 and "KGEN_CPU_CORES" not in os.environ:
         os.environ["KGEN_CPU_CORES"] = str(cores[int(worker[2:]) % len(cores)])
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_kgen_builds", None):
+        shutil.rmtree(config._kgen_builds, ignore_errors=True)
+        del os.environ["KGEN_BUILD_CACHE"]
 
 
 # The test files that judge real candidates many times over (each a jailed child and a reference

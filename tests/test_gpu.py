@@ -543,7 +543,7 @@ def test_a_level_2_candidate_keeping_cudnn_is_not_flagged_and_its_own_share_is_r
             code_hash = hashlib.sha256(code.encode()).hexdigest()[:16]
             path = tmp_path / f"{code_hash}.py"
             path.write_text(code)
-            result = build.build(path, code_hash, tmp_path / "builds", build.BuildOptions(600, 4, cuda=True))
+            result = build.build(path, code_hash, tmp_path / "builds", build.BuildOptions(600, 4, cuda=True, reuse=False))
             assert result.ok, result.log[-2000:]
             verdicts[name] = evaluate.evaluate(bench, path, Path(result.build_dir), settings)
             v = verdicts[name]

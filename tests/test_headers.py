@@ -72,7 +72,7 @@ def _copy(tmp_path: Path, name: str, text: str) -> Path:
 
 def test_a_candidate_builds_against_the_precompiled_headers_and_a_second_reuses_them(tmp_path):
     first = build.build(REDTEAM / "honest_cpp.py", "fasthonest000000", tmp_path / "builds",
-                        build.BuildOptions(timeout_s=900))
+                        build.BuildOptions(timeout_s=900, reuse=False))
     assert first.ok, first.log[-2000:]
     assert first.headers == "fast"
     folder = headers.ensure(False)
@@ -99,7 +99,7 @@ def test_a_candidate_builds_against_the_precompiled_headers_and_a_second_reuses_
 
     second_code = (REDTEAM / "honest_cpp.py").read_text().replace("kgen_redteam_honest_mse", "kgen_test_second")
     second = build.build(_copy(tmp_path, "second", second_code), "fastsecond000000", tmp_path / "builds",
-                         build.BuildOptions(timeout_s=900))
+                         build.BuildOptions(timeout_s=900, reuse=False))
     assert second.ok and second.headers == "fast"
     assert {p: p.stat().st_mtime_ns for p in (folder / "torch" / "extension.h.gch").iterdir()} == made
 
@@ -123,7 +123,7 @@ def test_a_changed_torch_or_compiler_gets_its_own_headers(tmp_path, monkeypatch)
 
 def test_a_candidate_the_fast_headers_cannot_build_is_built_as_written(tmp_path):
     result = build.build(_copy(tmp_path, "frontend", NEEDS_FRONTEND), "needsfrontend000", tmp_path / "builds",
-                         build.BuildOptions(timeout_s=900))
+                         build.BuildOptions(timeout_s=900, reuse=False))
     assert result.ok, result.log[-2000:]
     assert result.headers == "plain"
     assert "built with torch/extension.h as written, after a build with kgen's fast headers (failed in" in result.log
@@ -135,7 +135,7 @@ def test_a_build_child_cannot_write_the_shared_headers(tmp_path):
     assert folder is not None
     before = (folder / "torch" / "extension.h").read_text()
     result = build.build(_copy(tmp_path, "plant", PLANTS_A_HEADER), "plantheader00000", tmp_path / "builds",
-                         build.BuildOptions(timeout_s=300))
+                         build.BuildOptions(timeout_s=300, reuse=False))
     if os.environ.get("KGEN_LANDLOCK") == "0":
         pytest.skip("Landlock switched off")
     assert result.ok, result.log[-2000:]  # every write was refused, so the module imported
@@ -238,6 +238,74 @@ def test_code_that_compiles_nothing_is_built_without_making_the_headers(tmp_path
     code = tmp_path / "plain.py"
     code.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
                     "        return torch.relu(x)\n")
-    result = build.build(code, "plainhash", tmp_path / "builds", build.BuildOptions(timeout_s=300))
+    result = build.build(code, "plainhash", tmp_path / "builds", build.BuildOptions(timeout_s=300, reuse=False))
     assert result.ok, result.log[-2000:]
     assert not list((tmp_path / "cache").rglob("ready")) and not list((tmp_path / "cache").rglob("*.gch"))
+
+
+def test_a_build_is_kept_for_the_next_project_and_judged_from_there(tmp_path, monkeypatch):
+    """A build of the same code in another builds folder is the kept one, copied (no build child ran:
+    the candidate's module-level note is not in the log twice), byte for byte, and judged correct
+    from its new folder; other code, another route or reuse=False builds afresh."""
+    from pipeline.build import cache
+    from pipeline.child import tasks
+    from pipeline.config import EvalConfig
+    from pipeline.judge import evaluate
+    from pipeline.judge.bench import prepare
+    from pipeline.records import Verdict
+
+    monkeypatch.setenv("KGEN_BUILD_CACHE", str(tmp_path / "kept"))
+    code = _copy(tmp_path, "honest", (REDTEAM / "honest_cpp.py").read_text() + f"\nprint('built {tmp_path.name}')\n")
+    first = build.build(code, "keptfirst0000000", tmp_path / "a", build.BuildOptions(timeout_s=900))
+    assert first.ok and not first.cached, first.log[-2000:]
+    second = build.build(code, "keptsecond000000", tmp_path / "b", build.BuildOptions(timeout_s=900))
+    assert second.ok and second.cached and second.code_hash == "keptsecond000000"
+    assert second.build_dir == str((tmp_path / "b" / "keptsecond000000").resolve())
+    assert second.log == first.log and second.log.count(f"built {tmp_path.name}") == 1
+    so = "kgen_redteam_honest_mse/kgen_redteam_honest_mse.so"
+    assert (Path(second.build_dir) / so).read_bytes() == (Path(first.build_dir) / so).read_bytes()
+    assert len(list((tmp_path / "kept").iterdir())) == 1
+
+    task = tasks.discover(Path(__file__).resolve().parent.parent / "reference_tasks", ["mse"])[0]
+    settings = EvalConfig(compile_baseline=False, trials=2, timed_calls=5, timed_ms=0, warmup_calls=1, timeout_s=120)
+    bench = prepare(task, "small", "cpu", settings)
+    try:
+        result = evaluate.evaluate(bench, code, Path(second.build_dir), settings)
+    finally:
+        bench.close()
+    assert result.verdict is Verdict.correct and result.own_code.holds_own, (result.error, result.detail)
+
+    env = {"KGEN_CORES": "0"}  # where a build runs does not change what it makes
+    assert cache.key(b"x", env, fast=True) == cache.key(b"x", {}, fast=True)
+    assert len({cache.key(b"x", {}, fast=True), cache.key(b"y", {}, fast=True), cache.key(b"x", {}, fast=False),
+                cache.key(b"x", {"TORCH_CUDA_ARCH_LIST": "9.0"}, fast=True)}) == 4
+    third = build.build(code, "keptthird0000000", tmp_path / "c", build.BuildOptions(timeout_s=900, reuse=False))
+    assert third.ok and not third.cached and third.log.count(f"built {tmp_path.name}") == 1
+
+
+def test_a_kept_build_holds_plain_files_alone(tmp_path, monkeypatch):
+    """A build tree holding a link (to a file a later attempt must not get) or a FIFO is not kept,
+    nor is a failed build; a kept entry whose record is unreadable is a miss, not an error."""
+    from pipeline.build import cache
+    from pipeline.records import BuildResult
+
+    monkeypatch.setenv("KGEN_BUILD_CACHE", str(tmp_path / "kept"))
+    for n, plant in enumerate([lambda d: (d / "x.so").symlink_to("/etc/passwd"), lambda d: os.mkfifo(d / "pipe")]):
+        tree = tmp_path / f"tree{n}"
+        (tree / "ext").mkdir(parents=True)
+        (tree / "ext" / "ext.so").write_bytes(b"\x7fELF")
+        plant(tree / "ext")
+        cache.save(f"entry{n}", BuildResult(code_hash="h", ok=True, build_dir=str(tree)))
+        assert not (tmp_path / "kept" / f"entry{n}").exists()
+    plain = tmp_path / "plain"
+    (plain / "ext").mkdir(parents=True)
+    (plain / "ext" / "ext.so").write_bytes(b"\x7fELF")
+    cache.save("failed", BuildResult(code_hash="h", ok=False, build_dir=str(plain)))
+    assert not (tmp_path / "kept" / "failed").exists()
+    cache.save("good", BuildResult(code_hash="h", ok=True, build_dir=str(plain), seconds=20.0))
+    got = cache.load("good", tmp_path / "out" / "h2", "h2")
+    assert got is not None and got.cached and got.seconds == 20.0
+    assert (tmp_path / "out" / "h2" / "ext" / "ext.so").read_bytes() == b"\x7fELF"
+    (tmp_path / "kept" / "good" / "result.json").write_text("{not json")
+    assert cache.load("good", tmp_path / "out" / "h3", "h3") is None and not (tmp_path / "out" / "h3").exists()
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == ["good"]  # no half-made copy left behind

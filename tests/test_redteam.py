@@ -597,7 +597,7 @@ def test_log_tricks_at_build_time(tmp_path, name):
     timeout_s = 60
     started = time.monotonic()
     result = build.build(code, "redteam-" + name.removesuffix(".py"), tmp_path / "builds",
-                         build.BuildOptions(timeout_s=timeout_s))
+                         build.BuildOptions(timeout_s=timeout_s, reuse=False))
     assert time.monotonic() - started < timeout_s
     assert result.ok and not result.timed_out, result.log[-2000:]
     assert len(result.log) < POLICY.log_tail_bytes + 1000

@@ -270,7 +270,7 @@ def test_stale_lock_is_removed_before_building(tmp_path):
     lock.touch()  # a killed build left it again; build() must clear it itself
     code = tmp_path / "pure.py"
     code.write_text(PURE_PYTHON)
-    result = build.build(code, code_hash, root, build.BuildOptions(timeout_s=120))
+    result = build.build(code, code_hash, root, build.BuildOptions(timeout_s=120, reuse=False))
     assert result.ok, result.log[-3000:]
     # The jailed build wrote a folder of its own, which replaced the old one, stale lock and all.
     assert not lock.exists()
@@ -305,7 +305,7 @@ def test_a_pinned_build_stays_on_its_cores_whatever_the_candidate_asks(tmp_path)
             pass
     """))
     result = build.build(code, "pinned", tmp_path / "builds",
-                         build.BuildOptions(timeout_s=120, env={"KGEN_CORES": str(core)}, fast=False))
+                         build.BuildOptions(timeout_s=120, env={"KGEN_CORES": str(core)}, fast=False, reuse=False))
     assert result.ok, result.log
     assert f"KGEN-NOTE affinity [{core}]" in result.log, result.log
     assert "KGEN-NOTE refused PermissionError" in result.log and "widened" not in result.log, result.log
@@ -372,7 +372,7 @@ def test_a_build_child_started_ahead_builds_confined_as_a_fresh_one(tmp_path, se
     try:
         spares.fill(env, wait=True)
         waiting = spares._waiting[frozenset(env.items())][0]
-        result = build.build(code, "spare0", tmp_path / "builds", build.BuildOptions(timeout_s=120, env=env, fast=False),
+        result = build.build(code, "spare0", tmp_path / "builds", build.BuildOptions(timeout_s=120, env=env, fast=False, reuse=False),
                              spares=spares)
         assert result.ok, result.log
         assert waiting.proc.poll() is not None  # the child started ahead built it, and is gone

@@ -152,7 +152,7 @@ def test_the_interpreter_is_set_for_the_child_only(bench, tmp_path):
     code = "import os\n" + code
     path = tmp_path / "env.py"
     path.write_text(code)
-    built = build.build(path, "env-check", tmp_path / "builds", build.BuildOptions(timeout_s=120))
+    built = build.build(path, "env-check", tmp_path / "builds", build.BuildOptions(timeout_s=120, reuse=False))
     result = evaluate.evaluate(bench, path, Path(built.build_dir), SETTINGS)
     assert result.verdict is Verdict.correct, result.error
 

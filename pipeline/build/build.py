@@ -19,7 +19,7 @@ from .. import sandbox
 from ..child import HARNESS, protocol
 from ..config import cache_root
 from ..records import BuildResult
-from . import headers
+from . import cache, headers
 
 
 def build_dir_for(builds_root: Path, code_hash: str) -> Path:
@@ -75,6 +75,9 @@ class BuildOptions:
     split: bool = True
     """nvcc's host and device steps side by side in the faster routes (pipeline/build/nvcc_split.py)
     where the build has SPLIT_CORES cores; the last route, torch's own headers, runs nvcc as torch does."""
+    reuse: bool = True
+    """Take a build of the same code kept from an earlier run (pipeline/build/cache.py), and keep this
+    one; False builds afresh and keeps nothing (what measures or probes a build itself)."""
 
 
 def build(code_path: Path, code_hash: str, builds_root: Path, options: BuildOptions = BuildOptions(),
@@ -83,11 +86,25 @@ def build(code_path: Path, code_hash: str, builds_root: Path, options: BuildOpti
     again from a clean folder with the next, slower headers, down to torch's own, whose result and
     log stand, so the faster routes never cost a candidate its build. `notice`: a line for a slow
     first step (precompiling the headers). `spares`: build children started ahead with torch imported
-    (BuildSpares), taken where one waits."""
-    timeout_s, max_jobs, extra_env = options.timeout_s, options.max_jobs, options.env
-    fast, cuda, light, split = options.fast, options.cuda, options.light, options.split
+    (BuildSpares), taken where one waits. A build of the same code kept from an earlier run
+    (pipeline/build/cache.py) is copied in instead, marked cached."""
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
     code_path = code_path.resolve()
+    if not options.reuse:
+        return _build(code_path, code_hash, build_dir, options, notice, spares)
+    entry = cache.key(code_path.read_bytes(), options.env or {}, fast=options.fast, cuda=options.cuda,
+                      light=options.light)
+    if (kept := cache.load(entry, build_dir, code_hash)) is not None:
+        return kept
+    result = _build(code_path, code_hash, build_dir, options, notice, spares)
+    cache.save(entry, result)
+    return result
+
+
+def _build(code_path: Path, code_hash: str, build_dir: Path, options: BuildOptions,
+           notice: Callable[[str], None] | None, spares: BuildSpares | None) -> BuildResult:
+    timeout_s, max_jobs, extra_env = options.timeout_s, options.max_jobs, options.env
+    fast, cuda, light, split = options.fast, options.cuda, options.light, options.split
     # Code that compiles nothing (pure PyTorch, Triton) needs no precompiled headers: making them the
     # first time writes some 1.2 GB under the cache (a KernelBench reference dropped in as a candidate
     # made them, 28 s and 1.2 GB, in a fresh clone's first evaluation). Code that compiles under
