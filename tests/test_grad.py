@@ -47,17 +47,8 @@ def builds(tmp_path_factory):
         assert result.ok, f"{name}: {result.log[-3000:]}"
         return name, Path(result.build_dir)
 
-    def plain(name: str) -> tuple[str, Path]:
-        # Plain PyTorch compiles nothing: its "build" is an import in a build child (4-5 s each on two
-        # cores) that leaves an empty folder, so it gets the empty folder the forged candidates below get;
-        # the evaluation's own child imports it as before.
-        folder = root / f"plain-{name}"
-        folder.mkdir()
-        return name, folder
-
-    compiled = [n for n in CANDIDATES if any(w in (REDTEAM / f"{n}.py").read_text() for w in build.COMPILING)]
-    with ThreadPoolExecutor(2) as pool:
-        return {**dict(plain(n) for n in CANDIDATES if n not in compiled), **dict(pool.map(one, compiled))}
+    with ThreadPoolExecutor(2) as pool:  # plain PyTorch builds nothing (build.NOTHING_TO_BUILD): an empty folder
+        return dict(pool.map(one, CANDIDATES))
 
 
 @pytest.fixture(scope="module")

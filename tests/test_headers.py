@@ -230,16 +230,19 @@ def test_old_header_folders_are_pruned_past_the_last_used_and_never_while_being_
     assert headers.prune(tmp_path, keep=3, idle_s=3600) == ["e"]  # its lock free now
 
 
-def test_code_that_compiles_nothing_is_built_without_making_the_headers(tmp_path, monkeypatch):
-    """A pure-PyTorch candidate (a KernelBench reference dropped in) needs no precompiled headers:
-    a fresh clone's first evaluation of one made them once, 28 s and 1.2 GB written."""
+def test_code_that_compiles_nothing_is_not_built_and_makes_no_headers(tmp_path, monkeypatch):
+    """A pure-PyTorch candidate (a KernelBench reference dropped in) gets no build child (its import
+    took 4-5 s) and no precompiled headers (a fresh clone's first evaluation of one made them once,
+    28 s and 1.2 GB written): an empty folder of its own, a stale one's files gone."""
     monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(headers, "_ready", {})
     code = tmp_path / "plain.py"
     code.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
                     "        return torch.relu(x)\n")
+    (tmp_path / "builds" / "plainhash" / "old").mkdir(parents=True)
     result = build.build(code, "plainhash", tmp_path / "builds", build.BuildOptions(timeout_s=300, reuse=False))
-    assert result.ok, result.log[-2000:]
+    assert result.ok and result.log == build.NOTHING_TO_BUILD and result.seconds == 0, result.log[-2000:]
+    assert not any(Path(result.build_dir).iterdir())
     assert not list((tmp_path / "cache").rglob("ready")) and not list((tmp_path / "cache").rglob("*.gch"))
 
 

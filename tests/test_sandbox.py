@@ -233,7 +233,11 @@ BROKEN = textwrap.dedent('''
             return _ext.twice(x)
 ''')
 
-PURE_PYTHON = textwrap.dedent('''
+# Code that names no C++ extension gets no build child (build.NOTHING_TO_BUILD): what tests the build
+# child itself names one.
+NAMES_AN_EXTENSION = "from torch.utils.cpp_extension import load_inline  # noqa: F401\n"
+
+PURE_PYTHON = NAMES_AN_EXTENSION + textwrap.dedent('''
     import torch
     import torch.nn as nn
 
@@ -292,7 +296,7 @@ def test_a_pinned_build_stays_on_its_cores_whatever_the_candidate_asks(tmp_path)
     refuses sched_setaffinity, so import-time code of the candidate cannot move onto a lane's cores."""
     core = sorted(os.sched_getaffinity(0))[-1]
     code = tmp_path / "pinned.py"
-    code.write_text(textwrap.dedent("""
+    code.write_text(NAMES_AN_EXTENSION + textwrap.dedent("""
         import os
         print("KGEN-NOTE affinity", sorted(os.sched_getaffinity(0)), flush=True)
         try:
@@ -366,7 +370,7 @@ def test_a_build_child_started_ahead_builds_confined_as_a_fresh_one(tmp_path, se
     core = sorted(os.sched_getaffinity(0))[-1]
     outside = tmp_path / "outside.txt"
     code = tmp_path / "spare.py"
-    code.write_text(f"OUTSIDE = {str(outside)!r}\n" + SPARE_CANDIDATE)
+    code.write_text(NAMES_AN_EXTENSION + f"OUTSIDE = {str(outside)!r}\n" + SPARE_CANDIDATE)
     env = {"KGEN_CORES": str(core)}
     spares = build.BuildSpares(1)
     try:

@@ -82,7 +82,7 @@ class BuildOptions:
 
 def build(code_path: Path, code_hash: str, builds_root: Path, options: BuildOptions = BuildOptions(),
           notice: Callable[[str], None] | None = None, spares: BuildSpares | None = None) -> BuildResult:
-    """Build with the fastest route `options` allows: each build that fails (not a timeout) is done
+    """Build with the fastest route `options` allows (code that names no C++ extension is not built): each build that fails (not a timeout) is done
     again from a clean folder with the next, slower headers, down to torch's own, whose result and
     log stand, so the faster routes never cost a candidate its build. `notice`: a line for a slow
     first step (precompiling the headers). `spares`: build children started ahead with torch imported
@@ -90,6 +90,14 @@ def build(code_path: Path, code_hash: str, builds_root: Path, options: BuildOpti
     (pipeline/build/cache.py) is copied in instead, marked cached."""
     build_dir = build_dir_for(builds_root.resolve(), code_hash)
     code_path = code_path.resolve()
+    if not any(word in code_path.read_text(errors="replace") for word in COMPILING):
+        # Nothing to compile (pure PyTorch: a KernelBench reference dropped in; Triton, which compiles
+        # as it runs): no build child, whose import took 4-5 s a candidate. Its import runs, and fails
+        # (load_failed), in its evaluation's child; code that hides a build under another spelling
+        # fails there too, since an evaluation child never compiles (pipeline/child/prebuilt.py).
+        shutil.rmtree(build_dir, ignore_errors=True)
+        build_dir.mkdir(parents=True)
+        return BuildResult(code_hash=code_hash, ok=True, log=NOTHING_TO_BUILD, build_dir=str(build_dir))
     if not options.reuse:
         return _build(code_path, code_hash, build_dir, options, notice, spares)
     entry = cache.key(code_path.read_bytes(), options.env or {}, fast=options.fast, cuda=options.cuda,
@@ -105,12 +113,7 @@ def _build(code_path: Path, code_hash: str, build_dir: Path, options: BuildOptio
            notice: Callable[[str], None] | None, spares: BuildSpares | None) -> BuildResult:
     timeout_s, max_jobs, extra_env = options.timeout_s, options.max_jobs, options.env
     fast, cuda, light, split = options.fast, options.cuda, options.light, options.split
-    # Code that compiles nothing (pure PyTorch, Triton) needs no precompiled headers: making them the
-    # first time writes some 1.2 GB under the cache (a KernelBench reference dropped in as a candidate
-    # made them, 28 s and 1.2 GB, in a fresh clone's first evaluation). Code that compiles under
-    # another spelling is built plain: slower, never lost.
-    compiles = any(word in code_path.read_text(errors="replace") for word in COMPILING)
-    folder = headers.ensure(cuda, notice) if fast and compiles else None
+    folder = headers.ensure(cuda, notice) if fast else None
     if folder is None:
         return _build_once(code_path, code_hash, build_dir, timeout_s, max_jobs, extra_env, spares=spares)
     routes: list[tuple[str, dict[str, str]]] = [("fast", {})]
@@ -138,6 +141,7 @@ def _build(code_path: Path, code_hash: str, build_dir: Path, options: BuildOptio
 
 
 COMPILING = ("cpp_extension", "load_inline")  # what code that builds an extension names
+NOTHING_TO_BUILD = "[kgen] nothing to build: the code names no C++ extension (torch.utils.cpp_extension)\n"
 
 # A split nvcc runs two front ends at once beside g++ on main.cpp. On the H100 (16 cores) a lone light
 # build took 12.4-17.6 s split against 17.0 s not; eight at once (2 cores each) 18.8-20.7 s split

@@ -23,6 +23,7 @@ The forward is torch's own mse, so a verdict exists (correct, flagged no_custom_
 Why each should be closed: one room per attempt (its own IPC namespace and mount namespace with no
 host socket or /run; seccomp refusing new user namespaces, io_uring and keyrings; limits on file
 size and processes)."""
+from torch.utils.cpp_extension import load_inline  # noqa: F401,E402 (names an extension: a build child imports it too)
 import ctypes
 import errno
 import os

@@ -8,6 +8,7 @@ inputs HASH) to show whether seeds repeat. The test fills in TAG so runs do not 
 Why it fails: the child can write only its own HOME, removed with the attempt; every attempt draws
 fresh seeds, but for a batch's siblings (one task, turn and generation), which share one draw and
 still find nothing."""
+from torch.utils.cpp_extension import load_inline  # noqa: F401,E402 (names an extension: a build child imports it too)
 import hashlib
 import os
 import sys

@@ -3,6 +3,7 @@ extends its stdout, the log file the parent keeps, to 1 TiB (sparse, so it costs
 on writing at its end: a parent that read the whole log would run out of memory or time. The room's
 file-size limit refuses 1 TiB, so it takes what the limit allows (1 GiB). Why it fails: the parent
 reads only the last POLICY.log_tail_bytes of the log, through its own descriptor."""
+from torch.utils.cpp_extension import load_inline  # noqa: F401,E402 (names an extension: a build child imports it too)
 import os
 import resource
 

@@ -16,6 +16,7 @@ figure. A timing marked unfit carries no speedup anywhere (the
 stored result's x eager and x compile, `kgen eval`'s output), and `kgen eval` exits non-zero for
 it; a time the parent refused is never stored as the candidate's. Its honest twin
 (this file with FACTOR = 1.0, tests/test_room.py TWIN: the same spinners, no forgery) gets the same treatment."""
+from torch.utils.cpp_extension import load_inline  # noqa: F401,E402 (names an extension: a build child imports it too)
 import gc
 import os
 import sys

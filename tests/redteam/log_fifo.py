@@ -3,6 +3,7 @@ replaces HOME/output.log, its own stdout's path, with a FIFO that nobody writes:
 opened the log by path to read it would block forever. Why it fails: the parent reads the log
 through the descriptor it opened before the child started, and removes the directory without
 opening anything in it."""
+from torch.utils.cpp_extension import load_inline  # noqa: F401,E402 (names an extension: a build child imports it too)
 import os
 
 import torch

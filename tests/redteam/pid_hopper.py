@@ -15,6 +15,7 @@ exists (correct, flagged no_custom_kernel).
 Why it should fail: each attempt is a pid namespace of its own; when the attempt ends its init
 exits and the kernel kills everything in it, whatever its pid or group, and the parent checks from
 outside that nothing is left."""
+from torch.utils.cpp_extension import load_inline  # noqa: F401,E402 (names an extension: a build child imports it too)
 import ctypes
 import os
 import sys
