@@ -24,6 +24,7 @@ from rich.console import Console
 from pipeline.cli.main import main
 from pipeline.cli.progress import Progress
 from pipeline.run.events import Answered, Building, Built, Planned, RunStart, Stored
+from pipeline.build.build import NOTHING_TO_BUILD
 from pipeline.records import Baselines, BuildResult, Completion, EvalResult, Flag, Provenance, Timing, Usage, Verdict
 from pipeline.cli.show import render_attempt
 from pipeline.store.store import Store
@@ -306,6 +307,10 @@ def test_piped_progress_prints_a_line_per_stage_and_a_periodic_summary(capsys):
         time.sleep(0.2)  # a long build: the log still moves
         progress.event(Built(slot, BuildResult(code_hash="h", ok=False, seconds=31, log=f"{COMPILER}\x1b[2J")))
         progress.event(Stored(slot, EvalResult(verdict=Verdict.build_failed, error=COMPILER)))
+        for n, built in enumerate([BuildResult(code_hash="k", ok=True, seconds=18.4, cached=True),
+                                   BuildResult(code_hash="p", ok=True, log=NOTHING_TO_BUILD)], start=1):
+            other = _slot(sample=n)
+            progress.event(Built(other, built))
     lines = capsys.readouterr().out.splitlines()
     assert "run 01RUN: 7 tasks x 1 model x 2 samples on cpu; 14 slots to do" in lines[0]
     assert "built before it is judged, 1 at a time: a C++ extension" in lines[1] and "30-90 s" in lines[1]
@@ -313,6 +318,8 @@ def test_piped_progress_prints_a_line_per_stage_and_a_periodic_summary(capsys):
     assert "answered  mse / m / sample 0: answer in 2.0 s, 99 tokens" in text
     assert "built     mse / m / sample 0: build failed after 31 s: main.cpp:37:18: error: 'foo'" in text
     assert "stored    mse / m / sample 0: build_failed" in text
+    assert "built     mse / m / sample 1: kept from an earlier build (18 s then)" in text
+    assert "built     mse / m / sample 2: nothing to build (no C++ extension)" in text
     ticks = [line for line in lines if " progress " in line]
     assert any("model answers 1/1; builds 0/1;" in tick for tick in ticks)  # printed while the build ran
     assert "attempts stored 1/1 (1 failed)" in lines[-1] and " done " in lines[-1]

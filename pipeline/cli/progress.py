@@ -172,11 +172,16 @@ class Progress:
         elif isinstance(event, Built):
             info = event.result
             self._count("build", done=1, failed=not info.ok)
-            from ..build.build import failure_line
+            from ..build.build import NOTHING_TO_BUILD, failure_line
 
-            self._event("built", slot, f"built in {info.seconds:.0f} s" if info.ok else
-                        f"build {'timed out' if info.timed_out else 'failed'} after {info.seconds:.0f} s: "
+            if not info.ok:
+                line = (f"build {'timed out' if info.timed_out else 'failed'} after {info.seconds:.0f} s: "
                         f"{short_error(failure_line(info))}")
+            elif info.log == NOTHING_TO_BUILD:
+                line = "nothing to build (no C++ extension)"
+            else:
+                line = f"kept from an earlier build ({info.seconds:.0f} s then)" if info.cached else f"built in {info.seconds:.0f} s"
+            self._event("built", slot, line)
         elif isinstance(event, Evaluating):
             self._count("eval", grow=1)
         elif isinstance(event, Evaluated):
