@@ -288,7 +288,7 @@ def test_a_build_is_kept_for_the_next_project_and_judged_from_there(tmp_path, mo
 
 def test_a_kept_build_holds_plain_files_alone(tmp_path, monkeypatch):
     """A build tree holding a link (to a file a later attempt must not get) or a FIFO is not kept,
-    nor is a failed build; a kept entry whose record is unreadable is a miss, not an error."""
+    nor one of too many files, nor a failed build; a kept entry whose record is unreadable is a miss, not an error."""
     from pipeline.build import cache
     from pipeline.records import BuildResult
 
@@ -300,6 +300,12 @@ def test_a_kept_build_holds_plain_files_alone(tmp_path, monkeypatch):
         plant(tree / "ext")
         cache.save(f"entry{n}", BuildResult(code_hash="h", ok=True, build_dir=str(tree)))
         assert not (tmp_path / "kept" / f"entry{n}").exists()
+    many = tmp_path / "many"
+    many.mkdir()
+    for n in range(cache.MAX_FILES + 1):
+        (many / str(n)).touch()
+    cache.save("many", BuildResult(code_hash="h", ok=True, build_dir=str(many)))
+    assert not (tmp_path / "kept" / "many").exists()
     plain = tmp_path / "plain"
     (plain / "ext").mkdir(parents=True)
     (plain / "ext" / "ext.so").write_bytes(b"\x7fELF")

@@ -8,7 +8,8 @@ before, or a batch run again from nothing finds the build instead of paying 15-3
     cache.save(key, result)                       # after a build that succeeded
 
 What it stops and what it lets through: an entry is written by the parent, from a build that
-succeeded, and holds only regular files and folders (anything else, or over MAX_BYTES, is not kept);
+succeeded, and holds only regular files and folders (anything else, or past MAX_BYTES or MAX_FILES,
+is not kept);
 it is found only by a key over the whole code and everything that shapes its binary (torch, Python,
 the compiler, the cpu, the build's environment and routes), so a candidate reaches no entry but one
 of its own code. A hit runs no build child: the candidate's module-level code does not run again
@@ -31,6 +32,7 @@ from ..config import cache_root
 from ..records import BuildResult
 
 MAX_BYTES = 512 << 20  # a build tree larger than this is not kept (a CUDA extension is tens of MB)
+MAX_FILES = 1000  # nor one of more files (torch's build of an extension writes under ten)
 MAX_ENTRIES = 256  # past this the least recently used are removed
 # What a build child's environment carries that does not change the binary.
 UNKEYED = frozenset({"KGEN_CORES", "MAX_JOBS"})
@@ -110,7 +112,9 @@ def save(entry: str, result: BuildResult) -> None:
 
 def _size(tree: Path) -> int | None:
     total = 0
-    for path in [tree, *tree.rglob("*")]:
+    for n, path in enumerate([tree, *tree.rglob("*")]):
+        if n > MAX_FILES:
+            return None
         if path.is_symlink() or not (path.is_dir() or path.is_file()):
             return None
         total += path.stat().st_size if path.is_file() else 0
