@@ -236,7 +236,7 @@ class OwnCode(Record):
 
 class ShapeRun(Record):
     """One held-out size after its trial passed: whether the candidate's own kernel ran there. What
-    the library serves beyond the main size. Nothing is timed there (pipeline.judge.shapes)."""
+    the library serves beyond the main size. Nothing is timed there (pipeline.judge.checks)."""
 
     # Rows judged under policy 4 or before also carry the child's times there (time, wall_ms, eager,
     # faster): read and dropped, as nothing now uses a time the child measured.

@@ -64,7 +64,7 @@ def _timing(ms: float) -> Timing:
     return Timing(median_ms=ms, p25_ms=ms, p75_ms=ms, n=20)
 
 
-# Held-out sizes as pipeline.judge.shapes records them: correct, and its own kernel ran.
+# Held-out sizes as pipeline.judge.checks records them: correct, and its own kernel ran.
 SERVED_ODD = [ShapeRun(size="odd", correct=True, own_ran=True)]
 
 
@@ -145,7 +145,7 @@ def test_matches_reference_on_fresh_inputs(mse):
 
 def test_held_out_sizes_are_served_only_where_its_own_kernel_ran(tmp_path, dirs):
     """Correct at every held-out size is not enough: the kernel is used at a held-out size only
-    where its own kernel ran there (pipeline.judge.shapes); elsewhere, and at any shape no trial
+    where its own kernel ran there (pipeline.judge.checks); elsewhere, and at any shape no trial
     saw, the reference runs. A row stored before policy 5, with the child's times there, still loads."""
     shapes = [ShapeRun(size="odd", correct=True, own_ran=True),
               ShapeRun(size="batch_size=161,input_shape=(2599,)", correct=True, own_ran=False),

@@ -14,6 +14,7 @@ import math
 import os
 import random
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -179,11 +180,15 @@ class TaskBench:
         self.references[key] = ref
         return ref
 
-    def request(self, message: R.Request, timeout: float, env: dict[str, str] | None = None) -> list[R.Event]:
-        """Send the lane's reference one request; its events up to Done. One that dies, runs out of
-        time, sends a line that is no event or not the descriptors it names has failed: EvaluationError."""
+    def request(self, message: R.Request, timeout: float, env: dict[str, str] | None = None,
+                fds: list[int] | None = None) -> list[R.Event]:
+        """Send the lane's reference one request (`fds` just before it: a Compare's outbox); its events
+        up to Done. One that dies, runs out of time, sends a line that is no event or not the
+        descriptors it names has failed: EvaluationError."""
         ref = self._reference(env)
         ref.deadline = time.monotonic() + timeout
+        if fds:
+            socket.send_fds(ref.handover, [b"o"], fds)
         ref.send(message)
         out: list[R.Event] = []
         while True:
@@ -255,6 +260,14 @@ class TaskBench:
     def expected_for(self, init_seed: int, key: str, spec: dict[str, Any], env: dict[str, str] | None = None) -> Expected:
         """One checked call's expected values (`expect`), the caller's to close."""
         return self.expect(init_seed, {key: {**spec, "output": True}}, env)[0][key]
+
+    def compare(self, init_seed: int, spec: R.Spec, outbox_fd: int, parts: list[tuple[int, str, int]],
+                errs: list | None, env: dict[str, str] | None = None) -> R.Compared:
+        """One checked call's output, read from the outbox by the reference and compared there
+        (refproto.Compare)."""
+        msgs = self.request(R.Compare(init_seed=init_seed, spec=spec, parts=parts, tol=self.tolerance, errs=errs),
+                            self.settings.timeout_s * 2, env, fds=[outbox_fd])
+        return next(m for m in msgs if isinstance(m, R.Compared))
 
     def bound_inputs(self, plan, k: int, held: dict[str, int], env: dict[str, str] | None, set_bytes: int) -> list:
         """Bound request `k`'s packed input sets (the inbox path) as private copies: from `held` (the

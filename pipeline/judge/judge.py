@@ -51,10 +51,14 @@ class Expected:
             return [("output", list(self.shape), self.numel)]
         return [(label, list(shape), int(np.prod(shape, dtype=np.int64))) for label, shape in self.parts]
 
+    def errors(self) -> list[tuple[float | None, float | None]]:
+        """Each part's (rel_err, own_err), in layout order: what its tolerance stands on."""
+        n = len(self.layout())
+        return list(zip(self.rel_errs or [self.fp32_rel_err] * n, self.own_errs or [None] * n))
+
     def tolerances(self, tol: float, dtype: str) -> list[float]:
         """Each part's relative tolerance in the run's dtype (tolerance_for), in layout order."""
-        n = len(self.layout())
-        return [tolerance_for(tol, dtype, e, o) for e, o in zip(self.rel_errs or [self.fp32_rel_err] * n, self.own_errs or [None] * n)]
+        return [tolerance_for(tol, dtype, e, o) for e, o in self.errors()]
 
 
 def mapped(fd: int, dtype=np.uint8, count: int = -1) -> np.ndarray:
@@ -86,9 +90,43 @@ def fail(verdict: Verdict, error: str, **extra) -> TrialResult:
 
 
 def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol: float, device: str,
-            dtype: str = "float32") -> TrialResult:
+            dtype: str = "float32", stats: list | None = None) -> TrialResult:
     """Judge one output (the child's header, the parent's copy of its values) against the reference;
-    in gradient mode the output and then every gradient, each part against its own magnitude."""
+    in gradient mode the output and then every gradient, each part against its own magnitude.
+    `stats`: each part's (max |got - ref|, max |ref|, (excess, index, ref, got) of the value furthest
+    past its bound or None), measured where the float64 values are (refproto.Compare; `want` holds
+    no values then), None for a part holding NaN or Inf."""
+    if (problem := header_problem(header, values, want, device)) is not None:
+        return problem
+    if stats is None:
+        got_at = values.chunk if isinstance(values, Slot) else (lambda i, j: values[i:j])
+        b = want.values()
+    start, worst_part = 0, None
+    for k, ((label, shape, n), part_tol) in enumerate(zip(want.layout(), want.tolerances(tol, dtype))):
+        part = range(start, start + n)
+        start += n
+        wrong = Verdict.mismatch if label == "output" else Verdict.wrong_gradient
+        where = "output" if label == "output" else label
+        st = _part_stats(got_at, b, part, part_tol) if stats is None else stats[k]
+        if st is None:
+            return fail(Verdict.non_finite if label == "output" else wrong, f"{where} holds NaN or Inf")
+        max_abs, max_mag, worst = st
+        max_rel = max_abs / max(max_mag, 1e-30)
+        if worst is not None:
+            index = [int(x) for x in np.unravel_index(worst[1], tuple(shape))] if shape else []
+            prefix = "" if label == "output" else f"{label}: "
+            return fail(wrong, f"{prefix}max relative error {max_rel:.3g} exceeds tolerance {part_tol:g}",
+                        max_abs_err=max_abs, max_rel_err=max_rel, worst_index=index,
+                        expected=worst[2], got=worst[3])
+        if worst_part is None or max_rel > worst_part[1]:
+            worst_part = (max_abs, max_rel)
+    max_abs, max_rel = worst_part or (0.0, 0.0)
+    return TrialResult(index=0, variant="", ok=True, max_abs_err=max_abs, max_rel_err=max_rel)
+
+
+def header_problem(header: OutputHeader, values, want: Expected, device: str) -> TrialResult | None:
+    """What is wrong with an output before its values are compared: its type, device, shape and
+    dtypes, or values that did not reach the parent whole; None where nothing is."""
     if not header.exact_tensor:
         return fail(Verdict.wrong_type, f"returned {header.type}, expected exactly torch.Tensor")
     if (header.device or "").split(":")[0] != device:
@@ -113,44 +151,84 @@ def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol
         return fail(Verdict.protocol_error, f"the output is said to be {header.dtype} but was written as {header.packed[0]}")
     if values is None or not header.written or values.size != want.numel:
         return fail(Verdict.mismatch, "the output's values did not reach the parent")
-    got_at = values.chunk if isinstance(values, Slot) else (lambda i, j: values[i:j])
-    b = want.values()
-    start, worst_part = 0, None
-    for (label, shape, n), part_tol in zip(layout, want.tolerances(tol, dtype)):
-        part = range(start, start + n)
-        start += n
-        wrong = Verdict.mismatch if label == "output" else Verdict.wrong_gradient
-        where = "output" if label == "output" else label
-        # Magnitude-aware: relative per element, with the part's mean magnitude as the absolute
-        # floor, so zeros never pass against a non-zero reference (KernelBench #165). In chunks of
-        # POLICY.compare_chunk values (whole-part float64 copies would be several times a gigabyte
-        # output), spread over the parent's cores (a 6.4 GB output took minutes on one).
-        step = POLICY.compare_chunk
-        chunks = [(i, min(i + step, part.stop)) for i in part[::step]]
-        mean = sum(_spread(lambda c: _abs_sum(b, *c), chunks)) / n if n else 0.0
-        stats = _spread(lambda c: _range_stats(got_at, b, *c, mean, part_tol), chunks)
-        finite = all(st is not None for st in stats)
-        past, max_abs, max_mag, worst = False, 0.0, 0.0, (-np.inf, 0, 0.0, 0.0)
-        for (i, _), st in zip(chunks, stats if finite else []):
-            max_abs, max_mag = max(max_abs, st[0]), max(max_mag, st[1])
-            if st[2] is not None:
-                past = True
-                excess, k, ref_k, got_k = st[2]
-                if not excess <= worst[0]:  # NaN too: argmax over the part picked it
-                    worst = (excess, i - part.start + k, ref_k, got_k)
-        if not finite:
-            return fail(Verdict.non_finite if label == "output" else wrong, f"{where} holds NaN or Inf")
-        max_rel = max_abs / max(max_mag, 1e-30)
-        if past:
-            index = [int(x) for x in np.unravel_index(worst[1], tuple(shape))] if shape else []
-            prefix = "" if label == "output" else f"{label}: "
-            return fail(wrong, f"{prefix}max relative error {max_rel:.3g} exceeds tolerance {part_tol:g}",
-                        max_abs_err=max_abs, max_rel_err=max_rel, worst_index=index,
-                        expected=worst[2], got=worst[3])
-        if worst_part is None or max_rel > worst_part[1]:
-            worst_part = (max_abs, max_rel)
-    max_abs, max_rel = worst_part or (0.0, 0.0)
-    return TrialResult(index=0, variant="", ok=True, max_abs_err=max_abs, max_rel_err=max_rel)
+    return None
+
+
+def _part_stats(got_at, b: np.ndarray, part: range, part_tol: float):
+    """One part's stats as `compare` takes them, here, from the float64 values in `b`."""
+    # Magnitude-aware: relative per element, with the part's mean magnitude as the absolute
+    # floor, so zeros never pass against a non-zero reference (KernelBench #165). In chunks of
+    # POLICY.compare_chunk values (whole-part float64 copies would be several times a gigabyte
+    # output), spread over the parent's cores (a 6.4 GB output took minutes on one).
+    n, step = len(part), POLICY.compare_chunk
+    chunks = [(i, min(i + step, part.stop)) for i in part[::step]]
+    mean = sum(_spread(lambda c: _abs_sum(b, *c), chunks)) / n if n else 0.0
+    stats = _spread(lambda c: _range_stats(got_at, b, *c, mean, part_tol), chunks)
+    if not all(st is not None for st in stats):
+        return None
+    max_abs, max_mag, worst = 0.0, 0.0, None
+    for (i, _), st in zip(chunks, stats):
+        max_abs, max_mag = max(max_abs, st[0]), max(max_mag, st[1])
+        if st[2] is not None:
+            excess, k, ref_k, got_k = st[2]
+            if worst is None or not excess <= worst[0]:  # NaN too: argmax over the part picked it
+                worst = (excess, i - part.start + k, ref_k, got_k)
+    return max_abs, max_mag, worst
+
+
+def tensor_stats(got_parts: list, ref_parts: list, tols: list[float]) -> list:
+    """`compare`'s stats where the float64 values are (the reference process: refproto.Compare): each
+    part of the candidate's output (1-D tensors in the dtypes it was written in, anywhere) against its
+    float64 part on the reference's device, POLICY.compare_chunk values at a time, by _chunk_stats's
+    metric. A gigabyte output's float64 values then never leave the device they were computed on."""
+    return [_tensor_part(got, ref.detach().reshape(-1), tol) for got, ref, tol in zip(got_parts, ref_parts, tols)]
+
+
+def _tensor_part(got, ref, tol: float):
+    import torch
+
+    n, step = ref.numel(), POLICY.compare_chunk
+    mean = sum(float(ref[i:i + step].abs().sum()) for i in range(0, n, step)) / n if n else 0.0
+    max_abs, max_mag, worst = 0.0, 0.0, None
+    for i in range(0, n, step):
+        g, r = got[i:i + step].to(device=ref.device, dtype=torch.float64), ref[i:i + step]
+        if not bool(torch.isfinite(g).all()):
+            return None
+        diff = (g - r).abs_()
+        bound = r.abs()
+        max_abs, max_mag = max(max_abs, float(diff.max())), max(max_mag, float(bound.max()))
+        bound.add_(mean).mul_(tol)
+        if not bool((diff <= bound).all()):
+            over = diff.sub_(bound)
+            k = int(over.argmax())
+            if worst is None or not float(over[k]) <= worst[0]:
+                worst = (float(over[k]), i + k, float(r[k]), float(g[k]))
+    return max_abs, max_mag, worst
+
+
+def own_error(a, b) -> tuple[float, float]:
+    """How far `a` (PyTorch in the run's dtype) lands from `b` (float64): the largest |a - b| over
+    the largest |b|, and the same in the judge's elementwise metric (`compare`), the largest
+    |a - b| / (|b| + the part's mean |b|), infinite where an element of an all-zero part is not zero.
+    In pieces of POLICY.compare_piece values, as the comparison's: whole-part float64 temporaries would
+    be four more copies of an output, and pieces this small stay in cache."""
+    if a.numel() == 0:
+        return 0.0, 0.0
+    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+    # On a GPU in chunks, not cache-sized pieces: each piece costs launches and three syncs (a 4 GiB
+    # output is 16K pieces), and the device has no core cache to stay in.
+    n, piece = b.numel(), POLICY.compare_piece if b.device.type == "cpu" else POLICY.compare_chunk
+    mean = sum(float(b[i:i + piece].double().abs().sum()) for i in range(0, n, piece)) / n
+    top_diff = top_mag = own = 0.0
+    for i in range(0, n, piece):
+        ref = b[i:i + piece].double()
+        diff, mag = a[i:i + piece].double().sub_(ref).abs_(), ref.abs()
+        top_diff, top_mag = max(top_diff, diff.max().item()), max(top_mag, mag.max().item())
+        if mean > 0:  # every element's floor is above zero
+            own = max(own, diff.div_(mag.add_(mean)).max().item())
+    if mean == 0:  # an all-zero part: any difference is infinitely off
+        own = float("inf") if top_diff > 0 else 0.0
+    return top_diff / max(top_mag, 1e-30), own
 
 
 def _abs_sum(values: np.ndarray, lo: int, hi: int) -> float:

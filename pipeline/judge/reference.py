@@ -8,15 +8,16 @@ attempt's own seeds, its expected values: all in one `expect` where they are sma
 of the outputs' shapes and one per checked call (pipeline.judge.evaluate.AttemptPlan.specs). Where
 torch.compile is timed, a thread warms the compiler up at start (CompilerWarmup) while the process
 serves `expect`; every op that times anything, and `settle`, waits for it first. Expected outputs
-go, in full and as float64, into sealed memfds handed to the parent over a Unix socket; requests,
-events and memfds are pipeline.judge.refproto's. The parent compares the values with the candidate's
-outputs, which this process never sees."""
+go, in full and as float64, into sealed memfds handed to the parent over a Unix socket, where the
+parent compares them with the candidate's outputs; past POLICY.ahead_bytes the parent hands over the
+outbox instead and the comparison runs here, on the device (`compare`). Requests, events and memfds
+are pipeline.judge.refproto's."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import mmap
 import os
 import socket
 import statistics
@@ -34,8 +35,9 @@ from ..child.memfd import pack_set
 from ..child.protocol import write_line
 from ..child.timing import (METHOD, Clock, ColdPool, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
                             measure_bandwidth, plain_ms, summarize_blocks, time_blocks, time_cold, time_sides)
-from ..sandbox import pin_all
+from ..sandbox.cores import spread
 from . import clocks, refproto as R
+from .judge import own_error, tensor_stats, tolerance_for
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .health import IdleProbe, cpu_name
 from ..policy import POLICY
@@ -48,31 +50,6 @@ def _size_key(size: str | dict[str, Any]) -> str:
 
 def _as64(inputs: list[Any]) -> list[Any]:
     return [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-
-
-def _errs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """How far `a` (PyTorch in the run's dtype) lands from `b` (float64): the largest |a - b| over
-    the largest |b|, and the same in the judge's elementwise metric (pipeline.judge.judge.compare), the
-    largest |a - b| / (|b| + the part's mean |b|), infinite where an element of an all-zero part is
-    not zero. In pieces of POLICY.compare_piece values, as the comparison's: whole-part float64
-    temporaries would be four more copies of an output, and pieces this small stay in cache."""
-    if a.numel() == 0:
-        return 0.0, 0.0
-    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-    # On a GPU in chunks, not cache-sized pieces: each piece costs launches and three syncs (a 4 GiB
-    # output is 16K pieces), and the device has no core cache to stay in.
-    n, piece = b.numel(), POLICY.compare_piece if b.device.type == "cpu" else POLICY.compare_chunk
-    mean = sum(float(b[i:i + piece].double().abs().sum()) for i in range(0, n, piece)) / n
-    top_diff = top_mag = own = 0.0
-    for i in range(0, n, piece):
-        ref = b[i:i + piece].double()
-        diff, mag = a[i:i + piece].double().sub_(ref).abs_(), ref.abs()
-        top_diff, top_mag = max(top_diff, diff.max().item()), max(top_mag, mag.max().item())
-        if mean > 0:  # every element's floor is above zero
-            own = max(own, diff.div_(mag.add_(mean)).max().item())
-    if mean == 0:  # an all-zero part: any difference is infinitely off
-        own = float("inf") if top_diff > 0 else 0.0
-    return top_diff / max(top_mag, 1e-30), own
 
 
 def _parts(result: Any) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
@@ -172,14 +149,8 @@ class Reference:
         with `pack_inputs`, the call's inputs too, packed as the inbox holds them
         (pipeline.child.protocol), in another (`inputs_fd`).
 
-        Past 256 MiB an attempt asks for one call's values at a time, as it checks that call
-        (pipeline.judge.evaluate.AttemptPlan.specs), and
-        the steps below keep at most about twice the float64 forward's own inputs and output alive: the
-        float32 inputs are dropped while the float64 forward runs and drawn again from the seed (the
-        draw is deterministic: the candidate's child sees the same values) for the run dtype's forward,
-        the two outputs are compared in chunks, and the float64 parts go into the memfd one after
-        another, with no concatenated copy: whole copies of a gigabyte output would be several times
-        its size (docs/decisions/memory-and-outputs.md)."""
+        The float64 parts go into the memfd one after another, with no joined copy
+        (docs/decisions/memory-and-outputs.md)."""
         module, m32, m64 = self.models_for(size, init_seed)
         inputs = tasks.make_inputs(module, seed, variant, self.device)
         meta: dict[str, Any] = {}
@@ -195,16 +166,47 @@ class Reference:
             with torch.no_grad():
                 out32, parts32 = _parts(m32(*inputs))
             return {**meta, **_described(out32, parts32)}
+        held = [inputs]
+        del inputs  # _forward64 drops them before the float64 forward, where it can
+        parts, described = self._forward64(m32, m64, held, module, seed, variant, errors)
+        meta["values_fd"] = R.sealed_memfd("kgen-expected", *(
+            t.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy() for _, t in parts))
+        return {**meta, **described}
+
+    def compare(self, request: R.Compare, fd: int) -> R.Compared:
+        """A checked call's output, read from the outbox memfd `fd` where the parent's request says,
+        against its float64 forward here (tensor_stats): a gigabyte output's float64 values neither
+        leave the device nor go through a memfd to the parent. The tolerances are the parent's rule
+        (tolerance_for) on the errors of the call's trial (request.errs) or, for a trial, its own."""
+        spec = request.spec
+        module, m32, m64 = self.models_for(spec.size, request.init_seed)
+        inputs = [tasks.make_inputs(module, spec.seed, spec.variant, self.device)]
+        parts, described = self._forward64(m32, m64, inputs, module, spec.seed, spec.variant, request.errs is None)
+        errs = request.errs or list(zip(described["rel_errs"], described["own_errs"]))
+        tols = [tolerance_for(request.tol, self.dtype, e, o) for e, o in errs]
+        view = mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_COPY)  # private: nothing written back
+        try:
+            got = [torch.frombuffer(view, dtype=getattr(torch, dtype), count=count, offset=at)
+                   for at, dtype, count in request.parts]
+            stats = tensor_stats(got, [t for _, t in parts], tols)
+            del got
+        finally:
+            view.close()
+        return R.Compared(key=spec.key, stats=stats, **described)
+
+    def _forward64(self, m32, m64, held: list, module, seed: int, variant: str, errors: bool):
+        """One call's float64 parts (on this process's device) and what describes them; with `errors`,
+        PyTorch's own error in the run's dtype too. `held`: [the call's inputs], emptied here: at most
+        about twice the float64 forward's own inputs and output stay alive, as the run dtype's inputs
+        go while it runs and are drawn again from the seed after (the draw is deterministic)."""
+        inputs = held.pop()
         inputs64 = _as64(inputs)
         if not errors:  # the float64 values alone (refproto.Spec.errors): no run-dtype forward to keep inputs for
             del inputs
             reseed(m64, inputs64, seed)
             with torch.no_grad():
                 out64, parts = _parts(m64(*inputs64))
-            del inputs64
-            meta["values_fd"] = R.sealed_memfd("kgen-expected", *(
-                t.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy() for _, t in parts))
-            return {**meta, **_described(out64, parts)}
+            return parts, _described(out64, parts)
         kept = self._room(inputs, inputs64)
         if not kept:
             del inputs
@@ -220,12 +222,8 @@ class Reference:
         del inputs
         # How far PyTorch's own run dtype lands from float64 here, part by part: evidence for the
         # tolerance, and in bfloat16 and float16 the tolerance itself (pipeline.judge.judge.tolerance_for).
-        errs, own = map(list, zip(*(_errs(a, b) for (_, a), (_, b) in zip(parts32, parts))))
-        described = {**_described(out32, parts32), "fp32_rel_err": errs[0], "rel_errs": errs, "own_errs": own}
-        del out32, parts32
-        meta["values_fd"] = R.sealed_memfd("kgen-expected", *(
-            t.detach().reshape(-1).to(device="cpu", dtype=torch.float64).numpy() for _, t in parts))
-        return {**meta, **described}
+        errs, own = map(list, zip(*(own_error(a, b) for (_, a), (_, b) in zip(parts32, parts))))
+        return parts, {**_described(out32, parts32), "fp32_rel_err": errs[0], "rel_errs": errs, "own_errs": own}
 
     def _room(self, inputs: list[Any], inputs64: list[Any]) -> bool:
         """Whether `inputs` may stay while the float64 forward runs, not be drawn again after it
@@ -418,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             send(_block(ref, request, idle))
         elif isinstance(request, R.Expect):
             ref.drop_sets()  # a call's float64 forward needs the room more than the next eager block does
-            with _spread(start.spread_cores if ref.device == "cpu" else None):
+            with spread(start.spread_cores if ref.device == "cpu" else None):
                 for spec in request.specs:
                     meta = ref.expected(spec.size, request.init_seed, spec.seed, spec.variant, spec.inputs, spec.output,
                                         spec.values, spec.errors)
@@ -426,6 +424,16 @@ def main(argv: list[str] | None = None) -> int:
                     if fds:  # first: the parent takes them as it reads the line below (a line naming none takes none)
                         R.give(handover, list(fds.values()))
                     send(R.ExpectedCall(key=spec.key, fds=list(fds), **meta))
+            ref.release()
+        elif isinstance(request, R.Compare):  # the outbox's memfd came just before this line (TaskBench.request)
+            _, fds, _, _ = socket.recv_fds(handover, 1, 1)
+            try:
+                ref.drop_sets()
+                with spread(start.spread_cores if ref.device == "cpu" else None):
+                    send(ref.compare(request, fds[0]))
+            finally:
+                for got in fds:
+                    os.close(got)
             ref.release()
         elif isinstance(request, R.Digests):  # the replayed Bound calls the parent checks (pipeline.child.replays)
             for item in request.items:
@@ -476,24 +484,6 @@ def _block(ref: Reference, request: R.TimeBlock, idle: IdleProbe | None) -> R.Bl
     if request.pair:
         return R.Block(times_ms=times[0], compiled_ms=times[1], busy=busy)
     return R.Block(times_ms=times, busy=busy)
-
-
-@contextlib.contextmanager
-def _spread(cores: list[int] | None):
-    """Every thread of this process on `cores`, with as many torch threads, for work nothing times (a
-    checked call's values, while the child waits), then back: a gigabyte task's float64 forwards took
-    16-21 s a call on one core of the 2-core box, 7-10 s on both."""
-    if not cores:
-        yield
-        return
-    before, threads = ",".join(map(str, sorted(os.sched_getaffinity(0)))), torch.get_num_threads()
-    pin_all(os.getpid(), ",".join(map(str, cores)))
-    torch.set_num_threads(len(cores))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        pin_all(os.getpid(), before)  # threads torch started meanwhile too
 
 
 if __name__ == "__main__":

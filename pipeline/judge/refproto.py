@@ -4,7 +4,7 @@ JSON lines, and the memfds handed over beside them.
     parent (TaskBench.request)                       reference
     Start (the first line)                     ->    loads the task              <- Ready
     MeasureBaselines | CheckHealth | TimeBlock |
-    Expect | Digests | NullPlay | Floor |
+    Expect | Compare | Digests | NullPlay | Floor |
     Settle | Release                           ->    its events, one a line      <- ... Done
 
 Each request's events end with Done. A line that does not parse is an error on either side: the
@@ -136,6 +136,22 @@ class Expect(Message):
     """The calls."""
 
 
+class Compare(Message):
+    """One checked call's output compared here, where its float64 values are computed (past
+    POLICY.ahead_bytes of an attempt's values): Compared. The outbox's memfd comes just before the line."""
+    op: Literal["compare"] = "compare"
+    init_seed: int
+    """The attempt's seed of the model's weights."""
+    spec: Spec
+    """The call."""
+    parts: list[tuple[int, str, int]]
+    """(first byte in the memfd, dtype as written, values) of the output and each gradient, in order."""
+    tol: float
+    """The task's tolerance (judge.tolerance_for widens it per part)."""
+    errs: list[tuple[float | None, float | None]] | None = None
+    """(rel_err, own_err) per part from the call's size's trial; None: measured here (a trial)."""
+
+
 class DigestItem(Message):
     """One replayed Bound call whose digest the parent checks."""
     key: str
@@ -189,7 +205,7 @@ class Settle(Message):
     op: Literal["settle"] = "settle"
 
 
-Request = Annotated[Union[MeasureBaselines, CheckHealth, TimeBlock, Expect, Digests, NullPlay, Release, Floor, Settle],
+Request = Annotated[Union[MeasureBaselines, CheckHealth, TimeBlock, Expect, Compare, Digests, NullPlay, Release, Floor, Settle],
                     Field(discriminator="op")]
 REQUEST = TypeAdapter(Request)
 
@@ -253,13 +269,8 @@ class BlockFailed(Message):
     """Why, in one line."""
 
 
-class ExpectedCall(Message):
-    """One Spec's call: what describes its output (none where `output` was False) and its memfds."""
-    event: Literal["expected"] = "expected"
-    key: str
-    """The Spec's key."""
-    fds: list[str] = []
-    """Names ('values_fd', 'inputs_fd') of the descriptors sent just before this line, in order."""
+class Described(Message):
+    """What describes one call's output."""
     shape: list[int] | None = None
     """The output's shape."""
     numel: int | None = None
@@ -275,7 +286,26 @@ class ExpectedCall(Message):
     rel_errs: list[float] | None = None
     """The same, part by part: largest |a - b| over largest |b| (judge.tolerance_for)."""
     own_errs: list[float] | None = None
-    """The same in the judge's elementwise metric (reference._errs)."""
+    """The same in the judge's elementwise metric (judge.own_error)."""
+
+
+class Compared(Described):
+    """A Compare's call: what describes it and judge.compare's stats, part by part."""
+    event: Literal["compared"] = "compared"
+    key: str
+    """The Spec's key."""
+    stats: list[tuple[float, float, tuple[float, int, float, float] | None] | None]
+    """(max |got - ref|, max |ref|, (excess, index, ref, got) of the value furthest past its bound or
+    None); None for a part holding NaN or Inf."""
+
+
+class ExpectedCall(Described):
+    """One Spec's call: what describes its output (none where `output` was False) and its memfds."""
+    event: Literal["expected"] = "expected"
+    key: str
+    """The Spec's key."""
+    fds: list[str] = []
+    """Names ('values_fd', 'inputs_fd') of the descriptors sent just before this line, in order."""
     _taken: dict[str, int] = PrivateAttr(default_factory=dict)  # the parent's descriptors, by name
 
     def take(self, sock: socket.socket) -> None:
@@ -353,7 +383,7 @@ class Done(Message):
     """The request's op."""
 
 
-Event = Annotated[Union[Ready, Measured, HealthFigures, Block, BlockFailed, ExpectedCall, Digest, NullPlayed, NullFailed,
+Event = Annotated[Union[Ready, Measured, HealthFigures, Block, BlockFailed, ExpectedCall, Compared, Digest, NullPlayed, NullFailed,
                         Floors, Settled, Done], Field(discriminator="event")]
 # The reference writes its lines with this adapter: its config reaches a nested Baselines, a model's own would not.
 EVENT = TypeAdapter(Event, config=ConfigDict(ser_json_inf_nan="constants"))

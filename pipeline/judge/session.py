@@ -9,8 +9,6 @@ verdict its step calls for, garbage or a reply out of order with `protocol_error
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import statistics
 import time
 from typing import Any
@@ -21,8 +19,9 @@ from .. import backends
 from ..child import protocol as P
 from ..child import memfd
 from ..records import EvalResult, TrialResult, Verdict
-from . import beside, clocks, judge, owncode, refproto as R, shapes
-from .bench import Ended, EvaluationError, TaskBench, ended_early, lane_of
+from . import beside, checks, clocks, owncode, refproto as R
+from .checks import Checks
+from .bench import Ended, TaskBench, ended_early, lane_of
 from .clocks import Window, pair_ratios, summarize
 from .judge import Expected
 from ..policy import POLICY
@@ -31,7 +30,7 @@ from ..policy import POLICY
 PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
 
 
-class Session:
+class Session(Checks):
     def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: memfd.Outbox,
                  spares, env: dict[str, str], inbox: memfd.Inbox | None = None, inputs: dict[str, int] | None = None,
                  timed: bool = True, settings=None, prior: list[clocks.Evidence] | None = None):
@@ -242,8 +241,8 @@ class Session:
         for trial in plan.trials[len(main):]:
             try:
                 shape_results.append(self.trial(trial))
-                if shape_results[-1].ok:  # whose code ran there (pipeline.judge.shapes)
-                    shape_runs.append(shapes.held_out(self, trial, shape_results[-1], interpreted))
+                if shape_results[-1].ok:  # whose code ran there (pipeline.judge.checks)
+                    shape_runs.append(checks.held_out(self, trial, shape_results[-1], interpreted))
             except Ended as ended:  # a kernel that fails at another size is flagged, not rejected
                 error = ended.result.error if ended.result else f"no result at {trial.size}"
                 shape_results.append(TrialResult(index=trial.index, variant=f"scaled@{trial.size}", ok=False,
@@ -273,66 +272,6 @@ class Session:
         return result.model_copy(update=update)
 
     # ---- checks --------------------------------------------------------------------------------
-
-    def values(self, slot: int, header: P.OutputHeader | None, want: Expected) -> judge.Slot | None:  # read in place
-        if header is None or not header.written:
-            return None
-        return judge.Slot.of(self.outbox, slot, header.packed or [header.dtype or ""], [n for _, _, n in want.layout()])
-
-    def fetch(self, key: str) -> Expected:
-        """A checked call's expected values: made ahead (AttemptPlan.specs) or asked for now. A timed or
-        Bound call's come without PyTorch's own error on its inputs (refproto.Spec.errors): it is
-        described by, and judged at the tolerance of, a trial of its size and variant (the first, "base",
-        on fresh inputs); a run-dtype forward and an error pass a check were a third of the reference's work."""
-        spec, trial = self.plan.checked[key], None
-        if not spec.get("errors", True):
-            trial = next((v for k, v in self.expected.items() if k.startswith("trial") and v.rel_errs is not None
-                          and (self.plan.checked[k]["size"], self.plan.checked[k]["variant"]) == (spec["size"], spec["variant"])),
-                         None)
-            spec = spec if trial is not None else {**spec, "errors": True}  # no trial judged at its size: its own
-        if (want := self.expected.get(key)) is None or want.fd is None:
-            want = self.expected[key] = self.bench.expected_for(self.plan.init_seed, key, spec, self.lane)
-        if trial is not None and want.rel_errs is None:
-            if trial.numel != want.numel or trial.shape != want.shape:
-                raise EvaluationError(f"task {self.bench.task.name}: its output changes size with the seed "
-                                      f"({want.shape}, its trial's {trial.shape})")
-            want = self.expected[key] = dataclasses.replace(trial, fd=want.fd)
-        return want
-
-    def release(self, key: str) -> None:  # a checked call's values, once compared (maps die with their views)
-        os.close(self.expected[key].fd)
-        self.expected[key] = dataclasses.replace(self.expected[key], fd=None)  # its shapes, for later checks
-
-    def discard(self, first: int = 1, count: int | None = None) -> None:
-        """On the cpu, judged slots' pages back where large; never slot 0 (Bound calls write it in the window: faults)."""
-        if self.bench.device == "cpu" and self.outbox.slot_values * 8 >= POLICY.discard_slot_bytes:
-            self.outbox.discard(first, count)
-
-    def trial(self, trial: P.Trial) -> TrialResult:
-        bench = self.bench
-        reply, _ = self.ask(trial, P.TrialDone, f"trial {trial.index}")
-        want = next(v for k, v in self.expected.items() if self.plan.checked[k]["size"] == trial.size)  # its layout
-        first, after, again = (self.values(i, h, want) for i, h in enumerate((reply.output, reply.after_sync, reply.repeat)))
-        settled, same = judge.same_values(first, after), again is not None and judge.same_values(first, again)
-        self.discard(1, 2 if same else 1)  # before the float64 forward; a repeat equal to the first is judged as it
-        tol, device, dtype, want = bench.tolerance, bench.device, bench.settings.dtype, self.fetch(f"trial{trial.index}")
-        try:
-            result = judge.compare(reply.output, first, want, tol, device, dtype)
-            if result.ok and not reply.inputs_unchanged:
-                result = judge.fail(Verdict.inputs_mutated, "the candidate changed its inputs")
-            if result.ok and not settled:
-                result = judge.fail(Verdict.nondeterministic, "the output changed after the call returned (work left running)")
-            if result.ok and trial.repeat:
-                second = judge.compare(reply.repeat or reply.output, first if same else again, want, tol, device, dtype)
-                if not second.ok:
-                    result = judge.fail(Verdict.nondeterministic, f"a second call on the same inputs disagrees: {second.error}")
-        finally:
-            self.release(f"trial{trial.index}")
-        self.discard()
-        label = trial.variant if trial.size == bench.size else f"{trial.variant}@{trial.size if isinstance(trial.size, str) else 'custom'}"
-        result = result.model_copy(update={"index": trial.index, "variant": label})
-        self.judged.append(result)
-        return result
 
     def timing(self) -> tuple[Verdict, str] | None:
         """The blocks, then the child's times against the floor and the parent's own clock. The
@@ -474,26 +413,6 @@ class Session:
         if self.bench.settings.grad:
             self.ask(P.Arm(index=index, seeds=seeds), P.BoundReady, what)
         return self.ask(P.Bound(index=index, inbox=len(seeds)), P.BoundDone, what, values)
-
-    def check_block(self, prefix: str, what: str, first: int, headers: list[P.OutputHeader],
-                    like: str = "trial0") -> tuple[Verdict, str] | None:
-        """`like`: the expected output whose shape every unchecked call's must have (its size's trial)."""
-        for j, header in enumerate(headers):
-            if f"{prefix}_{j}" not in self.plan.checked:
-                if header.shape != self.expected[like].shape or not header.written:
-                    return Verdict.mismatch, f"{what} {first + j} returned {header.type} of shape {header.shape}"
-                continue
-            want = self.fetch(f"{prefix}_{j}")
-            try:
-                r = judge.compare(header, self.values(j, header, want), want, self.bench.tolerance, self.bench.device,
-                                  self.bench.settings.dtype)
-            finally:
-                self.release(f"{prefix}_{j}")
-            if not r.ok:
-                return r.verdict, f"{what} {first + j} returned a wrong result ({r.error}): cached, stale or drifting output"
-        self.discard()
-        return None
-
 
 def _at(message: Any) -> str:
     return f" ({message.index})" if getattr(message, "index", None) is not None else ""

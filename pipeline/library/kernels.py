@@ -5,7 +5,7 @@
 
 The envelope is what the evaluator actually exercised: the device kind, the input dtypes and the
 shapes at the size the attempt was run at, and at each held-out size where the kernel was verified
-correct and its own kernel ran (the child's profile, pipeline.judge.shapes): `served`. Its speed is
+correct and its own kernel ran (the child's profile, pipeline.judge.checks): `served`. Its speed is
 verified at the timed size alone. The library runs a kernel only inside it; the export writes it to manifest.json.
 """
 

@@ -229,7 +229,7 @@ class Description(_Record):
 def _envelope_text(env: Envelope) -> str:
     args = [f"{i.dtype}[{', '.join(map(str, i.shape or []))}]" if i.kind == "tensor" else f"{i.kind} {i.value!r}"
             for i in env.inputs]
-    served = [env.sizes[0] if env.sizes else "its timed size", *env.served]  # pipeline.judge.shapes
+    served = [env.sizes[0] if env.sizes else "its timed size", *env.served]  # pipeline.judge.checks
     grad = "its own verified backward" if env.backward else "the reference's backward"
     return (f"{', '.join(args)} (at these shapes only, contiguous; served at sizes {', '.join(served)}; "
             f"correct at {', '.join(env.sizes)}); {grad}")
