@@ -36,6 +36,7 @@ from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
 from . import clocks, health, owncode, refproto as R
 from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
+from .judge import Expected
 from .session import Session
 from ..policy import POLICY
 
@@ -172,6 +173,19 @@ def checked_count(output_bytes: int) -> int:
     fewer where their outputs together would pass POLICY.checked_output_bytes, never under
     POLICY.checked_min."""
     return max(POLICY.checked_min, min(POLICY.checked_timed, POLICY.checked_output_bytes // max(output_bytes, 1)))
+
+
+def slot_words(want: Expected) -> int:
+    """An outbox slot for one call's output, in 8-byte words: its values in the dtype PyTorch gives it
+    (a float32 output's slot is half a float64 one; the child pins every slot on a GPU, 24 GiB for a
+    4 GiB output's three at 8 bytes a value). An output of another dtype or shape fails its header
+    checks before its values are read. In gradient mode 8 bytes a value: a gradient's dtype is judged
+    from what the child wrote."""
+    if want.parts or want.ref_dtype not in memfd.PACKED_DTYPES:
+        return want.numel
+    import torch
+
+    return -(-want.numel * torch.empty((), dtype=getattr(torch, want.ref_dtype)).element_size() // 8)
 
 
 def fastest_ms(bench: TaskBench) -> float | None:
@@ -329,7 +343,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         before["health"] = round(time.monotonic() - mark, 3)
         mark = time.monotonic()
         main = expected["trial0"]
-        slot_values = max(e.numel for e in expected.values())
+        slot_values = max(slot_words(e) for e in expected.values())
         slots = max(3, *(len(b) for b in plan.timed + plan.bounds))
         set_bytes = {os.fstat(fd).st_size for fd in inputs.values()}
         if plan.inbox and len(set_bytes) != 1:  # inputs whose size changes with the seed: the child fills
