@@ -34,7 +34,7 @@ def add_bench():
     bench.close()
 
 
-def _both(bench, values: np.ndarray, slot: int = 1):
+def _both(bench, values: np.ndarray, slot: int = 1, device: str = "cpu"):
     """The parent's comparison of `values` (float32, in an outbox slot) against a call's float64
     values, and the reference's comparison of the same slot."""
     spec = {"size": "small", "seed": 7, "variant": "base"}
@@ -43,16 +43,16 @@ def _both(bench, values: np.ndarray, slot: int = 1):
     box = memfd.Outbox(fd, values.size, 3)
     try:
         assert box.write(slot, values)
-        header = P.OutputHeader(type="Tensor", exact_tensor=True, shape=SHAPE, dtype="float32", device="cpu",
+        header = P.OutputHeader(type="Tensor", exact_tensor=True, shape=SHAPE, dtype="float32", device=device,
                                 numel=values.size, written=True, packed=["float32"])
         got = judge.Slot.of(box, slot, ["float32"], [values.size])
-        here = judge.compare(header, got, want, bench.tolerance, "cpu")
+        here = judge.compare(header, got, want, bench.tolerance, bench.device)
         parts = [(at, "float32", end - first) for first, end, at, _, _ in got.parts]
         reply = bench.compare(11, R.Spec(key="trial0", **spec), fd, parts, None)
         there = judge.compare(header, got, judge.Expected(reply.shape, reply.numel, reply.ref_dtype, None,
                                                           reply.fp32_rel_err, None, reply.rel_errs, reply.dtypes,
                                                           reply.own_errs),
-                              bench.tolerance, "cpu", stats=reply.stats)
+                              bench.tolerance, bench.device, stats=reply.stats)
         return here, there, judge.mapped(want.fd, np.float64, want.numel)
     finally:
         box.close()
@@ -63,25 +63,39 @@ def _both(bench, values: np.ndarray, slot: int = 1):
 def test_the_references_comparison_reads_what_the_parents_reads(add_bench):
     """The same bytes judged both ways: right values correct with the same errors; one value far off
     found at the same index with the same expected and got values; a NaN non-finite either way."""
+    _agree(add_bench, "cpu")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_references_comparison_reads_what_the_parents_reads():
+    """The same on a GPU: the reference reads the slot into the device and compares it there."""
+    bench = prepare(tasks.discover(TEST_TASKS, ["big_add"])[0], "small", "cuda", SETTINGS)
+    try:
+        _agree(bench, "cuda:0")
+    finally:
+        bench.close()
+
+
+def _agree(bench, device: str) -> None:
     spec = {"size": "small", "seed": 7, "variant": "base"}
-    want = add_bench.expected_for(11, "trial0", spec)
+    want = bench.expected_for(11, "trial0", spec)
     right = judge.mapped(want.fd, np.float64, want.numel).astype(np.float32)
     os.close(want.fd)
-    here, there, _ = _both(add_bench, right)
+    here, there, _ = _both(bench, right, device=device)
     assert here.ok and there.ok, (here.error, there.error)
     assert there.max_abs_err == pytest.approx(here.max_abs_err, rel=1e-9, abs=1e-12)
     assert there.max_rel_err == pytest.approx(here.max_rel_err, rel=1e-9, abs=1e-12)
     off = right.copy()
     off[1_000] += 0.25
     off[200_000] += 3.0  # the furthest past its bound
-    here, there, ref = _both(add_bench, off)
+    here, there, ref = _both(bench, off, device=device)
     assert here.verdict is there.verdict is Verdict.mismatch
     assert there.worst_index == here.worst_index == [200_000 // 512, 200_000 % 512]
     assert there.expected == here.expected == ref[200_000] and there.got == here.got == float(off[200_000])
     assert there.error == here.error
     nan = right.copy()
     nan[-1] = np.nan
-    here, there, _ = _both(add_bench, nan)
+    here, there, _ = _both(bench, nan, device=device)
     assert here.verdict is there.verdict is Verdict.non_finite
 
 

@@ -186,8 +186,8 @@ class Reference:
         tols = [tolerance_for(request.tol, self.dtype, e, o) for e, o in errs]
         view = mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_COPY)  # private: nothing written back
         try:
-            got = [torch.frombuffer(view, dtype=getattr(torch, dtype), count=count, offset=at)
-                   for at, dtype, count in request.parts]
+            got = [torch.frombuffer(view, dtype=getattr(torch, dtype), count=count, offset=at) if count
+                   else torch.empty(0, dtype=getattr(torch, dtype)) for at, dtype, count in request.parts]
             stats = tensor_stats(got, [t for _, t in parts], tols)
             del got
         finally:
