@@ -170,15 +170,13 @@ class Policy(BaseModel):
 
     # ---- the judge's own work: memory, threads, retries ---------------------------------------------
     compare_chunk: int = 1 << 22
-    """Values a step where an output is compared in pieces (32 MiB of float64 an array)."""
+    """Values a step of the reference's comparison (judge.tensor_stats) and error pass on a GPU, and of
+    the parent's byte comparison of two slots (32 MiB of float64 an array)."""
     compare_piece: int = 1 << 16
     """Values each chunk is worked through at a time, in the comparison and in the reference's own
     check: the float64 temporaries (512 KiB each) stay in the core's cache, which whole 4M-value
     chunks miss, and a gigabyte output's comparison took two to three times as long
     (docs/decisions/memory-and-outputs.md)."""
-    compare_threads: int = 8
-    """Threads an output's chunks are compared on at most (fewer where the process has fewer cores):
-    each holds about 3 chunk-sized float64 arrays (100 MiB)."""
     digest_chunk: int = 1 << 22
     """Values a step where the reference works through a replayed output's float64 digest."""
     large_sets_bytes: int = 256 << 20

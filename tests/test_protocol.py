@@ -364,18 +364,17 @@ def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():
     assert clocks.loaded(clocks.Evidence([2.0], [0.5], clocks.load_share(busy)), "cpu").startswith("the cpu was loaded: 71%")
 
 
-def test_an_output_compared_in_chunks_on_several_threads_is_judged_as_in_one_piece(monkeypatch):
-    """The comparison runs chunk by chunk on a thread pool (judge._spread), each chunk a piece at a
-    time: with a chunk of 1,000 values over 10,000 and pieces of 300 (the last of each chunk 100),
-    the verdict, the worst element's index and the errors are those of one pass over the whole
-    output: a value off in the seventh chunk is found at its own index, the furthest
-    past its bound wins over a nearer one in an earlier chunk, and a NaN in the last chunk alone
-    makes the output non-finite."""
+def test_an_output_compared_in_pieces_is_judged_as_in_one(monkeypatch):
+    """The parent's comparison runs a piece at a time (the float64 temporaries stay in cache): with
+    pieces of 300 values over 10,000, the verdict, the worst element's index and the errors are those
+    of one pass over the whole output: a value off in the twenty-second piece is found at its own
+    index, the furthest past its bound wins over a nearer one in an earlier piece, and a NaN in the
+    last piece alone makes the output non-finite."""
     import numpy as np
 
     from pipeline.judge.refproto import sealed_memfd
 
-    monkeypatch.setattr(judge, "POLICY", POLICY.model_copy(update={"compare_chunk": 1000, "compare_piece": 300}))
+    monkeypatch.setattr(judge, "POLICY", POLICY.model_copy(update={"compare_piece": 300}))
     rng = np.random.default_rng(0)
     ref = rng.standard_normal(10_000) + 2.0
     fd = sealed_memfd("want", ref.tobytes())
@@ -386,8 +385,8 @@ def test_an_output_compared_in_chunks_on_several_threads_is_judged_as_in_one_pie
         same = judge.compare(header, ref.copy(), want, 1e-4, "cpu")
         assert same.ok and same.max_abs_err == 0.0
         off = ref.copy()
-        off[1_234] += 0.01  # chunk 1, past the bound
-        off[6_543] += 0.5   # chunk 6, furthest past it
+        off[1_234] += 0.01  # piece 4, past the bound
+        off[6_543] += 0.5   # piece 21, furthest past it
         wrong = judge.compare(header, off, want, 1e-4, "cpu")
         assert wrong.verdict is judge.Verdict.mismatch and wrong.worst_index == [65, 43]
         assert wrong.expected == ref[6_543] and wrong.got == off[6_543]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,25 +154,14 @@ def header_problem(header: OutputHeader, values, want: Expected, device: str) ->
 
 
 def _part_stats(got_at, b: np.ndarray, part: range, part_tol: float):
-    """One part's stats as `compare` takes them, here, from the float64 values in `b`."""
-    # Magnitude-aware: relative per element, with the part's mean magnitude as the absolute
-    # floor, so zeros never pass against a non-zero reference (KernelBench #165). In chunks of
-    # POLICY.compare_chunk values (whole-part float64 copies would be several times a gigabyte
-    # output), spread over the parent's cores (a 6.4 GB output took minutes on one).
-    n, step = len(part), POLICY.compare_chunk
-    chunks = [(i, min(i + step, part.stop)) for i in part[::step]]
-    mean = sum(_spread(lambda c: _abs_sum(b, *c), chunks)) / n if n else 0.0
-    stats = _spread(lambda c: _range_stats(got_at, b, *c, mean, part_tol), chunks)
-    if not all(st is not None for st in stats):
-        return None
-    max_abs, max_mag, worst = 0.0, 0.0, None
-    for (i, _), st in zip(chunks, stats):
-        max_abs, max_mag = max(max_abs, st[0]), max(max_mag, st[1])
-        if st[2] is not None:
-            excess, k, ref_k, got_k = st[2]
-            if worst is None or not excess <= worst[0]:  # NaN too: argmax over the part picked it
-                worst = (excess, i - part.start + k, ref_k, got_k)
-    return max_abs, max_mag, worst
+    """One part's stats as `compare` takes them, here, from the float64 values in `b`: values whose
+    expected values all came ahead of the child (at most POLICY.ahead_bytes, so tens of MB; larger
+    outputs are compared in the reference, tensor_stats). Magnitude-aware: relative per element, with
+    the part's mean magnitude as the absolute floor, so zeros never pass against a non-zero reference
+    (KernelBench #165)."""
+    n = len(part)
+    mean = _abs_sum(b, part.start, part.stop) / n if n else 0.0
+    return _range_stats(got_at, b, part.start, part.stop, mean, part_tol)
 
 
 def tensor_stats(got_parts: list, ref_parts: list, tols: list[float]) -> list:
@@ -270,21 +258,6 @@ def _chunk_stats(got: np.ndarray, ref: np.ndarray, mean: float, tol: float):
         k = int(np.argmax(diff - bound))
         stats[2] = (float(diff[k] - bound[k]), k, float(ref[k]), float(got[k]))
     return tuple(stats)
-
-
-_pool: ThreadPoolExecutor | None = None  # started at the first comparison of more than one chunk
-
-
-def _spread(fn, chunks: list) -> list:
-    """fn over the chunks in order, on up to POLICY.compare_threads threads (numpy lets go of the GIL on
-    arrays this large); one chunk runs here."""
-    global _pool
-    if len(chunks) <= 1:
-        return [fn(c) for c in chunks]
-    if _pool is None:
-        threads = max(1, min(POLICY.compare_threads, len(os.sched_getaffinity(0))))
-        _pool = ThreadPoolExecutor(threads, thread_name_prefix="kgen-compare")
-    return list(_pool.map(fn, chunks))
 
 
 class Slot:
