@@ -179,7 +179,8 @@ def _tensor_part(got, ref, tol: float):
     mean = sum(float(ref[i:i + step].abs().sum()) for i in range(0, n, step)) / n if n else 0.0
     max_abs, max_mag, worst = 0.0, 0.0, None
     for i in range(0, n, step):
-        g, r = got[i:i + step].to(device=ref.device, dtype=torch.float64), ref[i:i + step]
+        # To the device as written (half a float64 copy's bytes for float32), widened there.
+        g, r = got[i:i + step].to(ref.device).to(torch.float64), ref[i:i + step]
         if not bool(torch.isfinite(g).all()):
             return None
         diff = (g - r).abs_()
