@@ -55,7 +55,7 @@ class Policy(BaseModel):
     memory_factor: dict[str, int] = {"cpu": 4, "cuda": 3}
     """Bytes a size needs per byte of its footprint (inputs, weights and output, where the meta device
     can tell), at the judge's peak; a size that needs more than the device has free is refused
-    (pipeline.child.memory.check_memory). On a GPU: the reference's float64 forward of one checked
+    (pipeline.child.sizes.check_memory). On a GPU: the reference's float64 forward of one checked
     call, its inputs and output in float64 (2), while the candidate's child holds its own inputs,
     weights and the output slots not yet judged (1). Nothing else is kept beside them: past
     ahead_bytes of an attempt's expected values the parent asks for one call's float64 values at a

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from pipeline.child import memory, tasks
+from pipeline.child import sizes, tasks
 from pipeline.cli.main import main
 from pipeline.policy import POLICY
 
@@ -226,7 +226,7 @@ def test_a_kernelbench_task_with_a_gigabyte_of_output_fits_four_footprints_and_w
     task_path.write_text(BIG_RELU)
     candidate = tmp_path / "model_new.py"
     candidate.write_text(BIG_RELU.replace("class Model(", "class ModelNew("))
-    footprint = memory.footprint(tasks.load_module(tasks.task_file(task_path), "default"))
+    footprint = sizes.footprint(tasks.load_module(tasks.task_file(task_path), "default"))
     assert footprint == {"inputs": ROWS * COLS * 4, "weights": 0, "output": ROWS * COLS * 4}
     assert footprint["output"] > GIB and footprint["inputs"] > POLICY.inbox_bytes
     config = _config(tmp_path, folder, ["1_Big_ReLU"])
@@ -350,7 +350,7 @@ def test_kernelbench_softmax_at_its_own_size_fits_the_device(tmp_path):
     task_path.write_text(SOFTMAX)
     candidate = tmp_path / "model_new.py"
     candidate.write_text(SOFTMAX.replace("class Model(", "class ModelNew("))
-    total = sum(memory.footprint(tasks.load_module(tasks.task_file(task_path), "default")).values())
+    total = sum(sizes.footprint(tasks.load_module(tasks.task_file(task_path), "default")).values())
     config = _config(tmp_path, folder, ["23_Softmax"])
     base, peak, done = _gpu_used(), [0], threading.Event()
 

@@ -194,7 +194,7 @@ def test_a_room_closes_every_channel_from_every_thread(tmp_path):
             code, log = child.finish()
             assert report is not None and code == 0, log[-3000:]
             c = seen[0]
-            assert c.pidns and c.ipcns and c.utsns and c.netns and c.cgroup and c.limits, c
+            assert c.pidns and c.ipcns and c.utsns and c.netns and c.cgroup and c.limits, (c, child.status)
             for where in ("main", "thread"):
                 got = report[where]
                 for name in ("unix_connect", "keyring", "userns", "io_uring", "big_file", "signal_parent"):

@@ -9,7 +9,7 @@ import torch
 
 from pipeline.judge import evaluate
 from pipeline.judge.bench import prepare
-from pipeline.child import memory, sizes, tasks
+from pipeline.child import sizes, tasks
 from pipeline.config import EvalConfig
 from pipeline.policy import POLICY
 from pipeline.records import Verdict
@@ -165,7 +165,7 @@ def test_a_float32_convolution_on_a_gpu_is_judged_at_tf32_s_tolerance_and_nothin
     (tmp_path / "1_Conv_ReLU.py").write_text(CONV_TASK)
     (tmp_path / "41_Linear_ReLU_Scale.py").write_text(KERNELBENCH_LEVEL2)
     conv, linear = (tasks.load_module(tasks.discover(tmp_path, [name])[0], "default") for name in ("1_*", "41_*"))
-    assert memory.convolves(conv) and not memory.convolves(linear)
+    assert sizes.convolves(conv) and not sizes.convolves(linear)
     assert task_tolerance(conv, "cuda", "float32", 1e-3) == POLICY.tf32_tol > 1e-3
     assert task_tolerance(conv, "cuda", "float32", 1e-2) == 1e-2  # a wider tolerance of the task's stays
     assert task_tolerance(conv, "cpu", "float32", 1e-3) == task_tolerance(linear, "cuda", "float32", 1e-3) == 1e-3
@@ -341,17 +341,17 @@ def test_check_memory_refuses_a_size_that_cannot_fit_without_allocating_it(tmp_p
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.monotonic()
     with pytest.raises(sizes.SizeError) as err:
-        memory.check_memory(module, "cpu", budget_bytes=1 << 30, factor=POLICY.memory_factor["cpu"])
+        sizes.check_memory(module, "cpu", budget_bytes=1 << 30, factor=POLICY.memory_factor["cpu"])
     assert time.monotonic() - started < 1
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 256 * 1024  # KiB: nothing allocated
-    assert memory.footprint(module) == {"inputs": 4 * 2**36, "weights": 0, "output": 4 * 2**36}  # softmax
+    assert sizes.footprint(module) == {"inputs": 4 * 2**36, "weights": 0, "output": 4 * 2**36}  # softmax
     needed = POLICY.memory_factor["cpu"] * 2 * 4 * 2**36
     message = str(err.value)
     assert message.startswith("task huge: size 'default' needs about") and "\n" not in message
     assert f"{needed} bytes" in message and f"{1 << 30} bytes" in message
-    assert memory.check_memory(module, "cpu", budget_bytes=needed, factor=POLICY.memory_factor["cpu"]) == needed
+    assert sizes.check_memory(module, "cpu", budget_bytes=needed, factor=POLICY.memory_factor["cpu"]) == needed
     # A small size fits this machine as it is.
-    assert 0 < memory.check_memory(_module("mse", "small"), "cpu", factor=POLICY.memory_factor["cpu"]) < 1 << 30
+    assert 0 < sizes.check_memory(_module("mse", "small"), "cpu", factor=POLICY.memory_factor["cpu"]) < 1 << 30
 
 
 def test_kgen_eval_json_reports_and_stores_the_size_that_ran(tmp_path):
@@ -403,8 +403,8 @@ def test_a_gpu_without_a_driver_figure_is_not_refused_on_the_cpu_s_memory(monkey
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi here
     assert health.gpu_free_bytes("0") is None
     module = _module("mse", "small")
-    assert memory.available_memory("cuda") is None
-    assert memory.check_memory(module, "cuda", health.gpu_free_bytes(None), factor=POLICY.memory_factor["cuda"]) > 0
+    assert sizes.available_memory("cuda") is None
+    assert sizes.check_memory(module, "cuda", health.gpu_free_bytes(None), factor=POLICY.memory_factor["cuda"]) > 0
     with pytest.raises(sizes.SizeError):
-        memory.check_memory(module, "cuda", budget_bytes=1, factor=POLICY.memory_factor["cuda"])
+        sizes.check_memory(module, "cuda", budget_bytes=1, factor=POLICY.memory_factor["cuda"])
     assert not torch.cuda.is_initialized()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import backends, sandbox
-from ..child import memory, sizes, tasks
+from ..child import sizes, tasks
 from ..child.timing import METHOD, calls_for
 from ..config import EvalConfig, cache_root
 from ..policy import POLICY
@@ -351,7 +351,7 @@ def task_tolerance(module, device: str, dtype: str, default: float) -> float:
     """The task's relative tolerance (its KGEN_TOLERANCE, else `default`), at least POLICY.tf32_tol
     where a float32 call convolves on a GPU (cuDNN's TF32)."""
     tolerance = tasks.tolerance(module, default)
-    if device == "cuda" and dtype == "float32" and memory.convolves(module):
+    if device == "cuda" and dtype == "float32" and sizes.convolves(module):
         return max(tolerance, POLICY.tf32_tol)
     return tolerance
 
@@ -365,12 +365,12 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
     module = tasks.load_module(task, size, settings.dtype)
     device = device_for(backend)
     if not memory_checked:
-        memory.check_memory(module, device, health.gpu_free_bytes((env or {}).get("CUDA_VISIBLE_DEVICES"))
+        sizes.check_memory(module, device, health.gpu_free_bytes((env or {}).get("CUDA_VISIBLE_DEVICES"))
                             if device == "cuda" else None, factor=POLICY.memory_factor[device])
     bench = TaskBench(task, size, sizes.effective_size(module, size), backend, device,
                       task_tolerance(module, device, settings.dtype, settings.tolerance), settings,
                       other_sizes=_held_out(module, size) if settings.check_shapes else [],
-                      output_bytes=(memory.footprint(module) or {}).get("output", 0), early=early)
+                      output_bytes=(sizes.footprint(module) or {}).get("output", 0), early=early)
     started = time.monotonic()
     bench._reference(env)
     bench.phases = {"startup": round(time.monotonic() - started, 2)}

@@ -18,7 +18,7 @@ from typing import Callable
 
 from .. import backends, bundled
 from ..build import build as build_stage
-from ..child import HARNESS, memory, sizes, tasks
+from ..child import HARNESS, sizes, tasks
 from ..config import Config, EvalConfig
 from ..generate import feedback
 from ..judge import evaluate, health
@@ -139,7 +139,7 @@ def evaluate_file(request: FileRequest, cfg: Config | None, *, db_path: Path | N
     if backend == "cuda" and not gpu:
         raise ValueError("--backend cuda: no CUDA device is visible on this machine")
     device = device_for(backend)
-    memory.check_memory(module, device, health.gpu_free_bytes(None) if device == "cuda" else None,
+    sizes.check_memory(module, device, health.gpu_free_bytes(None) if device == "cuda" else None,
                         factor=POLICY.memory_factor[device])
     if on_size:
         on_size(size_name, sizes.size_dims(module))

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 
 from ..child import PACKAGE_ROOT, memfd, protocol
 from ..policy import POLICY
-from . import cgroup, confine
+from . import cgroup, confine, zygote
 from .cores import cpu_cores, pin, pin_all  # noqa: F401 - the package's API
 
 # Variables a compiler, CUDA or torch needs; everything else (keys, tokens, KGEN_*, proxies) stays out.
@@ -200,11 +200,7 @@ class Child:
         of its session (a process can leave its group, not its session: seccomp refuses setsid)."""
         if self.policy is not None:
             self.room_namespace()
-            if self.proc.returncode is None:
-                try:
-                    os.kill(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self.proc.kill()  # through its pidfd: that process and no other
             return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -302,7 +298,8 @@ class Child:
             except OSError:
                 pass
         self.room_namespace()
-        if not _exited(self.proc.pid, max(0.1, min(grace, self.deadline - time.monotonic()))):
+        wait = max(0.1, min(grace, self.deadline - time.monotonic()))
+        if not (self.proc.exited(wait) if isinstance(self.proc, zygote.Forked) else _exited(self.proc.pid, wait)):
             self.timed_out = True
         self.kill()  # stragglers it forked or left behind, before reaping frees its pid
         code = self.proc.wait()
@@ -431,6 +428,20 @@ def _lay_out(workdir: Path, module: str, jail: Jail) -> tuple[Path, dict, cgroup
     return workdir / "tmp", policy, room
 
 
+def _forked(module: str, argv: list[str], env: dict[str, str], cwd: str, policy: dict, status_w: int,
+            fds: dict[int, int]) -> zygote.Forked:
+    """A jailed child forked from this process's zygote (started again once if it had died)."""
+    stdin_r, stdin_w = os.pipe()
+    fds = {0: stdin_r, **fds, status_w: status_w}
+    try:
+        try:
+            return zygote.zygote(child_env()).fork(module, argv, env, cwd, policy, status_w, fds, stdin_w)
+        except OSError:  # it died since the last child (killed, out of memory): a new one, once
+            return zygote.zygote(child_env()).fork(module, argv, env, cwd, policy, status_w, fds, stdin_w)
+    finally:
+        os.close(stdin_r)
+
+
 def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str] | None = None,
           outbox: int | None = None, jail: Jail | None = None, keep: tuple[int, ...] = ()) -> Child:
     """Start `python -m module args...` sandboxed; messages come back on a pipe named by fd number.
@@ -454,14 +465,16 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
         home, policy, room = _lay_out(workdir, module, jail)
         status_r, status_w = os.pipe()
         os.set_inheritable(status_r, False)
-        command = confine.jail_command(policy, status_w, command)
-        pass_fds = (*pass_fds, status_w)
     env = child_env(extra_env, home=str(home), package_path=str(workdir / "py") if policy else PACKAGE_ROOT)
     if policy and jail.out:
         env["TORCH_EXTENSIONS_DIR"] = str(workdir / "out")
     try:
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=home,
-                                env=env, pass_fds=pass_fds, start_new_session=True, close_fds=True)
+        if policy is None:
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=home,
+                                    env=env, pass_fds=pass_fds, start_new_session=True, close_fds=True)
+        else:  # forked from the zygote, then jailed as `python -m` would have been
+            proc = _forked(module, command[4:], env, str(home), policy, status_w,
+                           {**{fd: fd for fd in pass_fds}, 1: log.fileno(), 2: log.fileno()})
     finally:
         os.close(write_fd)
         if status_w is not None:

@@ -216,7 +216,9 @@ HOW = {
 }
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], run=None) -> int:
+    """`run`, where a zygote forked this process (pipeline.child.zygote): called, confined, in place of
+    exec'ing the command (which is then only what the status line names)."""
     if len(argv) < 4 or argv[2] != "--":
         print("[kgen] jail: usage: jail.py POLICY_JSON STATUS_FD -- COMMAND...", file=sys.stderr)
         return 2
@@ -233,7 +235,7 @@ def main(argv: list[str]) -> int:
     if init == 0:  # pid 1 of the room
         os.close(relay_r)
         os.close(exit_r)
-        _init(policy, held, relay_w, exit_w, status_fd, argv[3:])
+        _init(policy, held, relay_w, exit_w, status_fd, argv[3:], run)
     os.close(relay_w)
     os.close(exit_w)
     status = _read_status(relay_r)
@@ -276,7 +278,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _init(policy: dict, held: dict, relay_w: int, exit_w: int, status_fd: int, command: list[str]) -> None:
+def _init(policy: dict, held: dict, relay_w: int, exit_w: int, status_fd: int, command: list[str], run=None) -> None:
     """pid 1 of the room: its mounts, then the command's process, whose wait status it passes to the
     outer process on `exit_w` before it ends (and with it, everything left in the room). It reaps
     whatever the room orphans meanwhile. Signals from inside the room cannot reach it (pid 1 of a
@@ -291,7 +293,7 @@ def _init(policy: dict, held: dict, relay_w: int, exit_w: int, status_fd: int, c
     child = os.fork()
     if child == 0:
         os.close(exit_w)
-        _run(policy, held, relay_w, command)
+        _run(policy, held, relay_w, command, run)
     os.close(relay_w)
     for fd in _open_fds():
         if fd > 2 and fd != exit_w:
@@ -313,8 +315,8 @@ def _open_fds() -> list[int]:
     return [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]
 
 
-def _run(policy: dict, held: dict, relay_w: int, command: list[str]) -> None:
-    """The room's second process: confined, it reports what held and execs the command."""
+def _run(policy: dict, held: dict, relay_w: int, command: list[str], run=None) -> None:
+    """The room's second process: confined, it reports what held and execs the command (or calls `run`)."""
     if "error" not in held:
         try:
             held = confine(policy, held)
@@ -329,8 +331,20 @@ def _run(policy: dict, held: dict, relay_w: int, command: list[str]) -> None:
         why = "; ".join(f"no {name}: {HOW.get(name, 'see kgen doctor')}" for name in missing) or held["error"]
         print(f"[kgen] jail: {why}; the candidate does not run", file=sys.stderr, flush=True)
         os._exit(126)
-    os.execv(command[0], command)
-    os._exit(127)
+    if run is None:
+        os.execv(command[0], command)
+        os._exit(127)
+    try:
+        code = run()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - as an interpreter ends on an uncaught exception
+        import traceback
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 def _holds(name: str, held: dict, policy: dict) -> bool:

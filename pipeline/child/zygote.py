@@ -1,0 +1,144 @@
+"""The zygote: one trusted process that has imported torch and the harness, from which each candidate's
+room is forked instead of started from nothing (pipeline.sandbox.zygote is the parent's side).
+
+    python -s -m pipeline.child.zygote SOCKET_FD
+
+It runs only kgen's code, with the allow-listed environment of a child (no key, token or database
+path) and no candidate code ever. Each request (a SOCK_SEQPACKET message: JSON, with the child's
+descriptors attached) is forked into a process that takes the request's descriptors, session,
+working folder and environment, and then enters the jail exactly as an exec'd child would
+(pipeline/child/jail/jail.py: cgroups, namespaces, mounts, limits, Landlock, uid, seccomp, each set
+in a process of one thread before any candidate code runs); the harness's `main` is then called where
+the jail would have exec'd `python -m pipeline.child.harness`. What it saves: the child's
+`import torch`, 1.7-2.9 s of a 2-core box's cpu per child (docs/decisions/spares-and-startup.md).
+Forking a process that has imported torch (and initialised no device) is what torch's own
+DataLoader workers and multiprocessing's forkserver with preloads do.
+
+Replies: {"pid": N} with a pidfd of the forked process (the room's outer process) attached;
+{"exited": N, "code": C} when it has exited (not yet reaped: its pid stays taken until the parent
+sends {"reap": N}, so the parent never signals or reads /proc of a pid that names another process).
+End of file on the socket (the parent exited or closed it) ends the zygote; each room's outer
+process dies with it (its parent-death signal), and every room with its outer process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import runpy
+import select
+import socket
+import sys
+import traceback
+
+import torch  # noqa: F401 - the point of the zygote: imported once, shared by every fork
+import torch.utils.cpp_extension  # noqa: F401 - a build child's first import
+
+from . import harness  # noqa: F401 - and the harness's own imports
+from .jail import jail
+
+MAX_MESSAGE = 1 << 20  # a request: a policy, an environment and argv, far below this
+
+
+def _code(pid: int) -> int | None:
+    """The exit code of an exited child, Popen's way (minus the signal that killed it), leaving it unreaped."""
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def _child(request: dict, fds: list[int], sock: socket.socket) -> None:
+    """In the fork: the request's descriptors at the numbers it names, its session, folder and
+    environment; then the jail, which calls the harness where it would have exec'd it. Never returns."""
+    try:
+        sock.close()
+        targets = [int(t) for t in request["fds"]]
+        floor = max([*targets, *fds, 2]) + 1  # above every target: no dup2 below overwrites one still needed
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
+        keep = set(high)
+        for fd in _open_fds():
+            if fd not in keep and fd > 2:
+                try:
+                    os.close(fd)
+                except OSError:  # the listing's own descriptor, closed already
+                    pass
+        for fd, target in zip(high, targets):
+            os.dup2(fd, target, inheritable=target > 2)
+        for fd in high:
+            if fd not in targets:
+                os.close(fd)
+        os.setsid()
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        # The import roots an exec'd child would have had (its PYTHONPATH: the workdir's links), not ours.
+        sys.path[:] = [*request["env"].get("PYTHONPATH", "").split(os.pathsep),
+                       *(p for p in sys.path if p.startswith(sys.prefix) or p.startswith(sys.base_prefix))]
+        sys.path_importer_cache.clear()
+        module, argv = request["module"], list(request["argv"])
+
+        def run() -> None:  # as `python -m module argv...` would
+            sys.argv = [module, *argv]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+        code = jail.main([json.dumps(request["policy"]), str(request["status_fd"]), "--", sys.executable, "-s",
+                          "-m", module, *argv], run=run)
+    except BaseException:  # noqa: BLE001 - whatever went wrong, the fork ends here and says why
+        traceback.print_exc()
+        code = 125
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 1)
+
+
+def _open_fds() -> list[int]:
+    return [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]
+
+
+def serve(sock: socket.socket) -> int:
+    """Fork a room per request until end of file; report each fork's exit, reap it when told."""
+    pidfds: dict[int, int] = {}  # pidfd -> pid, of forks not yet reported exited
+    while True:
+        ready, _, _ = select.select([sock, *pidfds], [], [])
+        for fd in ready:
+            if fd is not sock:
+                pid = pidfds.pop(fd)
+                os.close(fd)
+                sock.send(json.dumps({"exited": pid, "code": _code(pid)}).encode())
+                continue
+            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 16)
+            if not data:
+                return 0
+            request = json.loads(data)
+            if "reap" in request:
+                for fd in fds:
+                    os.close(fd)
+                try:
+                    os.waitpid(int(request["reap"]), 0)
+                except ChildProcessError:
+                    pass
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(request, fds, sock)
+            for fd in fds:
+                os.close(fd)
+            pidfd = os.pidfd_open(pid)
+            pidfds[os.dup(pidfd)] = pid
+            socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
+            os.close(pidfd)
+
+
+def main(argv: list[str]) -> int:
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        sys.path.pop(0)
+    sock = socket.socket(fileno=int(argv[0]))
+    return serve(sock)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

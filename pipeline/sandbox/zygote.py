@@ -1,0 +1,183 @@
+"""The parent's side of the zygote (pipeline.child.zygote): one trusted process per kgen process that has
+imported torch and the harness, from which each jailed child is forked, so that a child starts in tens
+of milliseconds instead of the seconds of a fresh interpreter's `import torch`.
+
+    proc = fork(argv, env, cwd, policy, {0: stdin_r, 1: log, 2: log, 5: result_w, 9: status_w})
+
+`proc` stands where a subprocess.Popen of the jail stood (pid, stdin, poll, wait, returncode): the
+room's outer process, which is the zygote's child, not ours. We hold its pidfd, so a signal we send
+reaches that process and no other, and the zygote leaves it unreaped until `wait` has read its
+status: its pid names nothing else while we look at /proc through it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import IO
+
+from ..child import PACKAGE_ROOT
+
+MODULE = "pipeline.child.zygote"
+START_S = 120.0  # the zygote's own start (an import of torch) on a loaded box; it happens once
+
+
+class Forked:
+    """A room's outer process, forked by the zygote: what Child needs of a Popen."""
+
+    def __init__(self, zygote: Zygote, pid: int, pidfd: int, stdin_fd: int):
+        self.zygote, self.pid, self.pidfd = zygote, pid, pidfd
+        self.stdin: IO[bytes] = open(stdin_fd, "wb", buffering=0)
+        """Our end of its stdin, where requests go (as Popen's)."""
+        self.returncode: int | None = None
+
+    def exited(self, timeout: float = 0.0) -> bool:
+        """Whether it has exited (its pidfd reads ready), waiting up to `timeout` seconds."""
+        return bool(select.select([self.pidfd], [], [], max(0.0, timeout))[0])
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.exited():
+            self.wait()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code (Popen's convention), once the zygote has seen it exit; then it is reaped."""
+        if self.returncode is None:
+            code = self.zygote.exit_code(self.pid, timeout)
+            if code is None:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            self.returncode = code
+            self.zygote.reap(self.pid)
+            os.close(self.pidfd)
+            self.pidfd = -1
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except ProcessLookupError:  # exited, not yet reaped
+                pass
+
+
+class Zygote:
+    """One zygote process and the socket we speak to it on."""
+
+    def __init__(self, env: dict[str, str]):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.home = tempfile.mkdtemp(prefix="kgen-zygote-")
+        env = {**env, "HOME": self.home, "TMPDIR": self.home, "PYTHONPATH": os.pathsep.join(
+            [PACKAGE_ROOT, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep)[1:] if p)])}
+        self.proc = subprocess.Popen([sys.executable, "-s", "-m", MODULE, str(theirs.fileno())], cwd=self.home,
+                                     env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                     start_new_session=True, close_fds=True)
+        theirs.close()
+        self.sock = ours
+        self.lock = threading.Lock()  # one request and its reply at a time
+        self.codes: dict[int, int | None] = {}  # exits the zygote reported, by pid
+        self.cond = threading.Condition()
+        self.replies: list[tuple[dict, list[int]]] = []
+        self.reader = threading.Thread(target=self._read, name="kgen-zygote", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
+            except OSError:
+                data, fds = b"", []
+            with self.cond:
+                if not data:
+                    self.replies.append(({"dead": True}, []))
+                    self.cond.notify_all()
+                    return
+                message = json.loads(data)
+                if "exited" in message:
+                    self.codes[int(message["exited"])] = message["code"]
+                else:
+                    self.replies.append((message, fds))
+                self.cond.notify_all()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and self.reader.is_alive()
+
+    def fork(self, module: str, argv: list[str], env: dict[str, str], cwd: str, policy: dict, status_fd: int,
+             fds: dict[int, int], stdin_w: int) -> Forked:
+        """A room for `python -m module argv...`, its descriptors `fds` (the number it sees: ours)."""
+        request = {"module": module, "argv": argv, "env": env, "cwd": cwd, "policy": policy, "status_fd": status_fd,
+                   "fds": list(fds)}
+        with self.lock:
+            socket.send_fds(self.sock, [json.dumps(request).encode()], list(fds.values()))
+            deadline = time.monotonic() + START_S
+            with self.cond:
+                while not self.replies:
+                    if not self.cond.wait(max(0.0, deadline - time.monotonic())):
+                        raise OSError("the zygote did not answer")
+                reply, got = self.replies.pop(0)
+        if "pid" not in reply or len(got) != 1:
+            raise OSError(f"the zygote could not fork a child: {reply}")
+        return Forked(self, int(reply["pid"]), got[0], stdin_w)
+
+    def exit_code(self, pid: int, timeout: float | None) -> int | None:
+        end = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while pid not in self.codes:
+                if not self.reader.is_alive():
+                    return -signal.SIGKILL  # the zygote died, and its forks with it (their parent-death signal)
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self.cond.wait(left)
+            return self.codes.pop(pid)
+
+    def reap(self, pid: int) -> None:
+        try:
+            self.sock.send(json.dumps({"reap": pid}).encode())
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_zygote: Zygote | None = None
+_lock = threading.Lock()
+
+
+def zygote(env: dict[str, str]) -> Zygote:
+    """This process's zygote, started on first use (and again if it died) with `env`, a child's
+    allow-listed environment; each fork then takes its own."""
+    global _zygote
+    with _lock:
+        if _zygote is None or not _zygote.alive():
+            if _zygote is None:
+                atexit.register(_close)
+            else:
+                _zygote.close()
+            _zygote = Zygote(env)
+        return _zygote
+
+
+def _close() -> None:
+    global _zygote
+    if _zygote is not None:
+        _zygote.close()
+        _zygote = None
