@@ -244,7 +244,8 @@ class EvalConfig(_Strict):
                                  "netns", "pidns", "ipcns", "limits"])
     """What the parent must have set on the candidate's child, and checked, for a result to be
     trusted (pipeline/sandbox/confine.py, Confinement); a result below it keeps its verdict but is stored as
-    untrusted, with the reason. `before_exec`: set before the interpreter started, so on every thread."""
+    untrusted, with the reason. `before_exec`: set on a process of one thread before any candidate code
+    ran, so on every thread."""
 
 
 class Budget(_Strict):

@@ -7,6 +7,7 @@ reports what it could still reach.
     python -m tests.sandbox_probe --result-fd N spin      # forks two spinners, reports, waits on stdin
     python -m tests.sandbox_probe --result-fd N jailed OUTSIDE SECRET PROJECT_FILE PORT
         (under sandbox.Jail: the same probes from the main thread and from a thread started first)
+    python -m tests.sandbox_probe --result-fd N memscan HEAD TAIL ...  # its own memory, for each HEAD+TAIL
 """
 
 from __future__ import annotations
@@ -124,6 +125,32 @@ def _jailed_probes(outside: str, secret: str, project_file: str, port: str, sock
             **room}
 
 
+def _memscan(secrets: list[str]) -> dict:
+    """Every readable private mapping of this process that no file backs (the heap, anonymous memory,
+    the stack: what a fork copies), read in place, searched for each secret's bytes. A secret comes
+    as its two halves, never joined here, so that only a copy from elsewhere can be found."""
+    import ctypes
+
+    halves = [(secrets[i].encode(), secrets[i + 1].encode()) for i in range(0, len(secrets), 2)]
+    found, scanned = [], 0
+    with open("/proc/self/maps") as maps:
+        regions = [line.split() for line in maps]
+    for fields in regions:
+        span, perms, path = fields[0], fields[1], fields[5] if len(fields) > 5 else ""
+        if not perms.startswith("r") or perms[3] != "p" or path not in ("", "[heap]", "[stack]"):
+            continue
+        start, end = (int(x, 16) for x in span.split("-"))
+        data = ctypes.string_at(start, end - start)
+        scanned += len(data)
+        for n, (head, tail) in enumerate(halves):
+            at = data.find(head)
+            while at >= 0 and n not in found:
+                if data[at + len(head):at + len(head) + len(tail)] == tail:
+                    found.append(n)
+                at = data.find(head, at + 1)
+    return {"found": found, "scanned_bytes": scanned}
+
+
 def main() -> int:
     early: dict = {}
     go = threading.Event()
@@ -136,7 +163,7 @@ def main() -> int:
     thread.start()
     parser = argparse.ArgumentParser()
     parser.add_argument("--result-fd", type=int, required=True)
-    parser.add_argument("mode", choices=["plain", "confined", "spin", "jailed"])
+    parser.add_argument("mode", choices=["plain", "confined", "spin", "jailed", "memscan"])
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args()
     report = {"env": dict(os.environ), "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
@@ -158,6 +185,8 @@ def main() -> int:
         report["signal_parent"] = _try(lambda: os.kill(os.getppid(), 0))
         report["setsid_in_fork"] = _setsid_in_fork()
         report["tcp_connect"] = _try(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2).close())
+    if args.mode == "memscan":
+        report.update(_memscan(args.rest))
     if args.mode == "jailed":
         early["args"] = args.rest
         go.set()

@@ -193,8 +193,9 @@ class ModelNew(nn.Module):
 
 def test_nothing_kgen_started_outlives_a_kgen_killed_with_sigkill(tmp_path):
     """Only the kgen process is killed (not its group) while a candidate spins in its first call:
-    its reference process and the spinning child, each in a session of its own and deaf to their
-    closed stdin while busy, die with it (PR_SET_PDEATHSIG). On the H100 such survivors held GPU
+    its reference process, the zygote and the spinning child (in a room forked from the zygote), each
+    in a session of its own and deaf to their closed stdin while busy, die with it (PR_SET_PDEATHSIG,
+    and the zygote at the end of its socket). On the H100 such survivors held GPU
     memory and a context beside every later run."""
     config = write_config(tmp_path, [replay(tmp_path, [("mse", SPINS)])], samples=1)
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "-c", str(config)], cwd=tmp_path,
@@ -203,18 +204,26 @@ def test_nothing_kgen_started_outlives_a_kgen_killed_with_sigkill(tmp_path):
     deadline = time.monotonic() + 240
     child = []
     while time.monotonic() < deadline and not child:
-        child = [pid for pid in descendants(proc.pid) if b"harness" in _cmdline(pid) and b"eval" in _cmdline(pid)]
+        child = [pid for pid in descendants(proc.pid) if _in_a_room(pid)]  # a fork of the zygote, jailed
         time.sleep(0.2)
     assert child, "no candidate child started"
     time.sleep(5)  # past loading and import: spinning in its warm-up call
     started = descendants(proc.pid)
     assert any(b"pipeline.judge.reference" in _cmdline(pid) for pid in started)
+    assert any(b"pipeline.child.zygote" in _cmdline(pid) and not _in_a_room(pid) for pid in started)
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10
     while (alive := [pid for pid in started if _running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert alive == [], [_cmdline(pid)[:120] for pid in alive]
+
+
+def _in_a_room(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
 
 
 def _cmdline(pid: int) -> bytes:

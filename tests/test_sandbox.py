@@ -3,9 +3,13 @@ Landlock confinement, and the build step's log and stale-lock handling."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import textwrap
 import time
 import uuid
@@ -111,6 +115,38 @@ def test_landlock_confines_the_child(tmp_path, secrets):
             assert report["signal_parent"].startswith("denied"), report
     finally:
         listener.close()
+
+
+def test_a_child_forked_from_the_zygote_holds_no_secret_of_the_parent_in_its_memory(secrets):
+    """The zygote is started by exec with the allow-listed environment, never forked from the parent:
+    a fresh one, started while the parent holds the secrets, leaves none of them in the memory of a
+    child forked from it (its heap, anonymous memory and stack, read by the child itself). The parent's
+    own memory holds them (the control: the same scan, of a process that inherits our environment)."""
+    from pipeline.sandbox import zygote
+
+    zygote._close()  # the next jailed child starts a zygote now, while our environment holds the secrets
+    halves = [part for value in secrets.values() for part in (value[:len(value) // 2], value[len(value) // 2:])]
+    report, log, _ = probe("memscan", *halves, jail=sandbox.Jail(gpu=False))
+    assert report["scanned_bytes"] > 50 << 20, report["scanned_bytes"]  # torch and Python's heap: it looked
+    assert report["found"] == [], log[-2000:]
+    control = subprocess.run([sys.executable, "-m", "tests.sandbox_probe", "--result-fd", "1", "memscan", *halves],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert json.loads(control.stdout)["found"] == list(range(len(secrets)))
+
+
+def test_a_dead_zygote_takes_its_rooms_with_it_and_the_next_child_gets_a_new_one():
+    from pipeline.sandbox import zygote
+
+    child = sandbox.start("tests.sandbox_probe", ["spin"], 120, jail=sandbox.Jail(gpu=False))
+    assert child.receive() is not None
+    first = zygote.zygote(sandbox.child_env())
+    first.proc.kill()
+    first.proc.wait()
+    code, _ = child.finish(grace=5)
+    assert code == -signal.SIGKILL and child.left == [], (code, child.left)
+    report, log, _ = probe("plain", jail=sandbox.Jail(gpu=False))
+    assert report["pid"] == 2, log[-2000:]  # pid 2 of a room, forked from the new zygote
+    assert zygote.zygote(sandbox.child_env()) is not first
 
 
 @pytest.mark.skipif(landlock.abi_version() == 0, reason="Landlock is not available on this kernel")

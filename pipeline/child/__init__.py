@@ -15,5 +15,3 @@ HARNESS = __name__ + ".harness"
 """The module every candidate's child runs (`python -m`): the one spelling of its path."""
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 """The folder that holds the pipeline package: the child imports kgen from here and nowhere else."""
-JAIL = str(Path(__file__).resolve().parent / "jail" / "jail.py")
-"""The jail, run by path before the child's interpreter starts (pipeline.sandbox.confine)."""

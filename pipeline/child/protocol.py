@@ -211,8 +211,9 @@ class Confinement(Message):
     uid: int = -1
     """The uid the child runs as."""
     before_exec: bool = False
-    """Landlock and seccomp were set before the interpreter started (pipeline/child/jail/jail.py), so every
-    thread of the process holds them, including those torch or a driver started before the import."""
+    """Landlock and seccomp were set on a process of one thread before any candidate code ran
+    (pipeline/child/jail/jail.py, in a fork of the zygote), so every thread of the process holds them,
+    those torch or a driver starts included. (The name is older than the zygote.)"""
     netns: bool = False
     """A network namespace of its own: no address of the host, its loopback included, is reachable."""
     pidns: bool = False

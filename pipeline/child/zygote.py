@@ -83,8 +83,8 @@ def _child(request: dict, fds: list[int], sock: socket.socket) -> None:
             sys.argv = [module, *argv]
             runpy.run_module(module, run_name="__main__", alter_sys=True)
 
-        code = jail.main([json.dumps(request["policy"]), str(request["status_fd"]), "--", sys.executable, "-s",
-                          "-m", module, *argv], run=run)
+
+        code = jail.enter(request["policy"], int(request["status_fd"]), run)
     except BaseException:  # noqa: BLE001 - whatever went wrong, the fork ends here and says why
         traceback.print_exc()
         code = 125

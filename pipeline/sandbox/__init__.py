@@ -2,9 +2,10 @@
 
 The child gets: a fresh process group (so a timeout kills everything it spawned), an environment
 built from an allow-list (no API keys, tokens or database paths), its own temporary working
-directory, and, for a candidate's child (`jail`), confinement the parent sets before the child's
-interpreter starts (confine.py here, pipeline/child/jail/jail.py): namespaces, Landlock, nobody's uid,
-seccomp, on every thread. The parent stages what the child reads (code, task file, built
+directory, and, for a candidate's child (`jail`), confinement the parent sets before any candidate
+code runs (confine.py here, pipeline/child/jail/jail.py): namespaces, Landlock, nobody's uid,
+seccomp, on every thread. A jailed child is a fork of the zygote (zygote.py: torch imported once per
+kgen process, not once per child), jailed as it starts. The parent stages what the child reads (code, task file, built
 extension) into the child's own job/ folder (Child.stage); it never names a path of the project.
 
 What the parent reads back is hostile: replies go through pipeline.child.protocol.Reader (an
@@ -106,7 +107,7 @@ class Child:
 
     def confinement(self, timeout: float = 30.0) -> protocol.Confinement:
         """What the parent set on this child and checked itself (confine.verified): the jail's
-        status line, read until the exec closed its descriptor, and /proc."""
+        status line, read until the room's outer process closed its descriptor, and /proc."""
         if self._confinement is None:
             status = None
             if self.status_fd is not None:
@@ -192,8 +193,8 @@ class Child:
         return (f"[kgen] ... {start} bytes of output cut ...\n" if start else "") + text
 
     def kill(self) -> None:
-        """End the child and everything it started. A jailed child: SIGKILL its outer process, our
-        own child and not yet reaped (so its pid names nothing else); the room's first process dies
+        """End the child and everything it started. A jailed child: SIGKILL its outer process through
+        its pidfd (the zygote's child, unreaped until we have read its status); the room's first process dies
         with it (its parent-death signal), and with that first process, pid 1 of the room's pid
         namespace, the kernel ends every process left in the namespace, whatever pid it hopped to.
         Any other child (the reference process, or KGEN_JAIL=0): its process group, then what is left
@@ -212,7 +213,7 @@ class Child:
         self._sweep(signal.SIGKILL, lambda: session_members(self.proc.pid), 200, 0.01)
 
     def room_namespace(self) -> int | None:
-        """The inode of the room's pid namespace, read from the outer process (ours, not yet reaped)
+        """The inode of the room's pid namespace, read from the outer process (not yet reaped)
         as the namespace its children are born in; None before the jail made it or without a jail."""
         if self.pidns is None and self.policy is not None and self.proc.returncode is None:
             try:
@@ -390,7 +391,7 @@ def session_members(sid: int, with_state: bool = False) -> list:
 
 @dataclass(frozen=True)
 class Jail:
-    """Confine the child before its interpreter starts (pipeline/sandbox/confine.py); its workdir is laid
+    """Confine the child before any of its code runs (pipeline/sandbox/confine.py); its workdir is laid
     out as confine's docstring says."""
 
     read: tuple[str, ...] = ()
@@ -446,7 +447,7 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
           outbox: int | None = None, jail: Jail | None = None, keep: tuple[int, ...] = ()) -> Child:
     """Start `python -m module args...` sandboxed; messages come back on a pipe named by fd number.
     With `outbox` (bytes), the child also gets a sealed memfd of that size (--outbox-fd). With `jail`
-    (a candidate's child), the jail confines it before its interpreter starts; without (the
+    (a candidate's child), the jail confines it (in a fork of the zygote) before any of its code runs; without (the
     reference process, kgen's own code), it runs with the parent's rights. It inherits these
     descriptors and `keep` (the reference's handover socket), no other (close_fds)."""
     workdir = Path(tempfile.mkdtemp(prefix="kgen-child-"))

@@ -1,17 +1,17 @@
-"""What the parent confines a candidate's process to, set before its interpreter starts, and what
+"""What the parent confines a candidate's process to, set before any of its code runs, and what
 the parent then checks for itself.
 
     policy = jail_policy(workdir, writable=[out_dir], extra_read=[headers])
-    argv = jail_command(policy, status_fd, [python, "-s", "-m", module, ...])   # sandbox.start
+    proc = zygote.fork(module, argv, env, cwd, policy, status_fd, ...)          # sandbox.start
     confinement = verified(pid, status_line, policy)                            # after the jail ran
 
-The jail itself (pipeline/child/jail/jail.py) applies the policy in the child's process and execs the
-real command: a network namespace, a mount namespace where /tmp, /dev/shm and every folder that an
+The jail (pipeline/child/jail/jail.py) applies the policy in a fork of the zygote, before the
+candidate's code is imported: a network namespace, a mount namespace where /tmp, /dev/shm and every folder that an
 unprivileged uid could not cross are fresh and empty but for what the child needs, Landlock rules,
-the uid `nobody`, the seccomp filter. Every thread the interpreter, torch or a driver starts
-afterwards inherits all of it. The parent stores what it set, checked against /proc (uid, no new
-privileges, seccomp, namespaces) and the jail's status line (written before the exec, so before any
-candidate code existed); never the candidate's own report.
+the uid `nobody`, the seccomp filter. Every thread torch or a driver starts afterwards inherits all
+of it. The parent stores what it set, checked against /proc (uid, no new
+privileges, seccomp, namespaces) and the jail's status line (written before any candidate code
+existed); never the candidate's own report.
 
 A child's workdir (sandbox.start) holds `tmp/` (its HOME, TMPDIR and cwd: the one place it writes,
 owned by its uid), `job/` (what the parent stages for it: code, task file, built extension;
@@ -22,13 +22,12 @@ database, generated code and builds live, is never a path it can read).
 from __future__ import annotations
 
 import glob
-import json
 import os
 import stat
 import sys
 from pathlib import Path
 
-from ..child import JAIL, PACKAGE_ROOT
+from ..child import PACKAGE_ROOT
 from ..child import protocol as P
 from ..child.jail import landlock
 from .cgroup import Room
@@ -136,10 +135,6 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
             "require": [layer for layer in LAYERS if uid is not None or layer != "cgroup"]}
 
 
-def jail_command(policy: dict, status_fd: int, command: list[str]) -> list[str]:
-    return [sys.executable, "-I", "-S", JAIL, json.dumps(policy), str(status_fd), "--", *command]
-
-
 def _status_fields(pid: int) -> dict[str, str]:
     fields = {}
     with open(f"/proc/{pid}/status") as f:
@@ -155,7 +150,7 @@ def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinemen
     room's pid 1, itself the child of `pid`): the uid,
     no_new_privs and the seccomp filter from /proc/PID/status, each namespace by its inode against
     ours, the cgroups from /proc/PID/cgroup, the file-size limit from /proc/PID/limits; Landlock from
-    the jail's status line (written before the exec). Nothing the child says."""
+    the jail's status line (written before any candidate code ran). Nothing the child says."""
     if policy is None or not status or status.get("missing") or status.get("error"):
         return P.Confinement(set_by="parent", detail=f"jail: {status}" if status else "no jail")
     inner, init = status.get("host_pid"), status.get("init_pid")

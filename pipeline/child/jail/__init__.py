@@ -1,5 +1,6 @@
-"""The jail: what confines a candidate's process before its interpreter starts. jail.py runs as
-`python -I -S jail.py` and loads landlock.py and seccomp.py by path, before any package exists.
+"""The jail: what confines a candidate's process before any of its code runs. jail.py runs in a fork of
+the zygote (pipeline.child.zygote) and loads landlock.py and seccomp.py by path, so that the three
+stay the standard library alone, as small as a reader can check.
 
 May import: nothing (the standard library only).
 """

@@ -1,38 +1,40 @@
-"""The jail: confinement the parent sets on a candidate's process before its interpreter starts.
+"""The jail: confinement the parent sets on a candidate's process before any candidate code runs.
 
-    python -I -S jail.py POLICY_JSON STATUS_FD -- python -s -m pipeline.child.harness ...
+    code = jail.enter(policy, status_fd, run)   # in a fork of the zygote (pipeline.child.zygote)
 
-sandbox.start runs this file (the standard library and its two neighbours landlock.py and
-seccomp.py, loaded by path: no package, no site, no thread) as the first program of the child's
-process. The room is made in two processes. The first (the "outer", the process the parent started)
-joins the attempt's cgroups (the policy's `cgroups`: limits on processes and memory), unshares the
-network, IPC, UTS and pid namespaces (as root; else inside a user namespace of its own) and forks:
-the second is pid 1 of the new pid namespace. The outer then only relays the second's status line,
-adding its pid as the host sees it, waits for it and exits as it did; killed, it takes the second
-with it (the parent-death signal), and when the second, pid 1, ends, the kernel ends every process
+The zygote forks a process of one thread for each room and calls `enter` there, before anything of
+the candidate exists; `run` (the harness, as `python -m` would run it) is called only in the room's
+last process, once every layer below is set. The room is made in three processes. The first (the
+"outer", the zygote's child, which the parent holds by its pidfd) joins the attempt's cgroups (the
+policy's `cgroups`: limits on processes and memory), unshares the network, IPC, UTS and pid
+namespaces (as root; else inside a user namespace of its own) and forks: the second is pid 1 of the
+new pid namespace. The outer then only relays the second's status line, adding its pid as the host
+sees it, waits for it and exits as it did; killed, it takes the second with it (the parent-death
+signal), and when the second, pid 1, ends, the kernel ends every process
 left in the namespace: nothing the candidate starts outlives the room, whatever pids it hops to.
 
-The second sets, in this order, and then execs the real command in its own process:
+The second, pid 1, makes the room's mounts and forks the third, the command's process:
 
-1. a mount namespace (as root), where /proc is the pid namespace's own and each of the policy's
-   `masks` (/tmp, /dev/shm, /run, a 0700 home on the way to Python) is a fresh tmpfs holding only
-   the names beneath it the child needs, each the original mounted back in place, and its HOME a
-   tmpfs of `home_bytes`: no other attempt's scratch, no host service's socket, no disk to fill;
+1. (pid 1) a mount namespace (as root), where /proc is the pid namespace's own and each of the
+   policy's `masks` (/tmp, /dev/shm, /run, a 0700 home on the way to Python) is a fresh tmpfs holding
+   only the names beneath it the child needs, each the original mounted back in place, and its HOME
+   a tmpfs of `home_bytes`: no other attempt's scratch, no host service's socket, no disk to fill;
 2. limits: file size (`file_bytes`), no core dumps;
 3. Landlock rules (reads below the policy's read paths, writes below its write paths, the device
    nodes it names, no TCP, no signals out of the domain);
 4. an unprivileged uid and gid with no supplementary groups (as root, where the policy names one);
 5. death with the parent, then the seccomp filter (seccomp.REFUSED: no new namespaces, keyrings,
-   io_uring, Unix sockets, setsid, affinity or parent-death changes).
+   io_uring, Unix sockets, setsid, affinity or parent-death changes);
 
-Everything is inherited across exec and by every thread and process started after it, so no thread
-of the candidate's process, not even one torch or the CUDA driver starts before the candidate is
-imported, runs outside it. Why not a call in the harness: Landlock confines only the thread that
-calls it, and by then `import torch` has started threads.
+and only then calls `run`. Each layer is set on a process of one thread and is inherited by every
+thread and process started after it, so no thread of the candidate's process (one torch or the CUDA
+driver starts included) runs outside it. Why not a call in the harness after its imports: Landlock
+confines only the thread that calls it.
 
-Before the exec it writes one JSON line on STATUS_FD saying what held, and the descriptor closes at
-exec: whatever the parent reads on it was written here, before any candidate code existed. A layer
-the policy requires that cannot be set ends the process (status 126) instead of running unconfined.
+The outer writes one JSON line on `status_fd` saying what held (the command's process reports it
+before `run`) and closes it; no process of the room holds that descriptor, so whatever the parent
+reads there was written before any candidate code existed. A layer the policy requires that cannot
+be set ends the process (status 126) instead of running unconfined.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import os
 import resource
 import signal
 import sys
+from typing import Callable
 
 class Clone(enum.IntFlag):
     """Namespace flags of clone(2) and unshare(2)."""
@@ -171,7 +174,7 @@ def mount_room(policy: dict, held: dict) -> dict:
 
 
 def confine(policy: dict, held: dict) -> dict:
-    """In the room's second process, the one that execs the command: limits, Landlock, the uid, the
+    """In the room's command process, before `run`: limits, Landlock, the uid, the
     seccomp filter. What held, for the status line."""
     landlock, seccomp = _load("landlock"), _load("seccomp")  # before any rule or uid can refuse the files
     if held.get("home_tmpfs"):
@@ -216,14 +219,9 @@ HOW = {
 }
 
 
-def main(argv: list[str], run=None) -> int:
-    """`run`, where a zygote forked this process (pipeline.child.zygote): called, confined, in place of
-    exec'ing the command (which is then only what the status line names)."""
-    if len(argv) < 4 or argv[2] != "--":
-        print("[kgen] jail: usage: jail.py POLICY_JSON STATUS_FD -- COMMAND...", file=sys.stderr)
-        return 2
-    policy = json.loads(argv[0])
-    status_fd = int(argv[1])
+def enter(policy: dict, status_fd: int, run: Callable[[], int | None]) -> int:
+    """Make the room, report on `status_fd`, call `run` confined in its last process; return its exit
+    code (minus the signal that ended it)."""
     _load("seccomp").die_with_parent()
     try:
         held = enter_room(policy)
@@ -235,7 +233,7 @@ def main(argv: list[str], run=None) -> int:
     if init == 0:  # pid 1 of the room
         os.close(relay_r)
         os.close(exit_r)
-        _init(policy, held, relay_w, exit_w, status_fd, argv[3:], run)
+        _init(policy, held, relay_w, exit_w, status_fd, run)
     os.close(relay_w)
     os.close(exit_w)
     status = _read_status(relay_r)
@@ -278,7 +276,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _init(policy: dict, held: dict, relay_w: int, exit_w: int, status_fd: int, command: list[str], run=None) -> None:
+def _init(policy: dict, held: dict, relay_w: int, exit_w: int, status_fd: int, run: Callable[[], int | None]) -> None:
     """pid 1 of the room: its mounts, then the command's process, whose wait status it passes to the
     outer process on `exit_w` before it ends (and with it, everything left in the room). It reaps
     whatever the room orphans meanwhile. Signals from inside the room cannot reach it (pid 1 of a
@@ -293,7 +291,7 @@ def _init(policy: dict, held: dict, relay_w: int, exit_w: int, status_fd: int, c
     child = os.fork()
     if child == 0:
         os.close(exit_w)
-        _run(policy, held, relay_w, command, run)
+        _run(policy, held, relay_w, run)
     os.close(relay_w)
     for fd in _open_fds():
         if fd > 2 and fd != exit_w:
@@ -315,8 +313,8 @@ def _open_fds() -> list[int]:
     return [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]
 
 
-def _run(policy: dict, held: dict, relay_w: int, command: list[str], run=None) -> None:
-    """The room's second process: confined, it reports what held and execs the command (or calls `run`)."""
+def _run(policy: dict, held: dict, relay_w: int, run: Callable[[], int | None]) -> None:
+    """The room's command process: confined, it reports what held and calls `run`."""
     if "error" not in held:
         try:
             held = confine(policy, held)
@@ -331,9 +329,6 @@ def _run(policy: dict, held: dict, relay_w: int, command: list[str], run=None) -
         why = "; ".join(f"no {name}: {HOW.get(name, 'see kgen doctor')}" for name in missing) or held["error"]
         print(f"[kgen] jail: {why}; the candidate does not run", file=sys.stderr, flush=True)
         os._exit(126)
-    if run is None:
-        os.execv(command[0], command)
-        os._exit(127)
     try:
         code = run()
     except SystemExit as exc:
@@ -352,6 +347,3 @@ def _holds(name: str, held: dict, policy: dict) -> bool:
         return held.get("uid") not in (None, 0)
     return bool(held.get(name))
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
