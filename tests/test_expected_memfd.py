@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pipeline.judge import evaluate
 from pipeline.judge.bench import prepare
-from pipeline import sandbox
-from pipeline.child import HARNESS, tasks
+from pipeline.sandbox.zygote import MODULE as ZYGOTE
+from pipeline.child import tasks
 from pipeline.config import EvalConfig
 from pipeline.records import Verdict
 
@@ -40,10 +40,12 @@ def _link(path: str) -> str:
         return ""
 
 
-def _harness_children() -> list[int]:
-    """The candidate's children of this process (not the reference process, which makes the memfds
-    and hands them over), read from /proc."""
-    found = []
+def _candidate_processes() -> list[int]:
+    """The processes of this process's candidates, read from /proc: the candidates' zygote (whose
+    forks they are) and every process in a room (a pid namespace not ours) below it; not the
+    reference process, which makes the memfds and hands them over."""
+    parents, rooms, zygotes = {}, set(), set()
+    ours = os.readlink("/proc/self/ns/pid")
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -52,11 +54,24 @@ def _harness_children() -> list[int]:
                 stat = f.read()
             with open(f"/proc/{entry.name}/cmdline", "rb") as f:
                 cmdline = f.read()
+            namespace = os.readlink(f"/proc/{entry.name}/ns/pid")
         except OSError:
             continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == os.getpid() and HARNESS.encode() in cmdline:
-            found.append(int(entry.name))
-    return found
+        pid = int(entry.name)
+        parents[pid] = int(stat[stat.rindex(")") + 2:].split()[1])
+        if namespace != ours:
+            rooms.add(pid)
+        elif ZYGOTE.encode() in cmdline.split(b"\0") and b"pipeline.judge.reference" not in cmdline:
+            zygotes.add(pid)
+
+    def ours_below(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return sorted(pid for pid in rooms | zygotes if ours_below(pid))
 
 
 def _our_secrets(needles: set[bytes]) -> set[tuple[int, int]]:
@@ -130,11 +145,10 @@ def test_expected_values_are_in_no_file_and_no_childs_descriptor(tmp_path, monke
         needles: set[bytes] = set()
         while worker.is_alive():
             secrets = _our_secrets(needles)
-            for pid in _harness_children():
+            for pid in _candidate_processes():  # every process of a candidate, and the zygote it is forked from
                 watched += 1
                 secrets_seen += bool(secrets)
-                for member in sandbox.session_members(pid):  # the child and all it started
-                    leaked += _child_holds(member, secrets)
+                leaked += _child_holds(pid, secrets)
                 for path in _walk(private):  # not rglob: a child's folder may go while it is read
                     if path.name.startswith("kgen-expected"):
                         on_disk.add(str(path))

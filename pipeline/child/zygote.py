@@ -1,18 +1,18 @@
-"""The zygote: one trusted process that has imported torch and the harness, from which each candidate's
-room is forked instead of started from nothing (pipeline.sandbox.zygote is the parent's side).
+"""The zygote: a trusted process that has imported torch and the harness, from which each child is
+forked instead of started from nothing (pipeline.sandbox.zygote is the parent's side).
 
-    python -s -m pipeline.child.zygote SOCKET_FD
+    python -s -m pipeline.child.zygote SOCKET_FD [MODULE ...]
 
 It runs only kgen's code, with the allow-listed environment of a child (no key, token or database
 path) and no candidate code ever. Each request (a SOCK_SEQPACKET message: JSON, with the child's
 descriptors attached) is forked into a process that takes the request's descriptors, session,
-working folder and environment, and then enters the jail exactly as an exec'd child would
-(pipeline/child/jail/jail.py: cgroups, namespaces, mounts, limits, Landlock, uid, seccomp, each set
-in a process of one thread before any candidate code runs); the harness's `main` is then called where
-the jail would have exec'd `python -m pipeline.child.harness`. What it saves: the child's
-`import torch`, 1.7-2.9 s of a 2-core box's cpu per child (docs/decisions/spares-and-startup.md).
-Forking a process that has imported torch (and initialised no device) is what torch's own
-DataLoader workers and multiprocessing's forkserver with preloads do.
+working folder and environment; a candidate's then enters the jail (pipeline/child/jail/jail.py:
+cgroups, namespaces, mounts, limits, Landlock, uid, seccomp, each set on a process of one thread
+before any candidate code runs), and the request's module is run as `python -m` would run it. What
+it saves: `import torch`, 1.7-2.9 s of a 2-core box's cpu a child. Forking a process that has
+imported torch (and initialised no device) is what torch's DataLoader workers and multiprocessing's
+forkserver with preloads do. The candidates' zygote imports nothing of the parent's side; kgen's
+trusted side has a zygote of its own for the reference process, which also imports MODULE.
 
 Replies: {"pid": N} with a pidfd of the forked process (the room's outer process) attached;
 {"exited": N, "code": C} when it has exited (not yet reaped: its pid stays taken until the parent
@@ -24,12 +24,14 @@ process dies with it (its parent-death signal), and every room with its outer pr
 from __future__ import annotations
 
 import fcntl
+import importlib
 import json
 import os
 import runpy
 import select
 import socket
 import sys
+import tempfile
 import traceback
 
 import torch  # noqa: F401 - the point of the zygote: imported once, shared by every fork
@@ -71,11 +73,11 @@ def _child(request: dict, fds: list[int], sock: socket.socket) -> None:
                 os.close(fd)
         os.setsid()
         os.chdir(request["cwd"])
+        ours = set(os.environ.get("PYTHONPATH", "").split(os.pathsep))
         os.environ.clear()
         os.environ.update(request["env"])
-        # The import roots an exec'd child would have had (its PYTHONPATH: the workdir's links), not ours.
-        sys.path[:] = [*request["env"].get("PYTHONPATH", "").split(os.pathsep),
-                       *(p for p in sys.path if p.startswith(sys.prefix) or p.startswith(sys.base_prefix))]
+        # The import roots an exec'd child would have had: its PYTHONPATH (the workdir's links) where ours was.
+        sys.path[:] = [*request["env"].get("PYTHONPATH", "").split(os.pathsep), *(p for p in sys.path if p not in ours)]
         sys.path_importer_cache.clear()
         module, argv = request["module"], list(request["argv"])
 
@@ -83,8 +85,11 @@ def _child(request: dict, fds: list[int], sock: socket.socket) -> None:
             sys.argv = [module, *argv]
             runpy.run_module(module, run_name="__main__", alter_sys=True)
 
-
-        code = jail.enter(request["policy"], int(request["status_fd"]), run)
+        tempfile.tempdir = None  # found again from TMPDIR, the fork's own
+        if request["policy"] is None:  # a trusted process of kgen's (the reference): no room
+            code = jail.called(run)
+        else:
+            code = jail.enter(request["policy"], int(request["status_fd"]), run)
     except BaseException:  # noqa: BLE001 - whatever went wrong, the fork ends here and says why
         traceback.print_exc()
         code = 125
@@ -100,10 +105,12 @@ def _open_fds() -> list[int]:
 def serve(sock: socket.socket) -> int:
     """Fork a room per request until end of file; report each fork's exit, reap it when told."""
     pidfds: dict[int, int] = {}  # pidfd -> pid, of forks not yet reported exited
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
     while True:
-        ready, _, _ = select.select([sock, *pidfds], [], [])
-        for fd in ready:
-            if fd is not sock:
+        for fd, _ in poller.poll():
+            if fd != sock.fileno():
+                poller.unregister(fd)
                 pid = pidfds.pop(fd)
                 os.close(fd)
                 sock.send(json.dumps({"exited": pid, "code": _code(pid)}).encode())
@@ -128,14 +135,20 @@ def serve(sock: socket.socket) -> int:
             for fd in fds:
                 os.close(fd)
             pidfd = os.pidfd_open(pid)
-            pidfds[os.dup(pidfd)] = pid
+            ours = os.dup(pidfd)
+            pidfds[ours] = pid
+            poller.register(ours, select.POLLIN)
             socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
             os.close(pidfd)
 
 
 def main(argv: list[str]) -> int:
+    """argv: the socket's descriptor, then modules to import beside the harness (a zygote of kgen's
+    trusted side names the reference's; the candidates' names none)."""
     if sys.path and sys.path[0] in ("", os.getcwd()):
         sys.path.pop(0)
+    for name in argv[1:]:
+        importlib.import_module(name)
     sock = socket.socket(fileno=int(argv[0]))
     return serve(sock)
 

@@ -153,7 +153,7 @@ class TaskBench:
         try:
             # The reference process runs this package's reference module (python -m).
             ref = sandbox.start(f"{__package__}.reference", ["--fd-socket", str(theirs.fileno())], 24 * 3600,
-                                {**compile_cache_env(), **pinned, **(env or {})}, keep=(theirs.fileno(),))
+                                {**compile_cache_env(), **pinned, **(env or {})}, keep=(theirs.fileno(),), fork=True)
         except BaseException:
             ours.close()
             raise

@@ -429,27 +429,31 @@ def _lay_out(workdir: Path, module: str, jail: Jail) -> tuple[Path, dict, cgroup
     return workdir / "tmp", policy, room
 
 
-def _forked(module: str, argv: list[str], env: dict[str, str], cwd: str, policy: dict, status_w: int,
+def _forked(module: str, argv: list[str], env: dict[str, str], cwd: str, policy: dict | None, status_w: int | None,
             fds: dict[int, int]) -> zygote.Forked:
-    """A jailed child forked from this process's zygote (started again once if it had died)."""
+    """A child forked from one of this process's zygotes (started again once if it had died): a
+    jailed child from the candidates', which imports nothing of ours; a trusted one from a zygote
+    that has imported its module."""
     stdin_r, stdin_w = os.pipe()
-    fds = {0: stdin_r, **fds, status_w: status_w}
+    fds = {0: stdin_r, **fds, **({status_w: status_w} if status_w is not None else {})}
+    preload = () if policy is not None else (module,)
     try:
         try:
-            return zygote.zygote(child_env()).fork(module, argv, env, cwd, policy, status_w, fds, stdin_w)
+            return zygote.zygote(child_env(), preload).fork(module, argv, env, cwd, policy, status_w, fds, stdin_w)
         except OSError:  # it died since the last child (killed, out of memory): a new one, once
-            return zygote.zygote(child_env()).fork(module, argv, env, cwd, policy, status_w, fds, stdin_w)
+            return zygote.zygote(child_env(), preload).fork(module, argv, env, cwd, policy, status_w, fds, stdin_w)
     finally:
         os.close(stdin_r)
 
 
 def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str] | None = None,
-          outbox: int | None = None, jail: Jail | None = None, keep: tuple[int, ...] = ()) -> Child:
+          outbox: int | None = None, jail: Jail | None = None, keep: tuple[int, ...] = (), fork: bool = False) -> Child:
     """Start `python -m module args...` sandboxed; messages come back on a pipe named by fd number.
     With `outbox` (bytes), the child also gets a sealed memfd of that size (--outbox-fd). With `jail`
-    (a candidate's child), the jail confines it (in a fork of the zygote) before any of its code runs; without (the
-    reference process, kgen's own code), it runs with the parent's rights. It inherits these
-    descriptors and `keep` (the reference's handover socket), no other (close_fds)."""
+    (a candidate's child), it is a fork of the candidates' zygote that the jail confines before any of
+    its code runs; without (the reference process, kgen's own code), it runs with the parent's rights,
+    forked from a zygote that has imported `module` where `fork`, else started afresh. It inherits
+    these descriptors and `keep` (the reference's handover socket), no other."""
     workdir = Path(tempfile.mkdtemp(prefix="kgen-child-"))
     log_path = workdir / "output.log"
     log = open(log_path, "wb")
@@ -470,10 +474,10 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
     if policy and jail.out:
         env["TORCH_EXTENSIONS_DIR"] = str(workdir / "out")
     try:
-        if policy is None:
+        if policy is None and not fork:
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=home,
                                     env=env, pass_fds=pass_fds, start_new_session=True, close_fds=True)
-        else:  # forked from the zygote, then jailed as `python -m` would have been
+        else:  # forked from a zygote (a candidate's then jailed), run as `python -m` would run it
             proc = _forked(module, command[4:], env, str(home), policy, status_w,
                            {**{fd: fd for fd in pass_fds}, 1: log.fileno(), 2: log.fileno()})
     finally:

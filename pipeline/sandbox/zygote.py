@@ -16,6 +16,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,8 +42,13 @@ class Forked:
         self.returncode: int | None = None
 
     def exited(self, timeout: float = 0.0) -> bool:
-        """Whether it has exited (its pidfd reads ready), waiting up to `timeout` seconds."""
-        return bool(select.select([self.pidfd], [], [], max(0.0, timeout))[0])
+        """Whether it has exited (its pidfd reads ready), waiting up to `timeout` seconds. poll, not
+        select: a batch's parent holds over 1,024 descriptors."""
+        if self.pidfd < 0:
+            return True
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return bool(poller.poll(max(0.0, timeout) * 1000))
 
     def poll(self) -> int | None:
         if self.returncode is None and self.exited():
@@ -72,12 +78,12 @@ class Forked:
 class Zygote:
     """One zygote process and the socket we speak to it on."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], preload: tuple[str, ...] = ()):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.home = tempfile.mkdtemp(prefix="kgen-zygote-")
         env = {**env, "HOME": self.home, "TMPDIR": self.home, "PYTHONPATH": os.pathsep.join(
             [PACKAGE_ROOT, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep)[1:] if p)])}
-        self.proc = subprocess.Popen([sys.executable, "-s", "-m", MODULE, str(theirs.fileno())], cwd=self.home,
+        self.proc = subprocess.Popen([sys.executable, "-s", "-m", MODULE, str(theirs.fileno()), *preload], cwd=self.home,
                                      env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                      start_new_session=True, close_fds=True)
         theirs.close()
@@ -110,9 +116,10 @@ class Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None and self.reader.is_alive()
 
-    def fork(self, module: str, argv: list[str], env: dict[str, str], cwd: str, policy: dict, status_fd: int,
-             fds: dict[int, int], stdin_w: int) -> Forked:
-        """A room for `python -m module argv...`, its descriptors `fds` (the number it sees: ours)."""
+    def fork(self, module: str, argv: list[str], env: dict[str, str], cwd: str, policy: dict | None,
+             status_fd: int | None, fds: dict[int, int], stdin_w: int) -> Forked:
+        """A process for `python -m module argv...`, in a room made by `policy` (None: kgen's own, no
+        room), with the descriptors `fds` (the number it sees: ours)."""
         request = {"module": module, "argv": argv, "env": env, "cwd": cwd, "policy": policy, "status_fd": status_fd,
                    "fds": list(fds)}
         with self.lock:
@@ -156,28 +163,30 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
-_zygote: Zygote | None = None
+_zygotes: dict[tuple[str, ...], Zygote] = {}
 _lock = threading.Lock()
 
 
-def zygote(env: dict[str, str]) -> Zygote:
-    """This process's zygote, started on first use (and again if it died) with `env`, a child's
-    allow-listed environment; each fork then takes its own."""
-    global _zygote
+def zygote(env: dict[str, str], preload: tuple[str, ...] = ()) -> Zygote:
+    """This process's zygote that has imported `preload` besides torch and the harness (the candidates':
+    none), started on first use (and again if it died) with `env`, a child's allow-listed
+    environment; each fork then takes its own."""
     with _lock:
-        if _zygote is None or not _zygote.alive():
-            if _zygote is None:
+        found = _zygotes.get(preload)
+        if found is None or not found.alive():
+            if not _zygotes:
                 atexit.register(_close)
-            else:
-                _zygote.close()
-            _zygote = Zygote(env)
-        return _zygote
+            if found is not None:
+                found.close()
+            found = _zygotes[preload] = Zygote(env, preload)
+        return found
 
 
 def _close() -> None:
-    global _zygote
-    if _zygote is not None:
-        _zygote.close()
-        _zygote = None
+    with _lock:
+        for found in _zygotes.values():
+            found.close()
+        _zygotes.clear()

@@ -329,6 +329,12 @@ def _run(policy: dict, held: dict, relay_w: int, run: Callable[[], int | None]) 
         why = "; ".join(f"no {name}: {HOW.get(name, 'see kgen doctor')}" for name in missing) or held["error"]
         print(f"[kgen] jail: {why}; the candidate does not run", file=sys.stderr, flush=True)
         os._exit(126)
+    os._exit(called(run))
+
+
+def called(run: Callable[[], int | None]) -> int:
+    """`run`'s exit code, as an interpreter would end on it: its return value, its SystemExit, or 1 and
+    the traceback on stderr for any other exception; output flushed."""
     try:
         code = run()
     except SystemExit as exc:
@@ -339,7 +345,7 @@ def _run(policy: dict, held: dict, relay_w: int, run: Callable[[], int | None]) 
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code or 0)
+    return code or 0
 
 
 def _holds(name: str, held: dict, policy: dict) -> bool:
