@@ -18,11 +18,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 ONE = r"""
 import json, sys, tempfile, hashlib
 from pathlib import Path
-root, device, rounds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+root, device, rounds = Path(sys.argv[1]).resolve(), sys.argv[2], int(sys.argv[3])
 sys.path[:0] = [str(root), str(root / "tests")]
 from pipeline.build import build
 from pipeline.child import tasks
@@ -47,6 +48,7 @@ bench = prepare(tasks.discover(root / "reference_tasks", ["mse"])[0], size, devi
 for _ in range(rounds):
     r = evaluate.evaluate(bench, path, Path(built.build_dir), settings)
     print("AB " + json.dumps({"verdict": r.verdict.value, "x_eager": r.speedup_eager, "unfit": r.device_unfit,
+                              "time_ms": r.time_ms, "eager_beside_ms": r.eager_beside.median_ms if r.eager_beside else None,
                               "startup_s": r.phases.get("startup"), "child_s": r.phases.get("child")}), flush=True)
 """
 
@@ -60,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
     seen: dict[str, list[float]] = {"old": [], "new": []}
     for name in ("old", "new", "old", "new"):
-        root = getattr(args, name)
+        root = str(Path(getattr(args, name)).resolve())  # the command runs from the temp folder
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
         out = subprocess.run([sys.executable, "-c", ONE, root, args.device, str(args.rounds)], env=env,
                              capture_output=True, text=True, cwd=tempfile.gettempdir())
