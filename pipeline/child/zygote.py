@@ -149,6 +149,9 @@ def main(argv: list[str]) -> int:
         sys.path.pop(0)
     for name in argv[1:]:
         importlib.import_module(name)
+    if torch.cuda.is_initialized():  # a fork of a process with a CUDA context cannot use CUDA
+        print("[kgen] zygote: an import initialised CUDA; no child can be forked from here", file=sys.stderr)
+        return 1
     sock = socket.socket(fileno=int(argv[0]))
     return serve(sock)
 
