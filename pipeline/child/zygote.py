@@ -38,10 +38,8 @@ import torch  # noqa: F401 - the point of the zygote: imported once, shared by e
 import torch.utils.cpp_extension  # noqa: F401 - a build child's first import
 
 from . import harness  # noqa: F401 - and the harness's own imports
+from . import protocol as P
 from .jail import jail
-
-MAX_MESSAGE = 1 << 20  # a request: a policy, an environment and argv, far below this
-
 
 def _code(pid: int) -> int | None:
     """The exit code of an exited child, Popen's way (minus the signal that killed it), leaving it unreaped."""
@@ -115,7 +113,7 @@ def serve(sock: socket.socket) -> int:
                 os.close(fd)
                 sock.send(json.dumps({"exited": pid, "code": _code(pid)}).encode())
                 continue
-            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 16)
+            data, fds, _, _ = socket.recv_fds(sock, P.MAX_LINE, 16)  # a policy, an environment and argv: far below
             if not data:
                 return 0
             request = json.loads(data)

@@ -430,7 +430,7 @@ def _lay_out(workdir: Path, module: str, jail: Jail) -> tuple[Path, dict, cgroup
 
 
 def _forked(module: str, argv: list[str], env: dict[str, str], cwd: str, policy: dict | None, status_w: int | None,
-            fds: dict[int, int]) -> zygote.Forked:
+            fds: dict[int, int], timeout: float) -> zygote.Forked:
     """A child forked from one of this process's zygotes (started again once if it had died): a
     jailed child from the candidates', which imports nothing of ours; a trusted one from a zygote
     that has imported its module."""
@@ -439,9 +439,9 @@ def _forked(module: str, argv: list[str], env: dict[str, str], cwd: str, policy:
     preload = () if policy is not None else (module,)
     try:
         try:
-            return zygote.zygote(child_env(), preload).fork(module, argv, env, cwd, policy, status_w, fds, stdin_w)
+            return zygote.zygote(child_env(), preload).fork(module, argv, env, cwd, policy, status_w, fds, stdin_w, timeout)
         except OSError:  # it died since the last child (killed, out of memory): a new one, once
-            return zygote.zygote(child_env(), preload).fork(module, argv, env, cwd, policy, status_w, fds, stdin_w)
+            return zygote.zygote(child_env(), preload).fork(module, argv, env, cwd, policy, status_w, fds, stdin_w, timeout)
     finally:
         os.close(stdin_r)
 
@@ -479,7 +479,7 @@ def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str
                                     env=env, pass_fds=pass_fds, start_new_session=True, close_fds=True)
         else:  # forked from a zygote (a candidate's then jailed), run as `python -m` would run it
             proc = _forked(module, command[4:], env, str(home), policy, status_w,
-                           {**{fd: fd for fd in pass_fds}, 1: log.fileno(), 2: log.fileno()})
+                           {**{fd: fd for fd in pass_fds}, 1: log.fileno(), 2: log.fileno()}, timeout)
     finally:
         os.close(write_fd)
         if status_w is not None:

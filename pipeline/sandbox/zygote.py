@@ -29,7 +29,6 @@ from typing import IO
 from ..child import PACKAGE_ROOT
 
 MODULE = "pipeline.child.zygote"
-START_S = 120.0  # the zygote's own start (an import of torch) on a loaded box; it happens once
 
 
 class Forked:
@@ -117,14 +116,15 @@ class Zygote:
         return self.proc.poll() is None and self.reader.is_alive()
 
     def fork(self, module: str, argv: list[str], env: dict[str, str], cwd: str, policy: dict | None,
-             status_fd: int | None, fds: dict[int, int], stdin_w: int) -> Forked:
+             status_fd: int | None, fds: dict[int, int], stdin_w: int, timeout: float) -> Forked:
         """A process for `python -m module argv...`, in a room made by `policy` (None: kgen's own, no
-        room), with the descriptors `fds` (the number it sees: ours)."""
+        room), with the descriptors `fds` (the number it sees: ours); OSError where the zygote has
+        not answered within `timeout` (the child's own: a new zygote's start is part of it)."""
         request = {"module": module, "argv": argv, "env": env, "cwd": cwd, "policy": policy, "status_fd": status_fd,
                    "fds": list(fds)}
         with self.lock:
             socket.send_fds(self.sock, [json.dumps(request).encode()], list(fds.values()))
-            deadline = time.monotonic() + START_S
+            deadline = time.monotonic() + timeout
             with self.cond:
                 while not self.replies:
                     if not self.cond.wait(max(0.0, deadline - time.monotonic())):
