@@ -134,6 +134,19 @@ def test_a_child_forked_from_the_zygote_holds_no_secret_of_the_parent_in_its_mem
     assert json.loads(control.stdout)["found"] == list(range(len(secrets)))
 
 
+def test_a_zygote_whose_forks_could_not_use_cuda_is_seen_before_it_serves(monkeypatch):
+    """torch marks a fork "bad" (no CUDA in it) once its parent has called the CUDA runtime; on the H100
+    an import in the zygote did, and the forked reference failed ("Cannot re-initialize CUDA in forked
+    subprocess"). The zygote asks a fork of itself before it serves; here torch's own mark is set."""
+    import torch
+
+    from pipeline.child import zygote as Z
+
+    assert not Z._fork_poisoned()
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    assert Z._fork_poisoned()
+
+
 def test_a_dead_zygote_takes_its_rooms_with_it_and_the_next_child_gets_a_new_one():
     from pipeline.sandbox import zygote
 

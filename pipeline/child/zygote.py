@@ -35,7 +35,6 @@ import tempfile
 import traceback
 
 import torch  # noqa: F401 - the point of the zygote: imported once, shared by every fork
-import torch.utils.cpp_extension  # noqa: F401 - a build child's first import
 
 from . import harness  # noqa: F401 - and the harness's own imports
 from . import protocol as P
@@ -140,6 +139,17 @@ def serve(sock: socket.socket) -> int:
             os.close(pidfd)
 
 
+def _fork_poisoned() -> bool:
+    """Whether a fork of this process would find CUDA unusable: torch marks a fork "bad" once the
+    parent has called into the CUDA runtime (torch.cuda.is_available does, unless
+    PYTORCH_NVML_BASED_CUDA_CHECK=1, which the parent sets for us; torch.utils.cpp_extension's import
+    calls it, so no child module is imported here that imports that). Asked of a fork, as a child would."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3 if torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork() else 0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+
+
 def main(argv: list[str]) -> int:
     """argv: the socket's descriptor, then modules to import beside the harness (a zygote of kgen's
     trusted side names the reference's; the candidates' names none)."""
@@ -147,8 +157,10 @@ def main(argv: list[str]) -> int:
         sys.path.pop(0)
     for name in argv[1:]:
         importlib.import_module(name)
-    if torch.cuda.is_initialized():  # a fork of a process with a CUDA context cannot use CUDA
-        print("[kgen] zygote: an import initialised CUDA; no child can be forked from here", file=sys.stderr)
+    if _fork_poisoned():
+        print("[kgen] zygote: an import asked the CUDA runtime about devices (torch.cuda.is_available without "
+              "PYTORCH_NVML_BASED_CUDA_CHECK=1), and a fork of this process could not use CUDA; no child is "
+              "forked from here", file=sys.stderr, flush=True)
         return 1
     sock = socket.socket(fileno=int(argv[0]))
     return serve(sock)

@@ -80,7 +80,9 @@ class Zygote:
     def __init__(self, env: dict[str, str], preload: tuple[str, ...] = ()):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.home = tempfile.mkdtemp(prefix="kgen-zygote-")
-        env = {**env, "HOME": self.home, "TMPDIR": self.home, "PYTHONPATH": os.pathsep.join(
+        # NVML, not the CUDA runtime, answers torch.cuda.is_available in the zygote: a runtime call there
+        # leaves every fork unable to start CUDA ("Cannot re-initialize CUDA in forked subprocess").
+        env = {**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "HOME": self.home, "TMPDIR": self.home, "PYTHONPATH": os.pathsep.join(
             [PACKAGE_ROOT, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep)[1:] if p)])}
         self.proc = subprocess.Popen([sys.executable, "-s", "-m", MODULE, str(theirs.fileno()), *preload], cwd=self.home,
                                      env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
