@@ -485,16 +485,23 @@ def test_kgen_cpu_cores_names_the_cores_a_cpu_evaluation_takes_first(monkeypatch
 @pytest.mark.skipif(os.geteuid() != 0 or cgroup.available() is None, reason="cgroups need root and a pids/memory hierarchy")
 def test_a_room_left_by_a_killed_run_is_swept_and_a_live_one_kept(tmp_path):
     """A kgen killed before it removed its rooms' cgroups leaves them empty; the next room made
-    removes those whose workdir is gone, never one whose workdir exists (a live room)."""
-    (tmp_path / "kgen-child-live").mkdir()
-    left = cgroup.make("kgen-child-left", 10, 1 << 30)
-    live = cgroup.make("kgen-child-live", 10, 1 << 30)
-    assert left is not None and live is not None
+    removes those whose maker has exited, never one of a live process, not even one whose workdir
+    is not where the sweeper looks (another process's TMPDIR: a live, empty room swept so was
+    "no cgroup" to its jail, once in four runs of four test files)."""
+    made = subprocess.run([sys.executable, "-c", "from pipeline.sandbox import cgroup; "
+                           "print(cgroup.make('kgen-child-left', 10, 1 << 30).folders[0])"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    left = cgroup.Room([made.stdout.strip()], [])  # its maker has exited
+    assert Path(left.folders[0]).is_dir(), made.stderr[-2000:]
+    live = cgroup.make("kgen-child-live", 10, 1 << 30)  # ours, its workdir nowhere
+    assert live is not None
+    new = None
     try:
         new = cgroup.make("kgen-child-new", 10, 1 << 30, workdirs=tmp_path)
         assert new is not None
-        assert not any(Path(f).exists() for f in left.folders), left.folders
+        assert not Path(left.folders[0]).exists(), left.folders
         assert all(Path(f).exists() for f in live.folders), live.folders
     finally:
         for room in (left, live, new):
-            room.remove()
+            if room is not None:
+                room.remove()

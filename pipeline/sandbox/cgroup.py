@@ -93,19 +93,32 @@ def _v1_ready() -> bool:
 
 
 def _sweep(parent: Path, workdirs: Path) -> None:
-    """Remove the empty cgroups of rooms whose workdir (`workdirs`/NAME) is gone: a kgen killed
-    before its rooms' `remove` left them. rmdir refuses a cgroup that still holds a process, and a
-    live room's workdir exists, so no live room is touched."""
+    """Remove the empty cgroups a kgen killed before its rooms' `remove` left: those whose maker (the
+    pid after the name's last dot) has exited, or, for a name without one, whose workdir
+    (`workdirs`/NAME) is gone. rmdir refuses a cgroup that still holds a process, and a room whose
+    maker lives is never touched, wherever its workdir is (another process's TMPDIR)."""
     try:
         names = [entry.name for entry in os.scandir(parent) if entry.is_dir() and entry.name.startswith("kgen-child-")]
     except OSError:
         return
     for name in names:
-        if not (workdirs / name).exists():
-            try:
-                os.rmdir(parent / name)
-            except OSError:
-                pass
+        _, _, maker = name.rpartition(".")
+        if maker.isdigit() and _alive(int(maker)) or not maker.isdigit() and (workdirs / name).exists():
+            continue
+        try:
+            os.rmdir(parent / name)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def make(name: str, pids: int, memory_bytes: int, workdirs: Path | None = None) -> Room | None:
@@ -117,6 +130,7 @@ def make(name: str, pids: int, memory_bytes: int, workdirs: Path | None = None) 
     if workdirs is not None:
         for parent in (ROOT / PARENT, ROOT / "pids" / PARENT, ROOT / "memory" / PARENT):
             _sweep(parent, workdirs)
+    name = f"{name}.{os.getpid()}"  # its maker, for `_sweep`
     try:
         if _v2_ready():
             folder = ROOT / PARENT / name
