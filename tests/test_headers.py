@@ -318,3 +318,37 @@ def test_a_kept_build_holds_plain_files_alone(tmp_path, monkeypatch):
     (tmp_path / "kept" / "good" / "result.json").write_text("{not json")
     assert cache.load("good", tmp_path / "out" / "h3", "h3") is None and not (tmp_path / "out" / "h3").exists()
     assert [p.name for p in (tmp_path / "kept").iterdir()] == ["good"]  # no half-made copy left behind
+
+
+def test_the_build_cache_prunes_while_other_builds_rename_and_remove_their_entries(tmp_path):
+    """Builds in parallel share one cache: one's prune lists a `.new-` folder that another renames or
+    removes before it is stat'ed (a GPU call's eight parallel builds failed on that, FileNotFoundError)."""
+    import threading
+    import time
+
+    from pipeline.build import cache
+
+    stale = tmp_path / ".new-stale"
+    stale.mkdir()
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))  # left by a killed process two hours ago
+    done = threading.Event()
+
+    def churn():
+        n = 0
+        while not done.is_set():
+            new = tmp_path / f".new-{n}"
+            new.mkdir()
+            os.rename(new, tmp_path / f"entry-{n}") if n % 2 else new.rmdir()
+            n += 1
+
+    other = threading.Thread(target=churn)
+    other.start()
+    try:
+        for _ in range(500):
+            cache._prune(tmp_path)
+    finally:
+        done.set()
+        other.join()
+    assert not stale.exists()
+    cache._prune(tmp_path)  # and, with none beside it, only the last MAX_ENTRIES kept
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("entry-")]) == cache.MAX_ENTRIES

@@ -135,10 +135,19 @@ def _copy(source: Path, target: Path) -> None:
         to.mkdir() if path.is_dir() else shutil.copy2(path, to)
 
 
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
 def _prune(root: Path) -> None:
     """The least recently used entries past MAX_ENTRIES, and copies a killed process left half made."""
-    entries = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)
+    # another build renames or removes its entries meanwhile: one gone between listing and stat is skipped
+    stamped = sorted((m, p) for p in root.iterdir() if (m := _mtime(p)) is not None)
+    entries = [p for _, p in stamped]
     kept = [p for p in entries if not p.name.startswith(".")]
-    half_made = [p for p in entries if p.name.startswith(".new-") and time.time() - p.stat().st_mtime > 3600]
+    half_made = [p for m, p in stamped if p.name.startswith(".new-") and time.time() - m > 3600]
     for old in kept[:-MAX_ENTRIES] + half_made:
         shutil.rmtree(old, ignore_errors=True)
