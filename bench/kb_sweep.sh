@@ -26,6 +26,8 @@
 # COMPILE (1: time torch.compile too, default), EVAL (extra evaluation settings, KEY=VALUE ...).
 set -uo pipefail
 OUT=${OUT:-/tmp/kgen-out}; mkdir -p "$OUT" db
+# The device tool brings back at most 8 files: the database, the summary and one archive of the logs.
+LOGS=$(mktemp -d); trap 'tar -czf "$OUT/sweep-logs.tgz" -C "$LOGS" . && rm -rf "$LOGS"' EXIT
 KB=${KB:-kb}; LEVELS=${LEVELS:-1 2 3}; EXECUTOR=${EXECUTOR:-local}; RUN_LIMIT=${RUN_LIMIT:-480}
 DB=${DB:-db/kb-sweep.db}
 [ -z "${GPUS:-}" ] || export CUDA_VISIBLE_DEVICES=$GPUS
@@ -41,11 +43,11 @@ if [ "$EXECUTOR" = ray ]; then  # the stripped Ray of bench/pack_ray.sh, as gpu_
   tar -C /tmp/site -xJf .ray/ray-stripped.tar.xz \
     && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .ray/*.whl || exit 1
 fi
-nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/device.txt"
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/device.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$LOGS/device.txt"
 known() {  # the known kernels on every GPU: start and end must agree within 2% (docs/validation.md)
   for g in $(echo "${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)}" | tr , ' '); do
-    CUDA_VISIBLE_DEVICES=$g python3 bench/gpu_known.py "$1 gpu$g" 2>&1 | tee -a "$OUT/known.log" | grep KNOWN
+    CUDA_VISIBLE_DEVICES=$g python3 bench/gpu_known.py "$1 gpu$g" 2>&1 | tee -a "$LOGS/known.log" | grep KNOWN
   done
 }
 known start
@@ -56,10 +58,10 @@ extra=(); [ "${COMPILE:-1}" = 1 ] || extra+=(--no-compile)
 python3 bench/kb_sweep.py setup "$KB" sweep --backend cuda --executor "$EXECUTOR" --levels $LEVELS \
   --db "$DB" "${extra[@]}" --eval ${EVAL:-} || exit 1
 before=$(python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('select count(*) from attempts').fetchone()[0])" "$DB" 2>/dev/null || echo 0)
-nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 1000 > "$OUT/util.csv" &
+nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 1000 > "$LOGS/util.csv" &
 smi=$!
 start=$(date +%s)
-timeout "$RUN_LIMIT" python3 -m pipeline.cli run -c sweep/sweep.yaml > "$OUT/sweep.log" 2>&1
+timeout "$RUN_LIMIT" python3 -m pipeline.cli run -c sweep/sweep.yaml > "$LOGS/sweep.log" 2>&1
 rc=$?
 wall=$(( $(date +%s) - start ))
 kill $smi 2>/dev/null
@@ -70,9 +72,10 @@ after=$(python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.
 lanes=$(python3 -c 'from pipeline.run.executor import visible_gpus; print(len(visible_gpus()))')
 echo "SWEEP executor=$EXECUTOR lanes=$lanes rc=$rc wall=${wall}s attempts_this_call=$(( after - before )) stored=$after" \
   "per_hour=$(python3 -c "print(round(3600 * ($after - $before) / max($wall, 1), 1))")" | tee "$OUT/sweep-summary.txt"
-grep -E "error|refused|not fit|cannot" "$OUT/sweep.log" | tail -40 > "$OUT/sweep-problems.txt"
+grep -E "error|refused|not fit|cannot" "$LOGS/sweep.log" | tail -40 > "$LOGS/sweep-problems.txt"
 python3 bench/kb_sweep.py summary "$DB" | tee -a "$OUT/sweep-summary.txt"
-python3 bench/kb_sweep.py summary "$DB" --json > "$OUT/sweep-summary.json"
-python3 -m pipeline.cli kernelbench-baselines "$KB" --db "$DB" | tee "$OUT/kb-baselines.txt"
-python3 -m pipeline.cli kernelbench-baselines "$KB" --db "$DB" --json > "$OUT/kb-baselines.jsonl"
+python3 bench/kb_sweep.py summary "$DB" --json > "$LOGS/sweep-summary.json"
+python3 -m pipeline.cli kernelbench-baselines "$KB" --db "$DB" | tee "$LOGS/kb-baselines.txt" | tee -a "$OUT/sweep-summary.txt"
+python3 bench/batch_phases.py "$DB" > "$LOGS/phases.txt" 2>&1; head -30 "$LOGS/phases.txt" >> "$OUT/sweep-summary.txt"
+python3 -m pipeline.cli kernelbench-baselines "$KB" --db "$DB" --json > "$LOGS/kb-baselines.jsonl"
 known end
