@@ -88,7 +88,7 @@ def main() -> None:
             est = r.wall_ms_per_call
             ratio = f"{r.time_ms / est:.2f}" if r.time_ms and est else "-"
             speed = f"{r.eager_ratio.median:.2f}x" if r.eager_ratio else "-"
-            print(f"{i:2d} {r.verdict.value:17s}{'*' if r.first_refusal else ' '} time {r.time_ms} est {est} "
+            print(f"{i:2d} {r.verdict.value:17s}{'*' if r.outcome.earlier else ' '} time {r.time_ms} est {est} "
                   f"time/est {ratio} eager {speed} real {real} loadavg {os.getloadavg()[0]:.2f}"
                   f"{' trusted' if r.trusted else ' UNTRUSTED'}{' unfit: ' + r.device_unfit[:90] if r.device_unfit else ''}"
                   f"{' | ' + (r.error or '')[:160] if r.verdict.value != 'correct' else ''}", flush=True)

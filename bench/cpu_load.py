@@ -1,12 +1,15 @@
 """The cpu judge idle and beside two busy loops: the honest fast mse, torch's mse with its clock forged
 to a tenth, and each bundled reference as its own candidate, RUNS evaluations each way, on one bench per task (its baselines measured idle).
 
-    python bench/cpu_load.py [--runs 5] [--size small] [--tasks mse,cosine,...]
+    python bench/cpu_load.py [--runs 5] [--size small] [--tasks mse,cosine,...] [--record FILE]
 
 Per candidate and load: correct, with a figure, fit to be best (trusted and not unfit; the references
 are flagged no_custom_kernel besides), the median and
 range of x eager and of the time a call; then the loaded median time over the idle one. One JSON line
 per evaluation goes to stderr. Its latest figures: docs/validation.md ("The honest references").
+With --record, the self-loading forger (tests/redteam/load_launder.py) is judged too, and each
+evaluation's Measured and Outcome (pipeline.judge.judge.decide) go to FILE as a JSON line: the
+recorded table tests/test_decide.py reads (fixtures/decide/recorded.jsonl).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def spin(seconds: float) -> None:
         pass
 
 
-def candidates(work: Path, names: list[str]) -> list[tuple[str, str, Path, Path]]:
+def candidates(work: Path, names: list[str], record: bool = False) -> list[tuple[str, str, Path, Path]]:
     """(label, task, code, build dir): the fused mse (built once), then each reference as ModelNew."""
     code = R.REDTEAM / "honest_fast_mse.py"
     built = build.build(code, hashlib.sha256(code.read_bytes()).hexdigest()[:16], work / "builds",
@@ -52,6 +55,10 @@ def candidates(work: Path, names: list[str]) -> list[tuple[str, str, Path, Path]
     forged.write_text(forged_clock(0.1))
     (work / "build-forged").mkdir()
     out.append(("mse, clock forged to 0.1", "mse", forged, work / "build-forged"))
+    if record:
+        launder = R.REDTEAM / "load_launder.py"
+        (work / "build-launder").mkdir()
+        out.append(("load_launder (clock forged to 0.1, spinners of its own)", "mse", launder, work / "build-launder"))
     for name in names:
         task = tasks.discover(R.TASKS, [name])[0]
         ref = work / f"{name}.py"
@@ -76,11 +83,21 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--size", default="small")
     ap.add_argument("--tasks", default=",".join(NAMES))
+    ap.add_argument("--record", type=Path, help="append each evaluation's Measured and Outcome here")
     args = ap.parse_args()
+    decided: list = []
+    if args.record:
+        real = evaluate.decide
+
+        def decide(m):  # the judge's own rule, its argument and answer kept
+            outcome, again = real(m)
+            decided.append((m, outcome, again))
+            return outcome, again
+        evaluate.decide = decide
     settings = R.SETTINGS
     work = Path(tempfile.mkdtemp(prefix="kgen-cpuload-"))
     rows = []
-    for label, name, code, build_dir in candidates(work, args.tasks.split(",")):
+    for label, name, code, build_dir in candidates(work, args.tasks.split(","), bool(args.record)):
         bench = prepare(tasks.discover(R.TASKS, [name])[0], args.size, "cpu", settings)
         got = {}
         try:
@@ -92,8 +109,15 @@ def main() -> None:
                 try:
                     got[load] = []
                     for _ in range(args.runs):
+                        decided.clear()
                         r = evaluate.evaluate(bench, code, build_dir, settings)
                         got[load].append(r)
+                        if args.record:
+                            with args.record.open("a") as f:
+                                for m, outcome, again in decided:
+                                    f.write(json.dumps({"device": "cpu", "candidate": label, "load": load,
+                                                        "measured": m.model_dump(mode="json"),
+                                                        "outcome": outcome.model_dump(mode="json"), "again": again}) + "\n")
                         print(json.dumps({"candidate": label, "load": load, "verdict": r.verdict.value,
                                           "time_ms": r.time_ms, "x_eager": r.speedup_eager, "unfit": r.device_unfit,
                                           "trusted": r.trusted, "error": (r.error or "")[:200]}), file=sys.stderr, flush=True)

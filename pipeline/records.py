@@ -6,56 +6,13 @@ Nothing here imports the rest of the package.
 
 from __future__ import annotations
 
-import enum
 from typing import Any, Literal
 
 from .child.protocol import Confinement
-from pydantic import BaseModel, ConfigDict, Field
+from .verdicts import _LEGACY, Flag, Outcome, Record, Standing, Verdict, _outcome_of
+from pydantic import ConfigDict, Field, model_validator
 
 Backend = Literal["cuda", "triton", "cpu"]
-
-
-class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class Verdict(str, enum.Enum):
-    """The fixed set of outcomes an attempt can end in."""
-
-    extract_failed = "extract_failed"
-    build_failed = "build_failed"
-    build_timeout = "build_timeout"
-    load_failed = "load_failed"
-    runtime_error = "runtime_error"
-    timeout = "timeout"
-    crashed = "crashed"
-    wrong_type = "wrong_type"
-    wrong_shape = "wrong_shape"
-    wrong_dtype = "wrong_dtype"
-    non_finite = "non_finite"
-    mismatch = "mismatch"
-    no_gradient = "no_gradient"
-    missing_gradient = "missing_gradient"
-    wrong_gradient = "wrong_gradient"
-    inputs_mutated = "inputs_mutated"
-    nondeterministic = "nondeterministic"
-    impossible_timing = "impossible_timing"
-    protocol_error = "protocol_error"
-    correct = "correct"
-    waiting_gpu = "waiting_gpu"
-    model_error = "model_error"
-
-    @property
-    def failed_before_running(self) -> bool:
-        return self in {Verdict.extract_failed, Verdict.build_failed, Verdict.build_timeout,
-                        Verdict.model_error}
-
-
-class Flag(str, enum.Enum):
-    """Marks stored beside a correct verdict."""
-
-    no_custom_kernel = "no_custom_kernel"
-    shape_specialized = "shape_specialized"
 
 
 class Usage(Record):
@@ -262,15 +219,10 @@ class ShapeRun(Record):
 
 
 class EvalResult(Record):
-    """The parent's verdict on one candidate."""
+    """The parent's verdict on one candidate, with what it measured."""
 
-    verdict: Verdict
-    """The outcome."""
-    flags: list[Flag] = Field(default_factory=list)
-    """Marks beside a correct verdict: the parent's findings and the child's claims alike."""
-    claimed_flags: list[Flag] = Field(default_factory=list)
-    """Those of `flags` raised on the child's own report (its profile), not on anything the parent
-    checked; the rest are the parent's findings (pipeline.judge.owncode.flags_for)."""
+    outcome: Outcome
+    """The verdict, its marks and what may be read of its figure (pipeline.judge.decide)."""
     own_code: OwnCode | None = None
     """The parent's look at the built code (None: rows from before it, or no build folder)."""
     own_fraction: float | None = None
@@ -303,9 +255,6 @@ class EvalResult(Record):
     """torch.compile's time over the candidate's, pair by pair: what `speedup_compile` reports."""
     baselines: Baselines | None = None
     """Eager, compile and floor on the same device."""
-    first_refusal: str | None = None
-    """Where this verdict is a second evaluation's (a GPU's): the first one's refusal, which rested on
-    the parent's clock alone and so was not kept without a second (pipeline.judge.evaluate.evaluate)."""
     policy: str | None = None
     """The version of the judge's thresholds this verdict was reached under (pipeline.policy);
     None for attempts judged before it was recorded."""
@@ -320,14 +269,6 @@ class EvalResult(Record):
     """How the candidate's child was confined (it reported this before any candidate code ran)."""
     output: str | None = None
     """The last characters the candidate's child printed (hostile text: shown literally)."""
-    trusted: bool = True
-    """False when the confinement was below what the config requires: the verdict stands, but the
-    attempt is kept out of `best`, the leaderboard and the library."""
-    untrusted_reason: str | None = None
-    """Why it is not trusted."""
-    device_unfit: str | None = None
-    """Why the device was not fit to time around this attempt (pipeline.judge.health): its timing, if it
-    has one, is not trusted, it is kept out of `best`, and a resume on a fit device re-times it."""
     device: str = ""
     """Device name the attempt ran on."""
     torch_version: str = ""
@@ -343,6 +284,35 @@ class EvalResult(Record):
     phases: dict[str, float] = Field(default_factory=dict)
     """Seconds spent in each stage of the evaluation (start-up, import, trials, timing, profile,
     other sizes, teardown): where an attempt's cost goes."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "outcome" not in data and "verdict" in data:
+            data = {k: v for k, v in data.items() if k not in _LEGACY} | {"outcome": _outcome_of(data)}
+        return data
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.outcome.verdict
+
+    @property
+    def flags(self) -> list[Flag]:
+        return self.outcome.flags
+
+    @property
+    def trusted(self) -> bool:
+        """Not kept out of `best` for its room (Standing.untrusted)."""
+        return self.outcome.standing is not Standing.untrusted
+
+    @property
+    def untrusted_reason(self) -> str | None:
+        return self.outcome.why if not self.trusted else None
+
+    @property
+    def device_unfit(self) -> str | None:
+        """Why the device was unfit to time it (Standing.unfit); None otherwise."""
+        return self.outcome.why if self.outcome.standing is Standing.unfit else None
 
     @property
     def time_ms(self) -> float | None:

@@ -557,7 +557,7 @@ def test_a_level_2_candidate_keeping_cudnn_is_not_flagged_and_its_own_share_is_r
     assert fused_v.own_fraction is not None and 0.01 <= fused_v.own_fraction < 1.0
     assert summary_fields(fused_v)["own_fraction"] == fused_v.own_fraction
     assert dropin.verdict is Verdict.correct and Flag.no_custom_kernel in dropin.flags
-    assert Flag.no_custom_kernel not in dropin.claimed_flags  # the parent's finding: no code of its own
+    assert Flag.no_custom_kernel not in dropin.outcome.claims  # the parent's finding: no code of its own
 
 
 def test_the_gpu_profile_lists_the_call_s_kernels():

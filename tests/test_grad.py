@@ -231,12 +231,13 @@ def _as_stored(r: EvalResult) -> EvalResult:
     baseline, so a noisy 2-core box cannot keep the kernel out, nor can a busy one (whose timing the
     judge marks unfit: pipeline.judge.clocks.loaded); and no flags (the profile may flag a cpu kernel
     beside torch's ops)."""
-    from pipeline.records import Timing
+    from pipeline.records import Standing, Timing
 
     ms = min(t.median_ms for t in (r.eager_beside, r.compiled_beside) if t is not None) / 2
     loaded = (r.device_unfit or "").startswith("the cpu was loaded")
-    return r.model_copy(update={"flags": [], "timing": Timing(median_ms=ms, p25_ms=ms, p75_ms=ms, n=r.timing.n),
-                                **({"device_unfit": None} if loaded else {})})
+    kept = {"standing": Standing.kept, "why": None} if loaded else {}
+    outcome = r.outcome.model_copy(update={"findings": [], "claims": [], **kept})
+    return r.model_copy(update={"outcome": outcome, "timing": Timing(median_ms=ms, p25_ms=ms, p75_ms=ms, n=r.timing.n)})
 
 
 def _store(tmp_path: Path, name: str, task: str, result: EvalResult) -> tuple[Path, Path]:

@@ -125,7 +125,7 @@ def test_a_stalled_machine_slows_the_cpu_figure_and_refuses_nothing(tmp_path, mo
     monkeypatch.setattr(sandbox.Child, "send", send)
     result = judge_the_reference("mse", "odd", "cpu", tmp_path, kept=benches)
     assert result.verdict is Verdict.correct and result.trusted, (result.verdict.value, result.error)
-    assert result.first_refusal is None
+    assert result.outcome.earlier is None
     if no_figure(result):  # a box too loaded to time through the retries: each retry is one more evaluation
         return
     assert len(evaluations) == 1

@@ -125,7 +125,7 @@ def test_references_dropped_in_are_flagged_and_a_fused_level_2_candidate_is_not(
     rows = {r["task"]: r for r in sweep["attempts"]}
     for name in ("19_ReLU", "23_Softmax"):
         assert (rows[name]["verdict"], rows[name]["flags"], rows[name]["level"]) == ("correct", "no_custom_kernel", 1)
-        assert json.loads(rows[name]["result_json"])["claimed_flags"] == []  # the parent's own finding
+        assert json.loads(rows[name]["result_json"])["outcome"]["claims"] == []  # the parent's own finding
     gemm = rows["12_Gemm_Multiply_LeakyReLU"]
     assert gemm["verdict"] == "correct", gemm["error"]
     assert (gemm["flags"], gemm["level"]) == ("", 2)  # nn.Linear kept in PyTorch is not held against it

@@ -225,7 +225,8 @@ def test_flagged_attempt_is_not_verified(tmp_path, dirs):
     with Store.open(path) as store:
         run = store.start_run("{}", "[]", "cpu", "cpu", torch.__version__, None)
         task_id = store.upsert_task("mse", str(MSE_TASK), MSE_TASK.read_text())
-        result = _result(True).model_copy(update={"flags": [Flag.no_custom_kernel]})
+        result = _result(True)
+        result = result.model_copy(update={"outcome": result.outcome.model_copy(update={"findings": [Flag.no_custom_kernel]})})
         store.save_attempt(Provenance(run_id=run, task_id=task_id, task="mse", model="m1", sample=0, backend="cpu",
                                       template="t", completion_id=None, code_hash=CODE_HASH, size="small"), result)
     assert library.load("mse", db=path, backend="cpu", **dirs).op is None

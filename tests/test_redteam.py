@@ -159,7 +159,7 @@ def test_correct_but_flagged(bench, tmp_path, name, task, flags):
     assert (result.time_ms or 0) > 0 if not result.device_unfit else result.time_ms is None, describe(result)
     if Flag.no_custom_kernel in flags:  # nothing was built: the parent's finding, not the child's claim
         assert result.own_code is not None and result.own_code.holds_own is False, result.own_code
-        assert Flag.no_custom_kernel not in result.claimed_flags
+        assert Flag.no_custom_kernel not in result.outcome.claims
         assert result.shapes and not any(s.served for s in result.shapes), result.shapes
 
 
@@ -351,7 +351,7 @@ def test_a_kernel_hardwired_to_the_declared_size_is_served_there_alone(bench, ha
     result = evaluate.evaluate(bench("mse"), REDTEAM / "hardwired_size_fallback.py", hardwired_build, ONCE)
     assert result.verdict is V.correct, describe(result)
     assert result.own_code.holds_own is True, result.own_code
-    assert Flag.shape_specialized in result.flags and Flag.shape_specialized in result.claimed_flags, describe(result)
+    assert Flag.shape_specialized in result.flags and Flag.shape_specialized in result.outcome.claims, describe(result)
     assert Flag.no_custom_kernel not in result.flags, describe(result)
     assert result.shapes and all(s.correct and s.own_ran is False and not s.served for s in result.shapes), result.shapes
     task = tasks.discover(TASKS, ["mse"])[0]

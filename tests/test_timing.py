@@ -343,7 +343,7 @@ def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parent
             bench.baselines.eager.median_ms, bench.baselines.input_bytes, bench.output_bytes) >= POLICY.cpu_bound_max_calls // 4
         for _ in range(3):
             result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
-            assert result.verdict is Verdict.correct, (result.error, result.first_refusal)
+            assert result.verdict is Verdict.correct, (result.error, result.outcome.earlier)
     finally:
         bench.close()
 

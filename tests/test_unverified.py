@@ -25,7 +25,7 @@ from pipeline.cli.main import main
 from pipeline.cli.progress import _verdict
 from pipeline.cli.tables import run_summary
 from pipeline.library.kernels import LibraryError
-from pipeline.records import Flag, Provenance
+from pipeline.records import Flag, Provenance, Standing
 from pipeline.report.page import render
 from pipeline.store.store import Store
 from tests.test_best import DEVICE, MSE_TASK, _correct, _hash, _source
@@ -52,7 +52,8 @@ def _fill(tmp: Path, results, kind: str = "batch", model: str = "replay-demo") -
 
 
 def _unfit():
-    return _correct(1.0, 12.8).model_copy(update={"device_unfit": LOADED})
+    result = _correct(1.0, 12.8)
+    return result.model_copy(update={"outcome": result.outcome.model_copy(update={"standing": Standing.unfit, "why": LOADED})})
 
 
 @pytest.fixture

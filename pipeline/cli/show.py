@@ -92,8 +92,8 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
     if a.get("build_log") is not None:
         console.print(Panel(literal(_fold(a["build_log"], full)), title="build log"))
     lines = [f"error: {result.error}"] if result.error else []
-    if result.first_refusal:
-        lines.append(f"judged twice: the first evaluation refused on the parent's clock alone ({result.first_refusal}); "
+    if result.outcome.earlier:
+        lines.append(f"judged twice: the first evaluation refused on the parent's clock alone ({result.outcome.earlier}); "
                      f"this verdict is the second's")
     if result.device_unfit:
         lines.append(f"device not fit to time: {result.device_unfit} (timing not trusted)")
@@ -139,7 +139,7 @@ def flag_sources(result, flags: list[str]) -> str:
     """Each flag with what it rests on: the parent's own finding, or the child's claim (its profile)."""
     if result.own_code is None:  # a row from before flags had sources
         return ",".join(flags)
-    claimed = {f.value for f in result.claimed_flags}
+    claimed = {f.value for f in result.outcome.claims}
     source = {True: "the child's claim", False: "the parent's finding"}
     return ", ".join(f"{f} ({source[f in claimed]})" for f in flags)
 

@@ -36,7 +36,7 @@ from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
 from . import clocks, health, owncode, refproto as R
 from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
-from .judge import Expected
+from .judge import NO_FIGURE, Expected, decide, measured
 from .session import Session
 from ..policy import POLICY
 
@@ -249,7 +249,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     spike gets through, and a clock that understates its work stays below its bound (once, the
     first refused a clock claiming 0.56-0.60 of its time and the second, a fresh draw that forgot
     the first, accepted it). The second costs only where the first refused; its verdict is kept, the
-    first's refusal beside it (`first_refusal`). On the cpu the parent's clock is the only one, and
+    first's refusal beside it (`Outcome.earlier`). On the cpu the parent's clock is the only one, and
     nothing is judged twice for it.
 
     A correct result whose cpu was too loaded to time it (clocks.loaded: no figure) is judged again,
@@ -262,7 +262,7 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
             break
         earlier = result
         result = _evaluate_once(bench, code_path, build_dir, settings, env, spares, watch, None)
-        result = result.model_copy(update={"first_refusal": result.first_refusal or earlier.first_refusal})
+        result = _earlier(result, result.outcome.earlier or earlier.outcome.earlier)
         spent += result.eval_seconds
     return result.model_copy(update={"eval_seconds": spent})
 
@@ -274,8 +274,12 @@ def _evaluate_once(bench: TaskBench, code_path: Path, build_dir: Path, settings:
     if not again:
         return first
     second, _, _ = _judge(bench, code_path, build_dir, settings, env, spares, watch, prior=[evidence])
-    return second.model_copy(update={"first_refusal": first.error if first.verdict is Verdict.impossible_timing else None,
-                                     "eval_seconds": first.eval_seconds + second.eval_seconds})
+    second = _earlier(second, first.error if first.verdict is Verdict.impossible_timing else None)
+    return second.model_copy(update={"eval_seconds": first.eval_seconds + second.eval_seconds})
+
+
+def _earlier(result: EvalResult, refusal: str | None) -> EvalResult:
+    return result.model_copy(update={"outcome": result.outcome.model_copy(update={"earlier": refusal})})
 
 
 def _secrets(bench: TaskBench, lane_env: dict[str, str] | None, before: dict[str, float], timeout_s: float) -> Secrets:
@@ -388,9 +392,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
                 spares.release(env)
         code, log = child.finish(grace=3.0)
         result = session.finalize(result, code, log)
-        if child.left:  # by construction never; seen from outside, so said
-            result = result.model_copy(update={"trusted": False, "untrusted_reason":
-                                               f"processes of the attempt outlived it: {child.left}"})
+        left = child.left  # by construction never; seen from outside, so said
     finally:
         if child is not None and child.proc.returncode is None:
             child.kill()
@@ -399,29 +401,23 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         _close({key: want.fd for key, want in expected.items() if want.fd is not None})
         if bench.detached:
             bench.close()
-    result = _trust(result, settings)
-    if session.loose_bound and result.verdict is Verdict.correct and result.trusted:
-        result = result.model_copy(update={"trusted": False, "untrusted_reason": session.loose_bound})
     if watch is not None and unfit is None and result.timing is not None:
         mark = time.monotonic()
         unfit = watch.check(bench, lane_env)  # the device went bad while this attempt was timed
         before["health_after"] = round(time.monotonic() - mark, 3)
     unfit = unfit or session.load_unfit or (bench.suspect and f"baselines measured while {bench.suspect}")
-    if unfit:  # no figure from a device unfit to time: the candidate's time, its ratios, eager's beside it
-        result = result.model_copy(update={"device_unfit": unfit, **NO_FIGURE})
+    outcome, again = decide(measured(result, list(settings.required_confinement), left=left or None,
+                                     loose_bound=session.loose_bound, unfit=unfit or None,
+                                     clock_alone=session.clock_alone))
+    # no figure from a device unfit to time: the candidate's time, its ratios, eager's beside it
+    result = result.model_copy(update={"outcome": outcome, **(NO_FIGURE if unfit else {})})
     ended = time.monotonic()
-    # Judged again: a refusal on the parent's clock alone, on a machine fit to time.
-    again = session.clock_alone and result.verdict is Verdict.impossible_timing
     return result.model_copy(update={
         "device": bench.env.get("device_name", ""), "torch_version": bench.env.get("torch_version", ""),
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,
         "grad": bench.settings.grad, "dtype": bench.settings.dtype, "own_code": own, "policy": POLICY.version,
         "eval_seconds": ended - started,
         "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), again, session.evidence
-
-
-NO_FIGURE = {"timing": None, "eager_ratio": None, "compiled_ratio": None, "eager_beside": None,
-             "compiled_beside": None, "wall_ms_per_call": None}
 
 
 def stage(child: sandbox.Child, task_path: Path, code_path: Path, build_dir: Path) -> tuple[str, str, str]:
@@ -439,13 +435,3 @@ def _close(fds: dict[str, int]) -> None:
     for fd in fds.values():
         os.close(fd)
     fds.clear()
-
-
-def _trust(result: EvalResult, settings: EvalConfig) -> EvalResult:
-    if result.confinement is None:
-        return result.model_copy(update={"trusted": False, "untrusted_reason": "the child never reported its confinement"})
-    missing = result.confinement.missing(list(settings.required_confinement))
-    if missing:
-        return result.model_copy(update={"trusted": False, "untrusted_reason":
-                                         f"confinement below what the config requires: no {', '.join(missing)}"})
-    return result

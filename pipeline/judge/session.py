@@ -18,7 +18,7 @@ import numpy as np
 from .. import backends
 from ..child import protocol as P
 from ..child import memfd
-from ..records import EvalResult, TrialResult, Verdict
+from ..records import EvalResult, Outcome, TrialResult, Verdict
 from . import beside, checks, clocks, owncode, refproto as R
 from .checks import Checks
 from .bench import Ended, TaskBench, ended_early, lane_of
@@ -254,7 +254,8 @@ class Session(Checks):
         sizes = [bench.size_name] + [t.variant.split("@", 1)[1] for t in shape_results if t.ok]
         flags, claimed = owncode.flags_for(profile, shape_results, self.own, shape_runs, interpreted,
                                            owncode.library_allowed(bench.task.level))
-        return EvalResult(verdict=Verdict.correct, flags=flags, claimed_flags=claimed, shapes=shape_runs,
+        outcome = Outcome(verdict=Verdict.correct, findings=[f for f in flags if f not in claimed], claims=claimed)
+        return EvalResult(outcome=outcome, shapes=shape_runs,
                           own_fraction=owncode.own_share(profile),
                           trials=list(self.judged), sizes=sizes,
                           timing=timing, eager_beside=eager, compiled_beside=compiled, **ratios,

@@ -178,8 +178,7 @@ class StoreQueries:
         out = []
         for row in self.db.query(sql, params):
             # Why an attempt is untrusted is kept only in its result: a listing says why it is not verified.
-            row["untrusted_reason"] = (json.loads(row["result_json"] or "{}").get("untrusted_reason")
-                                       if row.get("trusted") == 0 else None)
+            row["untrusted_reason"] = _untrusted_reason(row["result_json"]) if row.get("trusted") == 0 else None
             for column in _LIST_HIDDEN:
                 row.pop(column)
             out.append(_attempt_row(row))
@@ -257,3 +256,9 @@ class StoreQueries:
             ORDER BY task, model
         """
         return list(self.db.query(sql, [*_NOT_COMPILED, run_id]))
+
+
+def _untrusted_reason(result_json: str | None) -> str | None:
+    """Why a result is untrusted: its outcome's (EvalResult.outcome), or a row's from before it."""
+    stored = json.loads(result_json or "{}")
+    return stored["outcome"].get("why") if "outcome" in stored else stored.get("untrusted_reason")

@@ -1,0 +1,100 @@
+"""Measure, then decide (pipeline.judge.judge.decide): a pure rule, tested as a table.
+
+fixtures/decide/recorded.jsonl holds what real evaluations ended with: on the 2-core cpu box, idle and
+beside two busy loops (bench/cpu_load.py --record: the honest fused mse, torch's mse with its clock
+forged to a tenth, the forger that loads the box itself, two references), and on an H100 (derived from
+the stored results of KernelBench drop-ins and the batch of 56, and two refusals of the CUDA red team).
+Each line's `source` says which. The rows below them are built by hand for the rules no recorded run
+reached (a room below what the config requires, processes that outlived the attempt, a loose bound).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.judge.judge import Measured, decide
+from pipeline.records import EvalResult, Flag, Outcome, Standing, Verdict
+
+pytestmark = pytest.mark.fast
+
+RECORDED = [json.loads(line) for line in
+            (Path(__file__).resolve().parents[1] / "fixtures" / "decide" / "recorded.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("row", RECORDED, ids=[f"{r['device'][:4]}-{r['load']}-{i}" for i, r in enumerate(RECORDED)])
+def test_each_recorded_measurement_gets_the_outcome_it_got(row):
+    assert decide(Measured(**row["measured"])) == (Outcome(**row["outcome"]), row["again"])
+
+
+def test_the_recorded_table_covers_cpu_and_gpu_idle_and_loaded_honest_and_forged():
+    kinds = {(r["device"] == "cpu", r["load"], "forged" in r["candidate"]) for r in RECORDED}
+    assert {(True, "idle", False), (True, "loaded", False), (True, "idle", True), (True, "loaded", True),
+            (False, "idle", False), (False, "idle", True)} <= kinds
+
+
+def test_an_honest_kernel_keeps_its_figure_idle_and_beside_busy_loops():
+    honest = [r for r in RECORDED if r["candidate"] in ("honest_fast_mse", "mse", "hinge")]
+    assert {r["load"] for r in honest} == {"idle", "loaded"}
+    assert all(decide(Measured(**r["measured"]))[0].standing is Standing.kept for r in honest)
+
+
+def test_a_forger_that_loads_the_box_itself_gets_no_figure():
+    launder = [r for r in RECORDED if r["candidate"].startswith("load_launder")]
+    assert launder
+    for r in launder:
+        outcome, again = decide(Measured(**r["measured"]))
+        assert outcome.standing is Standing.unfit and outcome.why.startswith("the cpu was loaded") and not again
+
+
+def test_a_refusal_on_the_parents_clock_alone_is_judged_again_and_a_floor_refusal_is_not():
+    refused = {r["candidate"]: decide(Measured(**r["measured"]))[1] for r in RECORDED
+               if r["measured"]["verdict"] == "impossible_timing"}
+    assert sorted(refused.values()) == [False, True]
+
+
+ROOM = dict(verdict=Verdict.correct, findings=[Flag.no_custom_kernel], missing=[])
+
+
+@pytest.mark.parametrize("facts, standing, why", [
+    ({}, Standing.kept, None),
+    ({"missing": ["seccomp", "netns"]}, Standing.untrusted, "confinement below what the config requires: no seccomp, netns"),
+    ({"missing": None}, Standing.untrusted, "the child never reported its confinement"),
+    ({"left": "pid 4242 (python)"}, Standing.untrusted, "processes of the attempt outlived it: pid 4242 (python)"),
+    ({"loose_bound": "the bound is loose"}, Standing.untrusted, "the bound is loose"),
+    ({"loose_bound": "the bound is loose", "verdict": Verdict.mismatch}, Standing.kept, None),  # no figure to doubt
+    ({"unfit": "a 1 ms hold took 1.9 ms"}, Standing.unfit, "a 1 ms hold took 1.9 ms"),
+    # the room comes first: never kept, whatever the device; the unfit reason is said beside it
+    ({"missing": ["seccomp"], "unfit": "a 1 ms hold took 1.9 ms"}, Standing.untrusted,
+     "confinement below what the config requires: no seccomp; not timed: a 1 ms hold took 1.9 ms"),
+    ({"missing": ["seccomp"], "left": "pid 1"}, Standing.untrusted, "confinement below what the config requires: no seccomp"),
+])
+def test_the_rules_no_recorded_run_reached(facts, standing, why):
+    outcome, again = decide(Measured(**(ROOM | facts)))
+    assert (outcome.standing, outcome.why, again) == (standing, why, False)
+    assert outcome.verdict is facts.get("verdict", Verdict.correct) and outcome.findings == [Flag.no_custom_kernel]
+
+
+def test_measured_is_frozen_and_names_every_fact():
+    m = Measured(**ROOM)
+    with pytest.raises(Exception):
+        m.unfit = "late"  # type: ignore[misc]
+    with pytest.raises(Exception):
+        Measured(verdict=Verdict.correct)  # `missing` must be said: None means the room never reported
+
+
+def test_a_result_stored_before_the_outcome_reads_into_one():
+    old = {"verdict": "correct", "flags": ["no_custom_kernel", "shape_specialized"], "claimed_flags": ["shape_specialized"],
+           "trusted": True, "device_unfit": "the cpu was loaded: 40% of the timed windows went to run-queue waits",
+           "first_refusal": "the child's clock says 0.004 ms", "error": None}
+    result = EvalResult.model_validate_json(json.dumps(old))
+    assert result.outcome == Outcome(verdict=Verdict.correct, findings=[Flag.no_custom_kernel],
+                                     claims=[Flag.shape_specialized], standing=Standing.unfit, why=old["device_unfit"],
+                                     earlier=old["first_refusal"])
+    assert result.device_unfit == old["device_unfit"] and result.trusted and result.flags == [Flag.no_custom_kernel,
+                                                                                              Flag.shape_specialized]
+    untrusted = EvalResult.model_validate({**old, "trusted": False, "untrusted_reason": "no seccomp"})
+    assert (untrusted.outcome.standing, untrusted.untrusted_reason, untrusted.device_unfit) == (Standing.untrusted,
+                                                                                                 "no seccomp", None)
