@@ -3,14 +3,14 @@ in the child before the import, with the reference's null replays among them. Th
 timed by the reference process right after each of the candidate's timed blocks (never beside it,
 while the candidate's process is stopped): eager, then torch.compile of the same model, so each
 speedup is a ratio of times taken in the same window. And a null replay of the reference's beside
-each replayed Bound request. And a Bound request replayed from CUDA graphs (replayed). Each works on
-the attempt's Session (imported for its type only: the session imports this)."""
+each replayed Bound request. `session` is the attempt's pipeline.judge.session.Session (not
+imported: the session imports this). And a Bound request replayed from CUDA graphs (replayed)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -22,12 +22,9 @@ from .clocks import Window, calibration_offset
 from .judge import digest_ok
 from ..policy import POLICY
 
-if TYPE_CHECKING:
-    from .session import Session
 
 
-
-def calibrate(session: Session) -> None:
+def calibrate(session: Any) -> None:
     """The calibration, while the child still runs only our own code: Bound requests of a null model
     (eager, then replayed from CUDA graphs where the plan replays), each timed by the parent's clock.
     The first of each kind makes the input sets and maps the inbox's pages: a warm-up, not counted."""
@@ -78,7 +75,7 @@ def calibrate(session: Session) -> None:
         session.null_calibration.append(null)
 
 
-def eager_block(session: Session, calls: int, first: bool, cold: bool = False) -> None:
+def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> None:
     """As many eager calls, and as many torch.compile calls, timed by the reference process right
     after the candidate's block (never beside it): the speedups are ratios of times taken in the
     same window. Where torch.compile is timed beside, each input set the reference draws is timed
@@ -101,7 +98,7 @@ def eager_block(session: Session, calls: int, first: bool, cold: bool = False) -
             session.compiled.extend(compiled)
 
 
-def reference_pair(session: Session, calls: int, first: bool, cold: bool = False) -> tuple[list[float], list[float] | None]:
+def reference_pair(session: Any, calls: int, first: bool, cold: bool = False) -> tuple[list[float], list[float] | None]:
     """One block timed eager and torch.compile call by call (eager_block): the eager times, and the
     compiled ones or None where torch.compile failed and eager was timed alone (its error kept in
     session.block_error)."""
@@ -114,7 +111,7 @@ def reference_pair(session: Session, calls: int, first: bool, cold: bool = False
     return list(blocks[0].times_ms), (None if blocks[0].compiled_ms is None else list(blocks[0].compiled_ms))
 
 
-def reference_block(session: Session, calls: int, first: bool, compiled: bool, cold: bool = False) -> list[float] | None:
+def reference_block(session: Any, calls: int, first: bool, compiled: bool, cold: bool = False) -> list[float] | None:
     """One block timed by the reference process (eager, or torch.compile of the same model); None
     when it reports the block failed."""
     msgs = _time_block(session, calls, first, compiled=compiled, cold=cold)
@@ -127,7 +124,7 @@ def reference_block(session: Session, calls: int, first: bool, compiled: bool, c
     return [t for m in blocks for t in m.times_ms]
 
 
-def _time_block(session: Session, calls: int, first: bool, compiled: bool, pair: bool = False,
+def _time_block(session: Any, calls: int, first: bool, compiled: bool, pair: bool = False,
                 cold: bool = False) -> list[R.Event]:
     """The reference's TimeBlock request (Reference.time_block) with fresh seeds: its events."""
     bench = session.bench
@@ -136,14 +133,14 @@ def _time_block(session: Session, calls: int, first: bool, compiled: bool, pair:
                                      warmup=bench.settings.warmup_calls if first else 0), bench.settings.timeout_s, session.lane)
 
 
-def _note_busy(session: Session, busy: R.Busy | None) -> None:
+def _note_busy(session: Any, busy: R.Busy | None) -> None:
     """A block the reference timed on a GPU still busy after a wait and a re-timing: the attempt is
     refused for it (IdleProbe)."""
     if busy and busy.after_ms is not None:
         session.device_busy = _busy("timed", busy)
 
 
-def null_play(session: Session, calls: int, pause: bool) -> float | None:
+def null_play(session: Any, calls: int, pause: bool) -> float | None:
     """The reference process's null model, replayed as the candidate's Bound requests are
     (pipeline.judge.reference.Reference.null_play), on its own clock; with `pause`, while the
     candidate's process is stopped. None where the GPU was busy after a wait and a re-timing: after
@@ -163,7 +160,7 @@ def null_play(session: Session, calls: int, pause: bool) -> float | None:
     return played[0].ms
 
 
-def replayed(session: Session, k: int, seeds: list[int]) -> tuple[Verdict, str] | bool | None:
+def replayed(session: Any, k: int, seeds: list[int]) -> tuple[Verdict, str] | bool | None:
     """Bound request `k` replayed from CUDA graphs: True when its window counts; None where the
     forward could not be captured (the eager request follows, and the bound is loose from here);
     else the verdict of a checked replay whose digest is wrong."""
