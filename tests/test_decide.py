@@ -98,3 +98,12 @@ def test_a_result_stored_before_the_outcome_reads_into_one():
     untrusted = EvalResult.model_validate({**old, "trusted": False, "untrusted_reason": "no seccomp"})
     assert (untrusted.outcome.standing, untrusted.untrusted_reason, untrusted.device_unfit) == (Standing.untrusted,
                                                                                                  "no seccomp", None)
+
+
+def test_processes_seen_left_by_the_room_are_named_by_pid():
+    """What evaluate passes for the room's leftovers (sandbox.Child.left: pids), as decide reads it."""
+    from pipeline.judge.evaluate import _pids
+
+    outcome, _ = decide(Measured(**(ROOM | {"left": _pids([24128, 24130])})))
+    assert outcome.why == "processes of the attempt outlived it: pid 24128, pid 24130"
+    assert _pids([]) is None and decide(Measured(**(ROOM | {"left": _pids([])})))[0].standing is Standing.kept

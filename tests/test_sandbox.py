@@ -162,6 +162,30 @@ def test_a_dead_zygote_takes_its_rooms_with_it_and_the_next_child_gets_a_new_one
     assert zygote.zygote(sandbox.child_env()) is not first
 
 
+def test_a_killed_rooms_first_process_is_reaped_by_the_zygote_not_left_to_the_hosts_pid_1():
+    """Killing a room's outer process orphans the room's pid 1, which dies with it: the zygote, the child
+    subreaper of its forks, reaps it at once. Left to the host's pid 1 it stayed a zombie in the room's
+    namespace for a second here, and on a loaded CI box past the parent's look from outside (2 s): two
+    killed attempts were counted as leaving processes behind."""
+    child = sandbox.start("tests.sandbox_probe", ["spin"], 120, jail=sandbox.Jail(gpu=False))
+    assert child.receive() is not None
+    namespace = child.room_namespace()
+    child.kill()
+    parents, end = set(), time.monotonic() + 5
+    while (pids := sandbox.in_namespace(namespace)) and time.monotonic() < end:
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    parents.add(int(f.read().rsplit(")", 1)[1].split()[1]))
+            except (OSError, IndexError):
+                pass
+        time.sleep(0.005)
+    waited = 5 - (end - time.monotonic())
+    code, _ = child.finish(grace=1)
+    assert not pids and child.left == [], (pids, child.left)
+    assert 1 not in parents and waited < 1.0, (parents, waited)
+
+
 @pytest.mark.skipif(landlock.abi_version() == 0, reason="Landlock is not available on this kernel")
 def test_the_jail_holds_on_every_thread_from_before_the_interpreter(tmp_path, secrets):
     """The jail (pipeline/sandbox/confine.py) confines the process before Python starts: a thread started

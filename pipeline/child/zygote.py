@@ -23,6 +23,7 @@ process dies with it (its parent-death signal), and every room with its outer pr
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import importlib
 import json
@@ -99,13 +100,35 @@ def _open_fds() -> list[int]:
     return [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]
 
 
+def _reap_orphans(ours: set[int]) -> None:
+    """Reap every exited child that is not one of our forks: a room's first process, orphaned when the
+    parent killed its outer process, comes to us (we are the child subreaper), not to the host's pid 1,
+    which may reap it late or never (it stayed a zombie in the room's namespace for a second here, and
+    the parent's look from outside counted it as left)."""
+    for task in os.scandir("/proc/self/task"):
+        try:
+            with open(f"{task.path}/children") as f:
+                children = [int(pid) for pid in f.read().split()]
+        except OSError:
+            continue
+        for pid in children:
+            if pid not in ours:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+
+
 def serve(sock: socket.socket) -> int:
-    """Fork a room per request until end of file; report each fork's exit, reap it when told."""
+    """Fork a room per request until end of file; report each fork's exit, reap it when told, and
+    reap what the rooms orphan (_reap_orphans) at once."""
     pidfds: dict[int, int] = {}  # pidfd -> pid, of forks not yet reported exited
+    ours: set[int] = set()  # forks not yet reaped
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     while True:
-        for fd, _ in poller.poll():
+        _reap_orphans(ours)
+        for fd, _ in poller.poll(100):  # ms: how soon an orphan is reaped when nothing else wakes us
             if fd != sock.fileno():
                 poller.unregister(fd)
                 pid = pidfds.pop(fd)
@@ -119,6 +142,7 @@ def serve(sock: socket.socket) -> int:
             if "reap" in request:
                 for fd in fds:
                     os.close(fd)
+                ours.discard(int(request["reap"]))
                 try:
                     os.waitpid(int(request["reap"]), 0)
                 except ChildProcessError:
@@ -131,10 +155,11 @@ def serve(sock: socket.socket) -> int:
                 _child(request, fds, sock)
             for fd in fds:
                 os.close(fd)
+            ours.add(pid)
             pidfd = os.pidfd_open(pid)
-            ours = os.dup(pidfd)
-            pidfds[ours] = pid
-            poller.register(ours, select.POLLIN)
+            watched = os.dup(pidfd)
+            pidfds[watched] = pid
+            poller.register(watched, select.POLLIN)
             socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
             os.close(pidfd)
 
@@ -161,6 +186,9 @@ def main(argv: list[str]) -> int:
         print("[kgen] zygote: an import asked the CUDA runtime about devices (torch.cuda.is_available without "
               "PYTORCH_NVML_BASED_CUDA_CHECK=1), and a fork of this process could not use CUDA; no child is "
               "forked from here", file=sys.stderr, flush=True)
+        return 1
+    if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+        print("[kgen] zygote: prctl(PR_SET_CHILD_SUBREAPER) refused", file=sys.stderr, flush=True)
         return 1
     sock = socket.socket(fileno=int(argv[0]))
     return serve(sock)

@@ -406,7 +406,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         unfit = watch.check(bench, lane_env)  # the device went bad while this attempt was timed
         before["health_after"] = round(time.monotonic() - mark, 3)
     unfit = unfit or session.load_unfit or (bench.suspect and f"baselines measured while {bench.suspect}")
-    outcome, again = decide(measured(result, list(settings.required_confinement), left=left or None,
+    outcome, again = decide(measured(result, list(settings.required_confinement), left=_pids(left),
                                      loose_bound=session.loose_bound, unfit=unfit or None,
                                      clock_alone=session.clock_alone))
     # no figure from a device unfit to time: the candidate's time, its ratios, eager's beside it
@@ -435,3 +435,7 @@ def _close(fds: dict[str, int]) -> None:
     for fd in fds.values():
         os.close(fd)
     fds.clear()
+
+
+def _pids(pids: list[int]) -> str | None:
+    return ", ".join(f"pid {p}" for p in pids) or None
