@@ -168,6 +168,5 @@ def test_expected_values_are_in_no_file_and_no_childs_descriptor(tmp_path, monke
     assert not leaked, f"a candidate's child held the parent's secrets: {leaked[:5]}"
     assert not _our_secrets(set()) - held_before, \
         "the parent kept an attempt's memfds after it ended"
-    # The attempt ran to its timing; on a busy 2-core box the bandwidth floor has refused this honest
-    # add, which changes nothing here.
-    assert results and results[0].verdict in (Verdict.correct, Verdict.impossible_timing), results and results[0].error
+    # An honest add: correct, on a busy box too (a floor refusal would be load moving a verdict).
+    assert results and results[0].verdict is Verdict.correct, results and results[0].error

@@ -80,11 +80,10 @@ def test_no_eager_block_is_timed_at_a_held_out_size(tmp_path):
         result = evaluate.evaluate(bench, code, build_dir, SETTINGS)
     finally:
         bench.close()
-    # On the busy 2-core box the floor can refuse this honest call before the held-out sizes (as in
-    # test_expected_memfd); what matters is a verdict, not an exception.
-    assert result.verdict in (Verdict.correct, Verdict.impossible_timing), result.error
-    if result.verdict is Verdict.correct:  # each held-out size judged, its reference never asked to time there
-        assert len(result.shapes) == 2 and all(run.correct and run.error is None for run in result.shapes), result.shapes
+    # An honest call, about 4.6 times its bandwidth floor idle and beside two busy loops: correct, each
+    # held-out size judged, its reference never asked to time there.
+    assert result.verdict is Verdict.correct, result.error
+    assert len(result.shapes) == 2 and all(run.correct and run.error is None for run in result.shapes), result.shapes
 
 
 def test_a_reference_that_fails_while_starting_is_not_left_running(monkeypatch):
