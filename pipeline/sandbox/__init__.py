@@ -227,11 +227,12 @@ class Child:
         return self.pidns
 
     def leftovers(self, wait: float = 2.0) -> list[int]:
-        """Processes still in the room's pid namespace or cgroups, seen from outside, after up to
-        `wait` seconds for the kernel to finish ending them; [] when nothing is left."""
+        """Live processes still in the room's pid namespace or cgroups, seen from outside, after up to
+        `wait` seconds for the kernel to finish ending them; [] when nothing is left. Not zombies: the
+        room's pid 1, orphaned when its zygote died, waits as one for a host pid 1 that may never reap it."""
         end = time.monotonic() + wait
         while True:
-            found = set(in_namespace(self.pidns)) if self.pidns else set()
+            found = {pid for pid in in_namespace(self.pidns) if _alive(pid)} if self.pidns else set()
             if self.room is not None:
                 found.update(self.room.members())
             if not found or time.monotonic() >= end:
@@ -371,21 +372,26 @@ def in_namespace(inode: int) -> list[int]:
     return found
 
 
-def session_members(sid: int, with_state: bool = False) -> list:
-    """Live (not zombie) processes in session `sid`, read from /proc: pids, or (pid, state letter)
-    pairs with `with_state`."""
+def _alive(pid: int) -> bool:
+    """Not exited, nor a zombie."""
+    return bool(session_members(-1, pid=pid))
+
+
+def session_members(sid: int, with_state: bool = False, pid: int | None = None) -> list:
+    """Live (not zombie) processes in session `sid` (any, where -1), read from /proc: pids, or (pid,
+    state letter) pairs with `with_state`; only `pid`, where given."""
     members: list = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+    for name in [str(pid)] if pid is not None else (e.name for e in os.scandir("/proc")):
+        if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{entry.name}/stat") as f:
+            with open(f"/proc/{name}/stat") as f:
                 stat = f.read()
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
-        if fields[0] not in ("Z", "X") and int(fields[3]) == sid:
-            members.append((int(entry.name), fields[0]) if with_state else int(entry.name))
+        if fields[0] not in ("Z", "X") and sid in (-1, int(fields[3])):
+            members.append((int(name), fields[0]) if with_state else int(name))
     return members
 
 
