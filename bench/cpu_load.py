@@ -8,7 +8,7 @@ are flagged no_custom_kernel besides), the median and
 range of x eager and of the time a call; then the loaded median time over the idle one. One JSON line
 per evaluation goes to stderr. Its latest figures: docs/validation.md ("The honest references").
 With --record, the self-loading forger (tests/redteam/load_launder.py) is judged too, and each
-evaluation's Measured and Outcome (pipeline.judge.judge.decide) go to FILE as a JSON line: the
+evaluation's Measured and Decision (pipeline.judge.decide) go to FILE as a JSON line: the
 recorded table tests/test_decide.py reads (fixtures/decide/recorded.jsonl).
 """
 
@@ -90,9 +90,9 @@ def main() -> None:
         real = evaluate.decide
 
         def decide(m):  # the judge's own rule, its argument and answer kept
-            outcome, again = real(m)
-            decided.append((m, outcome, again))
-            return outcome, again
+            decision = real(m)
+            decided.append((m, decision))
+            return decision
         evaluate.decide = decide
     settings = R.SETTINGS
     work = Path(tempfile.mkdtemp(prefix="kgen-cpuload-"))
@@ -114,10 +114,10 @@ def main() -> None:
                         got[load].append(r)
                         if args.record:
                             with args.record.open("a") as f:
-                                for m, outcome, again in decided:
+                                for m, decision in decided:
                                     f.write(json.dumps({"device": "cpu", "candidate": label, "load": load,
                                                         "measured": m.model_dump(mode="json"),
-                                                        "outcome": outcome.model_dump(mode="json"), "again": again}) + "\n")
+                                                        "decision": decision.model_dump(mode="json")}) + "\n")
                         print(json.dumps({"candidate": label, "load": load, "verdict": r.verdict.value,
                                           "time_ms": r.time_ms, "x_eager": r.speedup_eager, "unfit": r.device_unfit,
                                           "trusted": r.trusted, "error": (r.error or "")[:200]}), file=sys.stderr, flush=True)

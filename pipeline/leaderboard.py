@@ -39,7 +39,7 @@ def rank_key(row: dict[str, Any]) -> tuple:
     attempt id.
 
     Why the ratio and not the lowest time: two attempts' times come from two evaluations that may
-    have run under different load (on a busy 2-core box eager's own time moves 2-3x between runs),
+    have run under different load (on a busy box eager's own time moves severalfold between runs),
     while a ratio's two sides were timed interleaved, in one evaluation. Across sizes or devices the
     ratio is also the only comparable number, which the library and the export need. They take the
     best kernel that is also verified faster than eager (`faster`) with its files intact.

@@ -249,8 +249,8 @@ class EvalResult(Record):
     `speedup_compile` divides (where the task's baseline compiled)."""
     eager_ratio: Ratio | None = None
     """Eager's time over the candidate's, pair by pair: what `speedup_eager` reports. A machine whose
-    speed drifts (the 2-core CI box read the same calls at 0.8 and 1.5 ms in one attempt) moves both
-    blocks of a pair alike, while a ratio of the two medians may take them from different moments."""
+    speed drifts within an attempt moves both blocks of a pair alike, while a ratio of the two
+    medians may take them from different moments."""
     compiled_ratio: Ratio | None = None
     """torch.compile's time over the candidate's, pair by pair: what `speedup_compile` reports."""
     baselines: Baselines | None = None

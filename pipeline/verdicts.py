@@ -1,5 +1,5 @@
 """The judge's verdict: its outcomes (Verdict), its marks (Flag), what may be read of its figure
-(Standing), and the record that holds all of them (Outcome), which pipeline.judge.judge.decide returns.
+(Standing), and the record that holds all of them (Outcome), which pipeline.judge.decide.decide returns.
 Nothing here imports the rest of the package (pipeline.records re-exports every name).
 """
 

@@ -1,4 +1,4 @@
-"""Measure, then decide (pipeline.judge.judge.decide): a pure rule, tested as a table.
+"""Measure, then decide (pipeline.judge.decide): a pure rule, tested as a table.
 
 fixtures/decide/recorded.jsonl holds what real evaluations ended with: on the 2-core cpu box, idle and
 beside two busy loops (bench/cpu_load.py --record: the honest fused mse, torch's mse with its clock
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.judge.judge import Measured, decide
+from pipeline.judge.decide import Again, Clock, Decision, Measured, decide
+from pipeline.policy import POLICY
 from pipeline.records import EvalResult, Flag, Outcome, Standing, Verdict
 
 pytestmark = pytest.mark.fast
@@ -26,7 +27,7 @@ RECORDED = [json.loads(line) for line in
 
 @pytest.mark.parametrize("row", RECORDED, ids=[f"{r['device'][:4]}-{r['load']}-{i}" for i, r in enumerate(RECORDED)])
 def test_each_recorded_measurement_gets_the_outcome_it_got(row):
-    assert decide(Measured(**row["measured"])) == (Outcome(**row["outcome"]), row["again"])
+    assert decide(Measured(**row["measured"])) == Decision(**row["decision"])
 
 
 def test_the_recorded_table_covers_cpu_and_gpu_idle_and_loaded_honest_and_forged():
@@ -38,21 +39,26 @@ def test_the_recorded_table_covers_cpu_and_gpu_idle_and_loaded_honest_and_forged
 def test_an_honest_kernel_keeps_its_figure_idle_and_beside_busy_loops():
     honest = [r for r in RECORDED if r["candidate"] in ("honest_fast_mse", "mse", "hinge")]
     assert {r["load"] for r in honest} == {"idle", "loaded"}
-    assert all(decide(Measured(**r["measured"]))[0].standing is Standing.kept for r in honest)
+    assert all(decide(Measured(**r["measured"])).outcome.standing is Standing.kept for r in honest)
 
 
-def test_a_forger_that_loads_the_box_itself_gets_no_figure():
+def test_a_forger_that_loads_the_box_itself_gets_no_figure_while_its_load_is_over_the_line():
+    """Its own spinners put 52-64% of its windows in run-queue waits: at the policy's line or over it the
+    timing is no figure and it is judged again afresh; under it the figure is its own (the parent's
+    clock: 0.79-0.82x eager when that happened, no faster than torch's mse, bench/cpu_load.py)."""
     launder = [r for r in RECORDED if r["candidate"].startswith("load_launder")]
-    assert launder
+    assert sum(r["measured"]["clock"]["load_share"] >= POLICY.loaded_share for r in launder) >= len(launder) // 2
     for r in launder:
-        outcome, again = decide(Measured(**r["measured"]))
-        assert outcome.standing is Standing.unfit and outcome.why.startswith("the cpu was loaded") and not again
+        d = decide(Measured(**r["measured"]))
+        over = r["measured"]["clock"]["load_share"] >= POLICY.loaded_share
+        assert (d.outcome.standing is Standing.unfit, d.again is Again.fresh, d.figure) == (over, over, not over)
+        assert not over or d.outcome.why.startswith("the cpu was loaded")
 
 
 def test_a_refusal_on_the_parents_clock_alone_is_judged_again_and_a_floor_refusal_is_not():
-    refused = {r["candidate"]: decide(Measured(**r["measured"]))[1] for r in RECORDED
+    refused = {r["candidate"]: decide(Measured(**r["measured"])).again for r in RECORDED
                if r["measured"]["verdict"] == "impossible_timing"}
-    assert sorted(refused.values()) == [False, True]
+    assert sorted(refused.values()) == [Again.no, Again.pooled]
 
 
 ROOM = dict(verdict=Verdict.correct, findings=[Flag.no_custom_kernel], missing=[])
@@ -72,8 +78,9 @@ ROOM = dict(verdict=Verdict.correct, findings=[Flag.no_custom_kernel], missing=[
     ({"missing": ["seccomp"], "left": "pid 1"}, Standing.untrusted, "confinement below what the config requires: no seccomp"),
 ])
 def test_the_rules_no_recorded_run_reached(facts, standing, why):
-    outcome, again = decide(Measured(**(ROOM | facts)))
-    assert (outcome.standing, outcome.why, again) == (standing, why, False)
+    d = decide(Measured(**(ROOM | facts)))
+    outcome = d.outcome
+    assert (outcome.standing, outcome.why, d.again, d.figure) == (standing, why, Again.no, "unfit" not in facts)
     assert outcome.verdict is facts.get("verdict", Verdict.correct) and outcome.findings == [Flag.no_custom_kernel]
 
 
@@ -104,6 +111,48 @@ def test_processes_seen_left_by_the_room_are_named_by_pid():
     """What evaluate passes for the room's leftovers (sandbox.Child.left: pids), as decide reads it."""
     from pipeline.judge.evaluate import _pids
 
-    outcome, _ = decide(Measured(**(ROOM | {"left": _pids([24128, 24130])})))
+    outcome = decide(Measured(**(ROOM | {"left": _pids([24128, 24130])}))).outcome
     assert outcome.why == "processes of the attempt outlived it: pid 24128, pid 24130"
-    assert _pids([]) is None and decide(Measured(**(ROOM | {"left": _pids([])})))[0].standing is Standing.kept
+    assert _pids([]) is None and decide(Measured(**(ROOM | {"left": _pids([])}))).outcome.standing is Standing.kept
+
+
+FLOORED = dict(floor_ms=0.5, input_bytes=8_000_000, bandwidth_gbs=16.0, floor_slack=0.85)
+
+
+@pytest.mark.parametrize("facts, clock, verdict, standing, why, again", [
+    # the bandwidth floor x its slack: 0.4 ms for 8 MB is under 0.425, impossible; 0.43 is not
+    ({}, dict(ms=0.4, **FLOORED), Verdict.impossible_timing, Standing.kept, None, Again.no),
+    ({}, dict(ms=0.43, **FLOORED), Verdict.correct, Standing.kept, None, Again.no),
+    # the compute floor, where it is checked (the bench leaves it out of the clock where it is off)
+    ({}, dict(ms=0.43, compute_floor_ms=1.0, flops=10**9, flops_per_s=10**12, **FLOORED), Verdict.impossible_timing,
+     Standing.kept, None, Again.no),
+    # a GPU's refusal on the parent's clock alone is judged again, unless the floor refuses it anyway
+    ({"verdict": Verdict.impossible_timing, "clock_alone": True}, dict(ms=0.6, **FLOORED), Verdict.impossible_timing,
+     Standing.kept, None, Again.pooled),
+    ({"verdict": Verdict.impossible_timing, "clock_alone": True}, dict(ms=0.1, **FLOORED), Verdict.impossible_timing,
+     Standing.kept, None, Again.no),
+    # half the requests no longer than a null request: no figure, before any floor; not the load's retry
+    ({}, dict(ms=0.0, requests=8, empty=4, **FLOORED), Verdict.correct, Standing.unfit,
+     "the calls are too short to time on this cpu: 4 of 8 Bound requests took no longer than a null request", Again.no),
+    # the load's share at the policy's line: no figure, judged afresh; just under it the figure stands
+    ({}, dict(ms=1.0, requests=8, load_share=0.6), Verdict.correct, Standing.unfit,
+     "the cpu was loaded: 60% of the timed windows went to run-queue waits (other processes, or the candidate's own threads)",
+     Again.fresh),
+    ({}, dict(ms=1.0, requests=8, load_share=0.599), Verdict.correct, Standing.kept, None, Again.no),
+    # an unfit device says so first, and is not the load's retry (a resume re-times it)
+    ({"unfit": "a 1 ms hold took 1.9 ms"}, dict(ms=1.0, requests=8, load_share=0.9), Verdict.correct, Standing.unfit,
+     "a 1 ms hold took 1.9 ms", Again.no),
+    # a wrong answer's time decides nothing
+    ({"verdict": Verdict.mismatch}, dict(ms=0.1, **FLOORED), Verdict.mismatch, Standing.kept, None, Again.no),
+    # a room below the config: untrusted, and the clock's unfit said beside it
+    ({"missing": ["seccomp"]}, dict(ms=1.0, requests=8, load_share=0.7), Verdict.correct, Standing.untrusted,
+     "confinement below what the config requires: no seccomp; not timed: the cpu was loaded: 70% of the timed windows "
+     "went to run-queue waits (other processes, or the candidate's own threads)", Again.no),
+])
+def test_the_clock_rules(facts, clock, verdict, standing, why, again):
+    d = decide(Measured(**(ROOM | facts | {"clock": Clock(**clock)})))
+    assert (d.outcome.verdict, d.outcome.standing, d.outcome.why, d.again) == (verdict, standing, why, again)
+    refused_here = verdict is Verdict.impossible_timing and again is Again.no
+    assert (d.error or "").startswith("median ") == refused_here, d.error
+    assert d.figure == (why is None or (standing is Standing.untrusted and "not timed" not in why))
+    assert d.outcome.findings == ([] if d.error else [Flag.no_custom_kernel])

@@ -103,14 +103,14 @@ def test_an_inbox_refuses_a_set_of_another_size():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback where page-locking is refused")
 def test_an_outbox_that_cannot_be_page_locked_still_carries_outputs():
-    """Outbox.pin on a machine without CUDA: refused, nothing pinned, and put/unpack work as before."""
+    """Outbox.pin on a machine without CUDA: refused, nothing pinned, and put and the parent's reader work as before."""
     fd = memfd.Outbox.create(1 << 16)
     try:
         child, parent = memfd.Outbox(fd, 1000, 2), memfd.Outbox(fd, 1000, 2)
         assert child.pin() is False and child._pinned is None
         x = torch.randn(5, 3)
         header = P.put(child, 0, x)
-        assert (memfd.unpack(parent, 0, header.packed, [x.numel()]) == x.reshape(-1).double().numpy()).all()
+        assert (judge.Slot.of(parent, 0, header.packed, [x.numel()]).chunk(0, x.numel()) == x.reshape(-1).double().numpy()).all()
         child.close()
         parent.close()
     finally:
@@ -148,30 +148,30 @@ def test_the_estimate_is_the_fastest_request_over_a_robust_calibration():
     estimate (less 0.25 ms) is refused; on the cpu it is its fastest request (its stalls came in runs)."""
     calibration = [Window(ms, 4) for ms in (7.8, 7.9, 7.7, 15.3, 7.3)]
     bounds = [Window(ms, 4) for ms in (13.6, 24.1, 22.6, 12.7, 13.0)]
-    on_gpu = clocks.parent_estimate(calibration, bounds, "cuda")
+    on_gpu = min(clocks.net_per_call(calibration, bounds, "cuda"))
     assert on_gpu == pytest.approx((12.7 - 7.8) / 4)
     assert clocks.check_estimate("cuda", 0.35, on_gpu)[0] is judge.Verdict.impossible_timing
     assert clocks.check_estimate("cuda", 0.4, on_gpu) is None
-    on_cpu = clocks.parent_estimate(calibration, bounds, "cpu")
+    on_cpu = min(clocks.net_per_call(calibration, bounds, "cpu"))
     assert on_cpu == pytest.approx((12.7 - 7.3) / 4)
     stalled = [Window(ms, 4) for ms in (7.8, 14.9, 15.3, 15.1, 7.3)]  # three of five, as seen in gradient mode
-    assert clocks.parent_estimate(stalled, bounds, "cpu") == on_cpu
+    assert min(clocks.net_per_call(stalled, bounds, "cpu")) == on_cpu
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
 def test_an_output_travels_in_its_own_dtype_and_the_parent_widens_it(dtype):
     """put() writes a tensor's own bytes (no widening inside the child's timed windows); the parent's
-    unpack() gives exactly its float64 values, and refuses a dtype it does not know."""
+    reader (judge.Slot) gives exactly its float64 values, and refuses a dtype it does not know."""
     fd = memfd.Outbox.create(1 << 16)
     try:
         child, parent = memfd.Outbox(fd, 1000, 2), memfd.Outbox(fd, 1000, 2)
         x = (torch.randn(7, 9) * 100).to(dtype)
         header = P.put(child, 1, x)
         assert header.written and header.packed == [str(dtype).removeprefix("torch.")]
-        got = memfd.unpack(parent, 1, header.packed, [x.numel()])
+        got = judge.Slot.of(parent, 1, header.packed, [x.numel()]).chunk(0, x.numel())
         assert got.dtype.name == "float64" and (got == x.reshape(-1).double().numpy()).all()
-        assert memfd.unpack(parent, 1, ["complex128"], [x.numel()]) is None
-        assert memfd.unpack(parent, 1, header.packed, [10 ** 6]) is None  # more than the slot holds
+        assert judge.Slot.of(parent, 1, ["complex128"], [x.numel()]) is None
+        assert judge.Slot.of(parent, 1, header.packed, [10 ** 6]) is None  # more than the slot holds
     finally:
         os.close(fd)
 
@@ -186,7 +186,7 @@ def test_gradients_follow_the_output_part_by_part():
         grads = [torch.randn(3, 5).bfloat16(), torch.randn(4)]
         header = P.put(child, 0, Grads(out, grads, ["input 0", "input 1"]))
         assert header.packed == ["bfloat16", "bfloat16", "float32"] and header.grads == [[3, 5], [4]]
-        got = memfd.unpack(parent, 0, header.packed, [1, 15, 4])
+        got = judge.Slot.of(parent, 0, header.packed, [1, 15, 4]).chunk(0, 20)
         want = torch.cat([out.reshape(-1).double(), grads[0].reshape(-1).double(), grads[1].double()]).numpy()
         assert (got == want).all()
     finally:
@@ -273,7 +273,7 @@ def test_load_is_taken_out_of_both_sides_and_never_below_the_child_s_work():
 
     calibration = [Window(0.9, 1, Load(cpu_ms=0.8, wait_ms=0.0)), Window(5.0, 1, Load(cpu_ms=0.8, wait_ms=4.2))]
     bounds = [Window(6.0, 1, Load(cpu_ms=2.9, wait_ms=3.1))]  # every request stalled: 3 ms of work
-    assert clocks.parent_estimate(calibration, bounds, "cpu") == pytest.approx(2.9 - 0.8)
+    assert min(clocks.net_per_call(calibration, bounds, "cpu")) == pytest.approx(2.9 - 0.8)
     assert clocks.net_per_call(calibration, bounds * 2, "cpu") == [pytest.approx(2.9 - 0.8)] * 2
     # a thread made to wait by the candidate's own spinner: the cpu time still counts
     assert clocks.unloaded_ms(Window(4.0, 1, Load(cpu_ms=4.0, wait_ms=3.9))) == pytest.approx(4.0)
@@ -350,18 +350,23 @@ def test_a_second_evaluation_decides_on_both_evaluations_evidence():
 
 
 def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():
-    """pipeline.judge.clocks.loaded: run-queue waits took more than POLICY.loaded_share of the windows: the timing
-    is unfit (kept out of `best`, re-timed by a resume). Idle, or on a GPU, it stands."""
+    """decide: run-queue waits took more than POLICY.loaded_share of the windows: the timing is unfit
+    (no figure, judged again afresh, re-timed by a resume). Idle, or on a GPU (no share), it stands."""
     from pipeline.judge.clocks import Load
+    from pipeline.judge.decide import Again, Clock, Measured, decide
 
     idle = [Window(2.0, 1, Load(cpu_ms=2.0, wait_ms=0.05)), Window(8.0, 4, Load(cpu_ms=8.0, wait_ms=0.1))]
     busy = [Window(2.0, 1, Load(cpu_ms=0.9, wait_ms=1.1)), Window(8.0, 4, Load(cpu_ms=2.0, wait_ms=6.0))]
     assert clocks.load_share(idle) == pytest.approx(0.015)
     assert clocks.load_share(busy) == pytest.approx(0.71)
     assert clocks.load_share([Window(1.0, 1)]) == 0.0  # no account (GPU windows): nothing waited
-    assert clocks.loaded(clocks.Evidence([2.0], [0.5], clocks.load_share(idle)), "cpu") is None
-    assert clocks.loaded(clocks.Evidence([2.0], [0.5], clocks.load_share(busy)), "cuda:0") is None
-    assert clocks.loaded(clocks.Evidence([2.0], [0.5], clocks.load_share(busy)), "cpu").startswith("the cpu was loaded: 71%")
+
+    def decided(share):
+        return decide(Measured(verdict=judge.Verdict.correct, missing=[], clock=Clock(ms=2.0, requests=2, load_share=share)))
+
+    assert decided(clocks.load_share(idle)).figure and decided(None).figure
+    loaded = decided(clocks.load_share(busy))
+    assert not loaded.figure and loaded.again is Again.fresh and loaded.outcome.why.startswith("the cpu was loaded: 71%")
 
 
 def test_an_output_compared_in_pieces_is_judged_as_in_one(monkeypatch):

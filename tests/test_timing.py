@@ -333,7 +333,7 @@ def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parent
     and 2 of 4 first evaluations here. Between calls the outputs are now copied with the
     least Python, the inbox's views are kept, and the window ends before the parent parses the
     reply (1.03-1.13 idle; docs/decisions/cpu-timing.md). Beside other load the share of waits marks
-    the timing unfit instead of refusing it (clocks.loaded)."""
+    the timing unfit instead of refusing it (pipeline.judge.decide)."""
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=16)
     bench = prepare(task, {"batch_size": 64, "input_shape": (64,)}, "cpu", settings)
     try:
@@ -358,17 +358,21 @@ LOST = [1.62, 1.64, 1.60, 2.9, 1.63, 3.1, 1.58, 1.64, 2.2, 1.61, 1.7, 1.63]
 
 @pytest.mark.parametrize("bounds, figure", [(MEASURED, True), (LOST, False)])
 def test_calls_lost_in_the_protocol_s_noise_get_no_figure_not_a_refusal(bounds, figure):
-    """clocks.unmeasured: where half or more of the Bound requests took no longer than the fastest
-    null request, the median net is 0, which says nothing of the calls: the timing is unfit (no
-    figure, re-timed later), not impossible. Where they took longer, the figure stands."""
+    """decide: where half or more of the Bound requests took no longer than the fastest null
+    request, the median net is 0, which says nothing of the calls: the timing is unfit (no figure,
+    re-timed later), not impossible. Where they took longer, the figure stands."""
+    from pipeline.judge.decide import Again, Clock, Measured, decide
+
     per_call = clocks.net_per_call([clocks.Window(ms, 128) for ms in NULLS],
                                    [clocks.Window(ms, 128) for ms in bounds], "cpu")
-    why = clocks.unmeasured(per_call)
+    clock = Clock(ms=statistics.median(per_call), requests=len(per_call), empty=sum(x <= 0 for x in per_call),
+                  load_share=0.0, floor_ms=0.001)
+    d = decide(Measured(verdict=Verdict.correct, missing=[], clock=clock))
     if figure:
-        assert why is None and statistics.median(per_call) > 0.008, per_call  # 9.8-12 us a call
+        assert d.figure and d.outcome.why is None and clock.ms > 0.008, per_call  # 9.8-12 us a call
     else:
-        assert statistics.median(per_call) == 0 and why and "8 of 12 Bound requests" in why, (per_call, why)
-        assert not clocks.load_unfit(why)  # not the load's mark: a resume re-times it, no retry now
+        assert clock.ms == 0 and not d.figure and "8 of 12 Bound requests" in d.outcome.why, (per_call, d)
+        assert d.outcome.verdict is Verdict.correct and d.again is Again.no  # not the load: a resume re-times it
 
 
 def test_a_clock_forged_to_half_at_microseconds_gains_nothing_on_the_cpu(tmp_path):
@@ -477,6 +481,8 @@ def test_a_compute_bound_task_has_a_compute_floor_and_a_forged_clock_gains_nothi
     do: such a time is below the compute floor. The honest matmul is correct, not held below its own
     floor, and a clock forged to a fiftieth is timed as it is (the parent's clock is the cpu's only
     one). With evaluation.compute_floor off, the floor refuses nothing."""
+    from pipeline.judge.decide import below_floor
+
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "matmul.py").write_text(_MATMUL_TASK)
     task = tasks.discover(tmp_path / "tasks", ["matmul"])[0]
@@ -499,11 +505,11 @@ def test_a_compute_bound_task_has_a_compute_floor_and_a_forged_clock_gains_nothi
         # A median between the two floors is refused by the compute floor (a box's bandwidth floor may be
         # above the forged claim too, and it is checked first: 0.071 ms at 30 GB/s on one 2-core box).
         between = (b.floor_ms + b.compute_floor_ms) / 2
-        assert "below the compute floor" in (bench.below_floor(between) or ""), (between, b)
+        assert "below the compute floor" in (below_floor(bench.clock(between)) or ""), (between, b)
         right = evaluate.evaluate(bench, honest, tmp_path / "build", settings)
         forged_result = evaluate.evaluate(bench, code, tmp_path / "build", settings)
         bench.settings = settings.model_copy(update={"compute_floor": False})
-        assert bench.below_floor(between) is None, b  # off: the bandwidth floor alone, below `between`
+        assert below_floor(bench.clock(between)) is None, b  # off: the bandwidth floor alone, below `between`
     finally:
         bench.close()
     assert right.verdict is Verdict.correct, right.error

@@ -1,7 +1,7 @@
 """The memfd between the parent and a candidate's child: the outbox (output values, child to parent)
 and the inbox (a Bound request's input values on the cpu, parent to child); how the child copies an
 output into its slot (copy_out, and copy_quick between the cpu's Bound calls) and the dtypes the
-parent reads back (PACKED_DTYPES, unpack).
+parent reads back (PACKED_DTYPES: pipeline.judge.judge.Slot).
 
 The parent creates the memfd and seals its size; both sides map it.
 """
@@ -134,22 +134,6 @@ class Outbox:
             at += n
         del view
         return True
-
-    def read(self, slot: int, count: int):
-        """Parent side: a private copy of `count` float64 values of `slot`."""
-        import numpy as np
-
-        return self.read_bytes(slot, count * 8).view(np.float64)
-
-    def read_bytes(self, slot: int, count: int):
-        """Parent side: a private copy of the first `count` bytes of `slot` (uint8)."""
-        import numpy as np
-
-        count = max(0, min(count, self.slot_values * 8))
-        view = np.frombuffer(self.map, dtype=np.uint8, count=count, offset=slot * self.slot_values * 8)
-        copy = view.copy()
-        del view
-        return copy
 
     def discard(self, first: int = 0, count: int | None = None) -> bool:
         """Parent side, on the cpu: give back the memory of slots `first` to `first + count` (all
@@ -391,24 +375,3 @@ def copy_out(outbox: Outbox, slot: int, obj: Any) -> dict[str, Any]:
 
 # The dtypes a part may be written in (protocol.put) and the parent decodes: anything else is refused.
 PACKED_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
-
-
-def unpack(outbox: Outbox, slot: int, dtypes: list[str], counts: list[int]):
-    """Parent side: a private copy of a slot's values, widened to float64 part by part from the
-    dtypes the header names; None when a dtype is not one of PACKED_DTYPES or the parts do not fit."""
-    import numpy as np
-    import torch
-
-    if len(dtypes) != len(counts) or any(d not in PACKED_DTYPES for d in dtypes):
-        return None
-    sizes = [count * torch.empty((), dtype=getattr(torch, d)).element_size() for d, count in zip(dtypes, counts)]
-    if sum(sizes) > outbox.slot_values * 8:
-        return None
-    raw = outbox.read_bytes(slot, sum(sizes))
-    out, at = [], 0
-    for dtype, size in zip(dtypes, sizes):
-        torch_dtype = getattr(torch, dtype)
-        part = torch.from_numpy(raw[at:at + size]).view(torch_dtype) if size else torch.empty(0, dtype=torch_dtype)
-        out.append(part.to(torch.float64).numpy())
-        at += size
-    return np.concatenate(out) if out else np.empty(0)

@@ -58,7 +58,7 @@ class Clock:
     def __init__(self, device: str):
         # Bind the methods onto the instance now: a candidate that later rebinds Clock.time_call on
         # the class changes nothing this instance calls.
-        for name in ("sync", "flush", "now_ns", "time_call", "block_ms"):
+        for name in ("sync", "flush", "time_call", "block_ms"):
             setattr(self, name, getattr(self, name))
         self.device = device
         self.cuda = device.startswith("cuda")
@@ -84,9 +84,6 @@ class Clock:
             self._reset_l2()
         self._flush_buf.fill_(1.0)
         self.sync()
-
-    def now_ns(self) -> int:
-        return self._ns()
 
     def time_call(self, fn: Callable[[], Any]) -> tuple[float, Any]:
         """Milliseconds of one call measured until the device is idle, and its result."""
@@ -301,8 +298,8 @@ def measure_bandwidth(device: str, clock: Clock | None = None, nbytes: int | Non
     from a flushed L2. On the cpu nothing is flushed (a call runs on the inputs its block just
     wrote), so the floor is measured where the data sits: with `nbytes` (the task's input bytes), a
     buffer of that size, warm, and the fastest of many repeats, with the threads the caller times
-    with. A 256 MB copy (10 GB/s on the 2-core box) put mse's 8.4 MB floor at 0.80 ms, and an honest
-    fused mse at 0.65 ms, torch.compile too, was refused as impossible_timing."""
+    with: a large buffer's copy reads the bandwidth of memory, not of the caches an honest kernel's
+    inputs sit in, and its floor refused honest kernels (docs/decisions/cpu-timing.md)."""
     clock = clock or Clock(device)
     cached = not clock.cuda and nbytes is not None
     numel = (1 << 30) // 4 if clock.cuda else (256 << 20) // 4
@@ -325,9 +322,8 @@ def measure_bandwidth(device: str, clock: Clock | None = None, nbytes: int | Non
         reads.append(numel * 4 / (ms / 1e3) / 1e9)
 
     # On a GPU each call starts from a flushed L2, so they alternate. On the cpu the reads come after
-    # all the copies, back to back: a read right after a copy wrote back the copy's dirty lines, and
-    # mse's 8.4 MB floor read 0.11-0.125 ms against 0.088 for a plain warm read of the same bytes on
-    # the 2-core box, which an honest kernel may match.
+    # all the copies, back to back: a read right after a copy pays for writing back the copy's dirty
+    # lines, which an honest kernel's warm read does not.
     for _ in range(rounds):
         copy()
         if clock.cuda:

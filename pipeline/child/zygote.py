@@ -9,7 +9,7 @@ descriptors attached) is forked into a process that takes the request's descript
 working folder and environment; a candidate's then enters the jail (pipeline/child/jail/jail.py:
 cgroups, namespaces, mounts, limits, Landlock, uid, seccomp, each set on a process of one thread
 before any candidate code runs), and the request's module is run as `python -m` would run it. What
-it saves: `import torch`, 1.7-2.9 s of a 2-core box's cpu a child. Forking a process that has
+it saves: `import torch` in every child (docs/decisions/spares-and-startup.md). Forking a process that has
 imported torch (and initialised no device) is what torch's DataLoader workers and multiprocessing's
 forkserver with preloads do. The candidates' zygote imports nothing of the parent's side; kgen's
 trusted side has a zygote of its own for the reference process, which also imports MODULE.

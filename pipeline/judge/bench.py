@@ -27,6 +27,7 @@ from ..config import EvalConfig, cache_root
 from ..policy import POLICY
 from ..records import Baselines, EvalResult, Verdict
 from . import health, refproto as R
+from .decide import Clock
 from .judge import Expected, mapped
 
 
@@ -224,23 +225,18 @@ class TaskBench:
         self.baselines = b
         return b
 
-    def below_floor(self, median: float, env: dict[str, str] | None = None) -> str | None:
-        """Why a median time is impossible: below the bandwidth floor, or the compute floor (where
-        EvalConfig.compute_floor is on), x floor_slack, as the bench had it and as measured again now
-        (floor_now). None when it is not below both."""
+    def clock(self, ms: float, env: dict[str, str] | None = None, **measured) -> Clock:
+        """The parent's time of a call, with the floors it is held against (decide.below_floor): the
+        bench's, and where `ms` is below one of them x floor_slack, the lower of those and the floors
+        measured again now (floor_now)."""
         slack, b = self.settings.floor_slack, self.baselines
-        compute = b.compute_floor_ms if b and self.settings.compute_floor else None
-        if not b or median >= max(b.floor_ms or 0, compute or 0) * slack:
-            return None
-        b = self.floor_now(env)
-        if b.floor_ms and median < b.floor_ms * slack:
-            return (f"median {median:.4g} ms is below the bandwidth floor {b.floor_ms:.4g} ms ({b.input_bytes / 1e6:.1f} MB "
-                    f"at {b.bandwidth_gbs:.0f} GB/s): the input cannot have been read")
-        if self.settings.compute_floor and b.compute_floor_ms and median < b.compute_floor_ms * slack:
-            return (f"median {median:.4g} ms is below the compute floor {b.compute_floor_ms:.4g} ms ({b.flops / 1e9:.3g} "
-                    f"GFLOP at the device's best measured {b.flops_per_s / 1e12:.3g} TFLOP/s): the reference's "
-                    f"arithmetic cannot have been done (evaluation.compute_floor: false for a task whose algebra skips it)")
-        return None
+        if b is None:
+            return Clock(ms=ms, floor_slack=slack, **measured)
+        if ms < max(b.floor_ms or 0, (b.compute_floor_ms if self.settings.compute_floor else None) or 0) * slack:
+            b = self.floor_now(env)
+        compute = dict(compute_floor_ms=b.compute_floor_ms, flops=b.flops, flops_per_s=b.flops_per_s)
+        return Clock(ms=ms, floor_ms=b.floor_ms, input_bytes=b.input_bytes, bandwidth_gbs=b.bandwidth_gbs,
+                     floor_slack=slack, **(compute if self.settings.compute_floor else {}), **measured)
 
     def expect(self, init_seed: int, specs: dict[str, dict[str, Any]],
                env: dict[str, str] | None = None) -> tuple[dict[str, Expected], dict[str, int]]:

@@ -108,9 +108,8 @@ class Window:
 def unloaded_ms(window: Window, threads: int = 1) -> float:
     """The window less what other processes took of it (cpu): its milliseconds less the run-queue
     wait of the child's busiest thread and the parent's, but never below the child's time on a cpu
-    over the `threads` cores it is held to (pipeline.sandbox.cpu_cores). On a busy 2-core box the
-    child's clock counted the time others had its core, the parent's fastest request did not (a
-    clock forged to 30% read 0.6 of the estimate, judged correct). No candidate lowers this below its
+    over the `threads` cores it is held to (pipeline.sandbox.cpu_cores), so that the time others had
+    the child's cores counts on neither side of a speedup. No candidate lowers this below its
     work: a wait is time it did not run, and work split over threads is inside their cpu time over
     the cores; a thread that exits in the window takes its wait with it (nothing subtracted)."""
     if window.load is None:
@@ -136,26 +135,12 @@ def unloaded_block(times: list[list[float]], block: Window, threads: int) -> lis
     return [[t * min(1.0, share) for t in side] for side in times]
 
 
-def parent_estimate(calibration: list[Window], bounds: list[Window], device: str = "cuda") -> float | None:
-    """Per-call milliseconds from the parent's own clock: the fastest Bound request less the median
-    null-model request of the same size (on the cpu, the fastest), per call.
-
-    The fastest, not the median: a machine's stalls only ever add time (on the 2-core CI box about one
-    Bound request in three took 8-16 ms longer than the rest, enough to put an honest kernel's median
-    below the bound), while a candidate cannot make any request faster than the work it must do in
-    it: to shorten one it would have to skip calls, and each request has one call, chosen in secret,
-    whose output is checked in full. The median calibration is robust to a stalled null request
-    (seen: 15.3 ms among 7.3-7.9). On the cpu it is the fastest too: in gradient mode half its requests
-    stalled 1.5-2 ms, and the median let a forged clock through once in five."""
-    per_call = net_per_call(calibration, bounds, device)
-    return min(per_call) if per_call else None
-
-
 def net_per_call(calibration: list[Window], bounds: list[Window], device: str = "cuda", threads: int = 1) -> list[float]:
-    """Each Bound request's milliseconds a call less the calibration's (parent_estimate). On the cpu
-    both less what other processes took of them (unloaded_ms): a loaded box once stalled every null
-    request, the calibration came out high, the estimate low, and the red team's forged clock
-    claiming 30% of its time was judged correct."""
+    """Each Bound request's milliseconds a call less the calibration's: its median null request on a
+    GPU (robust to a stalled one), its fastest on the cpu, and there both less what other processes
+    took of them (unloaded_ms). A machine's stalls only ever add time, while no candidate makes a
+    request faster than the work it must do in it (each holds a call, chosen in secret, checked in
+    full); so a GPU's bound is the fastest request (pooled), and the cpu's figure the median."""
     if not calibration or not bounds:
         return []
     if device == "cpu":
@@ -216,31 +201,6 @@ def load_share(windows: list[Window]) -> float:
     return min(1.0, waited / total) if total > 0 else 0.0
 
 
-def load_unfit(reason: str | None) -> bool:
-    """Whether a result's unfit mark is this module's (`loaded`): a cpu too loaded to time on."""
-    return bool(reason) and reason.startswith("the cpu was loaded")
-
-
-def unmeasured(per_call: list[float]) -> str | None:
-    """Why a cpu timing says nothing of its calls: half or more of its Bound requests took no longer
-    than the calibration's fastest null request (net 0), so its median is 0. That is the protocol's
-    noise around calls of a few microseconds (docs/decisions/cpu-timing.md), not a time the calls
-    could have: no figure, rather than a refusal as impossible. Else None."""
-    empty = sum(x <= 0 for x in per_call)
-    if not per_call or 2 * empty < len(per_call):
-        return None
-    return (f"the calls are too short to time on this cpu: {empty} of {len(per_call)} Bound requests "
-            f"took no longer than a null request")
-
-
-def loaded(evidence: Evidence, device: str) -> str | None:
-    """Why an evaluation's timing is unfit for the load on its cpu (POLICY.loaded_share); else None."""
-    if device != "cpu" or evidence.load_share < POLICY.loaded_share:
-        return None
-    return (f"the cpu was loaded: {evidence.load_share:.0%} of the timed windows went to run-queue waits "
-            f"(other processes, or the candidate's own threads)")
-
-
 def pooled(evidence: list[Evidence]) -> tuple[float | None, float | None]:
     """(the parent's estimate, the claim it is checked against) over every evaluation's evidence: the
     fastest Bound request of any (the median where every evaluation's requests were paired), and the
@@ -280,8 +240,9 @@ def check_estimate(device: str, median_ms: float, estimate: float | None,
     return None
 
 
-def summarize(times: list[float]) -> Timing:
-    return Timing(**summarize_blocks(times))
+def summarize(times: list[float], block: int | None = None) -> Timing:
+    """Median and quartiles of the means of `block` calls (METHOD.block where None)."""
+    return Timing(**(summarize_blocks(times, block) if block else summarize_blocks(times)))
 
 
 def pair_ratios(blocks: list[list[float]], reference: list[float]) -> Ratio | None:

@@ -43,11 +43,11 @@ class Kept:
 
 class CompilerWarmup:
     """torch.compile of a probe that is not the task's, run in a thread: a process's first compile
-    pays once for importing dynamo and inductor and starting their code generation (about 5 s on
-    the 2-core cpu box), and a `kgen eval` paid it inside its first compiled block. The probe touches
+    pays once for importing dynamo and inductor and starting their code generation, which would
+    otherwise fall inside its first compiled block. The probe touches
     neither the task's module nor torch's global random state (linspaces), so `expect` runs beside it
     unchanged; nothing is timed until it has ended (`settle`). `off_lane` (TaskBench.early): nothing
-    on the GPU, and no code generated (inductor's C++ for a cpu probe took 70 s beside a batch's
+    on the GPU, and no code generated (inductor's C++ for a cpu probe competes with a batch's
     builds): dynamo and AOTAutograd through aot_eager, and inductor's and Triton's imports."""
 
     def __init__(self, device: str, grad: bool, off_lane: bool = False):

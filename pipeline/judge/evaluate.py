@@ -34,9 +34,10 @@ from ..child.timing import METHOD
 from ..config import EvalConfig
 from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
-from . import clocks, health, owncode, refproto as R
+from . import health, owncode, refproto as R
 from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
-from .judge import NO_FIGURE, Expected, decide, measured
+from .decide import NO_FIGURE, Again, decide, measured
+from .judge import Expected
 from .session import Session
 from ..policy import POLICY
 
@@ -252,16 +253,16 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     first's refusal beside it (`Outcome.earlier`). On the cpu the parent's clock is the only one, and
     nothing is judged twice for it.
 
-    A correct result whose cpu was too loaded to time it (clocks.loaded: no figure) is judged again,
+    A correct result whose cpu was too loaded to time it (decide: no figure) is judged again,
     with a fresh child and a fresh draw, up to `settings.load_retries` times: load is waited out where
     it passes, and where it does not the result keeps its verdict and no figure."""
-    result = _evaluate_once(bench, code_path, build_dir, settings, env, spares, watch, draw)
+    result, again = _evaluate_once(bench, code_path, build_dir, settings, env, spares, watch, draw)
     spent = result.eval_seconds
     for _ in range(settings.load_retries):
-        if result.verdict is not Verdict.correct or not clocks.load_unfit(result.device_unfit):
+        if again is not Again.fresh:
             break
         earlier = result
-        result = _evaluate_once(bench, code_path, build_dir, settings, env, spares, watch, None)
+        result, again = _evaluate_once(bench, code_path, build_dir, settings, env, spares, watch, None)
         result = _earlier(result, result.outcome.earlier or earlier.outcome.earlier)
         spent += result.eval_seconds
     return result.model_copy(update={"eval_seconds": spent})
@@ -269,13 +270,13 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
 
 def _evaluate_once(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig,
                    env: dict[str, str] | None, spares: Spares | None, watch: health.Watch | None,
-                   draw: str | None) -> EvalResult:
+                   draw: str | None) -> tuple[EvalResult, Again]:
     first, again, evidence = _judge(bench, code_path, build_dir, settings, env, spares, watch, draw=draw)
-    if not again:
-        return first
-    second, _, _ = _judge(bench, code_path, build_dir, settings, env, spares, watch, prior=[evidence])
+    if again is not Again.pooled:
+        return first, again
+    second, again, _ = _judge(bench, code_path, build_dir, settings, env, spares, watch, prior=[evidence])
     second = _earlier(second, first.error if first.verdict is Verdict.impossible_timing else None)
-    return second.model_copy(update={"eval_seconds": first.eval_seconds + second.eval_seconds})
+    return second.model_copy(update={"eval_seconds": first.eval_seconds + second.eval_seconds}), again
 
 
 def _earlier(result: EvalResult, refusal: str | None) -> EvalResult:
@@ -314,10 +315,9 @@ def _whole(secrets: Secrets) -> bool:
 
 def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig, env: dict[str, str] | None,
            spares: Spares | None, watch: health.Watch | None,
-           prior: list | None = None, draw: str | None = None) -> tuple[EvalResult, bool, Any]:
-    """One evaluation, whether it is to be judged again (refused on the parent's clock alone, or a
-    doubted pass), and the evidence that clock check took (pipeline.judge.clocks.Evidence; `prior`: an
-    earlier evaluation's, pooled with it)."""
+           prior: list | None = None, draw: str | None = None) -> tuple[EvalResult, Again, Any]:
+    """One evaluation, whether it is to be judged again (decide.Again), and the evidence its clock
+    check took (pipeline.judge.clocks.Evidence; `prior`: an earlier evaluation's, pooled with it)."""
 
     started = time.monotonic()
     env = child_environment(bench.backend, env)
@@ -405,19 +405,20 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         mark = time.monotonic()
         unfit = watch.check(bench, lane_env)  # the device went bad while this attempt was timed
         before["health_after"] = round(time.monotonic() - mark, 3)
-    unfit = unfit or session.load_unfit or (bench.suspect and f"baselines measured while {bench.suspect}")
-    outcome, again = decide(measured(result, list(settings.required_confinement), left=_pids(left),
-                                     loose_bound=session.loose_bound, unfit=unfit or None,
-                                     clock_alone=session.clock_alone))
+    unfit = unfit or (bench.suspect and f"baselines measured while {bench.suspect}")
+    decision = decide(measured(result, list(settings.required_confinement), left=_pids(left),
+                               loose_bound=session.loose_bound, unfit=unfit or None, clock=session.clock,
+                               clock_alone=session.clock_alone))
     # no figure from a device unfit to time: the candidate's time, its ratios, eager's beside it
-    result = result.model_copy(update={"outcome": outcome, **(NO_FIGURE if unfit else {})})
+    result = result.model_copy(update={"outcome": decision.outcome, **({"error": decision.error} if decision.error else {}),
+                                       **(NO_FIGURE if not decision.figure else {})})
     ended = time.monotonic()
     return result.model_copy(update={
         "device": bench.env.get("device_name", ""), "torch_version": bench.env.get("torch_version", ""),
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,
         "grad": bench.settings.grad, "dtype": bench.settings.dtype, "own_code": own, "policy": POLICY.version,
         "eval_seconds": ended - started,
-        "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), again, session.evidence
+        "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), decision.again, session.evidence
 
 
 def stage(child: sandbox.Child, task_path: Path, code_path: Path, build_dir: Path) -> tuple[str, str, str]:

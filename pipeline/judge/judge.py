@@ -1,10 +1,9 @@
-"""The parent's judgement: output values against the float64 reference, and then, measure and decide,
-what an evaluation ended with (`Measured`) turned by a pure rule (`decide`) into its `Outcome`.
+"""The parent's comparison of output values against the float64 reference, which the session's
+checks make (what is decided from an evaluation's measurements: pipeline.judge.decide).
 
 Nothing here takes the child's word. Values are the candidate's outputs as the child wrote them into
 the outbox (copied out by the parent before its next request), compared element by element with the
-reference's full float64 output. Times are judged against the parent's own clock in
-pipeline.judge.clocks.
+reference's full float64 output.
 """
 
 from __future__ import annotations
@@ -13,13 +12,11 @@ import mmap
 import os
 from dataclasses import dataclass
 
-from pydantic import ConfigDict
-
 import numpy as np
 
 from ..child.memfd import PACKED_DTYPES
 from ..child.protocol import OutputHeader
-from ..records import EvalResult, Flag, Outcome, Record, Standing, TrialResult, Verdict
+from ..records import TrialResult, Verdict
 from ..policy import POLICY
 
 
@@ -336,73 +333,3 @@ def digest_ok(digest: float, want: float, scale: float, tol: float, dtype: str, 
     within their tolerances (as `compare` widens a checked call's) move it at most the widest x scale."""
     tol = max(parts.tolerances(tol, dtype)) if parts else tolerance_for(tol, dtype, None)
     return bool(np.isfinite(digest)) and abs(digest - want) <= (tol + POLICY.digest_sum_eps) * scale + 1e-30
-
-# ---- measure, then decide ----------------------------------------------------------------------
-# What the session measured decides the verdict itself (its trials against the expected values, its
-# times against the floors and the parent's bound: session, checks, clocks, each threshold in
-# pipeline.policy); `decide` decides what may be read of it: whether the figure stands
-# (Standing.kept), is kept out of `best` (untrusted) or is no figure at all (unfit), and whether the
-# evaluation is judged again. It reads nothing but its argument (tests/test_decide.py: a table).
-
-# Where the device was unfit to time: none of the figure is kept (EvalResult's fields).
-NO_FIGURE = {"timing": None, "eager_ratio": None, "compiled_ratio": None, "eager_beside": None,
-             "compiled_beside": None, "wall_ms_per_call": None}
-
-
-class Measured(Record):
-    """What one evaluation ended with, as `decide` reads it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    verdict: Verdict
-    """The session's verdict: its trials, then its times against the floors and the parent's bound."""
-    findings: list[Flag] = []
-    """Marks the parent found itself (pipeline.judge.owncode.flags_for)."""
-    claims: list[Flag] = []
-    """Marks raised on the child's own profile."""
-    missing: list[str] | None
-    """The confinement layers the config requires that the room did not hold; None: the child never
-    reported its confinement (it ended before it could)."""
-    left: str | None = None
-    """Processes of the attempt seen alive after it, from outside (by construction none)."""
-    loose_bound: str | None = None
-    """Why the parent's bound on the candidate's time was too loose to trust its figure."""
-    unfit: str | None = None
-    """Why the device was not fit to time it: the health check before or after, the cpu's load, or
-    baselines measured on an unfit device."""
-    clock_alone: bool = False
-    """The refusal rests on the parent's clock alone (a GPU's bound): judged again to be sure."""
-    earlier: str | None = None
-    """A first evaluation's refusal, where this one is its second."""
-
-
-def decide(m: Measured) -> tuple[Outcome, bool]:
-    """The outcome, and whether to judge the candidate again with a fresh child and draw (a GPU's
-    refusal on the parent's clock alone). The room comes first: a figure from a room below what the
-    config requires is never kept, whatever else holds; then the device."""
-    why = None
-    if m.missing is None:
-        why = "the child never reported its confinement"
-    elif m.missing:
-        why = f"confinement below what the config requires: no {', '.join(m.missing)}"
-    elif m.left:
-        why = f"processes of the attempt outlived it: {m.left}"
-    elif m.loose_bound and m.verdict is Verdict.correct:
-        why = m.loose_bound
-    if why is not None:
-        standing = Standing.untrusted
-        why = f"{why}; not timed: {m.unfit}" if m.unfit else why
-    elif m.unfit:
-        standing, why = Standing.unfit, m.unfit
-    else:
-        standing = Standing.kept
-    outcome = Outcome(verdict=m.verdict, findings=m.findings, claims=m.claims, standing=standing, why=why,
-                      earlier=m.earlier)
-    return outcome, m.clock_alone and m.verdict is Verdict.impossible_timing
-
-
-def measured(result: EvalResult, required: list[str], **facts) -> Measured:
-    """The record `decide` reads, from a session's result and the facts the parent saw around it."""
-    o = result.outcome
-    missing = result.confinement.missing(required) if result.confinement is not None else None
-    return Measured(verdict=o.verdict, findings=o.findings, claims=o.claims, missing=missing, **facts)

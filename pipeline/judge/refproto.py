@@ -434,8 +434,7 @@ def sealed_memfd(name: str, *data) -> int:
 def _seal(fd: int) -> None:
     """Seal the memfd, again while the kernel answers EBUSY: F_SEAL_WRITE waits for every extra
     reference to its pages to go, and the kernel's own memory work (compaction, page monitoring)
-    holds some for a moment. In the demo's first run on the 2-core box one `expect` failed so, with
-    nothing else holding the memfd, and the attempt went unjudged."""
+    holds some for a moment, with nothing else holding the memfd (POLICY.seal_tries)."""
     seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
     for attempt in range(POLICY.seal_tries):
         try:

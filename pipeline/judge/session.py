@@ -23,6 +23,7 @@ from . import beside, checks, clocks, owncode, refproto as R
 from .checks import Checks
 from .bench import Ended, TaskBench, ended_early, lane_of
 from .clocks import Window, pair_ratios, summarize
+from .decide import Clock
 from .judge import Expected
 from ..policy import POLICY
 
@@ -63,7 +64,7 @@ class Session(Checks):
         self.load: clocks.Load | None = clocks.Load()  # the last window's (ask); None on a GPU
         # The verdict rests on the parent's estimate alone (pipeline.judge.evaluate judges again, on both).
         self.clock_alone = False
-        self.load_unfit: str | None = None  # timed on a loaded cpu (clocks.loaded): its timing is unfit
+        self.clock: Clock | None = None  # the parent's time of the calls, for decide
         self.prior = prior or []  # an earlier evaluation's evidence, which the clock check pools with ours
         self.evidence: clocks.Evidence | None = None
         self.eager: list[float] = []  # the reference's eager calls, timed between the candidate's blocks
@@ -102,12 +103,11 @@ class Session(Checks):
         self.step = what
         limit = self.limit(request)
         # The values are written while the child's session is stopped, then the clock starts: the write
-        # is the parent's work (in the window it cost twice the calibration's; an honest kernel was
-        # refused in CI); a child that will not stop gets it in the window. What other processes take
-        # of the window (clocks.between): the child's threads' once it is stopped (a stopped thread waits on
-        # no run queue; the red team's 50 ms sleeper read 46.6 ms beside load), ours from the start.
+        # is the parent's work, not the candidate's; a child that will not stop gets it in the window.
+        # What other processes take of the window (clocks.between): the child's threads' once it is
+        # stopped (a stopped thread waits on no run queue), ours from the start.
         stopped = self.child.pause() if reveal else None
-        # Load out of windows on the cpu only (clocks.unloaded_ms): on a GPU the reads (0.3 ms, 32 threads) were all of it.
+        # Load out of windows on the cpu only (clocks.unloaded_ms): on a GPU the reads would be most of a window.
         counted = self.bench.device == "cpu"
         pid = self.child.pid
         child_before = clocks.threads_of(pid) if counted else {}
@@ -124,8 +124,8 @@ class Session(Checks):
             self.child.send(request)
         # The limit counts time the child could run: time its main thread waited on a run queue
         # (other processes held its cores) is added, up to the ceiling (a step given the ceiling: up
-        # to the child's deadline). A CI run on a box whose windows were 74% waits timed out an honest
-        # profile at the 20 s floor. A hang waits on no run queue; crowding one's own core buys the cap.
+        # to the child's deadline), so a loaded box times out no honest step. A hang waits on no run
+        # queue; crowding one's own core buys the cap.
         ends = [sent + limit]
         cap = sent + self.settings.step_ceiling_s if limit < self.settings.step_ceiling_s else self.child.deadline
 
@@ -217,10 +217,13 @@ class Session(Checks):
         if self.spares:
             self.spares.release(self.env)  # nothing is timed on this device any more in this attempt
         self.mark("timing")
-        # What the attempt records: on the cpu the parent's Bound windows, net (cpu_clock); on a GPU the child's bounded times.
+        # What the attempt records: on the cpu the parent's Bound windows, net (cpu_clock), a value a request,
+        # whose median is the estimate; on a GPU the child's bounded times.
         blocks = self.cpu_times if bench.device == "cpu" else [times for times, _ in self.timed]
         claimed = [t for times in blocks for t in times]
         timing = summarize(claimed) if claimed else None
+        if timing and bench.device == "cpu":
+            timing = summarize(self.evidence.per_call, 1).model_copy(update={"n": len(claimed)})
         eager = summarize(self.eager) if self.eager else None
         compiled = summarize(self.compiled) if self.compiled else None
         ratios = dict(eager_ratio=pair_ratios(blocks, self.eager) if self.eager else None,
@@ -304,8 +307,7 @@ class Session(Checks):
         self.estimate, claim = clocks.pooled(self.prior + [self.evidence])
         times = [t for claimed, _ in self.timed for t in claimed]
         median = summarize(times).median_ms
-        if (why := bench.below_floor(median, self.lane)):  # the floors as they were and as measured again now
-            return (Verdict.impossible_timing, why)
+        self.clock = bench.clock(median, self.lane)
         b = bench.baselines
         if (problem := clocks.check_windows(self.timed)):
             return problem
@@ -326,8 +328,8 @@ class Session(Checks):
     def cpu_clock(self) -> tuple[Verdict, str] | None:
         """On the cpu the parent's clock is the only one: each Bound request's window less what other
         processes took of it and less the calibration's fastest null request, per call
-        (clocks.net_per_call). The child's own times are not read. A median of 0 is no figure
-        (clocks.unmeasured); then the floors, and the load."""
+        (clocks.net_per_call). The child's own times are not read. What the time means (no figure, or
+        impossible) is decide's (pipeline.judge.decide), from `self.clock`."""
         bench, windows = self.bench, self.bound_windows
         per_call = clocks.net_per_call(self.calibration, windows, "cpu", self.settings.cpu_threads)
         self.evidence = clocks.Evidence(per_call, [], clocks.load_share(windows + self.calibration))
@@ -335,12 +337,8 @@ class Session(Checks):
             return Verdict.protocol_error, "no Bound request was timed"
         self.estimate = statistics.median(per_call)
         self.cpu_times = [[x] * w.calls for x, w in zip(per_call, windows)]
-        self.load_unfit = clocks.unmeasured(per_call)
-        if self.load_unfit:
-            return None
-        if (why := bench.below_floor(self.estimate, self.lane)):
-            return Verdict.impossible_timing, why
-        self.load_unfit = clocks.loaded(self.evidence, bench.device)
+        self.clock = bench.clock(self.estimate, self.lane, requests=len(per_call), empty=sum(x <= 0 for x in per_call),
+                                 load_share=self.evidence.load_share)
         return None
 
     def blocks(self) -> tuple[Verdict, str] | None:
@@ -366,10 +364,9 @@ class Session(Checks):
             beside.eager_block(self, len(seeds), first=j == 0)
             if self.device_busy:
                 return Verdict.impossible_timing, self.device_busy
-            # Spread, not bunched at the end: on a machine whose speed drifts (the 2-core CI box ran
-            # one attempt's calls at 1.1 ms and the next's at 2.4), Bound requests all sent after the
-            # last block could see another machine than the child's timed blocks did, and an honest
-            # kernel was refused; the estimate is the fastest request, so spreading can only help it.
+            # Spread, not bunched at the end: on a machine whose speed drifts, Bound requests all sent
+            # after the last block could see another machine than the child's timed blocks did; the
+            # estimate is the fastest request, so spreading can only help an honest kernel.
             due = len(plan.bounds) if j == len(plan.timed) - 1 else (j + 1) * len(plan.bounds) // len(plan.timed)
             if (problem := self.bound_requests(done, due)):
                 return problem

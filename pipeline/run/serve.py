@@ -108,8 +108,8 @@ def serve(cfg: Config | None, config: str | None, db_path: Path, say: Callable[[
     started them: pipeline.child.harness.die_with_parent)."""
     from .single import Warm
 
-    # Signals first: a SIGTERM between the socket's listen and the handlers once killed the server
-    # outright (-15), leaving its socket and token behind (a fresh-clone CI run on a busy box).
+    # Signals first: a SIGTERM between the socket's listen and the handlers would kill the server
+    # outright (-15), leaving its socket and token behind.
     stop = _stop_on_signals()
     sock_path, token_path = address(db_path)
     sock_path.parent.mkdir(parents=True, exist_ok=True)

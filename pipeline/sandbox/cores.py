@@ -23,9 +23,8 @@ def pin(pid: int, cores: str | None) -> None:
 def cpu_cores(threads: int) -> str:
     """The cores a cpu-backend evaluation's child and reference process are held to: as many as the
     threads eager and torch.compile are timed with (EvalConfig.cpu_threads), the first of ours. Both
-    sides of a speedup then get the same cores: an honest C++ mse spreading its work over both
-    cores of the 2-core box recorded 1.15x eager, timed on one thread, against its one-thread
-    twin's 0.65x. They take turns on them (the child is stopped while eager is timed).
+    sides of a speedup then get the same cores, so no kernel reads faster for using more cores than
+    eager was timed on. They take turns on them (the child is stopped while eager is timed).
     KGEN_CPU_CORES ("1" or "2,3") names the cores to take first, in that order: two cpu jobs (or two
     test workers) on one machine otherwise both time on its first core while the next sits mostly
     idle (docs/decisions/cpu-timing.md)."""
@@ -67,8 +66,8 @@ def pin_all(pid: int, cores: str | None) -> None:
 @contextlib.contextmanager
 def spread(cores: list[int] | None):
     """Every thread of this process on `cores`, with as many torch threads, for work nothing times (a
-    checked call's values, while the child waits), then back: a gigabyte task's float64 forwards took
-    16-21 s a call on one core of the 2-core box, 7-10 s on both."""
+    checked call's values, while the child waits), then back: a gigabyte task's float64 forward is
+    about twice as fast on two cores as on one."""
     if not cores:
         yield
         return
