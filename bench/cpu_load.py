@@ -8,7 +8,7 @@ are flagged no_custom_kernel besides), the median and
 range of x eager and of the time a call; then the loaded median time over the idle one. One JSON line
 per evaluation goes to stderr. Its latest figures: docs/validation.md ("The honest references").
 With --record, the self-loading forger (tests/redteam/load_launder.py) is judged too, and each
-evaluation's Measured and Decision (pipeline.judge.decide) go to FILE as a JSON line: the
+evaluation's Measured and Decision (pipeline.verdicts) go to FILE as a JSON line: the
 recorded table tests/test_decide.py reads (fixtures/decide/recorded.jsonl).
 """
 

@@ -222,7 +222,7 @@ class EvalResult(Record):
     """The parent's verdict on one candidate, with what it measured."""
 
     outcome: Outcome
-    """The verdict, its marks and what may be read of its figure (pipeline.judge.decide)."""
+    """The verdict, its marks and what may be read of its figure (pipeline.verdicts)."""
     own_code: OwnCode | None = None
     """The parent's look at the built code (None: rows from before it, or no build folder)."""
     own_fraction: float | None = None

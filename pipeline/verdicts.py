@@ -1,6 +1,15 @@
 """The judge's verdict: its outcomes (Verdict), its marks (Flag), what may be read of its figure
-(Standing), and the record that holds all of them (Outcome), which pipeline.judge.decide.decide returns.
-Nothing here imports the rest of the package (pipeline.records re-exports every name).
+(Standing), the record that holds all of them (Outcome), and the rule that makes it.
+
+Measure, then decide: what one evaluation measured (`Measured`, frozen: the session's verdict on
+its values, the room, the parent's clock) turned by a pure rule (`decide`) into its `Decision`: the
+Outcome, a refusal the rule made itself, whether the figure is kept, and whether the candidate is
+judged again. Every threshold comes from pipeline.policy or the run's EvalConfig, carried in the
+record: a time below what the inputs' bytes or the reference's arithmetic allow is
+impossible_timing; a time the cpu's load or the protocol's noise swamped is no figure (re-timed); a
+room below what the config requires, or one that left processes, keeps the verdict out of `best`.
+`decide` reads nothing but its argument (tests/test_decide.py: a table of recorded measurements).
+Nothing here imports the rest of the package but its policy (pipeline.records re-exports the types).
 """
 
 from __future__ import annotations
@@ -9,6 +18,8 @@ import enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from .policy import POLICY
 
 
 class Record(BaseModel):
@@ -69,7 +80,7 @@ class Standing(str, enum.Enum):
 
 
 class Outcome(Record):
-    """The judge's whole verdict on one evaluation: what `pipeline.judge.decide.decide` returns, and the
+    """The judge's whole verdict on one evaluation: what `decide` returns, and the
     only thing a reader needs to tell a verified kernel from the rest."""
 
     verdict: Verdict
@@ -109,4 +120,149 @@ def _outcome_of(old: dict[str, Any]) -> dict[str, Any]:
     return {"verdict": old["verdict"], "findings": [f for f in flags if f not in claims], "claims": claims,
             "standing": standing, "why": why, "earlier": old.get("first_refusal")}
 
+
+# ---- measure, then decide ---------------------------------------------------------------------
+
+# Where the device was unfit to time: none of the figure is kept (EvalResult's fields).
+NO_FIGURE = {"timing": None, "eager_ratio": None, "compiled_ratio": None, "eager_beside": None,
+             "compiled_beside": None, "wall_ms_per_call": None}
+
+
+class Clock(Record):
+    """The parent's time of the candidate's calls, and the floors it is held against."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ms: float
+    """Milliseconds a call, the median: on the cpu each Bound request's window net of a null request
+    (pipeline.judge.clocks.net_per_call); on a GPU the child's times within the parent's bound."""
+    requests: int = 0
+    """On the cpu, the Bound requests timed ..."""
+    empty: int = 0
+    """... and how many of them took no longer than the calibration's fastest null request (net 0)."""
+    load_share: float | None = None
+    """On the cpu, the share of the timed windows that went to run-queue waits (clocks.load_share)."""
+    floor_ms: float | None = None
+    """The bandwidth floor: the input's bytes over the device's measured bandwidth (the lower of the
+    bench's and one measured again now, where `ms` was below the bench's)."""
+    input_bytes: int = 0
+    bandwidth_gbs: float | None = None
+    compute_floor_ms: float | None = None
+    """The compute floor, where EvalConfig.compute_floor is on: the reference's flops at the best rate measured."""
+    flops: int | None = None
+    flops_per_s: float | None = None
+    floor_slack: float = 0.85
+    """EvalConfig.floor_slack: a time below a floor x this is impossible."""
+
+
+class Measured(Record):
+    """What one evaluation ended with, as `decide` reads it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    verdict: Verdict
+    """The session's verdict: its trials and checked calls, then (on a GPU) the child's times against the parent's bound."""
+    findings: list[Flag] = []
+    """Marks the parent found itself (pipeline.judge.owncode.flags_for)."""
+    claims: list[Flag] = []
+    """Marks raised on the child's own profile."""
+    missing: list[str] | None
+    """The confinement layers the config requires that the room did not hold; None: the child never
+    reported its confinement (it ended before it could)."""
+    left: str | None = None
+    """Processes of the attempt seen alive after it, from outside (by construction none)."""
+    loose_bound: str | None = None
+    """Why the parent's bound on the candidate's time was too loose to trust its figure."""
+    unfit: str | None = None
+    """Why the device was not fit to time it: the health check before or after, or baselines
+    measured on an unfit device."""
+    clock: Clock | None = None
+    """The parent's time of the calls, where they were timed."""
+    clock_alone: bool = False
+    """The refusal rests on the parent's clock alone (a GPU's bound): judged again to be sure."""
+    earlier: str | None = None
+    """A first evaluation's refusal, where this one is its second."""
+
+
+class Again(str, enum.Enum):
+    """Whether the candidate is judged again, and how."""
+
+    no = "no"
+    pooled = "pooled"
+    """A second evaluation whose clock check pools this one's evidence (a GPU's refusal on the parent's clock alone)."""
+    fresh = "fresh"
+    """A fresh evaluation, up to EvalConfig.load_retries: the cpu was too loaded to time on (load is waited out)."""
+
+
+class Decision(Record):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    outcome: Outcome
+    error: str | None = None
+    """The refusal's reason, where the rule refused (the floors); else the session's error stands."""
+    figure: bool = True
+    """False where the device was unfit to time: no figure is kept (NO_FIGURE)."""
+    again: Again = Again.no
+
+
+def below_floor(c: Clock) -> str | None:
+    """Why a time is impossible: below the bandwidth floor, or the compute floor, x the slack."""
+    if c.floor_ms and c.ms < c.floor_ms * c.floor_slack:
+        return (f"median {c.ms:.4g} ms is below the bandwidth floor {c.floor_ms:.4g} ms ({c.input_bytes / 1e6:.1f} MB "
+                f"at {c.bandwidth_gbs or 0:.0f} GB/s): the input cannot have been read")
+    if c.compute_floor_ms and c.ms < c.compute_floor_ms * c.floor_slack:
+        return (f"median {c.ms:.4g} ms is below the compute floor {c.compute_floor_ms:.4g} ms ({(c.flops or 0) / 1e9:.3g} "
+                f"GFLOP at the device's best measured {(c.flops_per_s or 0) / 1e12:.3g} TFLOP/s): the reference's "
+                f"arithmetic cannot have been done (evaluation.compute_floor: false for a task whose algebra skips it)")
+    return None
+
+
+def _clock(m: Measured) -> tuple[str | None, str | None, bool]:
+    """(a refusal, why the time is no figure, whether that is the cpu's load) from the parent's
+    clock: the protocol's noise, the floors, the load, in that order."""
+    c = m.clock
+    if c is None or not (m.verdict is Verdict.correct or m.clock_alone):
+        return None, None, False
+    if c.requests and 2 * c.empty >= c.requests:  # the protocol's noise around calls of microseconds, not a time
+        return None, (f"the calls are too short to time on this cpu: {c.empty} of {c.requests} Bound requests "
+                      f"took no longer than a null request"), False
+    if (why := below_floor(c)) is not None:
+        return why, None, False
+    if m.verdict is Verdict.correct and c.load_share is not None and c.load_share >= POLICY.loaded_share:
+        return None, (f"the cpu was loaded: {c.load_share:.0%} of the timed windows went to run-queue waits "
+                      f"(other processes, or the candidate's own threads)"), True
+    return None, None, False
+
+
+def decide(m: Measured) -> Decision:
+    """The rule. The room comes first: a figure from a room below what the config requires is never
+    kept, whatever else holds; then the device and the clock."""
+    refusal, clock_unfit, loaded = _clock(m)
+    verdict = Verdict.impossible_timing if refusal else m.verdict
+    unfit = m.unfit or clock_unfit
+    why = None
+    if m.missing is None:
+        why = "the child never reported its confinement"
+    elif m.missing:
+        why = f"confinement below what the config requires: no {', '.join(m.missing)}"
+    elif m.left:
+        why = f"processes of the attempt outlived it: {m.left}"
+    elif m.loose_bound and verdict is Verdict.correct:
+        why = m.loose_bound
+    if why is not None:
+        standing = Standing.untrusted
+        why = f"{why}; not timed: {unfit}" if unfit else why
+    elif unfit:
+        standing, why = Standing.unfit, unfit
+    else:
+        standing = Standing.kept
+    marks = dict(findings=m.findings, claims=m.claims) if refusal is None else {}  # marks sit beside a pass
+    outcome = Outcome(verdict=verdict, standing=standing, why=why, earlier=m.earlier, **marks)
+    if refusal is None and m.clock_alone and verdict is Verdict.impossible_timing:
+        again = Again.pooled
+    elif standing is Standing.unfit and loaded and not m.unfit:
+        again = Again.fresh
+    else:
+        again = Again.no
+    return Decision(outcome=outcome, error=refusal, figure=not unfit, again=again)
 

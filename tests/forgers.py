@@ -27,7 +27,7 @@ def forged_clock(factor: float | str, forward: str | None = None) -> str:
 
 
 def load_unfit(result: EvalResult) -> bool:
-    """Judged on a cpu too loaded to time (pipeline.judge.decide): correct, its timing marked unfit,
+    """Judged on a cpu too loaded to time (pipeline.verdicts): correct, its timing marked unfit,
     so it never reaches `best` or the library and a resume re-times it. On an idle box its clock's
     refusal is the verdict. (A GPU's result never carries this mark.)"""
     return result.verdict is Verdict.correct and (result.device_unfit or "").startswith("the cpu was loaded")
@@ -35,7 +35,7 @@ def load_unfit(result: EvalResult) -> bool:
 
 def no_figure(result: EvalResult) -> bool:
     """Judged correct on a cpu too loaded to time it, after the judge's retries, or whose calls were
-    too short to time there (pipeline.judge.decide): then it must carry no figure at all (the rule), which
+    too short to time there (pipeline.verdicts): then it must carry no figure at all (the rule), which
     this asserts; False where it was timed."""
     short = result.verdict is Verdict.correct and (result.device_unfit or "").startswith("the calls are too short")
     if not (load_unfit(result) or short):

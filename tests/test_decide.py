@@ -1,4 +1,4 @@
-"""Measure, then decide (pipeline.judge.decide): a pure rule, tested as a table.
+"""Measure, then decide (pipeline.verdicts): a pure rule, tested as a table.
 
 fixtures/decide/recorded.jsonl holds what real evaluations ended with: on the 2-core cpu box, idle and
 beside two busy loops (bench/cpu_load.py --record: the honest fused mse, torch's mse with its clock
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.judge.decide import Again, Clock, Decision, Measured, decide
+from pipeline.verdicts import Again, Clock, Decision, Measured, decide
 from pipeline.policy import POLICY
 from pipeline.records import EvalResult, Flag, Outcome, Standing, Verdict
 

@@ -229,7 +229,7 @@ def _as_stored(r: EvalResult) -> EvalResult:
     """A judged result as these library tests store it. Speed is not at issue here (the library's
     "faster" rule has its own tests in test_library.py): the time is pinned at half the faster
     baseline, so a noisy 2-core box cannot keep the kernel out, nor can a busy one (whose timing the
-    judge marks unfit: pipeline.judge.decide); and no flags (the profile may flag a cpu kernel
+    judge marks unfit: pipeline.verdicts); and no flags (the profile may flag a cpu kernel
     beside torch's ops)."""
     from pipeline.records import Standing, Timing
 

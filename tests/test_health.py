@@ -45,7 +45,7 @@ def test_an_attempt_on_an_unfit_device_is_judged_but_not_timed(mse_bench, tmp_pa
     (tmp_path / "build").mkdir()
     fit = health.Watch(None)
     result = evaluate.evaluate(mse_bench, code, tmp_path / "build", SETTINGS, watch=fit)
-    # Timed. On a busy box the timing may be marked unfit for its load (pipeline.judge.decide), or
+    # Timed. On a busy box the timing may be marked unfit for its load (pipeline.verdicts), or
     # for a machine that changed while it ran: the watch's probe after it read less bandwidth than at
     # its start (a fresh clone beside a busy loop: 9 GB/s against 13). Never for a device unfit before.
     unfit = result.device_unfit or ""
@@ -99,7 +99,7 @@ def test_a_resume_retimes_what_an_unfit_device_judged(tmp_path):
     (row,) = store.attempts(run=run_id)
     assert again == run_id and row["verdict"] == "correct"
     # Timed again: the bad device's mark is gone. On a busy box the new timing may carry the judge's
-    # own load mark instead (pipeline.judge.decide), which the next resume re-times in turn.
+    # own load mark instead (pipeline.verdicts), which the next resume re-times in turn.
     assert row["device_unfit"] != bad and row["time_ms"] > 0
     assert row["device_unfit"] is None or row["device_unfit"].startswith("the cpu was loaded"), row["device_unfit"]
 

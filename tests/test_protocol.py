@@ -353,7 +353,7 @@ def test_an_evaluation_timed_on_a_loaded_cpu_is_marked_unfit_and_only_there():
     """decide: run-queue waits took more than POLICY.loaded_share of the windows: the timing is unfit
     (no figure, judged again afresh, re-timed by a resume). Idle, or on a GPU (no share), it stands."""
     from pipeline.judge.clocks import Load
-    from pipeline.judge.decide import Again, Clock, Measured, decide
+    from pipeline.verdicts import Again, Clock, Measured, decide
 
     idle = [Window(2.0, 1, Load(cpu_ms=2.0, wait_ms=0.05)), Window(8.0, 4, Load(cpu_ms=8.0, wait_ms=0.1))]
     busy = [Window(2.0, 1, Load(cpu_ms=0.9, wait_ms=1.1)), Window(8.0, 4, Load(cpu_ms=2.0, wait_ms=6.0))]

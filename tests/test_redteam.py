@@ -795,7 +795,7 @@ _SPIN = "import os, sys\nos.sched_setaffinity(0, {int(c) for c in sys.argv[1].sp
 def test_beside_two_busy_processes_an_honest_kernel_is_correct_and_a_forged_clock_gains_nothing(bench, prebuilt, tmp_path):
     """Two processes spinning on the very cores the child and eager are held to (sandbox.cpu_cores):
     the honest fused mse is judged correct, faster than eager where it was timed (never refused),
-    and the clock forged to 10% of its work gains nothing (pipeline.judge.decide).
+    and the clock forged to 10% of its work gains nothing (pipeline.verdicts).
     The child gets 300 s, not 60: with the spinners on its
     core, on a CI box shared with other work, loading the task alone once took 60 s."""
     # No re-judging on load (load_retries): the spinners never stop, so each retry would meet them

@@ -511,7 +511,7 @@ SPEEDUP_FIELDS = ("speedup_eager", "speedup_compile")
 @pytest.mark.parametrize("twin", [False, True], ids=["forged", "honest_twin"])
 def test_a_self_loaded_forger_gains_nothing_and_unfit_timing_carries_no_figure(tmp_path, twin, baseline_cache):
     """load_launder.py forges its clock to a tenth and loads its own cores with two spinners; its twin
-    only loads. For each: the spinners ran; where the load made the timing unfit (pipeline.judge.decide)
+    only loads. For each: the spinners ran; where the load made the timing unfit (pipeline.verdicts)
     there is no figure: the stored result's x eager and x compile (and the pairwise ratios behind
     them) are None, `kgen eval --json` prints none, and `kgen eval` exits non-zero; where it was
     timed through the load, the figure is the parent's and the forger gains nothing. The forger's

@@ -333,7 +333,7 @@ def test_an_honest_call_of_microseconds_is_correct_and_its_calls_fill_the_parent
     and 2 of 4 first evaluations here. Between calls the outputs are now copied with the
     least Python, the inbox's views are kept, and the window ends before the parent parses the
     reply (1.03-1.13 idle; docs/decisions/cpu-timing.md). Beside other load the share of waits marks
-    the timing unfit instead of refusing it (pipeline.judge.decide)."""
+    the timing unfit instead of refusing it (pipeline.verdicts)."""
     task, code, settings = _mse_setup(tmp_path, MSE_IN_TORCH, timed_calls=16)
     bench = prepare(task, {"batch_size": 64, "input_shape": (64,)}, "cpu", settings)
     try:
@@ -361,7 +361,7 @@ def test_calls_lost_in_the_protocol_s_noise_get_no_figure_not_a_refusal(bounds, 
     """decide: where half or more of the Bound requests took no longer than the fastest null
     request, the median net is 0, which says nothing of the calls: the timing is unfit (no figure,
     re-timed later), not impossible. Where they took longer, the figure stands."""
-    from pipeline.judge.decide import Again, Clock, Measured, decide
+    from pipeline.verdicts import Again, Clock, Measured, decide
 
     per_call = clocks.net_per_call([clocks.Window(ms, 128) for ms in NULLS],
                                    [clocks.Window(ms, 128) for ms in bounds], "cpu")
@@ -481,7 +481,7 @@ def test_a_compute_bound_task_has_a_compute_floor_and_a_forged_clock_gains_nothi
     do: such a time is below the compute floor. The honest matmul is correct, not held below its own
     floor, and a clock forged to a fiftieth is timed as it is (the parent's clock is the cpu's only
     one). With evaluation.compute_floor off, the floor refuses nothing."""
-    from pipeline.judge.decide import below_floor
+    from pipeline.verdicts import below_floor
 
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "matmul.py").write_text(_MATMUL_TASK)

@@ -27,7 +27,7 @@ from ..config import EvalConfig, cache_root
 from ..policy import POLICY
 from ..records import Baselines, EvalResult, Verdict
 from . import health, refproto as R
-from .decide import Clock
+from ..verdicts import Clock
 from .judge import Expected, mapped
 
 
@@ -226,7 +226,7 @@ class TaskBench:
         return b
 
     def clock(self, ms: float, env: dict[str, str] | None = None, **measured) -> Clock:
-        """The parent's time of a call, with the floors it is held against (decide.below_floor): the
+        """The parent's time of a call, with the floors it is held against (pipeline.verdicts.below_floor): the
         bench's, and where `ms` is below one of them x floor_slack, the lower of those and the floors
         measured again now (floor_now)."""
         slack, b = self.settings.floor_slack, self.baselines

@@ -36,7 +36,7 @@ from ..records import EvalResult, Verdict
 from ..sandbox.spares import Spares
 from . import health, owncode, refproto as R
 from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
-from .decide import NO_FIGURE, Again, decide, measured
+from ..verdicts import NO_FIGURE, Again, Measured, decide
 from .judge import Expected
 from .session import Session
 from ..policy import POLICY
@@ -316,7 +316,7 @@ def _whole(secrets: Secrets) -> bool:
 def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig, env: dict[str, str] | None,
            spares: Spares | None, watch: health.Watch | None,
            prior: list | None = None, draw: str | None = None) -> tuple[EvalResult, Again, Any]:
-    """One evaluation, whether it is to be judged again (decide.Again), and the evidence its clock
+    """One evaluation, whether it is to be judged again (pipeline.verdicts.Again), and the evidence its clock
     check took (pipeline.judge.clocks.Evidence; `prior`: an earlier evaluation's, pooled with it)."""
 
     started = time.monotonic()
@@ -440,3 +440,10 @@ def _close(fds: dict[str, int]) -> None:
 
 def _pids(pids: list[int]) -> str | None:
     return ", ".join(f"pid {p}" for p in pids) or None
+
+
+def measured(result: EvalResult, required: list[str], **facts) -> Measured:
+    """The record `decide` reads, from a session's result and the facts the parent saw around it."""
+    o = result.outcome
+    missing = result.confinement.missing(required) if result.confinement is not None else None
+    return Measured(verdict=o.verdict, findings=o.findings, claims=o.claims, missing=missing, **facts)

@@ -1,5 +1,5 @@
 """The parent's comparison of output values against the float64 reference, which the session's
-checks make (what is decided from an evaluation's measurements: pipeline.judge.decide).
+checks make (what is decided from an evaluation's measurements: pipeline.verdicts).
 
 Nothing here takes the child's word. Values are the candidate's outputs as the child wrote them into
 the outbox (copied out by the parent before its next request), compared element by element with the

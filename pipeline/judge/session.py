@@ -23,7 +23,7 @@ from . import beside, checks, clocks, owncode, refproto as R
 from .checks import Checks
 from .bench import Ended, TaskBench, ended_early, lane_of
 from .clocks import Window, pair_ratios, summarize
-from .decide import Clock
+from ..verdicts import Clock
 from .judge import Expected
 from ..policy import POLICY
 
@@ -329,7 +329,7 @@ class Session(Checks):
         """On the cpu the parent's clock is the only one: each Bound request's window less what other
         processes took of it and less the calibration's fastest null request, per call
         (clocks.net_per_call). The child's own times are not read. What the time means (no figure, or
-        impossible) is decide's (pipeline.judge.decide), from `self.clock`."""
+        impossible) is decide's (pipeline.verdicts), from `self.clock`."""
         bench, windows = self.bench, self.bound_windows
         per_call = clocks.net_per_call(self.calibration, windows, "cpu", self.settings.cpu_threads)
         self.evidence = clocks.Evidence(per_call, [], clocks.load_share(windows + self.calibration))

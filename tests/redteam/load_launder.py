@@ -5,7 +5,7 @@ reports FACTOR of each call's real time. When the child's clock was checked agai
 around the Bound requests, an idle box refused that. So, in the evaluation child, the import also forks
 SPINNERS busy loops onto the child's own cores (they inherit its affinity; they stop on their own
 after SPIN_S): the child's thread waits on the run queue through its own requests, the parent reads
-a third or more of each window as waits and marks the timing unfit (pipeline.judge.decide), and with the
+a third or more of each window as waits and marks the timing unfit (pipeline.verdicts), and with the
 timing unfit the clock's refusal is dropped. The result was stored `correct`, "timing unfit", with
 the forged speedup, and `kgen eval` exited 0 and printed it. It prints `KGEN-NOTE spinners N` and
 `KGEN-NOTE forged K` (the clocks it rebound).
