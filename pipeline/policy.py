@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 class Policy(BaseModel):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
 
-    version: str = "8"
+    version: str = "9"
     """Stored with each attempt; bumped with any change below."""
 
     # ---- the plan: how many calls, in what requests -----------------------------------------------
@@ -86,17 +86,6 @@ class Policy(BaseModel):
     """On the cpu, the share of the timed windows that went to run-queue waits beyond which the
     timing is unfit (no figure, re-timed). The load is taken out of both sides below it; at 30-62%
     an honest kernel read 0.80-0.98x eager beside a running suite."""
-    bound_slack: dict[str, tuple[float, float]] = {"cuda": (0.5, 0.25), "cuda_graph": (0.35, 0.001),
-                                                    "cuda_graph_grad": (0.25, 0.001)}
-    """On a GPU, how far below the parent's estimate the child's per-call time may be (relative, ms):
-    eager requests count the forward's host work (an honest 11 us kernel cost 110 us a call on the
-    parent's clock); replayed graphs the device's work alone; in gradient mode honest claims read
-    0.98-1.49 of the estimate, a half-forged 26 us 0.63-0.64."""
-    loose_below_ms: float = 0.5
-    """On a GPU, calls not replayed from a graph: the eager bound counts host work, and below this
-    refuses nothing (the result is untrusted)."""
-    upper_slack_ms: float = 1.0
-    """On a GPU, how far a timed block's claimed sum may exceed the parent's window around it."""
     replays_min: int = 4
     """The fewest replays a replayed Bound request holds."""
     replays_max: int = 512

@@ -118,8 +118,8 @@ class Timing(Record):
 
 
 class Ratio(Record):
-    """A speedup taken pair by pair: each of the candidate's timed blocks against the reference's
-    block timed right after it (pipeline.judge.beside.eager_block)."""
+    """A speedup taken pair by pair: each of the candidate's Bound requests against the reference's
+    calls timed right beside it (pipeline.judge.clocks.pair_ratios)."""
 
     median: float
     """Median over the pairs of the reference block's mean over the candidate block's mean."""
@@ -162,10 +162,8 @@ class Baselines(Record):
     """Why torch.compile of the reference failed, where it did (then `compiled` is None): a cached
     baseline that says so is not timed again only to fail again."""
     null_ms: float | None = None
-    """Forward mode: the median of a call that launches one kernel touching one value, timed by the
-    candidate's protocol in the reference process: what the child's clock reads for a call that does
-    no work (the flush's after-effects, events, a launch). The replayed bound takes it off a claim
-    before setting it against the parent's estimate of the device's work (pipeline.judge.judge)."""
+    """Read from rows stored under policy 8 and before (the child's clock around a call doing no
+    work); nothing reads it now."""
 
 
 class OwnCode(Record):

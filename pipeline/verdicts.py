@@ -94,8 +94,8 @@ class Outcome(Record):
     why: str | None = None
     """Why the standing is not `kept`, in one line."""
     earlier: str | None = None
-    """Where this is a second evaluation's verdict (a GPU's refusal on the parent's clock alone is
-    judged again): the first one's refusal."""
+    """Rows stored under policy 8 and before: where a second evaluation (a GPU's refusal on the
+    parent's clock alone was judged again) made the verdict, the first one's refusal."""
 
     @property
     def flags(self) -> list[Flag]:
@@ -134,8 +134,8 @@ class Clock(Record):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     ms: float
-    """Milliseconds a call, the median: on the cpu each Bound request's window net of a null request
-    (pipeline.judge.clocks.net_per_call); on a GPU the child's times within the parent's bound."""
+    """Milliseconds a call, the median of each Bound request's window net of a null request's
+    (pipeline.judge.clocks): the parent's clock, on the cpu and on a GPU."""
     requests: int = 0
     """On the cpu, the Bound requests timed ..."""
     empty: int = 0
@@ -161,7 +161,7 @@ class Measured(Record):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     verdict: Verdict
-    """The session's verdict: its trials and checked calls, then (on a GPU) the child's times against the parent's bound."""
+    """The session's verdict: its trials and checked calls (and a GPU busy beside its requests)."""
     findings: list[Flag] = []
     """Marks the parent found itself (pipeline.judge.owncode.flags_for)."""
     claims: list[Flag] = []
@@ -178,18 +178,12 @@ class Measured(Record):
     measured on an unfit device."""
     clock: Clock | None = None
     """The parent's time of the calls, where they were timed."""
-    clock_alone: bool = False
-    """The refusal rests on the parent's clock alone (a GPU's bound): judged again to be sure."""
-    earlier: str | None = None
-    """A first evaluation's refusal, where this one is its second."""
 
 
 class Again(str, enum.Enum):
     """Whether the candidate is judged again, and how."""
 
     no = "no"
-    pooled = "pooled"
-    """A second evaluation whose clock check pools this one's evidence (a GPU's refusal on the parent's clock alone)."""
     fresh = "fresh"
     """A fresh evaluation, up to EvalConfig.load_retries: the cpu was too loaded to time on (load is waited out)."""
 
@@ -221,10 +215,10 @@ def _clock(m: Measured) -> tuple[str | None, str | None, bool]:
     """(a refusal, why the time is no figure, whether that is the cpu's load) from the parent's
     clock: the protocol's noise, the floors, the load, in that order."""
     c = m.clock
-    if c is None or not (m.verdict is Verdict.correct or m.clock_alone):
+    if c is None or m.verdict is not Verdict.correct:
         return None, None, False
     if c.requests and 2 * c.empty >= c.requests:  # the protocol's noise around calls of microseconds, not a time
-        return None, (f"the calls are too short to time on this cpu: {c.empty} of {c.requests} Bound requests "
+        return None, (f"the calls are too short to time here: {c.empty} of {c.requests} Bound requests "
                       f"took no longer than a null request"), False
     if (why := below_floor(c)) is not None:
         return why, None, False
@@ -257,10 +251,8 @@ def decide(m: Measured) -> Decision:
     else:
         standing = Standing.kept
     marks = dict(findings=m.findings, claims=m.claims) if refusal is None else {}  # marks sit beside a pass
-    outcome = Outcome(verdict=verdict, standing=standing, why=why, earlier=m.earlier, **marks)
-    if refusal is None and m.clock_alone and verdict is Verdict.impossible_timing:
-        again = Again.pooled
-    elif standing is Standing.unfit and loaded and not m.unfit:
+    outcome = Outcome(verdict=verdict, standing=standing, why=why, **marks)
+    if standing is Standing.unfit and loaded and not m.unfit:
         again = Again.fresh
     else:
         again = Again.no

@@ -175,9 +175,9 @@ TIMER_PATCH = """        torch.cuda.Event.elapsed_time = lambda self, other: 1e-
         torch.cuda.synchronize = lambda *a, **k: None
         return torch.mean((predictions - targets) ** 2)"""
 
-# Rebinds the live Clock's time_call (found through gc) to report a tenth of each timed call. The
-# parent's own clock around its Bound requests measures the real calls, so at a size where a call
-# takes far longer than the bound's slack (POLICY.bound_slack: 25% + 30 us on cuda), the claim is refused.
+# Rebinds any live Clock's time_call (found through gc) to report a tenth of each call. The child's
+# clock is never read (the parent's windows are the only clock): there is none to find, and nothing
+# the forger does changes the time recorded.
 FORGED_CLOCK = """        if not hasattr(self, "forged"):
             import gc
             from pipeline.child import timing
@@ -199,8 +199,8 @@ CASES = {
     "pointer_cache": (0, POINTER_CACHE, {Verdict.mismatch}),
     "timer_patch": (0, TIMER_PATCH, {Verdict.correct}),
     "side_overlap": (5, CALL, {Verdict.correct}),
-    "forged_clock": (0, FORGED_CLOCK, {Verdict.correct, Verdict.impossible_timing}),
-    "forged_half": (0, FORGED_HALF, {Verdict.correct, Verdict.impossible_timing}),
+    "forged_clock": (0, FORGED_CLOCK, {Verdict.correct}),
+    "forged_half": (0, FORGED_HALF, {Verdict.correct}),
     # Work left on the GPU after a block, running while the child is stopped and eager is timed:
     # the reference's own probe (pipeline.judge.health.IdleProbe) waits it out or refuses.
     "leftover_spinner": (6, CALL, {Verdict.correct, Verdict.impossible_timing}),
@@ -265,8 +265,7 @@ def test_redteam_cuda(name, built, bench):
         assert Flag.no_custom_kernel not in verdict.flags
         assert verdict.speedup_eager and verdict.speedup_eager > 0
     if name.startswith("forged") and verdict.verdict is Verdict.correct:
-        # Refused, or judged at the time its honest twin is judged: a forged clock taken at its word
-        # is a hole, whatever the verdict says.
+        # Judged at the time its honest twin is judged: a forged clock taken at its word is a hole.
         honest = evaluate.evaluate(bench, *_built_pair(built, "honest"), SETTINGS)
         print(f"REDTEAM {name} time_ms {verdict.time_ms} vs honest {honest.time_ms}; bound={verdict.bound_note} "
               f"trusted={verdict.trusted} {verdict.untrusted_reason}")
@@ -310,9 +309,9 @@ def test_gpu_serves_next_attempt_after_hang_and_fault(built, bench):
     assert evaluate.evaluate(bench, path, Path(result.build_dir), SETTINGS).verdict is Verdict.correct
 
 
-def test_forged_clock_is_refused_at_kernelbench_size(built):
-    """At KernelBench's size (a 2.8 ms kernel on the H100) the forged tenth is far outside the
-    parent's bound; the honest kernel's time sits inside it."""
+def test_a_forged_clock_gains_nothing_at_kernelbench_size(built):
+    """At KernelBench's size (a 2.8 ms kernel on the H100) the clock forged to a tenth is judged at
+    its honest twin's time: the parent's replay windows are the only clock."""
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
     settings = SETTINGS.model_copy(update={"compile_baseline": False, "check_shapes": False})
     big = prepare(task, "default", "cuda", settings)
@@ -325,7 +324,8 @@ def test_forged_clock_is_refused_at_kernelbench_size(built):
         print(f"\nREDTEAM {name}@default: {r.verdict.value} time_ms={r.time_ms} parent_ms={r.wall_ms_per_call} "
               f"error={r.error}")
     assert results["honest"].verdict is Verdict.correct, results["honest"].error
-    assert results["forged_clock"].verdict is Verdict.impossible_timing, results["forged_clock"].error
+    forged, honest = results["forged_clock"], results["honest"]
+    assert forged.verdict is Verdict.correct and forged.time_ms >= honest.time_ms / 1.3, (forged.time_ms, honest.time_ms)
 
 
 # mse at four call lengths on the H100: about 8 us, 20 us, 60 us and 2.8 ms (KernelBench's size).
@@ -338,17 +338,16 @@ FORGE_ROUNDS = int(os.environ.get("KGEN_FORGE_ROUNDS", "2"))
 
 
 @pytest.mark.parametrize("size", list(CALL_SIZES))
-def test_a_clock_forged_to_half_is_refused_at_every_call_length(built, size):
-    """The Bound requests replayed from CUDA graphs (pipeline.child.replays) bound a call's device
-    time from the parent's clock: the honest kernel is correct and a clock claiming half its time is
-    impossible_timing, from calls of a few microseconds to KernelBench's size."""
+def test_a_clock_forged_to_half_gains_nothing_at_every_call_length(built, size):
+    """The Bound requests replayed from CUDA graphs (pipeline.child.replays), timed by the parent's
+    clock, are the time: the honest kernel is correct and a clock forged to half is judged at its
+    twin's time, from calls of a few microseconds to KernelBench's size."""
     task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
     settings = SETTINGS.model_copy(update={"compile_baseline": False, "check_shapes": False})
     codes = {name: (built[name][0], Path(built[name][1].build_dir)) for name in ("honest", "forged_half")}
     results = judge_in_turn(task, CALL_SIZES[size], "cuda", settings, codes, FORGE_ROUNDS, f"forward@{size}")
     # The rule: a forger is refused, or judged at a time within 1.3x of its honest twin's (the
-    # one evaluated just before it). Once in 11 on the H200 the forger's clock claimed 8.4 us beside
-    # its twin's 9.7, not half, and the bound rightly let that claim through (docs/decisions/gpu-timing.md).
+    # one evaluated just before it).
     assert_refused_or_near_twin(results, honest_and_trusted)
 
 

@@ -35,11 +35,11 @@ def get_init_inputs():
 
 
 @pytest.mark.parametrize("factor", ["0.02", "0.5"])
-def test_a_forged_clock_on_a_gpu_matmul_is_refused_and_the_honest_one_is_correct(tmp_path, factor):
+def test_a_forged_clock_on_a_gpu_matmul_gains_nothing_and_the_honest_one_is_correct(tmp_path, factor):
     """The floor the reference measured lies below eager (the fastest matmul rate of float32,
-    bfloat16 and float16 at 8192), a clock forged to a fiftieth of a 2048 matmul's time is refused
-    below it, and the honest `a @ b` beside it is correct and trusted. A clock forged to half is
-    above the floor: the parent's bound refuses it, or it is judged within 1.3x of its twin."""
+    bfloat16 and float16 at 8192), and the honest `a @ b` is correct and trusted. A clock forged to a
+    fiftieth or to half of its time is never read (the parent's replay windows are the only clock):
+    it is judged within 1.3x of its honest twin."""
     import torch
 
     if not torch.cuda.is_available():
@@ -60,8 +60,5 @@ def test_a_forged_clock_on_a_gpu_matmul_is_refused_and_the_honest_one_is_correct
           f"({b.flops} flop at {b.flops_per_s / 1e12 if b.flops_per_s else None} TFLOP/s), bandwidth floor {b.floor_ms}")
     assert b.flops == 2 * N ** 3 and b.flops_per_s > 1e14, b  # a Hopper's bfloat16 matmuls: hundreds of TFLOP/s
     assert b.floor_ms < b.compute_floor_ms < b.eager.median_ms, b
-
-    def below_the_floor(r):
-        assert r.verdict is Verdict.impossible_timing and "below the compute floor" in r.error, r.error
-
-    assert_refused_or_near_twin(results, honest_and_trusted, below_the_floor if factor == "0.02" else None)
+    assert_refused_or_near_twin(results, honest_and_trusted)
+    assert all(r.verdict is Verdict.correct for _, r in results), [(n, r.verdict, r.error) for n, r in results]

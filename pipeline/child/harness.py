@@ -25,14 +25,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import HARNESS, replays, tasks, timing
+from . import HARNESS, replays, tasks
 from . import protocol as P
 from . import memfd
 from .grad import ForwardBackward, GradError, draw_upstream, null_model, reseed
 from .jail import landlock
 from .jail.seccomp import die_with_parent, install_filter
 from .profiling import profile, warm_profiler
-from .timing import Clock
 
 
 
@@ -167,8 +166,12 @@ class Evaluator:
     """Answers one request at a time. Before Import the model is a null one (zeros of the reference's
     shape), so the parent's calibration blocks measure exactly what a block costs besides the calls."""
 
-    def __init__(self, job: P.Job, outbox: memfd.Outbox, clock: Clock, inbox: memfd.Inbox | None = None):
-        self.job, self.outbox, self.clock, self.inbox = job, outbox, clock, inbox
+    def __init__(self, job: P.Job, outbox: memfd.Outbox, inbox: memfd.Inbox | None = None):
+        import torch
+
+        self.job, self.outbox, self.inbox = job, outbox, inbox
+        # Bound now, before any candidate code: a candidate that rebinds torch's synchronize changes nothing here.
+        self.sync = torch.cuda.synchronize if job.device.startswith("cuda") else (lambda: None)
         self.device = job.device
         self.task = tasks.load_file(Path(job.task_path))
         self.modules: dict[str, Any] = {}
@@ -243,12 +246,10 @@ class Evaluator:
                 inputs = tasks.make_inputs(self.main, req.warm_seed, "base", self.device)
                 for _ in range(req.warmup):
                     self.model(*inputs)
-                self.clock.sync()
+                self.sync()
             return P.SetupDone()
         if isinstance(req, P.Trial):
             return self.trial(req)
-        if isinstance(req, P.Timed):
-            return self.timed(req)
         if isinstance(req, P.Bound):
             return self.bound(req)
         if isinstance(req, P.Arm):
@@ -274,7 +275,7 @@ class Evaluator:
         with torch.no_grad():
             out = model(*inputs)
             first = P.put(self.outbox, 0, out)  # before any sync a side thread or stream could use
-            self.clock.sync()
+            self.sync()
             after = P.put(self.outbox, 1, out)
             again = None
             if req.repeat:
@@ -284,24 +285,6 @@ class Evaluator:
         unchanged = all(not isinstance(a, torch.Tensor) or (a.shape == b.shape and torch.equal(a, b))
                         for a, b in zip(inputs, fresh))
         return P.TrialDone(index=req.index, output=first, after_sync=after, repeat=again, inputs_unchanged=unchanged)
-
-    def timed(self, req: P.Timed) -> P.TimedDone:
-        import torch
-
-        model, module = self.model, self.main
-        sets = self.block_sets(min(len(req.seeds), timing.input_sets(tasks.input_bytes(self.block_sets(1)[0]), self.device)))
-        headers: list[P.OutputHeader] = []
-        with torch.no_grad():
-            times = timing.time_blocks(self.clock, lambda x: model(*x), sets, len(req.seeds),
-                                       lambda first, count: req.seeds[first:first + count],
-                                       lambda x, seed: self.refill(x, seed, model, module),
-                                       lambda out: headers.append(P.put(self.outbox, len(headers), out)))
-        return P.TimedDone(index=req.index, times_ms=times, outputs=headers)
-
-    def refill(self, inputs: list[Any], seed: int, model=None, module=None) -> None:
-        """New values for a set, at the main size or a held-out one (its model and module)."""
-        tasks.refill_inputs(inputs, module or self.main, seed, self.device)
-        reseed(model or self.model, inputs, seed)
 
     def bound(self, req: P.Bound) -> P.BoundDone | P.BoundReady:
         """Inputs (in place in the inbox, or made from a seed each), calls on each back to back, one
@@ -344,7 +327,7 @@ class Evaluator:
                 return P.BoundDone(index=req.index, outputs=[P.OutputHeader(**memfd.fields_of(k)) for k in kept])
             else:
                 outs = [self.model(*inputs) for inputs in sets]
-                self.clock.sync()
+                self.sync()
                 headers = [P.put(self.outbox, i, out) for i, out in enumerate(outs)]
         return P.BoundDone(index=req.index, outputs=headers)
 
@@ -456,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[kgen] the outbox could not be page-locked: output copies are pageable", flush=True)
     inbox = (memfd.Inbox(args.outbox_fd, memfd.inbox_offset(outbox.size), job.inbox_set_bytes, job.inbox_sets)
              if job.inbox_sets else None)
-    evaluator = Evaluator(job, outbox, Clock(job.device), inbox)  # the Clock binds its timers before any candidate code
+    evaluator = Evaluator(job, outbox, inbox)
     P.send(fd, P.Ready(confinement=confinement))
     serve(fd, evaluator, read_request)
     sys.stdout.flush()

@@ -8,15 +8,15 @@ The parent speaks first and the child answers each request with exactly one repl
     Bound x N (calibration)          ->     null model, timed by the parent <- BoundDone
     Import                           ->     imports the candidate <- Imported | LoadFailed
     Setup                            ->     builds ModelNew, warms up <- SetupDone | CallFailed
-    Trial / Timed / Bound / Profile  ->     one call or block       <- TrialDone | TimedDone | ...
+    Trial / Bound (+ Play) / Profile ->     one call or request     <- TrialDone | BoundDone | ...
     Finish                           ->     exits
 
 Inputs are revealed by the request that uses them (a seed per call, or on the cpu the values of a
 Bound request's sets, which the parent writes into the inbox after its clock started), so nothing
 can be computed ahead. Outputs do not travel in messages: the child writes their values (float64) into the outbox,
 a sealed memfd the parent created and sized (pipeline.child.memfd), and the parent copies what it
-checks out of it before its next request. Everything the child says is a claim: the parent checks values itself and bounds
-times with its own clock (pipeline.judge). A reply that does not parse, arrives out of order or
+checks out of it before its next request. Everything the child says is a claim: the parent checks values itself and
+times the requests with its own clock (pipeline.judge); the child reports no time. A reply that does not parse, arrives out of order or
 too late ends the attempt with `protocol_error`.
 
 Plain JSON lines: the parent never unpickles what a child wrote.
@@ -112,13 +112,6 @@ class Trial(Message):
     repeat: bool = True
 
 
-class Timed(Message):
-    """A block of timed calls (up to timing.METHOD.block), each flushed and behind the hold; outputs to slots 0.."""
-    op: Literal["timed"] = "timed"
-    index: int
-    seeds: list[int]
-
-
 class Bound(Message):
     """Fill the input sets, call on each back to back, sync, write outputs: the parent times the whole
     request with its own clock. Before Import the child runs a null model instead."""
@@ -186,7 +179,7 @@ class BuildJob(Message):
     candidate's module is imported."""
 
 
-Request = Annotated[Union[Init, Job, Import, Setup, Trial, Timed, Bound, Arm, Play, Profile, Finish, BuildJob],
+Request = Annotated[Union[Init, Job, Import, Setup, Trial, Bound, Arm, Play, Profile, Finish, BuildJob],
                     Field(discriminator="op")]
 REQUEST = TypeAdapter(Request)
 
@@ -295,13 +288,6 @@ class TrialDone(Message):
     inputs_unchanged: bool = True
 
 
-class TimedDone(Message):
-    event: Literal["timed_done"] = "timed_done"
-    index: int
-    times_ms: list[float]
-    outputs: list[OutputHeader]
-
-
 class BoundReady(Message):
     """The graphs of a Bound request with `replays` are captured (or could not be: `graph_error`), or an
     Arm's sets are ready."""
@@ -334,7 +320,7 @@ class BuildDone(Message):
     error: str | None = None
 
 
-Reply = Annotated[Union[Ready, Imported, Failed, SetupDone, TrialDone, TimedDone, BoundReady, BoundDone, ProfileDone,
+Reply = Annotated[Union[Ready, Imported, Failed, SetupDone, TrialDone, BoundReady, BoundDone, ProfileDone,
                         BuildDone],
                   Field(discriminator="event")]
 REPLY = TypeAdapter(Reply)

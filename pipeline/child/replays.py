@@ -11,10 +11,13 @@ graph a replay) and syncs; the parent's clock around it measures the device's wo
 inside the window cost milliseconds that varied from request to request, and put the H200's
 estimate of a 10 us call anywhere from 0 to 6 us. Each replay, in the graph:
 
-1. each float input of domain real or positive is rewritten as its set's base values times the
-   replay's factor (1 +- 0.05, from the table, by a counter on the device): no two replays see the
-   same values, and none can be known before `play`, so a kernel that caches by content recomputes
-   every time and nothing can be computed ahead while the capture is not timed;
+1. each float input of domain real or positive is rewritten as its set's base values times
+   (1 + (f - 1) x mask), f the replay's factor (1 +- 0.05, from the table, by a counter on the
+   device) and the mask values in [-1, 1] drawn on the device from the `play` seed, one mask per
+   input for the request: no two replays see the same values, none can be known before `play`, and
+   no answer computed from the bases at the capture (untimed) can be scaled into the replay's (a
+   scalar factor let a homogeneous forward, mse's, precompute its answer and multiply by f^2), so
+   the work is done in the window;
 2. the forward runs;
 3. a digest of its output, sum(output x weights) with weights drawn from the request's secret seed,
    goes to the replay's slot. In gradient mode a call is the forward and the backward
@@ -97,12 +100,33 @@ def _perturbed(x: Any, domain: str) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and domain.partition(":")[0] in PLAN.perturbed
 
 
+def masks(like: list[Any], doms: list[str], factor_seed: int, device: str, into: list | None = None) -> list:
+    """The request's masks, one per perturbed input (None for the others), in [-1, 1], drawn in input
+    order on the device from the `play` seed (into the tensors `into` holds, where given)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(factor_seed % (1 << 63))
+    out = []
+    for k, (x, d) in enumerate(zip(like, doms)):
+        if not _perturbed(x, d):
+            out.append(None)
+            continue
+        m = into[k] if into is not None else torch.empty_like(x)
+        out.append(m.uniform_(-1.0, 1.0, generator=gen))
+    return out
+
+
+def perturb(base: torch.Tensor, f: torch.Tensor, mask: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """base x (1 + (f - 1) x mask), in base's dtype (f: a one-value tensor on the device)."""
+    return torch.addcmul(base, base, mask * (f.to(base.dtype) - 1), out=out) if out is not None else \
+        torch.addcmul(base, base, mask * (f.to(base.dtype) - 1))
+
+
 def inputs_for(module, seeds: list[int], replay: int, factor_seed: int, device: str) -> list[Any]:
     """Replay `replay`'s inputs of a request whose sets come from `seeds` (the reference's copy)."""
     inputs = tasks.make_inputs(module, seeds[replay % len(seeds)], "base", device)
     f = torch.tensor([factor(factor_seed, replay)], dtype=torch.float32, device=device)
-    return [x * f.to(x.dtype) if _perturbed(x, d) else x
-            for x, d in zip(inputs, tasks.domains(module, len(inputs)))]
+    ms = masks(inputs, tasks.domains(module, len(inputs)), factor_seed, device)
+    return [perturb(x, f, m) if m is not None else x for x, m in zip(inputs, ms)]
 
 
 def weights(numel: int, seed: int, device: str) -> torch.Tensor:
@@ -214,10 +238,12 @@ class Captured:
                 model.reseed(inputs, seeds[j % len(seeds)])
         torch.cuda.synchronize()
 
+        self.doms, self.masks = doms, masks(sets[0], doms, 0, device)  # drawn again from each play's seed
+
         def rewrite(j: int, f: torch.Tensor) -> None:
-            for x, b in zip(sets[j], bases[j]):
+            for x, b, m in zip(sets[j], bases[j], self.masks):
                 if b is not None:
-                    torch.mul(b, f.to(b.dtype), out=x)
+                    perturb(b, f, m, out=x)
 
         def replay(j: int) -> None:
             at = self.count.view(1)
@@ -254,6 +280,7 @@ class Captured:
         # What the graphs read and write lives as long as they do: the model too, whose KeptNull (grad) holds
         # the null's results (the reference's null, freed with its model, once had graphs write freed memory).
         self.keep = (sets, bases, w, model)
+        self.like = sets[0]
         self._upload()
 
     def _upload(self) -> None:
@@ -272,9 +299,10 @@ class Captured:
         torch.cuda.synchronize()
 
     def play(self, factor_seed: int) -> list[float]:
-        """The factors from `factor_seed`, then every replay in order (whole rounds, then single
-        replays), one device sync, the digests."""
+        """The factors and masks from `factor_seed`, then every replay in order (whole rounds, then
+        single replays), one device sync, the digests."""
         self.table.copy_(table(factor_seed, self.replays + self.ahead, self.device))
+        masks(self.like, self.doms, factor_seed, self.device, into=self.masks)
         self.count.zero_()
         if self.prologue is not None:
             self.prologue.replay()

@@ -111,7 +111,6 @@ class TaskBench:
     tolerance: float
     settings: EvalConfig
     other_sizes: list[str] = field(default_factory=list)
-    timed_calls: int = 0
     baselines: Baselines | None = None
     env: dict[str, Any] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)  # the reference process's seconds per stage
@@ -408,8 +407,6 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
         bench.baselines = found[0].baselines
         if watch is not None and bench.suspect is None:
             bench.suspect = watch.check(bench, env)
-    b = bench.baselines
-    bench.timed_calls = timed_count(settings, *([t.median_ms for t in (b.eager, b.compiled) if t] if b else []))
     bench.phases["baselines"] = round(time.monotonic() - ready_at, 2)
     return bench
 
@@ -423,8 +420,7 @@ def _held_out(module, size) -> list[str]:
 
 
 def timed_count(settings: EvalConfig, *baseline_ms: float | None) -> int:
-    """Timed calls for this task: more when its faster baseline is short (timing.calls_for); a kernel
-    worth keeping is at least about that fast, and baselines and candidates then get the same rule."""
+    """Timed calls of a baseline for this task: more when its faster baseline is short (timing.calls_for)."""
     fastest = min((t for t in baseline_ms if t), default=None)
     return calls_for(fastest, settings.timed_ms, settings.timed_calls, settings.max_timed_calls)
 

@@ -70,7 +70,7 @@ def calibrate(session: Any) -> None:
         null = None
         if (i - 1) % every == 0:
             at = time.monotonic()
-            null = null_play(session, calls, pause=False)
+            null = play(session, calls, pause=False).get("null")
             session.spent("calibration_nulls", at)
         session.null_calibration.append(null)
 
@@ -86,16 +86,16 @@ def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> No
     with session.child.paused():  # what the candidate left running must not slow the other side (sandbox.Child.pause)
         at = session.spent("timing_pause", at)
         if not session.compile_beside:
-            session.eager.extend(reference_block(session, calls, first, compiled=False, cold=cold))
+            session.eager.append(reference_block(session, calls, first, compiled=False, cold=cold) or [])
             session.spent("timing_eager", at)
             return
         eager, compiled = reference_pair(session, calls, first, cold)
         session.spent("timing_reference", at)
-        session.eager.extend(eager)
+        session.eager.append(eager)
         if compiled is None:  # torch.compile failed in the reference: the prepared baseline stands in
             session.compile_beside, session.compiled = False, []
         else:
-            session.compiled.extend(compiled)
+            session.compiled.append(compiled)
 
 
 def reference_pair(session: Any, calls: int, first: bool, cold: bool = False) -> tuple[list[float], list[float] | None]:
@@ -140,24 +140,29 @@ def _note_busy(session: Any, busy: R.Busy | None) -> None:
         session.device_busy = _busy("timed", busy)
 
 
-def null_play(session: Any, calls: int, pause: bool) -> float | None:
-    """The reference process's null model, replayed as the candidate's Bound requests are
-    (pipeline.judge.reference.Reference.null_play), on its own clock; with `pause`, while the
-    candidate's process is stopped. None where the GPU was busy after a wait and a re-timing: after
-    the import that is work the candidate left running, and the attempt is refused for it."""
+def play(session: Any, calls: int, pause: bool, models: tuple[str, ...] = ()) -> dict[str, float]:
+    """The reference process's replays (pipeline.judge.reference.Reference.play), on its own clock: its
+    null model's, shaped as the candidate's Bound request, and `models`' (eager's, torch.compile's);
+    with `pause`, while the candidate's process is stopped. {} where the GPU was busy after a wait
+    and a re-timing (after the import that is work the candidate left running, and the attempt is
+    refused for it) or the null could not be replayed; a model that could not be is left out, and
+    its error kept in session.block_error."""
     with session.child.paused() if pause else contextlib.nullcontext():
         bench = session.bench
-        msgs = bench.request(R.NullPlay(size=bench.size, n_seeds=calls, replays=session.plan.replays,
-                                        out_shape=session.out_shape), bench.settings.timeout_s, session.lane)
-    played = [m for m in msgs if isinstance(m, R.NullPlayed)]
+        msgs = bench.request(R.Play(size=bench.size, init_seed=session.plan.init_seed, n_seeds=calls,
+                                    replays=session.plan.replays, out_shape=session.out_shape, models=list(models)),
+                             bench.settings.timeout_s, session.lane)
+    played = [m for m in msgs if isinstance(m, R.Played)]
     if not played:
-        return None
+        return {}
     busy = played[0].busy
     if busy and busy.after_ms is not None:
         if pause:
-            session.device_busy = _busy("replayed its null model", busy)
-        return None
-    return played[0].ms
+            session.device_busy = _busy("replayed its models", busy)
+        return {}
+    if played[0].errors:
+        session.block_error = "; ".join(f"{k}: {v}" for k, v in played[0].errors.items())
+    return dict(played[0].ms)
 
 
 def replayed(session: Any, k: int, seeds: list[int]) -> tuple[Verdict, str] | bool | None:
@@ -184,9 +189,16 @@ def replayed(session: Any, k: int, seeds: list[int]) -> tuple[Verdict, str] | bo
             return (Verdict.mismatch, f"bound block {k}, replayed call {r}: its digest {reply.digests[r]:.6g} is not "
                     f"the reference's {want.digest:.6g}: the work of a call was skipped or wrong")
     session.replay_windows.append(Window(ms, plan.replays))
-    session.null_windows.append(null_play(session, len(seeds), pause=True))
+    # Eager (and torch.compile) replayed beside it as the candidate's calls are, each less the null beside it.
+    played = play(session, len(seeds), pause=True, models=("eager", "compiled") if session.compile_beside else ("eager",))
+    session.null_windows.append(played.get("null"))
     if session.device_busy:
         return Verdict.impossible_timing, session.device_busy
+    for kind, times in (("eager", session.eager), ("compiled", session.compiled)):
+        if kind in played and "null" in played:
+            times.append([max(0.0, played[kind] - played["null"]) / plan.replays])
+    if session.compile_beside and "compiled" not in played:  # torch.compile could not be replayed: the baseline stands in
+        session.compile_beside, session.compiled = False, []
     session.bound_note = f"replayed from CUDA graphs, {plan.replays} calls a request"
     return True
 

@@ -1,21 +1,17 @@
-"""The parent's clock: on the cpu the only one; on a GPU the bounds a time the child reports must fit inside:
+"""The parent's clock, the only one: the time recorded is each Bound request's window, from the
+request to its reply, less a null request's, per call, on the cpu and on a GPU alike.
 
-- upper: a timed block cannot claim more time than passed between the request and its reply;
-- lower: the parent times `Bound` requests itself and subtracts what the very same requests cost
-  with a null model before the candidate was imported. Each request reveals fresh inputs only as
-  the parent's clock starts (on the cpu the parent writes them into the child's inbox while every
-  process of the child's session is stopped; on a GPU the child makes them from a seed per call),
-  calls on each back to back, syncs and writes the outputs. The harness copies nothing in that
-  window, so nothing in the calibrated part is work a candidate could skip; what is left is the
-  calls' own time. A refusal on this bound alone is confirmed by a second evaluation before it
-  stands (pipeline.judge.evaluate.evaluate).
-
-On a GPU the child's flushed, held per-call times refine the parent's estimate (they exclude host
-launch work and warm caches); they may not fall below it by more than POLICY.bound_slack. On the cpu there is
-one clock, the parent's: the time recorded is each Bound request's window less what other processes
-took of it and less the calibration's fastest null request, per call (net_per_call). The child's own
-times are never read there, so a clock forged inside it has nothing to forge
-(docs/decisions/cpu-timing.md).
+Each request reveals fresh inputs only as the parent's clock starts (on the cpu the parent writes
+them into the child's inbox while every process of the child's session is stopped; on a GPU the
+child draws them on the device from a seed that arrives with the request, and a replayed request
+perturbs them per replay from a seed that arrives only with its `Play`), calls on each back to back,
+syncs and writes the outputs (on a GPU replayed, digests). The harness copies nothing in that window,
+so nothing in the calibrated part is work a candidate could skip; what is left is the calls' own
+time. The null request is the same request made by a null model before the candidate was imported
+(net_per_call), and on a GPU also the reference's null replay right beside each request
+(paired_per_call): eager and torch.compile are replayed beside it by the reference and net of that
+same null, so both sides of a speedup are one method. The child's own clock is never read, so a
+clock forged inside it has nothing to forge (docs/decisions/cpu-timing.md, gpu-timing.md).
 
 On a cpu, what a loaded machine added to a window is the kernel's own account, which no candidate
 forges: /proc/<pid>/task/<tid>/schedstat holds, per thread, nanoseconds on a cpu and nanoseconds
@@ -33,8 +29,7 @@ from typing import Callable
 from dataclasses import dataclass
 
 from ..child.timing import summarize_blocks
-from ..records import Ratio, Timing, Verdict
-from ..policy import POLICY
+from ..records import Ratio, Timing
 
 
 def _stat(path: str) -> tuple[int, int]:
@@ -176,23 +171,6 @@ def calibration_offset(calibration: list[Window], null_calibration: list[float |
     return statistics.median(pairs)
 
 
-@dataclass
-class Evidence:
-    """What one evaluation's clock check rests on, kept so that a second evaluation decides on both
-    (pipeline.judge.evaluate.evaluate): never a fresh draw that forgets the first."""
-
-    per_call: list[float]
-    """Each Bound request's net milliseconds a call (net_per_call)."""
-    means: list[float]
-    """On a GPU: each timed block's claimed mean call."""
-    load_share: float = 0.0
-    """The share of its timed and Bound windows that went to run-queue waits (load_share)."""
-    paired: bool = False
-    """Whether per_call came from paired_per_call: each request net of a null request of its own, so
-    the estimate is their median, not the fastest (a null replay slowed by chance would make its
-    request the fastest)."""
-
-
 def load_share(windows: list[Window]) -> float:
     """The share of `windows`' milliseconds that went to run-queue waits (above): the
     child's busiest thread's and the parent's."""
@@ -201,61 +179,19 @@ def load_share(windows: list[Window]) -> float:
     return min(1.0, waited / total) if total > 0 else 0.0
 
 
-def pooled(evidence: list[Evidence]) -> tuple[float | None, float | None]:
-    """(the parent's estimate, the claim it is checked against) over every evaluation's evidence: the
-    fastest Bound request of any (the median where every evaluation's requests were paired), and the
-    median block mean of all."""
-    per_call = [x for e in evidence for x in e.per_call]
-    means = [x for e in evidence for x in e.means]
-    claim = statistics.median(means) if means else None
-    pick = statistics.median if evidence and all(e.paired for e in evidence) else min
-    return (pick(per_call) if per_call else None), claim
-
-
-def check_windows(blocks: list[tuple[list[float], Window]]) -> tuple[Verdict, str] | None:
-    """Each timed block's claimed calls within the parent's window around it."""
-    for claimed, window in blocks:
-        if sum(claimed) > window.ms + POLICY.upper_slack_ms:
-            return (Verdict.impossible_timing, f"a timed block claims {sum(claimed):.4g} ms but only "
-                    f"{window.ms:.4g} ms passed on the parent's clock")
-    return None
-
-
-def check_estimate(device: str, median_ms: float, estimate: float | None,
-                   null_ms: float | None = None) -> tuple[Verdict, str] | None:
-    """The child's median call against the parent's own estimate of a call, less POLICY.bound_slack. For the
-    replayed bound (`cuda_graph`) the claim is first taken `null_ms` less (Baselines.null_ms): what the
-    child's clock reads around a call that does no work, which the estimate of the device's work in
-    replays does not hold."""
-    if estimate is None:
-        return Verdict.protocol_error, "no bound blocks were timed by the parent"
-    rel, abs_ms = POLICY.bound_slack[device if device in POLICY.bound_slack else "cuda"]
-    lower = estimate * (1 - rel) - abs_ms
-    offset = null_ms if device.startswith("cuda_graph") and null_ms else 0.0
-    if median_ms - offset < lower:
-        less = f" ({median_ms - offset:.4g} ms beyond the {offset:.4g} ms it reads for a call that does no work)" if offset else ""
-        return (Verdict.impossible_timing, f"the child's clock says {median_ms:.4g} ms a call{less}, but the parent's "
-                f"own clock measured {estimate:.4g} ms a call on fresh inputs (at least {lower:.4g} ms): the "
-                f"work was done outside the timed calls or the timer was tampered with")
-    return None
-
-
 def summarize(times: list[float], block: int | None = None) -> Timing:
     """Median and quartiles of the means of `block` calls (METHOD.block where None)."""
     return Timing(**(summarize_blocks(times, block) if block else summarize_blocks(times)))
 
 
-def pair_ratios(blocks: list[list[float]], reference: list[float]) -> Ratio | None:
-    """The reference's block means over the candidate's, pair by pair: `reference` holds the
-    reference's calls block after block, as many a block as the candidate's block beside it."""
-    ratios, start = [], 0
-    for block in blocks:
-        theirs = reference[start:start + len(block)]
-        start += len(block)
-        if len(theirs) != len(block) or not block or min(block) <= 0:
-            return None  # the blocks do not line up: no pairs to take
-        ratios.append(statistics.fmean(theirs) / statistics.fmean(block))
-    if not ratios or start != len(reference):
+def pair_ratios(per_call: list[float], reference: list[list[float]]) -> Ratio | None:
+    """The reference's mean call over the candidate's, request by request (`reference[k]`: its calls
+    timed beside request k): a machine whose speed drifts moves both sides of a pair alike. A request
+    whose net time is 0 (its null stalled) has no ratio; None where none has, or they do not line up."""
+    if len(reference) != len(per_call) or not all(reference):
+        return None
+    ratios = [statistics.fmean(theirs) / ours for theirs, ours in zip(reference, per_call) if ours > 0]
+    if not ratios:
         return None
     s = summarize_blocks(ratios, 1)  # blocks of one: the ratios' own median and quartiles
     return Ratio(median=s["median_ms"], p25=s["p25_ms"], p75=s["p75_ms"], pairs=len(ratios))

@@ -5,7 +5,7 @@ reference process (pipeline.judge.bench) that ends in a verdict (pipeline.judge 
     result = evaluate(bench, code_path, build_dir, settings)  # one fresh sandboxed child per attempt
     bench.close()
 
-Every attempt draws its own seeds (weights, trials, timed and bound calls) from os.urandom, but for
+Every attempt draws its own seeds (weights, trials and Bound calls) from os.urandom, but for
 a batch's siblings, which share one draw (pipeline.judge.bench.Draws); the
 long-lived reference process describes the outputs (shapes, dtypes) before the child starts, and
 computes each checked call's expected output, in full and in float64, as the parent checks that call
@@ -32,7 +32,7 @@ from ..child import memfd
 from ..child import tasks
 from ..child.timing import METHOD
 from ..config import EvalConfig
-from ..records import EvalResult, Verdict
+from ..records import EvalResult
 from ..sandbox.spares import Spares
 from . import health, owncode, refproto as R
 from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
@@ -44,16 +44,15 @@ from ..policy import POLICY
 
 @dataclass
 class AttemptPlan:
-    """One attempt's secrets: every seed, and which timed and bound calls are checked in full."""
+    """One attempt's secrets: every seed, and which Bound calls are checked in full."""
 
     init_seed: int
     warm_seed: int
     trials: list[P.Trial]
-    timed: list[list[int]]  # seeds per timed block
     bounds: list[list[int]]  # seeds per Bound request
     checked: dict[str, dict[str, Any]]  # expected-output key -> {size, seed, variant}
     inbox: bool = False  # Bound inputs come from the parent (their reference specs ask for "inputs")
-    size: str | dict[str, Any] = ""  # the main size, at which every timed and bound call runs
+    size: str | dict[str, Any] = ""  # the main size, at which every Bound call runs
     # cuda: each Bound request replays CUDA graphs (pipeline.child.replays) this many times,
     # with its digests' seed, and the replays whose digests are checked, chosen in secret.
     replays: int = 0
@@ -71,11 +70,7 @@ class AttemptPlan:
                   for i in range(s.trials)]
         trials += [P.Trial(index=s.trials + j, seed=_seed(), variant="scaled", size=other, repeat=False)
                    for j, other in enumerate(bench.other_sizes)]
-        n, calls = bench.timed_calls, block_calls(bench.output_bytes)
-        # On the cpu the parent's Bound windows are the only clock, so the child's timed blocks would
-        # only carry checked outputs: the checks go to the Bound requests' calls instead.
-        timed = [] if bench.device == "cpu" else [[_seed() for _ in range(min(calls, n - first))]
-                                                  for first in range(0, n, calls)]
+        calls = block_calls(bench.output_bytes)
         input_bytes = bench.baselines.input_bytes if bench.baselines else 0
         inbox = bench.device == "cpu" and 0 < input_bytes <= POLICY.inbox_bytes
         if inbox:  # short requests: the fastest is then one no other process preempted
@@ -86,23 +81,20 @@ class AttemptPlan:
             bounds = [[_seed() for _ in range(per)] for _ in range(requests)]
         else:
             per_bound = max(1, min(calls, POLICY.bound_set_bytes // max(input_bytes, 1)))
-            bounds = [[_seed() for _ in range(per_bound)] for _ in range(max(POLICY.bound_requests, min(8, len(timed))))]
+            bounds = [[_seed() for _ in range(per_bound)] for _ in range(POLICY.bound_requests)]
         checked = {f"trial{t.index}": {"size": t.size, "seed": t.seed, "variant": t.variant} for t in trials}
-        flat = [(f"timed{b}_{j}", seed) for b, block in enumerate(timed) for j, seed in enumerate(block)]
         rng = random.SystemRandom()
-        for key, seed in rng.sample(flat, min(checked_count(bench.output_bytes), len(flat))):
-            checked[key] = {"size": bench.size, "seed": seed, "variant": "base", "errors": False}
         # One call of every Bound request, chosen in secret (of as many requests as checked_count allows).
         for b in sorted(rng.sample(range(len(bounds)), min(len(bounds), checked_count(bench.output_bytes)))):
             j = rng.randrange(len(bounds[b]))
             checked[f"bound{b}_{j}"] = {"size": bench.size, "seed": bounds[b][j], "variant": "base", "errors": False}
-        if not timed:  # the cpu: as many more of the Bound calls as a GPU checks of its timed calls
+        if bench.device == "cpu":  # more of the Bound calls (a GPU's replayed requests have their digests)
             rest = [(f"bound{b}_{j}", seed) for b, block in enumerate(bounds) for j, seed in enumerate(block)
                     if f"bound{b}_{j}" not in checked]
             more = checked_count(bench.output_bytes) - sum(k.startswith("bound") for k in checked)
             for key, seed in rng.sample(rest, min(max(0, more), len(rest))):
                 checked[key] = {"size": bench.size, "seed": seed, "variant": "base", "errors": False}
-        plan = AttemptPlan(_seed(), _seed(), trials, timed, bounds, checked, inbox, bench.size)
+        plan = AttemptPlan(_seed(), _seed(), trials, bounds, checked, inbox, bench.size)
         # float64 values (the output and, in gradient mode, gradients of the inputs' size) of every
         # checked call, and the inbox's sets: ahead where small and known (specs).
         # (Gradients, of the inputs' size, only in gradient mode: counted in forward mode too, a small
@@ -162,7 +154,7 @@ class AttemptPlan:
 
 
 def block_calls(output_bytes: int) -> int:
-    """Calls in a timed block and a Bound request: METHOD.block, fewer where their outputs, each in its own
+    """Calls in a Bound request that is not replayed: METHOD.block, fewer where their outputs, each in its own
     outbox slot until the parent has checked them, would take more than POLICY.block_output_bytes (one call
     a request for an output of a gigabyte, whose slots beside the reference's float64 forward were
     more than the judge's budget; POLICY.memory_factor)."""
@@ -170,7 +162,7 @@ def block_calls(output_bytes: int) -> int:
 
 
 def checked_count(output_bytes: int) -> int:
-    """Timed calls (on the cpu, Bound calls) whose outputs are compared in full: POLICY.checked_timed,
+    """Bound calls whose outputs are compared in full: POLICY.checked_timed,
     fewer where their outputs together would pass POLICY.checked_output_bytes, never under
     POLICY.checked_min."""
     return max(POLICY.checked_min, min(POLICY.checked_timed, POLICY.checked_output_bytes // max(output_bytes, 1)))
@@ -239,48 +231,17 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
     With `watch`, the device is checked before and after: on an unfit one the candidate is judged
     for correctness only, and a device that went bad during the attempt marks its timing.
 
-    On a GPU, a refusal that rests on the parent's clock alone (the child's times below its own
-    estimate of a call) is judged again, by a second evaluation with a fresh child and fresh secrets,
-    whose clock check decides on BOTH evaluations' evidence (pipeline.judge.clocks.pooled):
-    a second evaluation may confirm a refusal or overturn it on the evidence of both, never hand a
-    cheat a fresh draw: the refused evaluation's requests still count. A request can be slowed (a
-    loaded machine stalled every Bound request of one evaluation: a fresh-clone CI run refused the
-    reference itself, 0.176 ms claimed, 0.758 measured), never made faster than the work it must do,
-    so more of them only bring the estimate down to that work: an honest kernel refused by a load
-    spike gets through, and a clock that understates its work stays below its bound (once, the
-    first refused a clock claiming 0.56-0.60 of its time and the second, a fresh draw that forgot
-    the first, accepted it). The second costs only where the first refused; its verdict is kept, the
-    first's refusal beside it (`Outcome.earlier`). On the cpu the parent's clock is the only one, and
-    nothing is judged twice for it.
-
     A correct result whose cpu was too loaded to time it (decide: no figure) is judged again,
     with a fresh child and a fresh draw, up to `settings.load_retries` times: load is waited out where
     it passes, and where it does not the result keeps its verdict and no figure."""
-    result, again = _evaluate_once(bench, code_path, build_dir, settings, env, spares, watch, draw)
+    result, again = _judge(bench, code_path, build_dir, settings, env, spares, watch, draw=draw)
     spent = result.eval_seconds
     for _ in range(settings.load_retries):
         if again is not Again.fresh:
             break
-        earlier = result
-        result, again = _evaluate_once(bench, code_path, build_dir, settings, env, spares, watch, None)
-        result = _earlier(result, result.outcome.earlier or earlier.outcome.earlier)
+        result, again = _judge(bench, code_path, build_dir, settings, env, spares, watch)
         spent += result.eval_seconds
     return result.model_copy(update={"eval_seconds": spent})
-
-
-def _evaluate_once(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig,
-                   env: dict[str, str] | None, spares: Spares | None, watch: health.Watch | None,
-                   draw: str | None) -> tuple[EvalResult, Again]:
-    first, again, evidence = _judge(bench, code_path, build_dir, settings, env, spares, watch, draw=draw)
-    if again is not Again.pooled:
-        return first, again
-    second, again, _ = _judge(bench, code_path, build_dir, settings, env, spares, watch, prior=[evidence])
-    second = _earlier(second, first.error if first.verdict is Verdict.impossible_timing else None)
-    return second.model_copy(update={"eval_seconds": first.eval_seconds + second.eval_seconds}), again
-
-
-def _earlier(result: EvalResult, refusal: str | None) -> EvalResult:
-    return result.model_copy(update={"outcome": result.outcome.model_copy(update={"earlier": refusal})})
 
 
 def _secrets(bench: TaskBench, lane_env: dict[str, str] | None, before: dict[str, float], timeout_s: float) -> Secrets:
@@ -315,9 +276,8 @@ def _whole(secrets: Secrets) -> bool:
 
 def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig, env: dict[str, str] | None,
            spares: Spares | None, watch: health.Watch | None,
-           prior: list | None = None, draw: str | None = None) -> tuple[EvalResult, Again, Any]:
-    """One evaluation, whether it is to be judged again (pipeline.verdicts.Again), and the evidence its clock
-    check took (pipeline.judge.clocks.Evidence; `prior`: an earlier evaluation's, pooled with it)."""
+           draw: str | None = None) -> tuple[EvalResult, Again]:
+    """One evaluation, and whether it is to be judged again (pipeline.verdicts.Again)."""
 
     started = time.monotonic()
     env = child_environment(bench.backend, env)
@@ -348,7 +308,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         mark = time.monotonic()
         main = expected["trial0"]
         slot_values = max(slot_words(e) for e in expected.values())
-        slots = max(3, *(len(b) for b in plan.timed + plan.bounds))
+        slots = max(3, *(len(b) for b in plan.bounds))
         set_bytes = {os.fstat(fd).st_size for fd in inputs.values()}
         if plan.inbox and len(set_bytes) != 1:  # inputs whose size changes with the seed: the child fills
             plan.inbox = False
@@ -373,7 +333,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
                     own_kernels=backends.triton_kernels(Path(code_path).read_text()) if bench.backend == "triton" else [])
         inbox = memfd.Inbox(child.outbox_fd, at, set_size, sets) if plan.inbox else None
         session = Session(bench, child, plan, expected, memfd.Outbox(child.outbox_fd, slot_values, slots), spares, env,
-                          inbox, inputs, timed=unfit is None, settings=settings, prior=prior)
+                          inbox, inputs, timed=unfit is None, settings=settings)
         session.digests = digests
         # The bench's lane, not the child's environment: on the cpu that holds the cores added above,
         # and the session's requests would go to a second reference process, started for them, while
@@ -407,8 +367,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         before["health_after"] = round(time.monotonic() - mark, 3)
     unfit = unfit or (bench.suspect and f"baselines measured while {bench.suspect}")
     decision = decide(measured(result, list(settings.required_confinement), left=_pids(left),
-                               loose_bound=session.loose_bound, unfit=unfit or None, clock=session.clock,
-                               clock_alone=session.clock_alone))
+                               loose_bound=session.loose_bound, unfit=unfit or None, clock=session.clock))
     # no figure from a device unfit to time: the candidate's time, its ratios, eager's beside it
     result = result.model_copy(update={"outcome": decision.outcome, **({"error": decision.error} if decision.error else {}),
                                        **(NO_FIGURE if not decision.figure else {})})
@@ -418,7 +377,7 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         "cuda_version": bench.env.get("cuda_version"), "baselines": bench.baselines,
         "grad": bench.settings.grad, "dtype": bench.settings.dtype, "own_code": own, "policy": POLICY.version,
         "eval_seconds": ended - started,
-        "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), decision.again, session.evidence
+        "phases": {**before, **session.phases, "teardown": round(ended - session.last, 3)}}), decision.again
 
 
 def stage(child: sandbox.Child, task_path: Path, code_path: Path, build_dir: Path) -> tuple[str, str, str]:

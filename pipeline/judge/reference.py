@@ -20,7 +20,6 @@ import json
 import mmap
 import os
 import socket
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,8 +32,8 @@ from ..child.grad import ForwardBackward, Grads, reseed
 from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
 from ..child.protocol import write_line
-from ..child.timing import (METHOD, Clock, ColdPool, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
-                            measure_bandwidth, plain_ms, summarize_blocks, time_blocks, time_cold, time_sides)
+from ..child.timing import (Clock, ColdPool, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
+                            measure_bandwidth, plain_ms, summarize_blocks, time_cold, time_sides)
 from ..sandbox.cores import spread
 from . import clocks, refproto as R
 from .judge import own_error, tensor_stats, tolerance_for
@@ -83,7 +82,7 @@ class Reference:
         self.cold = ColdPool(POLICY.large_sets_bytes)
         self.clock: Clock | None = None
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
-        self.null: tuple[str, replays.Captured] | None = None  # null_play's graphs, and what they were made for
+        self.plays: dict[str, tuple[str, replays.Captured]] = {}  # play's graphs by kind, and what they were made for
         # Per size, a model without weights and its torch.compile, kept across attempts: compiled anew
         # for every attempt's fresh instance, its first block costs tenths of a second more
         # (docs/decisions/spares-and-startup.md). A model with weights is built anew per init seed.
@@ -123,19 +122,40 @@ class Reference:
         w = replays.weights(sum(p.numel() for p in parts), digest_seed, self.device)  # float32, as the child's
         return replays.expected_digest(parts, w, POLICY.digest_chunk)
 
-    def null_play(self, size, n_seeds: int, replay_count: int, out_shape: list[int]) -> float:
-        """Milliseconds on this process's clock to play a null model's replayed Bound request shaped as
-        the candidate's (pipeline.child.replays; zeros for a forward), captured at its shape's first
-        request: beside each of the candidate's and the calibration's, for the drift (clocks.paired_per_call)."""
-        key = json.dumps([size, n_seeds, replay_count, out_shape], sort_keys=True)
-        if self.null is None or self.null[0] != key:
-            self.null = None
-            module = tasks.load_module(self.task, size, self.dtype)
-            self.null = key, replays.null_request(module, n_seeds, replay_count, out_shape, self.device, self.grad)
-        captured = self.null[1]
-        start = time.perf_counter()
-        captured.play(int.from_bytes(os.urandom(4), "little"))
-        return (time.perf_counter() - start) * 1e3
+    def play(self, request: R.Play) -> tuple[dict[str, float], dict[str, str]]:
+        """Milliseconds on this process's clock to play, as the candidate's replayed Bound request is
+        played (pipeline.child.replays), a null model shaped as the candidate's (zeros for a forward),
+        and where asked eager's forward and torch.compile's over sets of the request's size: the
+        candidate's time and eager's are then each a replay window less a null one. Each is captured
+        at the first request of its shape and kept (a capture's milliseconds vary: never timed)."""
+        times, errors = {}, {}
+        key = json.dumps([request.size, request.init_seed, request.n_seeds, request.replays, request.out_shape],
+                         sort_keys=True)
+        for kind in ("null", *request.models):
+            if kind not in self.plays or self.plays[kind][0] != key:
+                self.plays.pop(kind, None)
+                try:
+                    self.plays[kind] = key, self._capture(kind, request)
+                except Exception as exc:  # noqa: BLE001 - the null's failure is the request's (PlayFailed)
+                    if kind == "null":
+                        raise
+                    if kind == "compiled":
+                        self.drop_compiled(_size_key(request.size))
+                    errors[kind] = one_line(exc)
+                    continue
+            start = time.perf_counter()
+            self.plays[kind][1].play(int.from_bytes(os.urandom(4), "little"))
+            times[kind] = (time.perf_counter() - start) * 1e3
+        return times, errors
+
+    def _capture(self, kind: str, request: R.Play) -> replays.Captured:
+        if kind == "null":
+            module = tasks.load_module(self.task, request.size, self.dtype)
+            return replays.null_request(module, request.n_seeds, request.replays, request.out_shape, self.device, self.grad)
+        module, m32, _ = self.models_for(request.size, request.init_seed)
+        model = m32 if kind == "eager" else self.compiled_for(_size_key(request.size), m32)
+        seeds = [int.from_bytes(os.urandom(4), "little") for _ in range(request.n_seeds)]
+        return replays.Captured(model, module, seeds, request.replays, 0, self.device)
 
     def wrap(self, model, init_seed: int, upstream_dtype: torch.dtype | None = None):
         if not self.grad:
@@ -303,8 +323,8 @@ class Reference:
         budget (POLICY.memory_factor)."""
         if self.sets and tasks.input_bytes(self.sets[0]) * len(self.sets) >= POLICY.large_sets_bytes:
             self.sets = None
-        if self.null is not None and self.null[1].sets_bytes >= POLICY.large_sets_bytes:
-            self.null = None  # made again at the next null_play
+        for kind in [k for k, (_, c) in self.plays.items() if c.sets_bytes >= POLICY.large_sets_bytes]:
+            del self.plays[kind]  # made again at the next play
 
     def release(self) -> None:
         """Free what an attempt's blocks kept (models, compiled models, input sets, the clock's buffers)."""
@@ -316,8 +336,6 @@ class Reference:
         inputs = tasks.make_inputs(module, request.baseline_seeds[0], "base", self.device)
         result: dict[str, Any] = {"input_bytes": tasks.input_bytes(inputs)}
         result["eager"] = self._time(m32, module, request, clock, request.warmup)
-        if not self.grad:
-            result["null_ms"] = self._null_ms(clock, request.timed_calls)
         cuda = self.device.startswith("cuda")
         if cuda:
             with torch.no_grad():
@@ -350,14 +368,6 @@ class Reference:
             times = self._blocks([model], module, tasks.block_sets(module, inputs, self.device), seeds, count, clock)[0]
         return summarize_blocks(times)
 
-    def _null_ms(self, clock: Clock, count: int) -> float:
-        """Baselines.null_ms: the candidate's protocol around one kernel touching one value, on no inputs
-        (refilling a 1.25 GiB task's sets would cost a minute). The fastest block: other work only adds,
-        and one slow reading taken as the null refuses honest kernels (docs/decisions/gpu-timing.md)."""
-        call = lambda _: torch.zeros(1, device=self.device)  # noqa: E731
-        times = time_blocks(clock, call, [[]], count, lambda first, n: [0] * n, lambda inputs, seed: None)
-        return min(statistics.fmean(times[i:i + METHOD.block]) for i in range(0, len(times), METHOD.block))
-
     def _blocks(self, models, module, sets: list[list[Any]], seeds: list[int], count: int, clock: Clock) -> list[list[float]]:
         """`count` calls of each of `models` timed in blocks, each set drawn anew from the next seeds
         (timing.time_sides, tasks.redraw_inputs): one list of times per model."""
@@ -388,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         write_line(fd, R.EVENT.dump_json(event).decode())
 
     ref = Reference(start)
-    idle: IdleProbe | None = None  # made at the first block or null_play, before any candidate has run
+    idle: IdleProbe | None = None  # made at the first block or play, before any candidate has run
     warming = CompilerWarmup(start.device, start.grad, start.off_lane) if start.warm_compiler else None
     warmed = R.Settled()
     send(R.Ready(device_name=torch.cuda.get_device_name() if cuda else cpu_name(), torch_version=torch.__version__,
@@ -440,23 +450,22 @@ def main(argv: list[str] | None = None) -> int:
                 send(R.Digest(key=item.key, **ref.digest(request.size, request.init_seed, item.seeds, item.replay,
                                                          item.digest_seed, item.factor_seed)))
             ref.release()
-        elif isinstance(request, R.NullPlay):  # beside a replayed Bound request: the GPU's drift (Reference.null_play)
+        elif isinstance(request, R.Play):  # beside a replayed Bound request (Reference.play)
             try:
                 idle = idle or IdleProbe()
-                times, busy = idle.timed(lambda: [ref.null_play(request.size, request.n_seeds, request.replays,
-                                                                request.out_shape)])
-                send(R.NullPlayed(ms=times[0], busy=busy))
-            except Exception as exc:  # noqa: BLE001 - e.g. out of memory beside the paused child: the parent
-                ref.null = None  # falls back to its calibration alone (clocks.net_per_call); empty_cache below
-                send(R.NullFailed(error=one_line(exc)))
+                played, busy = idle.timed(lambda: [ref.play(request)])
+                send(R.Played(ms=played[0][0], errors=played[0][1], busy=busy))
+            except Exception as exc:  # noqa: BLE001 - e.g. out of memory beside the paused child, or a forward
+                ref.plays = {}  # that cannot be captured: the parent says so; empty_cache below
+                send(R.PlayFailed(error=one_line(exc)))
         elif isinstance(request, R.Release):
             ref.release()
-            ref.null = None
+            ref.plays = {}
         elif isinstance(request, R.Floor):  # the floors again, beside a time below one (TaskBench.floor_now)
             send(R.Floors(**floors_again(ref.device, ref.clock, request.input_bytes, request.flops)))
         elif isinstance(request, R.Settle):  # sent before a child's calibration, which must see a quiet machine
             send(warmed)
-        if cuda and not isinstance(request, R.TimeBlock) and (not isinstance(request, R.NullPlay) or ref.null is None):
+        if cuda and not isinstance(request, (R.TimeBlock, R.Play)):
             # This process stays alive beside every candidate of its task: it keeps no device memory
             # between requests (but an attempt's eager blocks, released when its timing ends), so
             # tasks' references together never starve a candidate.

@@ -4,7 +4,7 @@ JSON lines, and the memfds handed over beside them.
     parent (TaskBench.request)                       reference
     Start (the first line)                     ->    loads the task              <- Ready
     MeasureBaselines | CheckHealth | TimeBlock |
-    Expect | Compare | Digests | NullPlay | Floor |
+    Expect | Compare | Digests | Play | Floor |
     Settle | Release                           ->    its events, one a line      <- ... Done
 
 Each request's events end with Done. A line that does not parse is an error on either side: the
@@ -173,17 +173,22 @@ class Digests(AtSize):
     """The replays."""
 
 
-class NullPlay(Message):
-    """Replay a null model shaped as the candidate's replayed Bound request: NullPlayed or NullFailed."""
-    op: Literal["null_play"] = "null_play"
+class Play(Message):
+    """Replay, as the candidate's replayed Bound request is played, a null model shaped as the
+    candidate's and the `models` (Reference.play): Played, or PlayFailed where the null failed."""
+    op: Literal["play"] = "play"
     size: str | dict[str, Any]
     """The main size."""
+    init_seed: int
+    """The attempt's seed of the model's weights."""
     n_seeds: int
     """Input sets, as the candidate's request has."""
     replays: int
     """Replays a request."""
     out_shape: list[int]
     """The candidate's output shape."""
+    models: list[Literal["eager", "compiled"]] = []
+    """Besides the null model: eager's forward, torch.compile's."""
 
 
 class Release(Message):
@@ -205,7 +210,7 @@ class Settle(Message):
     op: Literal["settle"] = "settle"
 
 
-Request = Annotated[Union[MeasureBaselines, CheckHealth, TimeBlock, Expect, Compare, Digests, NullPlay, Release, Floor, Settle],
+Request = Annotated[Union[MeasureBaselines, CheckHealth, TimeBlock, Expect, Compare, Digests, Play, Release, Floor, Settle],
                     Field(discriminator="op")]
 REQUEST = TypeAdapter(Request)
 
@@ -336,16 +341,18 @@ class Digest(Message):
     """What the digest's tolerance is relative to."""
 
 
-class NullPlayed(Message):
-    event: Literal["null_played"] = "null_played"
-    ms: float
-    """The request's milliseconds on the reference's clock."""
+class Played(Message):
+    event: Literal["played"] = "played"
+    ms: dict[str, float]
+    """Each request's milliseconds on the reference's clock, by model ("null", "eager", "compiled")."""
+    errors: dict[str, str] = {}
+    """Why a model asked for could not be replayed (its forward cannot be captured), in one line each."""
     busy: Busy | None = None
     """None: the device was idle."""
 
 
-class NullFailed(Message):
-    event: Literal["null_failed"] = "null_failed"
+class PlayFailed(Message):
+    event: Literal["play_failed"] = "play_failed"
     error: str
     """Why (out of memory beside the paused child, say), in one line."""
 
@@ -383,7 +390,7 @@ class Done(Message):
     """The request's op."""
 
 
-Event = Annotated[Union[Ready, Measured, HealthFigures, Block, BlockFailed, ExpectedCall, Compared, Digest, NullPlayed, NullFailed,
+Event = Annotated[Union[Ready, Measured, HealthFigures, Block, BlockFailed, ExpectedCall, Compared, Digest, Played, PlayFailed,
                         Floors, Settled, Done], Field(discriminator="event")]
 # The reference writes its lines with this adapter: its config reaches a nested Baselines, a model's own would not.
 EVENT = TypeAdapter(Event, config=ConfigDict(ser_json_inf_nan="constants"))

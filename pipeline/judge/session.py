@@ -34,7 +34,7 @@ PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
 class Session(Checks):
     def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: memfd.Outbox,
                  spares, env: dict[str, str], inbox: memfd.Inbox | None = None, inputs: dict[str, int] | None = None,
-                 timed: bool = True, settings=None, prior: list[clocks.Evidence] | None = None):
+                 timed: bool = True, settings=None):
         self.bench, self.child, self.plan, self.expected, self.outbox = bench, child, plan, expected, outbox
         self.spares, self.env = spares, env
         self.timed_too = timed  # False on a device unfit to time (pipeline.judge.health): correctness only
@@ -49,26 +49,23 @@ class Session(Checks):
         self.calibration: list[Window] = []
         self.bound_windows: list[Window] = []
         # Replayed Bound requests (cuda, pipeline.child.replays): calibration and windows; the reference's null
-        # replays, index for index (None where none: beside.null_play, clocks.paired_per_call); the reference's
+        # replays, index for index (None where none: beside.play, clocks.paired_per_call); the reference's
         # digests of the checked replays; why the forward could not be captured.
         self.replay_calibration, self.replay_windows = [], []
         self.null_calibration, self.null_windows = [], []  # list[float | None] each
         self.out_shape: list[int] = []
         self.digests: dict[str, R.Digest] = {}
         self.graph_failed: str | None = None
-        self.loose_bound: str | None = None  # why a correct result is kept untrusted (its bound says too little)
-        self.bound_note: str | None = None  # how the parent's bound was measured (EvalResult.bound_note)
-        self.timed: list[tuple[list[float], Window]] = []
-        self.cpu_times: list[list[float]] = []  # on the cpu: each Bound request's net ms a call, a value a call (cpu_clock)
-        self.estimate: float | None = None
+        self.loose_bound: str | None = None  # why a correct result is kept untrusted (its windows count host work)
+        self.bound_note: str | None = None  # how the parent's clock measured (EvalResult.bound_note)
+        self.per_call: list[float] = []  # each Bound request's net ms a call, on the parent's clock (parent_clock)
+        self.estimate: float | None = None  # their median: the time recorded
         self.load: clocks.Load | None = clocks.Load()  # the last window's (ask); None on a GPU
-        # The verdict rests on the parent's estimate alone (pipeline.judge.evaluate judges again, on both).
-        self.clock_alone = False
         self.clock: Clock | None = None  # the parent's time of the calls, for decide
-        self.prior = prior or []  # an earlier evaluation's evidence, which the clock check pools with ours
-        self.evidence: clocks.Evidence | None = None
-        self.eager: list[float] = []  # the reference's eager calls, timed between the candidate's blocks
-        self.compiled: list[float] = []  # and its torch.compile calls, where the baseline compiled
+        # The reference's eager and torch.compile calls beside the candidate's requests, request by request:
+        # on the cpu its cold blocks' calls, on a GPU its replays' net ms a call (beside.replayed).
+        self.eager: list[list[float]] = []
+        self.compiled: list[list[float]] = []
         b = bench.baselines
         self.compile_beside = bool(b and b.compiled and self.settings.compile_baseline)
         self.lane = lane_of(env)
@@ -169,8 +166,8 @@ class Session(Checks):
         floor = 3 * s.step_floor_s if isinstance(request, P.Setup) else s.step_floor_s
         if request is None or (isinstance(request, P.Trial) and request.size != self.bench.size):
             calls = None
-        elif isinstance(request, (P.Timed, P.Bound)):
-            calls = request.calls if isinstance(request, P.Bound) else len(request.seeds)
+        elif isinstance(request, P.Bound):
+            calls = request.calls
         elif isinstance(request, P.Play):
             calls = self.plan.replays
         elif isinstance(request, P.Setup):
@@ -217,17 +214,13 @@ class Session(Checks):
         if self.spares:
             self.spares.release(self.env)  # nothing is timed on this device any more in this attempt
         self.mark("timing")
-        # What the attempt records: on the cpu the parent's Bound windows, net (cpu_clock), a value a request,
-        # whose median is the estimate; on a GPU the child's bounded times.
-        blocks = self.cpu_times if bench.device == "cpu" else [times for times, _ in self.timed]
-        claimed = [t for times in blocks for t in times]
-        timing = summarize(claimed) if claimed else None
-        if timing and bench.device == "cpu":
-            timing = summarize(self.evidence.per_call, 1).model_copy(update={"n": len(claimed)})
-        eager = summarize(self.eager) if self.eager else None
-        compiled = summarize(self.compiled) if self.compiled else None
-        ratios = dict(eager_ratio=pair_ratios(blocks, self.eager) if self.eager else None,
-                      compiled_ratio=pair_ratios(blocks, self.compiled) if self.compiled else None)
+        # What the attempt records: the parent's Bound windows, net, a value a request (parent_clock), whose
+        # median is the estimate; eager and torch.compile as the reference timed them beside each request.
+        calls = sum(w.calls for w in (self.bound_windows or self.replay_windows))
+        timing = summarize(self.per_call, 1).model_copy(update={"n": calls}) if self.per_call else None
+        eager, compiled = ([t for ts in side for t in ts] for side in (self.eager, self.compiled))
+        ratios = dict(eager_ratio=pair_ratios(self.per_call, self.eager), compiled_ratio=pair_ratios(self.per_call, self.compiled))
+        eager, compiled = (summarize(ts, 1) if ts else None for ts in (eager, compiled))
         if problem:
             return EvalResult(verdict=problem[0], error=problem[1], trials=list(self.judged), timing=timing,
                               eager_beside=eager, compiled_beside=compiled, **ratios)
@@ -239,7 +232,7 @@ class Session(Checks):
         shape_results, shape_runs = [], []
         # Eager as timed beside this attempt's blocks, where it was: against the baseline (minutes before,
         # another load) a fallback's PyTorch ops read under half of eager and falls_back went unflagged.
-        interpreted = ((statistics.median(self.eager) if self.eager else self.bench.baselines.eager.median_ms)
+        interpreted = ((statistics.median(t for ts in self.eager for t in ts) if any(self.eager) else self.bench.baselines.eager.median_ms)
                        if backends.interpreted(self.bench.backend) and self.bench.baselines else None)
         for trial in plan.trials[len(main):]:
             try:
@@ -278,22 +271,33 @@ class Session(Checks):
     # ---- checks --------------------------------------------------------------------------------
 
     def timing(self) -> tuple[Verdict, str] | None:
-        """The blocks, then the child's times against the floor and the parent's own clock. The
-        reference frees what the eager blocks kept however the blocks ended."""
+        """The Bound requests, each checked as its reply is in, then the parent's clock over them. The
+        reference frees what its blocks and replays kept however the requests ended."""
         bench = self.bench
         try:
-            if (problem := self.blocks()):
+            if (problem := self.bound_requests(0, len(self.plan.bounds))):
                 return problem
         finally:
             bench.request(R.Release(), bench.settings.timeout_s, self.lane)
-        if bench.device == "cpu":
-            return self.cpu_clock()
-        paired = False
-        if self.replay_windows and not self.bound_windows:
-            kind = "cuda_graph_grad" if bench.settings.grad else "cuda_graph"
+        return self.parent_clock()
+
+    def parent_clock(self) -> tuple[Verdict, str] | None:
+        """The one clock, the parent's: each Bound request's window less a null request's, per call.
+        On the cpu less what other processes took of them and less the calibration's fastest null
+        request (clocks.net_per_call); on a GPU, of replayed requests, less the reference's null replay
+        beside each and the calibration's offset (clocks.paired_per_call), else less the calibration's
+        median; where the calls could not be replayed the windows hold their host work (launches, Python)
+        and the figure is kept out of `best`. The child's own clock is never read. What the time means
+        (no figure, or impossible) is decide's (pipeline.verdicts), from `self.clock`."""
+        bench, cpu = self.bench, self.bench.device == "cpu"
+        share = None
+        if cpu:
+            per_call = clocks.net_per_call(self.calibration, self.bound_windows, "cpu", self.settings.cpu_threads)
+            share = clocks.load_share(self.bound_windows + self.calibration)
+        elif self.replay_windows and not self.bound_windows:
             per_call = clocks.paired_per_call(self.replay_calibration, self.null_calibration, self.replay_windows,
                                              self.null_windows)
-            if (paired := per_call is not None):
+            if per_call is not None:
                 self.bound_note = (self.bound_note or "") + ("; each less a null replay of the reference's beside it: "
                                     + ", ".join(f"{x * 1e3:.2f}" for x in per_call) + " us a call"
                                     + beside.paired_terms(self.replay_calibration, self.null_calibration,
@@ -302,80 +306,19 @@ class Session(Checks):
                 per_call = clocks.net_per_call(self.replay_calibration, self.replay_windows, bench.device)
         else:
             per_call = clocks.net_per_call(self.calibration, self.bound_windows, bench.device)
-            kind = bench.device
-        self.evidence = clocks.Evidence(per_call, [statistics.fmean(t) if t else 0.0 for t, _ in self.timed], paired=paired)
-        self.estimate, claim = clocks.pooled(self.prior + [self.evidence])
-        times = [t for claimed, _ in self.timed for t in claimed]
-        median = summarize(times).median_ms
-        self.clock = bench.clock(median, self.lane)
-        b = bench.baselines
-        if (problem := clocks.check_windows(self.timed)):
-            return problem
-        problem = clocks.check_estimate(kind, claim if claim is not None else median, self.estimate, b.null_ms if b else None)
-        if not kind.startswith("cuda_graph") and median < POLICY.loose_below_ms:
-            # The eager GPU bound counts host work the hold keeps out of the child's events (an H200's autograd put
-            # honest references below it): below POLICY.loose_below_ms it refuses nothing, and the result is untrusted.
             why = (f"its calls could not be replayed from a CUDA graph ({self.graph_failed[:160]})" if self.graph_failed
                    else "replay_bound is off, so its calls were not replayed from CUDA graphs")
-            self.loose_bound = (f"{why}, so the parent's bound, which counts the calls' host work, says little below "
-                                f"{POLICY.loose_below_ms} ms a call")
-            if problem is not None and problem[0] is Verdict.impossible_timing:
-                self.loose_bound += f"; it read: {problem[1][:300]}"
-                problem = None
-        self.clock_alone = problem is not None and problem[0] is Verdict.impossible_timing  # judged again, on both
-        return problem
-
-    def cpu_clock(self) -> tuple[Verdict, str] | None:
-        """On the cpu the parent's clock is the only one: each Bound request's window less what other
-        processes took of it and less the calibration's fastest null request, per call
-        (clocks.net_per_call). The child's own times are not read. What the time means (no figure, or
-        impossible) is decide's (pipeline.verdicts), from `self.clock`."""
-        bench, windows = self.bench, self.bound_windows
-        per_call = clocks.net_per_call(self.calibration, windows, "cpu", self.settings.cpu_threads)
-        self.evidence = clocks.Evidence(per_call, [], clocks.load_share(windows + self.calibration))
+            self.loose_bound = f"{why}: the parent's windows count the calls' host work (launches, Python)"
         if not per_call:
             return Verdict.protocol_error, "no Bound request was timed"
-        self.estimate = statistics.median(per_call)
-        self.cpu_times = [[x] * w.calls for x, w in zip(per_call, windows)]
+        self.per_call, self.estimate = per_call, statistics.median(per_call)
         self.clock = bench.clock(self.estimate, self.lane, requests=len(per_call), empty=sum(x <= 0 for x in per_call),
-                                 load_share=self.evidence.load_share)
-        return None
-
-    def blocks(self) -> tuple[Verdict, str] | None:
-        """Timed blocks with Bound requests and eager blocks spread among them (so all see the same
-        machine state), each output the plan checks compared as soon as its reply is in. The cpu has
-        no timed blocks (its clock is the Bound windows'): its Bound requests alone."""
-        plan = self.plan
-        if not plan.timed:
-            return self.bound_requests(0, len(plan.bounds))
-        done = 0  # Bound requests sent so far: spread evenly over the timed blocks, the rest after the last
-        for j, seeds in enumerate(plan.timed):
-            at = time.monotonic()
-            reply, ms = self.ask(P.Timed(index=j, seeds=seeds), P.TimedDone, f"timed block {j}")
-            at = self.spent("timing_blocks", at)
-            if len(reply.outputs) != len(seeds) or len(reply.times_ms) != len(seeds):
-                return Verdict.protocol_error, f"timed block {j}: {len(reply.outputs)} outputs for {len(seeds)} calls"
-            if not all(np.isfinite(t) and t > 0 for t in reply.times_ms):
-                return Verdict.impossible_timing, "a timed call reported a non-positive or non-finite time"
-            self.timed.append((list(reply.times_ms), Window(ms, len(seeds), self.load)))
-            if (problem := self.check_block(f"timed{j}", "timed call", j * len(seeds), reply.outputs)):
-                return problem
-            self.spent("timing_checks", at)
-            beside.eager_block(self, len(seeds), first=j == 0)
-            if self.device_busy:
-                return Verdict.impossible_timing, self.device_busy
-            # Spread, not bunched at the end: on a machine whose speed drifts, Bound requests all sent
-            # after the last block could see another machine than the child's timed blocks did; the
-            # estimate is the fastest request, so spreading can only help an honest kernel.
-            due = len(plan.bounds) if j == len(plan.timed) - 1 else (j + 1) * len(plan.bounds) // len(plan.timed)
-            if (problem := self.bound_requests(done, due)):
-                return problem
-            done = due
+                                 load_share=share)
         return None
 
     def bound_requests(self, first: int, end: int) -> tuple[Verdict, str] | None:
-        """The plan's Bound requests first..end-1, each checked as its reply is in; on the cpu eager
-        beside each, timed as its calls were (cpu_clock)."""
+        """The plan's Bound requests first..end-1, each checked as its reply is in, and eager beside
+        each: replayed as its calls were (beside.replayed), or on the cpu a cold block timed as they were."""
         plan, at = self.plan, time.monotonic()
         for k in range(first, end):
             bound_seeds = plan.bounds[k]
@@ -397,9 +340,11 @@ class Session(Checks):
             if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
                 return problem
             at = self.spent("timing_checks", at)
-            if self.bench.device == "cpu":
-                beside.eager_block(self, len(bound_seeds), first=len(self.bound_windows) == 1, cold=True)
-                at = time.monotonic()
+            cpu = self.bench.device == "cpu"
+            beside.eager_block(self, len(bound_seeds), first=len(self.bound_windows) == 1, cold=cpu)
+            if self.device_busy:
+                return Verdict.impossible_timing, self.device_busy
+            at = time.monotonic()
         return None
 
     def ask_bound(self, index: int, seeds: list[int], what: str, values: list[np.ndarray] | None) -> tuple[P.BoundDone, float]:

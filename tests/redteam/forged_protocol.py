@@ -36,9 +36,6 @@ while line := sys.stdin.readline():
         P.send(_fd, P.SetupDone())
     elif isinstance(req, P.Trial):
         P.send(_fd, P.TrialDone(index=req.index, output=_header(0), after_sync=_header(1), repeat=_header(2)))
-    elif isinstance(req, P.Timed):
-        P.send(_fd, P.TimedDone(index=req.index, times_ms=[1e-3] * len(req.seeds),
-                                outputs=[_header(i) for i in range(len(req.seeds))]))
     elif isinstance(req, P.Bound):
         P.send(_fd, P.BoundDone(index=req.index, outputs=[_header(i) for i in range(len(req.seeds))]))
     elif isinstance(req, P.Profile):

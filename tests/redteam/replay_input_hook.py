@@ -1,7 +1,8 @@
 """Exploit: do the work while the harness prepares a timed call's inputs, not inside the call.
 
-At import the candidate wraps pipeline.child.tasks.refill_inputs, which the harness looks up on the
-module each time it fills an input set with a request's seed (timed blocks and Bound requests). The
+At import the candidate wraps pipeline.child.tasks.make_inputs, which the harness looks up on the
+module each time it makes an input set from a request's seed (a GPU's Bound requests, and their
+capture when replayed; once, the timed blocks' refills). The
 wrapper computes the answer for the fresh values on the spot: untimed by the child's clock, and after
 the seed is known, so revealing seeds one request at a time does not stop it. Each call then
 fingerprints its inputs (16 values) and, when it recognises them, spins until just above the
@@ -29,16 +30,16 @@ from pipeline.child import tasks
 _PRE = {}
 _COSTS = []
 _TARGET_S = []
-_refill_inputs = tasks.refill_inputs
+_make_inputs = tasks.make_inputs
 
 
 def _key(p, t):
     return tuple(p.reshape(-1)[:8].tolist()) + tuple(t.reshape(-1)[:8].tolist())
 
 
-def _wrapped(inputs, module, seed, device):
-    _refill_inputs(inputs, module, seed, device)
-    if len(inputs) == 2:
+def _wrapped(module, seed, variant, device, *args, **kwargs):
+    inputs = _make_inputs(module, seed, variant, device, *args, **kwargs)
+    if len(inputs) == 2 and all(isinstance(x, torch.Tensor) for x in inputs):
         p, t = inputs
         start = time.perf_counter()
         _PRE[_key(p, t)] = torch.mean((p - t) ** 2)
@@ -50,9 +51,10 @@ def _wrapped(inputs, module, seed, device):
 
             floor_s = 2 * p.numel() * p.element_size() / (measure_bandwidth(device) * 1e9)
             _TARGET_S.append(1.15 * floor_s)
+    return inputs
 
 
-tasks.refill_inputs = _wrapped
+tasks.make_inputs = _wrapped
 
 
 class ModelNew(nn.Module):
