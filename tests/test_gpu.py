@@ -27,6 +27,7 @@ from forgers import assert_refused_or_near_twin, honest_and_trusted, judge_in_tu
 
 pytestmark = pytest.mark.gpu
 
+REDTEAM_DIR = Path(__file__).resolve().parent / "redteam"
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = EvalConfig(trials=5, timed_calls=20, warmup_calls=3, timeout_s=120, compile_baseline=True)
 
@@ -307,6 +308,23 @@ def test_gpu_serves_next_attempt_after_hang_and_fault(built, bench):
         evaluate.evaluate(bench, path, Path(result.build_dir), settings)
     path, result = built["honest"]
     assert evaluate.evaluate(bench, path, Path(result.build_dir), SETTINGS).verdict is Verdict.correct
+
+
+def test_an_answer_made_at_the_capture_cannot_be_scaled_into_a_replay(bench, tmp_path):
+    """tests/redteam/homogeneous_replay.py keeps each set's mse from outside the capture and, inside it,
+    records only f^2 times it, f read from one element: with a scalar factor per replay its digests
+    matched and its replays cost two tiny kernels. Each element's own factor (the play's mask) makes
+    its answer wrong: mismatch on the checked replays, or correct at an honest time where no replay
+    was captured its way."""
+    code = REDTEAM_DIR / "homogeneous_replay.py"
+    (tmp_path / "build").mkdir()
+    result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
+    print(f"\nREDTEAM homogeneous_replay: {result.verdict.value} time_ms={result.time_ms} error={result.error} "
+          f"bound={result.bound_note}")
+    if result.verdict is Verdict.correct:
+        assert result.speedup_eager < 1.3, (result.speedup_eager, result.bound_note)
+    else:
+        assert result.verdict is Verdict.mismatch and "digest" in (result.error or ""), result.error
 
 
 def test_a_forged_clock_gains_nothing_at_kernelbench_size(built):
