@@ -232,7 +232,8 @@ class TaskBench:
         slack, b = self.settings.floor_slack, self.baselines
         if b is None:
             return Clock(ms=ms, floor_slack=slack, **measured)
-        if ms < max(b.floor_ms or 0, (b.compute_floor_ms if self.settings.compute_floor else None) or 0) * slack:
+        # Not for a time of 0 (its requests lost in the protocol's noise): no figure, whatever the floors.
+        if 0 < ms < max(b.floor_ms or 0, (b.compute_floor_ms if self.settings.compute_floor else None) or 0) * slack:
             b = self.floor_now(env)
         compute = dict(compute_floor_ms=b.compute_floor_ms, flops=b.flops, flops_per_s=b.flops_per_s)
         return Clock(ms=ms, floor_ms=b.floor_ms, input_bytes=b.input_bytes, bandwidth_gbs=b.bandwidth_gbs,
