@@ -123,6 +123,9 @@ def test_a_file_binding_model_new_otherwise_is_not_refused(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_during_a_run_exits_130_and_says_how_to_resume(tmp_path):
     config = _project(tmp_path)
+    # Three samples: one slot's attempt was judged within the second after its run row (a build kept
+    # from an earlier test, a forked child), and on a loaded CI box the run had ended before the Ctrl-C.
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "samples": 3}))
     db = tmp_path / "other.db"  # not the config's: the resume command must name it
     # Its own session, so the SIGINT goes to the whole group as a terminal's Ctrl-C does.
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "-c", str(config), "--db", "other.db",
