@@ -22,9 +22,15 @@
 #   STEP=ray    unpack the carried Ray (.ray/, made by bench/pack_ray.sh) and start it once
 #   STEP=lanes  examples/config-batch.yaml's distinct candidates, pass by pass (LANE_PASSES: cold, local1, local2,
 #               ray1, ray2: executor and GPUs), each GPU's utilisation sampled; bench/gpu_lanes.py
+# TREE names a carried worktree of another branch to run in (git worktree add .oneclock one-clock).
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
 OUT=${OUT:-/tmp/kgen-out}; mkdir -p "$OUT"
+# TREE=.oneclock: every step in another branch's worktree carried beside this one (.whl and kb are ours).
+if [ -n "${TREE:-}" ]; then
+  cd "$TREE" || exit 1
+  for d in .whl kb; do if [ -e "../$d" ] && [ ! -e "$d" ]; then ln -s "../$d" "$d"; fi; done
+fi
 if [ -d .whl ] && [ -z "${WHEELS_DONE:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi

@@ -216,8 +216,8 @@ def start_child(env: dict[str, str], timeout_s: float) -> sandbox.Child:
 
 
 class BuildSpares:
-    """Build children started ahead, each with torch imported (4.0-4.4 s on the H100 host before any
-    compiler runs) and waiting for the one BuildJob it serves; up to `depth` per environment. They
+    """Build children started ahead, each with torch imported (seconds before any compiler runs,
+    docs/decisions/spares-and-startup.md) and waiting for the one BuildJob it serves; up to `depth` per environment. They
     run no candidate code before the job, which names the build and brings its variables; the child
     confines itself after reading it (harness.run_build), as a fresh one does first thing.
 

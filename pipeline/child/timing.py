@@ -31,7 +31,7 @@ class Method:
     block: int = 4
     """Timed calls come in blocks of this many input sets, each filled with fresh values before the
     block: only a block's first call follows the refill (whose host-side work leaves the launch path
-    cold and cost torch.compile's Python wrapper 50-250 us a call on the H100), and every call is
+    cold: torch.compile's Python wrapper then costs tens to hundreds of microseconds), and every call is
     timed, so work shifted from one call to another still counts. The time is the median of the block
     means."""
     sets_bytes: int = 1 << 30
@@ -274,7 +274,7 @@ def hold_ms(clock: Clock, ms: float = METHOD.hold_ms, repeats: int = 5) -> float
     """How long a hold (pipeline.child.hold) of `ms` takes between CUDA events, median of `repeats`:
     on a GPU that is ours alone it is `ms` within microseconds; time-sliced with another process's
     work, or on a device whose every launch has slowed, it is longer. The measured hold is queued
-    behind a first one, so the host's launch (50-130 us through ctypes on the H100) is not counted."""
+    behind a first one, so the host's launch (tens of microseconds through ctypes) is not counted."""
     stream = clock._current_stream()
     times = []
     for _ in range(repeats):

@@ -170,7 +170,7 @@ def evaluate_file(request: FileRequest, cfg: Config | None, *, db_path: Path | N
     try:
         return _judge_file(job, db_path if store else None, spares, notice, warm)
     finally:
-        # Kept warm, the next child starts its device (CUDA, the profiler: 6-7 s on the H100) while
+        # Kept warm, the next child starts its device (CUDA and the profiler take seconds) while
         # the server waits for the next request, not on that request's path. Nothing timed runs
         # beside it but a new task's baselines and health probe, should a request come at once; the
         # speedups are ratios timed while the candidate's child is the only one (no refill).
