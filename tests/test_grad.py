@@ -351,10 +351,12 @@ def test_a_replayed_calls_digest_in_gradient_mode_is_the_references(task):
     seeds, digest_seed, factor_seed = [11, 12, 13], 99, 1234
     caught = []
     for replay in range(6):
-        want = ref.digest("small", 7, seeds, replay, digest_seed, factor_seed)
-        inputs = replays.inputs_for(module, seeds, replay, factor_seed, "cpu")
-        assert any(not torch.equal(a, b) for a, b in zip(inputs, tasks.make_inputs(module, seeds[replay % 3], "base", "cpu")))
-        child.reseed(inputs, seeds[replay % 3])
+        want = ref.digest("small", 7, R.DigestItem(key="k", seeds=seeds, replay=replay, replays=6, digest_seed=digest_seed,
+                                                   factor_seed=factor_seed))
+        inputs, seed = replays.inputs_for(module, seeds, replay, 6, factor_seed, "cpu")
+        assert seed == seeds[replay % 3]
+        assert any(not torch.equal(a, b) for a, b in zip(inputs, tasks.make_inputs(module, seed, "base", "cpu")))
+        child.reseed(inputs, seed)
         result = child(*inputs)
         assert isinstance(result, Grads) and len(result.grads) == len(replays.parts(result)) - 1 >= 1
         w = replays.weights(sum(p.numel() for p in replays.parts(result)), digest_seed, "cpu")

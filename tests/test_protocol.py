@@ -405,16 +405,43 @@ def test_a_described_call_has_the_checked_call_s_layout_and_no_values(task, grad
 def test_a_replayed_request_keeps_enough_sets_to_read_its_inputs_cold():
     """pipeline.child.replays.set_count: a multiple of the request's seeds (replay r's set holds the
     reference's seeds[r % n]), enough that about three L2s of traffic pass between a set's rewrite and
-    its forward, within the caps; a set larger than the L2 needs no more than the seeds."""
-    from pipeline.child.replays import PLAN, set_count
+    its forward, within the caps; a set too large to keep two of with their bases is kept alone, and
+    its request replays it once (most_replays)."""
+    from pipeline.child.replays import PLAN, lone, most_replays, set_count
 
     l2 = 60 << 20
     small = set_count(4, 2 << 20, l2, 512)  # mse at 64 x 4096: 2 MB of inputs
     assert small % 4 == 0 and (small - 1) * 3 * (2 << 20) >= PLAN.cold_l2 * l2 and small <= PLAN.max_sets
-    assert set_count(4, 1 << 30, l2, 4) == 4
     assert set_count(3, 64 << 10, l2, 512) == 63  # capped at PLAN.max_sets, a multiple of 3
     assert set_count(4, 100 << 20, l2, 512) * 2 * (100 << 20) <= max(PLAN.sets_bytes, 8 * (100 << 20))
     assert set_count(4, 2 << 20, l2, 6) == 4  # no more sets than the request replays
+    big = 8 << 30  # KernelBench's mse: two 4 GiB inputs
+    assert lone(big) and set_count(1, big, l2, 4) == 1 and set_count(4, big, l2, 4) == 1
+    assert most_replays(1, big) == 1 and most_replays(4, 2 << 20) >= 512
+    assert not lone(PLAN.sets_bytes // 2) and most_replays(2, 100 << 20) * (100 << 20) <= 2 * PLAN.sets_bytes
+
+
+def test_no_set_and_mask_pair_is_replayed_twice_in_a_play():
+    """pipeline.child.replays.layout: replay r reads set r % sets under mask r // sets. Replayed twice,
+    a pair could be answered from its first replay (the base and the mask learnt, then the factor
+    from a few values, and every later answer a function of it): every pair at most once, at every
+    size the plan allows (most_replays), and the reference's inputs for a replay are its set's."""
+    from pipeline.child import tasks as T
+    from pipeline.child.replays import inputs_for, layout, most_replays
+
+    for n_seeds, set_bytes in ((4, 2 << 20), (3, 64 << 10), (4, 100 << 20), (1, 8 << 30), (2, 300 << 20)):
+        for replays in (1, 4, 35, 481, 512):
+            replays = min(replays, most_replays(n_seeds, set_bytes))
+            sets, masks = layout(n_seeds, set_bytes, 60 << 20, replays)
+            pairs = [(r % sets, r // sets) for r in range(replays)]
+            assert len(set(pairs)) == replays and all(k < masks for _, k in pairs), (n_seeds, set_bytes, replays)
+            assert masks * set_bytes <= max(set_bytes, 2 * (1 << 30)), (n_seeds, set_bytes, replays)
+    module = T.load_module(T.discover(Path(__file__).resolve().parents[1] / "reference_tasks", ["mse"])[0], "small", "float32")
+    seeds = [11, 12, 13]
+    first, s0 = inputs_for(module, seeds, 0, 6, 5, "cpu")
+    again, s3 = inputs_for(module, seeds, 3, 6, 5, "cpu")  # set 0 again, under another mask
+    assert s0 == s3 == 11 and not torch.equal(first[0], again[0])
+    assert inputs_for(module, seeds, 1, 6, 5, "cpu")[1] == 12
 
 
 def test_a_replay_s_factor_is_the_table_s_and_the_table_is_cheap():
@@ -451,16 +478,17 @@ def test_a_replay_s_inputs_cannot_be_scaled_from_an_answer_made_at_the_capture()
     gen = torch.Generator().manual_seed(1)
     p, t = torch.randn(4096, generator=gen), torch.randn(4096, generator=gen)
     doms = ["real", "real"]
-    m1, m2 = masks([p, t], doms, 77, "cpu"), masks([p, t], doms, 77, "cpu")
-    assert all(torch.equal(a, b) for a, b in zip(m1, m2))  # the reference draws what the child drew
-    assert not torch.equal(masks([p, t], doms, 78, "cpu")[0], m1[0])
+    m1, m2 = masks([p, t], doms, 77, "cpu")[0], masks([p, t], doms, 77, "cpu", count=2)
+    assert all(torch.equal(a, b) for a, b in zip(m1, m2[0]))  # the reference draws what the child drew
+    assert not torch.equal(m2[1][0], m1[0])  # the next mask is another
+    assert not torch.equal(masks([p, t], doms, 78, "cpu")[0][0], m1[0])
     assert float(m1[0].min()) >= -1 and float(m1[0].max()) <= 1 and float(m1[0].std()) > 0.4
     f = torch.tensor([1.04])
     pp, tt = perturb(p, f, m1[0]), perturb(t, f, m1[1])
     assert float(((pp / p) - 1).abs().max()) <= PLAN.amplitude + 1e-6
     base, replay = float(((p - t) ** 2).mean()), float(((pp - tt) ** 2).mean())
     assert abs(replay - 1.04 ** 2 * base) > 1e-4 * base  # the scalar factor's answer is not this one's
-    assert masks([p, torch.arange(3)], ["real", "index"], 5, "cpu")[1] is None  # only perturbed inputs
+    assert masks([p, torch.arange(3)], ["real", "index"], 5, "cpu")[0][1] is None  # only perturbed inputs
 
 
 def test_the_profile_reports_the_call_s_ops_without_importing_the_compiler(tmp_path):

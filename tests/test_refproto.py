@@ -22,7 +22,7 @@ REQUESTS = [
     R.Expect(init_seed=1, specs=[R.Spec(key="trial0", size="small", seed=6, variant="base", inputs=True, values=False)]),
     R.Compare(init_seed=1, spec=R.Spec(key="timed0_3", size="small", seed=6, variant="base", errors=False),
               parts=[(0, "float32", 16), (64, "bfloat16", 16)], tol=1e-4, errs=[(1e-7, 2e-6), (None, None)]),
-    R.Digests(size="small", init_seed=1, items=[R.DigestItem(key="bound0@3", seeds=[7, 8], replay=3, digest_seed=9,
+    R.Digests(size="small", init_seed=1, items=[R.DigestItem(key="bound0@3", seeds=[7, 8], replay=3, replays=8, digest_seed=9,
                                                              factor_seed=10)]),
     R.Play(size="small", init_seed=3, n_seeds=8, replays=512, out_shape=[4, 4], models=["eager", "compiled"]),
     R.Release(),

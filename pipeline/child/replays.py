@@ -1,44 +1,43 @@
-"""Bound requests on a GPU, replayed from CUDA graphs: the parent's clock bounds a call's device time
+"""Bound requests on a GPU, replayed from CUDA graphs: the parent's clock times a call's device work
 down to calls of about 10 us.
 
 A Bound request made of eager calls costs the candidate's host work too (Python, launches): an
-honest 11 us kernel cost 110 us a call on the parent's clock on the H100, so the bound needed 0.25
-ms of slack and said nothing about short calls. Here a request comes in two steps. `capture` (not
-timed): the harness captures the model's forward once per input set into a CUDA graph. `play`
-(timed by the parent): the harness writes each replay's factor, drawn from a seed that arrives only
-with this step, into a table on the device, replays the graphs back to back (the host launches one
-graph a replay) and syncs; the parent's clock around it measures the device's work. Capturing
-inside the window cost milliseconds that varied from request to request, and put the H200's
-estimate of a 10 us call anywhere from 0 to 6 us. Each replay, in the graph:
+honest 11 us kernel cost 110 us a call on the parent's clock on the H100. Here a request comes in
+two steps. `capture` (not timed): the harness captures every replay of the request, in order, into
+one CUDA graph. `play` (timed by the parent): the harness writes each replay's factor and the
+request's masks, drawn from a seed that arrives only with this step, on the device, launches the
+graph and syncs; the parent's clock around it measures the device's work. Capturing inside the
+window cost milliseconds that varied from request to request (docs/decisions/gpu-timing.md).
+Each replay, in the graph:
 
 1. each float input of domain real or positive is rewritten as its set's base values times
-   (1 + (f - 1) x mask), f the replay's factor (1 +- 0.05, from the table, by a counter on the
-   device) and the mask values in [-1, 1] drawn on the device from the `play` seed, one mask per
-   input for the request: no two replays see the same values, none can be known before `play`, and
-   no answer computed from the bases at the capture (untimed) can be scaled into the replay's (a
-   scalar factor let a homogeneous forward, mse's, precompute its answer and multiply by f^2), so
-   the work is done in the window;
+   (1 + (f - 1) x mask), f the replay's factor (1 +- 0.05) and the mask values in [-1, 1], drawn
+   on the device from the `play` seed. Replay r reads set r % sets under mask r // sets (`layout`):
+   no (set, mask) pair comes twice in a play, so nothing learnt from one replay (its base, its mask,
+   then its factor from a few values) answers another, no answer computed at the capture (untimed)
+   can be scaled into a replay's (a scalar factor alone let mse's answer be its base's times f^2),
+   and the work is done in the window;
 2. the forward runs;
 3. a digest of its output, sum(output x weights) with weights drawn from the request's secret seed,
    goes to the replay's slot. In gradient mode a call is the forward and the backward
    (pipeline.child.grad): the graph holds both, each set's upstream gradient is drawn from its seed
    before the capture, and the digest runs over the output and every gradient, one after another.
 
-Nothing else runs in the window: whatever of the harness's own work the calibration subtracts, a
-candidate could leave out (rebinding torch's fill_ would drop an L2 flush from its graphs, and the
-flush's 60 us a replay would come off its estimate), so the replays do only what a correct digest
-needs. The inputs are read cold without a flush: a set is rewritten a round ahead of its forward and
-the other sets' traffic in between takes it out of the L2 (`set_count`). A candidate that bent the
-harness's own rewrites to land just before its forward would read warm inputs and take the L2's
-speed-up off its estimate, no more (docs/decisions/gpu-timing.md).
+Nothing else runs in the window: whatever of the harness's own work the null subtracts, a candidate
+could leave out (rebinding torch's fill_ would drop an L2 flush from its graphs), so the replays do
+only what a correct digest needs. The inputs are read cold without a flush: a set is rewritten
+sets - 1 replays ahead of its forward and the other sets' traffic in between takes it out of the L2
+(`set_count`). A set too large to keep two of with their bases (`lone`) is kept alone and replayed
+once a request (`most_replays`: the parent's plan keeps to it), so a request holds three sets'
+bytes (the set, its base, a mask) at KernelBench's sizes.
 
 The parent compares the digests of replays it chose in secret with the reference's (its float64
 output for the same inputs, `inputs_for`): a replay whose work was skipped has the wrong digest. A
 forward that cannot be captured (a host sync, a stream the graph does not know) fails the request;
-the parent then falls back to eager Bound requests and says its bound is loose (pipeline.judge.session).
+the parent then falls back to eager Bound requests and the result is untrusted (pipeline.judge.session).
 
-`inputs_for` and `factor` are what the reference process uses to make a replay's inputs: the same
-values and ops on the same device, so the inputs are the child's bit for bit.
+`inputs_for`, `masks` and `factor` are what the reference process uses to make a replay's inputs:
+the same values and ops on the same device, so the inputs are the child's bit for bit.
 """
 
 from __future__ import annotations
@@ -64,11 +63,10 @@ class Plan:
     # Cold replays. Rewriting a set's inputs right before its forward would leave them in the L2, and
     # graphs launched one replay at a time are bound by the host's launches: at 8-20 us a call the
     # estimate would read far below an honest kernel's claim (docs/decisions/gpu-timing.md). So a set
-    # is rewritten one round ahead of its forward, with enough sets that about cold_l2 times the L2 is
-    # touched in between, and a round of at least round_replays replays is one graph launch.
+    # is rewritten sets - 1 replays ahead of its forward, with enough sets that about cold_l2 times the
+    # L2 is touched in between, and a play is one graph launch.
     cold_l2: int = 3
     max_sets: int = 64
-    round_replays: int = 32
     sets_bytes: int = 1 << 30
     """Bases and inputs of every set together, at most."""
 
@@ -100,18 +98,23 @@ def _perturbed(x: Any, domain: str) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and domain.partition(":")[0] in PLAN.perturbed
 
 
-def masks(like: list[Any], doms: list[str], factor_seed: int, device: str, into: list | None = None) -> list:
-    """The request's masks, one per perturbed input (None for the others), in [-1, 1], drawn in input
-    order on the device from the `play` seed (into the tensors `into` holds, where given)."""
+def masks(like: list[Any], doms: list[str], factor_seed: int, device: str, count: int = 1,
+          into: list | None = None) -> list[list]:
+    """The request's `count` masks, each one per perturbed input (None for the others), in [-1, 1],
+    drawn one after another, in input order, on the device from the `play` seed (into the tensors
+    `into` holds, where given)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(factor_seed % (1 << 63))
     out = []
-    for k, (x, d) in enumerate(zip(like, doms)):
-        if not _perturbed(x, d):
-            out.append(None)
-            continue
-        m = into[k] if into is not None else torch.empty_like(x)
-        out.append(m.uniform_(-1.0, 1.0, generator=gen))
+    for k in range(count):
+        one = []
+        for i, (x, d) in enumerate(zip(like, doms)):
+            if not _perturbed(x, d):
+                one.append(None)
+                continue
+            m = into[k][i] if into is not None else torch.empty_like(x)
+            one.append(m.uniform_(-1.0, 1.0, generator=gen))
+        out.append(one)
     return out
 
 
@@ -121,12 +124,31 @@ def perturb(base: torch.Tensor, f: torch.Tensor, mask: torch.Tensor, out: torch.
         torch.addcmul(base, base, mask * (f.to(base.dtype) - 1))
 
 
-def inputs_for(module, seeds: list[int], replay: int, factor_seed: int, device: str) -> list[Any]:
-    """Replay `replay`'s inputs of a request whose sets come from `seeds` (the reference's copy)."""
-    inputs = tasks.make_inputs(module, seeds[replay % len(seeds)], "base", device)
+def l2_bytes(device: str) -> int:
+    return getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0) \
+        if device.startswith("cuda") else 0
+
+
+def layout(n_seeds: int, set_bytes: int, l2: int, replays: int) -> tuple[int, int]:
+    """(sets, masks) of a request: replay r reads set r % sets under mask r // sets, so no (set,
+    mask) pair is replayed twice in a play. A pair replayed again could be answered from what its
+    first replay learnt (the base and the mask, then the factor from a few values), at no cost."""
+    sets = set_count(n_seeds, set_bytes, l2, replays)
+    return sets, math.ceil(replays / sets)
+
+
+def inputs_for(module, seeds: list[int], replay: int, replays: int, factor_seed: int,
+               device: str) -> tuple[list[Any], int]:
+    """Replay `replay`'s inputs of a request of `replays` whose sets come from `seeds` (the reference's
+    copy): its set's base under its mask (layout), scaled by its factor; and its set's seed."""
+    inputs = tasks.make_inputs(module, seeds[0], "base", device)
+    sets, _ = layout(len(seeds), tasks.input_bytes(inputs), l2_bytes(device), replays)
+    seed = seeds[(replay % sets) % len(seeds)]
+    if seed != seeds[0]:
+        inputs = tasks.make_inputs(module, seed, "base", device)
     f = torch.tensor([factor(factor_seed, replay)], dtype=torch.float32, device=device)
-    ms = masks(inputs, tasks.domains(module, len(inputs)), factor_seed, device)
-    return [perturb(x, f, m) if m is not None else x for x, m in zip(inputs, ms)]
+    ms = masks(inputs, tasks.domains(module, len(inputs)), factor_seed, device, count=replay // sets + 1)[-1]
+    return [perturb(x, f, m) if m is not None else x for x, m in zip(inputs, ms)], seed
 
 
 def weights(numel: int, seed: int, device: str) -> torch.Tensor:
@@ -189,11 +211,25 @@ def _clean_capture(device: str) -> None:
         pass
 
 
+def lone(set_bytes: int) -> bool:
+    """A set that with its base is over PLAN.sets_bytes: a request keeps it alone and replays it once."""
+    return 2 * set_bytes > PLAN.sets_bytes
+
+
+def most_replays(n_seeds: int, set_bytes: int) -> int:
+    """The replays a request may have (the parent's plan keeps to it): one for a lone set, else as
+    many (set, mask) pairs as n_seeds sets and PLAN.sets_bytes of masks give."""
+    return 1 if lone(set_bytes) else n_seeds * max(1, PLAN.sets_bytes // max(set_bytes, 1))
+
+
 def set_count(n_seeds: int, set_bytes: int, l2_bytes: int, replays: int) -> int:
-    """Input sets a request keeps: a multiple of its seeds (set j holds seeds[j % n_seeds], so replay
-    r's set holds the reference's seeds[r % n_seeds]) with about PLAN.cold_l2 L2s of traffic between a
-    set's rewrite and its forward (each replay in between reads its base, writes and reads its
-    inputs: three times a set's bytes), within PLAN.max_sets, PLAN.sets_bytes and what the replays use."""
+    """Input sets a request keeps: one where the set is lone, else a multiple of its seeds (set j
+    holds seeds[j % n_seeds], so replay r's set holds the reference's seeds[r % n_seeds]) with about
+    PLAN.cold_l2 L2s of traffic between a set's rewrite and its forward (each replay in between reads
+    its base, writes and reads its inputs: three times a set's bytes), within PLAN.max_sets,
+    PLAN.sets_bytes and what the replays use."""
+    if lone(set_bytes):
+        return 1
     per = max(set_bytes, 1)
     want = math.ceil(PLAN.cold_l2 * l2_bytes / (3 * per)) + 1
     cap = min(PLAN.max_sets, PLAN.sets_bytes // (2 * per), max(replays, n_seeds))
@@ -201,26 +237,24 @@ def set_count(n_seeds: int, set_bytes: int, l2_bytes: int, replays: int) -> int:
 
 
 class Captured:
-    """A request's graphs, captured and waiting for `play`: one a set (its replay), a round (every
-    set's replay in order, repeated up to PLAN.round_replays) and the prologue that writes the first
-    round's inputs."""
+    """A request's play, captured and waiting for `play`: one CUDA graph of every replay in order (each
+    a rewrite of a later replay's inputs, the forward, the digest), and the graph that writes the
+    first replays' inputs."""
 
     def __init__(self, model: Callable[..., Any], module, seeds: list[int], replays: int, digest_seed: int,
                  device: str):
         self.replays, self.device = replays, device
         first = tasks.make_inputs(module, seeds[0], "base", device)
-        l2 = getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0)
-        n = set_count(len(seeds), tasks.input_bytes(first), l2, replays)
+        n, k = layout(len(seeds), tasks.input_bytes(first), l2_bytes(device), replays)
         self.sets_bytes = tasks.input_bytes(first) * n  # the inputs' sets (their bases as much again)
         sets = [first] + [tasks.make_inputs(module, seeds[j % len(seeds)], "base", device) for j in range(1, n)]
         doms = tasks.domains(module, len(sets[0]))
         bases = [[x.clone() if _perturbed(x, d) else None for x, d in zip(inputs, doms)] for inputs in sets]
         # Replay r's inputs are written at replay r - ahead (the prologue writes the first `ahead`):
         # the other sets' traffic in between takes them out of the L2.
-        self.ahead = ahead = n - 1
+        ahead = min(n - 1, replays)
         self.digests = torch.zeros(replays, dtype=torch.float32, device=device)
-        self.table = torch.ones(replays + ahead, dtype=torch.float32, device=device)
-        self.count = torch.zeros((), dtype=torch.long, device=device)
+        self.table = torch.ones(replays, dtype=torch.float32, device=device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # capture wants every lazy initialisation (cuBLAS's too) done before it
@@ -237,81 +271,45 @@ class Captured:
             for j, inputs in enumerate(sets):
                 model.reseed(inputs, seeds[j % len(seeds)])
         torch.cuda.synchronize()
+        self.doms, self.like, self.mask_count = doms, sets[0], k
+        self.masks = masks(sets[0], doms, 0, device, count=k)  # drawn again from each play's seed
 
-        self.doms, self.masks = doms, masks(sets[0], doms, 0, device)  # drawn again from each play's seed
-
-        def rewrite(j: int, f: torch.Tensor) -> None:
-            for x, b, m in zip(sets[j], bases[j], self.masks):
+        def rewrite(r: int) -> None:
+            for x, b, m in zip(sets[r % n], bases[r % n], self.masks[r // n]):
                 if b is not None:
-                    perturb(b, f, m, out=x)
+                    perturb(b, self.table.narrow(0, r, 1), m, out=x)
 
-        def replay(j: int) -> None:
-            at = self.count.view(1)
-            rewrite((j + ahead) % n, self.table.index_select(0, at + ahead))
-            out = model(*sets[j])
-            self.digests.index_copy_(0, at, digest(out, w).view(1))
-            self.count.add_(1)
-
-        self.graphs, self.round, self.prologue = [], None, None
-        # One memory pool for every graph: they run one after another on one stream and keep nothing
-        # of theirs past a replay (what outlives one lives outside the pool), and a pool each held a
-        # call's temporaries once per graph, in gradient mode its gradients and saved tensors too.
+        # One memory pool for both graphs: what outlives a replay lives outside it, and a pool each
+        # held a call's temporaries once per graph, in gradient mode its gradients and saved tensors too.
         pool = torch.cuda.graph_pool_handle()
+        self.prologue, self.graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         try:
-            if ahead:
-                self.prologue = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.prologue, pool=pool):
-                    for j in range(ahead):
-                        rewrite(j, self.table.narrow(0, j, 1))
-            for j in range(n):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    replay(j)
-                self.graphs.append(graph)
-            self.round_replays = n * math.ceil(PLAN.round_replays / n)
-            if self.round_replays <= replays:
-                self.round = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.round, pool=pool):
-                    for r in range(self.round_replays):
-                        replay(r % n)
+            with torch.cuda.graph(self.prologue, pool=pool):
+                for r in range(ahead):
+                    rewrite(r)
+            with torch.cuda.graph(self.graph, pool=pool):
+                for r in range(replays):
+                    if r + ahead < replays:
+                        rewrite(r + ahead)
+                    self.digests.narrow(0, r, 1).copy_(digest(model(*sets[r % n]), w).view(1))
         except Exception:
             _clean_capture(device)
             raise
         # What the graphs read and write lives as long as they do: the model too, whose KeptNull (grad) holds
         # the null's results (the reference's null, freed with its model, once had graphs write freed memory).
         self.keep = (sets, bases, w, model)
-        self.like = sets[0]
-        self._upload()
-
-    def _upload(self) -> None:
-        """Each graph `play` launches, launched once here, untimed: a graph's first launch uploads it to
-        the device too, a cost that varies with the graph's size and is no call's work."""
-        self.table.fill_(1.0)
-        self.count.zero_()
-        if self.prologue is not None:
-            self.prologue.replay()
-        tail = self.replays  # the replays after the whole rounds: single graphs (at most replays in all)
-        if self.round is not None:
-            self.round.replay()
-            tail = self.replays % self.round_replays
-        for j in sorted({r % len(self.graphs) for r in range(tail)}):
-            self.graphs[j].replay()
+        # Each graph launched once here, untimed: a graph's first launch uploads it to the device too,
+        # a cost that varies with the graph's size and is no call's work.
+        self.prologue.replay()
+        self.graph.replay()
         torch.cuda.synchronize()
 
     def play(self, factor_seed: int) -> list[float]:
-        """The factors and masks from `factor_seed`, then every replay in order (whole rounds, then
-        single replays), one device sync, the digests."""
-        self.table.copy_(table(factor_seed, self.replays + self.ahead, self.device))
-        masks(self.like, self.doms, factor_seed, self.device, into=self.masks)
-        self.count.zero_()
-        if self.prologue is not None:
-            self.prologue.replay()
-        done = 0
-        while self.round is not None and self.replays - done >= self.round_replays:
-            self.round.replay()
-            done += self.round_replays
-        for r in range(done, self.replays):
-            self.graphs[r % len(self.graphs)].replay()
+        """The factors and masks from `factor_seed`, then the play's graphs, one device sync, the digests."""
+        self.table.copy_(table(factor_seed, self.replays, self.device))
+        masks(self.like, self.doms, factor_seed, self.device, count=self.mask_count, into=self.masks)
+        self.prologue.replay()
+        self.graph.replay()
         torch.cuda.synchronize()
         return self.digests.tolist()
 

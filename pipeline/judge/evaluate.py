@@ -28,7 +28,7 @@ from typing import Any
 from .. import backends, sandbox
 from ..child import HARNESS
 from ..child import protocol as P
-from ..child import memfd
+from ..child import memfd, replays
 from ..child import tasks
 from ..child.timing import METHOD
 from ..config import EvalConfig
@@ -108,7 +108,7 @@ class AttemptPlan:
         # calls (cold caches) and honest kernels were refused at half the estimate.
         plan.inputs_ahead = bound_bytes <= POLICY.ahead_bytes
         if bench.device.startswith("cuda") and bench.settings.replay_bound:
-            plan.replays = replay_count(fastest_ms(bench))
+            plan.replays = min(replay_count(fastest_ms(bench)), replays.most_replays(len(bounds[0]), input_bytes))
             plan.digest_seeds = [_seed() for _ in bounds]
             plan.factor_seeds = [_seed() for _ in bounds]
             plan.replay_checks = [sorted(rng.sample(range(plan.replays), min(POLICY.replay_checks, plan.replays)))
@@ -117,7 +117,8 @@ class AttemptPlan:
 
     def digest_items(self) -> list[R.DigestItem]:
         """The replayed Bound calls whose digests the reference computes (pipeline.child.replays)."""
-        return [R.DigestItem(key=f"bound{b}@{r}", seeds=self.bounds[b], replay=r, digest_seed=self.digest_seeds[b],
+        return [R.DigestItem(key=f"bound{b}@{r}", seeds=self.bounds[b], replay=r, replays=self.replays,
+                             digest_seed=self.digest_seeds[b],
                              factor_seed=self.factor_seeds[b]) for b, checks in enumerate(self.replay_checks) for r in checks]
 
     def specs(self) -> dict[str, dict[str, Any]]:

@@ -109,17 +109,16 @@ class Reference:
             self.models[key] = (module, self.wrap(m32, init_seed), self.wrap(m64, init_seed, module.__kgen_dtype__ or torch.float32))
         return self.models[key]
 
-    def digest(self, size: str, init_seed: int, seeds: list[int], replay: int, digest_seed: int,
-               factor_seed: int) -> dict[str, float]:
+    def digest(self, size: str, init_seed: int, item: R.DigestItem) -> dict[str, float]:
         """A replayed Bound call's expected digest and its scale (pipeline.child.replays) from the float64
         output for the replay's own inputs; in gradient mode from the output and every gradient, with
-        the upstream of the replay's seed, as the child's set draws it."""
+        the upstream of the replay's set's seed, as the child's set draws it."""
         module, _, m64 = self.models_for(size, init_seed)
-        inputs = _as64(replays.inputs_for(module, seeds, replay, factor_seed, self.device))
-        reseed(m64, inputs, seeds[replay % len(seeds)])
+        inputs, seed = replays.inputs_for(module, item.seeds, item.replay, item.replays, item.factor_seed, self.device)
+        reseed(m64, inputs := _as64(inputs), seed)
         with torch.no_grad():
             parts = replays.parts(m64(*inputs))
-        w = replays.weights(sum(p.numel() for p in parts), digest_seed, self.device)  # float32, as the child's
+        w = replays.weights(sum(p.numel() for p in parts), item.digest_seed, self.device)  # float32, as the child's
         return replays.expected_digest(parts, w, POLICY.digest_chunk)
 
     def play(self, request: R.Play) -> tuple[dict[str, float], dict[str, str]]:
@@ -146,6 +145,9 @@ class Reference:
             start = time.perf_counter()
             self.plays[kind][1].play(int.from_bytes(os.urandom(4), "little"))
             times[kind] = (time.perf_counter() - start) * 1e3
+            if self.plays[kind][1].sets_bytes >= POLICY.large_sets_bytes:
+                del self.plays[kind]  # one large play at a time beside the child's (captured again next time)
+                torch.cuda.empty_cache()
         return times, errors
 
     def _capture(self, kind: str, request: R.Play) -> replays.Captured:
@@ -447,8 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             ref.release()
         elif isinstance(request, R.Digests):  # the replayed Bound calls the parent checks (pipeline.child.replays)
             for item in request.items:
-                send(R.Digest(key=item.key, **ref.digest(request.size, request.init_seed, item.seeds, item.replay,
-                                                         item.digest_seed, item.factor_seed)))
+                send(R.Digest(key=item.key, **ref.digest(request.size, request.init_seed, item)))
             ref.release()
         elif isinstance(request, R.Play):  # beside a replayed Bound request (Reference.play)
             try:

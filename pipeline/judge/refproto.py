@@ -160,6 +160,8 @@ class DigestItem(Message):
     """The Bound request's seeds."""
     replay: int
     """Which of its replays."""
+    replays: int
+    """How many the request has (which set and mask a replay reads: pipeline.child.replays.layout)."""
     digest_seed: int
     """The seed of the digest's weights."""
     factor_seed: int
