@@ -327,6 +327,19 @@ def test_an_answer_made_at_the_capture_cannot_be_scaled_into_a_replay(bench, tmp
         assert result.verdict is Verdict.mismatch and "digest" in (result.error or ""), result.error
 
 
+def test_a_set_s_later_replays_cannot_be_answered_from_its_first(bench, tmp_path):
+    """tests/redteam/pair_reuse.py answers a set's first replay honestly and its later ones from sums
+    kept then and one element read for the replay's factor: under one mask a request its digests
+    matched at a fraction of the work. No (set, mask) pair twice in a play makes the later answers
+    wrong: mismatch on the checked replays."""
+    code = REDTEAM_DIR / "pair_reuse.py"
+    (tmp_path / "build").mkdir()
+    result = evaluate.evaluate(bench, code, tmp_path / "build", SETTINGS)
+    print(f"\nREDTEAM pair_reuse: {result.verdict.value} time_ms={result.time_ms} error={result.error} "
+          f"bound={result.bound_note}")
+    assert result.verdict is Verdict.mismatch and "digest" in (result.error or ""), result.error
+
+
 def test_a_forged_clock_gains_nothing_at_kernelbench_size(built):
     """At KernelBench's size (a 2.8 ms kernel on the H100) the clock forged to a tenth is judged at
     its honest twin's time: the parent's replay windows are the only clock."""
