@@ -65,7 +65,7 @@ def main() -> None:
                 finally:
                     bench.close()
                 per_call = parent_per_call(r)
-                runs.append({"verdict": r.verdict.value, "recorded_ms": r.time_ms, "eager_ms":
+                runs.append({"verdict": r.verdict.value, "recorded_ms": r.time_ms, "x_eager": r.speedup_eager, "eager_ms":
                              r.eager_beside.median_ms if r.eager_beside else None,
                              "parent_median_ms": statistics.median(per_call) if per_call else None,
                              "parent_fastest_ms": min(per_call) if per_call else None, "requests": len(per_call),
@@ -76,12 +76,14 @@ def main() -> None:
                          "recorded_spread": spread([x["recorded_ms"] for x in ok]),
                          "parent_spread": spread([x["parent_median_ms"] for x in ok]),
                          "parent_over_recorded": [round(x["parent_median_ms"] / x["recorded_ms"], 3) for x in ok],
+                         "x_eager_spread": spread([x["x_eager"] for x in ok if x["x_eager"]]),
+                         "x_eager": [round(x["x_eager"], 3) for x in ok if x["x_eager"]],
                          "recorded_ms": statistics.median(x["recorded_ms"] for x in ok) if ok else None})
-    print(f"{'task':<14}{'size':<9}{'correct':>8}{'ms':>10}{'spread':>8}{'parent spread':>14}  parent / recorded")
+    print(f"{'task':<14}{'size':<9}{'correct':>8}{'ms':>10}{'spread':>8}{'parent spread':>14}{'x eager spread':>15}  parent / recorded; x eager")
     for r in rows:
-        pct = [f"{100 * x:.1f}%" if x is not None else "-" for x in (r["recorded_spread"], r["parent_spread"])]
-        print(f"{r['task']:<14}{r['size']:<9}{r['correct']:>8}{r['recorded_ms'] or 0:>10.4f}{pct[0]:>8}{pct[1]:>14}  "
-              + " ".join(str(x) for x in r["parent_over_recorded"]))
+        pct = [f"{100 * x:.1f}%" if x is not None else "-" for x in (r["recorded_spread"], r["parent_spread"], r["x_eager_spread"])]
+        print(f"{r['task']:<14}{r['size']:<9}{r['correct']:>8}{r['recorded_ms'] or 0:>10.4f}{pct[0]:>8}{pct[1]:>14}{pct[2]:>15}  "
+              + " ".join(str(x) for x in r["parent_over_recorded"]) + "; " + " ".join(str(x) for x in r["x_eager"]))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 
