@@ -161,6 +161,9 @@ class Baselines(Record):
     compile_error: str | None = None
     """Why torch.compile of the reference failed, where it did (then `compiled` is None): a cached
     baseline that says so is not timed again only to fail again."""
+    seconds: dict[str, float] = {}
+    """Where the reference's time measuring these went, part by part (eager, null, compiled, the
+    floors): the run's `reference` line shows it."""
     null_ms: float | None = None
     """Forward mode: the median of a call that launches one kernel touching one value, timed by the
     candidate's protocol in the reference process: what the child's clock reads for a call that does

@@ -315,13 +315,17 @@ class Reference:
         clock = Clock(self.device)
         inputs = tasks.make_inputs(module, request.baseline_seeds[0], "base", self.device)
         result: dict[str, Any] = {"input_bytes": tasks.input_bytes(inputs)}
+        marks = [("", time.monotonic())]  # (part, when it ended): the seconds of each part, for the run's line
         result["eager"] = self._time(m32, module, request, clock, request.warmup)
+        marks.append(("eager", time.monotonic()))
         if not self.grad:
             result["null_ms"] = self._null_ms(clock, request.timed_calls)
+            marks.append(("null", time.monotonic()))
         cuda = self.device.startswith("cuda")
         if cuda:
             with torch.no_grad():
                 result["eager_plain_ms"] = plain_ms(lambda: m32(*inputs))
+            marks.append(("eager_plain", time.monotonic()))
         if request.compile_baseline:
             try:
                 compiled = self.compiled_for(_size_key(request.size), m32)
@@ -332,10 +336,14 @@ class Reference:
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
                 result["compile_error"] = one_line(exc)
                 self.drop_compiled(_size_key(request.size))
+            marks.append(("compiled", time.monotonic()))
         floors = bandwidth_floor(self.device, clock, result["input_bytes"])  # where the inputs sit
+        marks.append(("bandwidth_floor", time.monotonic()))
         own = min(t["p25_ms"] for t in (result["eager"], result.get("compiled")) if t)
         result |= compute_floor(self.device, clock, lambda: m32(*inputs), own_ms=own)
-        send(R.Measured(baselines=result | floors))
+        marks.append(("compute_floor", time.monotonic()))
+        seconds = {part: round(t - marks[i][1], 2) for i, (part, t) in enumerate(marks[1:])}
+        send(R.Measured(baselines=result | floors | {"seconds": seconds}))
 
     def _time(self, model, module, request: R.MeasureBaselines, clock: Clock, warmup: int) -> dict[str, float]:
         """The candidate's protocol exactly (pipeline.child.timing.time_blocks), with as many calls as the
