@@ -161,6 +161,9 @@ class Baselines(Record):
     compile_error: str | None = None
     """Why torch.compile of the reference failed, where it did (then `compiled` is None): a cached
     baseline that says so is not timed again only to fail again."""
+    seconds: dict[str, float] = {}
+    """Where the reference's time measuring these went, part by part (eager, compiled, the
+    floors): the run's `reference` line shows it."""
     null_ms: float | None = None
     """Read from rows stored under policy 8 and before (the child's clock around a call doing no
     work); nothing reads it now."""

@@ -108,3 +108,12 @@ def test_a_timing_from_an_unfit_device_is_never_best():
     row = {"verdict": "correct", "flags": [], "time_ms": 0.1, "code_hash": "abc", "trusted": 1, "device_unfit": None}
     assert is_verified(row)
     assert not is_verified({**row, "device_unfit": "a 1 ms hold took 1.900 ms"})
+
+
+def test_the_baselines_say_where_their_seconds_went(mse_bench):
+    """The reference times each part of a task's baselines (Baselines.seconds), and the bench's phases
+    carry them to the run's `reference` line: on KernelBench's sizes they took 15-41 s a task."""
+    seconds = mse_bench.baselines.seconds
+    assert {"eager", "floors"} <= set(seconds), seconds
+    assert all(s >= 0 for s in seconds.values()) and sum(seconds.values()) <= mse_bench.phases["baselines"] + 0.05
+    assert {f"baselines_{part}" for part in seconds} <= set(mse_bench.phases), mse_bench.phases

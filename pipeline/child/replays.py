@@ -318,6 +318,6 @@ def null_request(module, n_seeds: int, replays: int, out_shape: list[int], devic
     """A null model's request shaped as a candidate's (the child's null model: zeros of the output's
     shape and dtype, in gradient mode of every gradient's too; values from any seeds, only how many
     sets matters), which the reference replays beside the candidate's
-    (pipeline.judge.reference.Reference.null_play)."""
+    (pipeline.judge.reference.Reference.play)."""
     null = null_model(module, tuple(out_shape), module.__kgen_dtype__ or torch.float32, device, grad)
     return Captured(null, module, list(range(1, n_seeds + 1)), replays, 0, device)

@@ -406,6 +406,7 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
             bench.close()
             raise EvaluationError(f"task {task.name}: the reference process sent no baselines")
         bench.baselines = found[0].baselines
+        bench.phases |= {f"baselines_{part}": spent for part, spent in bench.baselines.seconds.items()}
         if watch is not None and bench.suspect is None:
             bench.suspect = watch.check(bench, env)
     bench.phases["baselines"] = round(time.monotonic() - ready_at, 2)

@@ -124,12 +124,10 @@ class Reference:
     def play(self, request: R.Play) -> tuple[dict[str, float], dict[str, str]]:
         """Milliseconds on this process's clock to play, as the candidate's replayed Bound request is
         played (pipeline.child.replays), a null model shaped as the candidate's (zeros for a forward),
-        and where asked eager's forward and torch.compile's over sets of the request's size: the
-        candidate's time and eager's are then each a replay window less a null one. Each is captured
-        at the first request of its shape and kept (a capture's milliseconds vary: never timed)."""
+        and where asked eager's and torch.compile's forwards: each time is then a window less a null
+        one. Each is captured untimed at the first request of its shape and kept while small."""
         times, errors = {}, {}
-        key = json.dumps([request.size, request.init_seed, request.n_seeds, request.replays, request.out_shape],
-                         sort_keys=True)
+        key = request.model_dump_json(exclude={"models"})  # what a capture was made for
         for kind in ("null", *request.models):
             if kind not in self.plays or self.plays[kind][0] != key:
                 self.plays.pop(kind, None)
@@ -248,9 +246,8 @@ class Reference:
         return parts, {**_described(out32, parts32), "fp32_rel_err": errs[0], "rel_errs": errs, "own_errs": own}
 
     def _room(self, inputs: list[Any], inputs64: list[Any]) -> bool:
-        """Whether `inputs` may stay while the float64 forward runs, not be drawn again after it
-        (7 ms of the 70 of an 8 GB mse's checked call, H200): where every tensor of them was copied
-        into `inputs64` and a tenth of the free memory holds them (else POLICY.large_sets_bytes)."""
+        """Whether `inputs` may stay while the float64 forward runs, not be drawn again after it: where
+        every tensor of them was copied into `inputs64` and a tenth of the free memory holds them."""
         if any(a is b for a, b in zip(inputs, inputs64) if isinstance(a, torch.Tensor)):
             return False  # shared: the float64 forward may have written into it
         free = torch.cuda.mem_get_info()[0] // 10 if self.device.startswith("cuda") else POLICY.large_sets_bytes
@@ -337,11 +334,12 @@ class Reference:
         clock = Clock(self.device)
         inputs = tasks.make_inputs(module, request.baseline_seeds[0], "base", self.device)
         result: dict[str, Any] = {"input_bytes": tasks.input_bytes(inputs)}
+        marks = [("", time.monotonic())]  # (part, when it ended): the seconds of each part, for the run's line
         result["eager"] = self._time(m32, module, request, clock, request.warmup)
-        cuda = self.device.startswith("cuda")
-        if cuda:
+        if cuda := self.device.startswith("cuda"):
             with torch.no_grad():
                 result["eager_plain_ms"] = plain_ms(lambda: m32(*inputs))
+        marks.append(("eager", time.monotonic()))
         if request.compile_baseline:
             try:
                 compiled = self.compiled_for(_size_key(request.size), m32)
@@ -352,10 +350,13 @@ class Reference:
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
                 result["compile_error"] = one_line(exc)
                 self.drop_compiled(_size_key(request.size))
+            marks.append(("compiled", time.monotonic()))
         floors = bandwidth_floor(self.device, clock, result["input_bytes"])  # where the inputs sit
         own = min(t["p25_ms"] for t in (result["eager"], result.get("compiled")) if t)
         result |= compute_floor(self.device, clock, lambda: m32(*inputs), own_ms=own)
-        send(R.Measured(baselines=result | floors))
+        marks.append(("floors", time.monotonic()))
+        seconds = {part: round(t - marks[i][1], 2) for i, (part, t) in enumerate(marks[1:])}
+        send(R.Measured(baselines=result | floors | {"seconds": seconds}))
 
     def _time(self, model, module, request: R.MeasureBaselines, clock: Clock, warmup: int) -> dict[str, float]:
         """The candidate's protocol exactly (pipeline.child.timing.time_blocks), with as many calls as the
@@ -390,10 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     handover = socket.socket(fileno=args.fd_socket) if args.fd_socket is not None else None
     start = R.parse(R.Start, sys.stdin.readline(), "a start line")
     cuda = start.device.startswith("cuda")
-    if cuda:
-        if not start.off_lane:  # off its lane: no GPU work until it is moved there (TaskBench.early)
-            torch.cuda.init()
-    elif start.threads:
+    if cuda and not start.off_lane:  # off its lane: no GPU work until it is moved there (TaskBench.early)
+        torch.cuda.init()
+    elif not cuda and start.threads:
         torch.set_num_threads(start.threads)  # the candidate's child times with the same count
 
     def send(event: R.Message) -> None:
