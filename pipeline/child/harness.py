@@ -357,11 +357,17 @@ class Evaluator:
     def bound_replays(self, req: P.Bound) -> P.BoundReady:
         """Capture a Bound request's CUDA graphs (pipeline.child.replays) for the Play that follows;
         a forward that cannot be captured is said so."""
+        import torch
+
         self.captured = None
+        torch.cuda.empty_cache()  # the last request's graph pool, which no new capture reuses (untimed)
         try:
             self.captured = replays.Captured(self.model, self.main, req.seeds, req.replays, req.digest_seed, self.device)
         except Exception as exc:  # noqa: BLE001 - the parent falls back to eager requests
-            return P.BoundReady(index=req.index, graph_error=f"{type(exc).__name__}: {_first_line(exc)}")
+            free, total = torch.cuda.mem_get_info()
+            return P.BoundReady(index=req.index, graph_error=f"{type(exc).__name__}: {_first_line(exc)[:200]} [this process: "
+                                f"{torch.cuda.memory_reserved() / 2**30:.1f} GiB reserved; the device: {free / 2**30:.1f} "
+                                f"of {total / 2**30:.1f} GiB free]")
         return P.BoundReady(index=req.index)
 
     def play(self, req: P.Play) -> P.BoundDone:

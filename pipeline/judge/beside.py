@@ -174,7 +174,7 @@ def replayed(session: Any, k: int, seeds: list[int]) -> tuple[Verdict, str] | bo
                            P.BoundReady, f"bound block {k}")
     if ready.graph_error:
         session.graph_failed = ready.graph_error
-        session.bound_note = f"eager Bound requests: the forward could not be captured ({ready.graph_error[:200]})"
+        session.bound_note = f"eager Bound requests: the forward could not be captured ({ready.graph_error[:320]})"
         return None
     # Timed alone: the capture, which costs milliseconds that vary, stays out of the window.
     reply, ms = session.ask(P.Play(index=k, factor_seed=plan.factor_seeds[k]), P.BoundDone, f"bound block {k}")
