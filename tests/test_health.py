@@ -4,6 +4,7 @@ a device that "went bad" is one whose run-start figure it can no longer reach.""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 import pytest
@@ -117,3 +118,16 @@ def test_the_baselines_say_where_their_seconds_went(mse_bench):
     assert {"eager", "floors"} <= set(seconds), seconds
     assert all(s >= 0 for s in seconds.values()) and sum(seconds.values()) <= mse_bench.phases["baselines"] + 0.05
     assert {f"baselines_{part}" for part in seconds} <= set(mse_bench.phases), mse_bench.phases
+
+
+def test_the_gpu_memory_each_process_holds_is_read_from_the_driver(tmp_path, monkeypatch):
+    """health.memory_by_process: the lane's GPU's compute processes and their MiB, from nvidia-smi
+    (a stand-in on PATH here), other GPUs' left out; what a capture that ran out of memory reports."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$*\" in\n"
+                   "  *index,uuid*) printf '0, GPU-a\\n1, GPU-b\\n' ;;\n"
+                   "  *compute-apps*) printf 'GPU-a, 101, 41900\\nGPU-b, 102, 500\\nGPU-a, 103, 38912\\n' ;;\nesac\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert health.memory_by_process("0") == {101: 41900, 103: 38912}
+    assert health.memory_by_process("1") == {102: 500}

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..child import protocol as P
-from . import refproto as R
+from . import health, refproto as R
 from .bench import EvaluationError, _seed
 from ..records import Verdict
 from .clocks import Window, calibration_offset
@@ -175,6 +175,11 @@ def replayed(session: Any, k: int, seeds: list[int]) -> tuple[Verdict, str] | bo
     if ready.graph_error:
         session.graph_failed = ready.graph_error
         session.bound_note = f"eager Bound requests: the forward could not be captured ({ready.graph_error[:320]})"
+        if "out of memory" in ready.graph_error:  # whose the device's memory was, as the driver says
+            refs = {ref.proc.pid for ref in session.bench.references.values()}
+            held = health.memory_by_process(session.lane.get("CUDA_VISIBLE_DEVICES") if session.lane else None)
+            session.bound_note += " [MiB by process: " + ", ".join(
+                f"{pid}{' (reference)' if pid in refs else ''} {mib}" for pid, mib in sorted(held.items())) + "]"
         return None
     # Timed alone: the capture, which costs milliseconds that vary, stays out of the window.
     reply, ms = session.ask(P.Play(index=k, factor_seed=plan.factor_seeds[k]), P.BoundDone, f"bound block {k}")

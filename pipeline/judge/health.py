@@ -148,6 +148,16 @@ def gpu_free_bytes(lane: str | None) -> int | None:
         return None
 
 
+def memory_by_process(lane: str | None) -> dict[int, int]:
+    """MiB of GPU memory each compute process holds on a lane's GPU, as the driver reports it (host pids)."""
+    uuid, held = _uuid(lane), {}
+    for row in _smi("--query-compute-apps=gpu_uuid,pid,used_memory"):
+        with contextlib.suppress(ValueError, IndexError):
+            if row[0] == uuid:
+                held[int(row[1])] = int(float(row[2]))
+    return held
+
+
 def _gpu_id(lane: str | None) -> str:
     """The GPU a lane computes on, as nvidia-smi names it (its first CUDA_VISIBLE_DEVICES entry; no
     lane: this process's first visible GPU)."""
