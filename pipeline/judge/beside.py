@@ -49,7 +49,7 @@ def calibrate(session: Any) -> None:
     for i in range(blocks + 1):
         if cold:
             with session.child.paused():
-                reference_block(session, calls, False, compiled=False, cold=True)
+                reference_block(session, calls, False, cold=True)
         _, ms = session.ask_bound(-1 - i, [_seed() for _ in range(calls)], "calibration", noise)
         if i:
             session.calibration.append(Window(ms, calls, session.load))
@@ -86,7 +86,7 @@ def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> No
     with session.child.paused():  # what the candidate left running must not slow the other side (sandbox.Child.pause)
         at = session.spent("timing_pause", at)
         if not session.compile_beside:
-            session.eager.append(reference_block(session, calls, first, compiled=False, cold=cold) or [])
+            session.eager.append(reference_block(session, calls, first, cold=cold))
             session.spent("timing_eager", at)
             return
         eager, compiled = reference_pair(session, calls, first, cold)
@@ -100,36 +100,29 @@ def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> No
 
 def reference_pair(session: Any, calls: int, first: bool, cold: bool = False) -> tuple[list[float], list[float] | None]:
     """One block timed eager and torch.compile call by call (eager_block): the eager times, and the
-    compiled ones or None where torch.compile failed and eager was timed alone (its error kept in
-    session.block_error)."""
-    msgs = _time_block(session, calls, first, compiled=False, pair=True, cold=cold)
+    compiled ones or None where torch.compile failed and eager was timed alone."""
+    msgs = _time_block(session, calls, first, pair=True, cold=cold)
     blocks = [m for m in msgs if isinstance(m, R.Block)]
     if not blocks:
         raise EvaluationError(f"the reference timed no eager block: {msgs[-1] if msgs else 'no reply'}")
     _note_busy(session, blocks[0].busy)
-    session.block_error = blocks[0].compile_error or session.block_error
     return list(blocks[0].times_ms), (None if blocks[0].compiled_ms is None else list(blocks[0].compiled_ms))
 
 
-def reference_block(session: Any, calls: int, first: bool, compiled: bool, cold: bool = False) -> list[float] | None:
-    """One block timed by the reference process (eager, or torch.compile of the same model); None
-    when it reports the block failed."""
-    msgs = _time_block(session, calls, first, compiled=compiled, cold=cold)
-    if (failed := [m for m in msgs if isinstance(m, R.BlockFailed)]):
-        session.block_error = failed[0].error
-        return None
+def reference_block(session: Any, calls: int, first: bool, cold: bool = False) -> list[float]:
+    """One block of eager calls timed by the reference process."""
+    msgs = _time_block(session, calls, first, cold=cold)
     blocks = [m for m in msgs if isinstance(m, R.Block)]
     for m in blocks:
         _note_busy(session, m.busy)
     return [t for m in blocks for t in m.times_ms]
 
 
-def _time_block(session: Any, calls: int, first: bool, compiled: bool, pair: bool = False,
-                cold: bool = False) -> list[R.Event]:
+def _time_block(session: Any, calls: int, first: bool, pair: bool = False, cold: bool = False) -> list[R.Event]:
     """The reference's TimeBlock request (Reference.time_block) with fresh seeds: its events."""
     bench = session.bench
     return bench.request(R.TimeBlock(size=bench.size, init_seed=session.plan.init_seed, cold=cold,
-                                     seeds=[_seed() for _ in range(calls)], compiled=compiled, pair=pair,
+                                     seeds=[_seed() for _ in range(calls)], pair=pair,
                                      warmup=bench.settings.warmup_calls if first else 0), bench.settings.timeout_s, session.lane)
 
 
@@ -145,8 +138,7 @@ def play(session: Any, calls: int, pause: bool, models: tuple[str, ...] = ()) ->
     null model's, shaped as the candidate's Bound request, and `models`' (eager's, torch.compile's);
     with `pause`, while the candidate's process is stopped. {} where the GPU was busy after a wait
     and a re-timing (after the import that is work the candidate left running, and the attempt is
-    refused for it) or the null could not be replayed; a model that could not be is left out, and
-    its error kept in session.block_error."""
+    refused for it) or the null could not be replayed; a model that could not be is left out."""
     with session.child.paused() if pause else contextlib.nullcontext():
         bench = session.bench
         msgs = bench.request(R.Play(size=bench.size, init_seed=session.plan.init_seed, n_seeds=calls,
@@ -160,8 +152,6 @@ def play(session: Any, calls: int, pause: bool, models: tuple[str, ...] = ()) ->
         if pause:
             session.device_busy = _busy("replayed its models", busy)
         return {}
-    if played[0].errors:
-        session.block_error = "; ".join(f"{k}: {v}" for k, v in played[0].errors.items())
     return dict(played[0].ms)
 
 

@@ -122,13 +122,14 @@ class Reference:
         w = replays.weights(sum(p.numel() for p in parts), digest_seed, self.device)  # float32, as the child's
         return replays.expected_digest(parts, w, POLICY.digest_chunk)
 
-    def play(self, request: R.Play) -> tuple[dict[str, float], dict[str, str]]:
+    def play(self, request: R.Play) -> dict[str, float]:
         """Milliseconds on this process's clock to play, as the candidate's replayed Bound request is
         played (pipeline.child.replays), a null model shaped as the candidate's (zeros for a forward),
         and where asked eager's forward and torch.compile's over sets of the request's size: the
         candidate's time and eager's are then each a replay window less a null one. Each is captured
-        at the first request of its shape and kept (a capture's milliseconds vary: never timed)."""
-        times, errors = {}, {}
+        at the first request of its shape and kept (a capture's milliseconds vary: never timed). A
+        model whose forward cannot be captured is left out."""
+        times = {}
         key = json.dumps([request.size, request.init_seed, request.n_seeds, request.replays, request.out_shape],
                          sort_keys=True)
         for kind in ("null", *request.models):
@@ -136,17 +137,16 @@ class Reference:
                 self.plays.pop(kind, None)
                 try:
                     self.plays[kind] = key, self._capture(kind, request)
-                except Exception as exc:  # noqa: BLE001 - the null's failure is the request's (PlayFailed)
+                except Exception:  # noqa: BLE001 - the null's failure is the request's (PlayFailed)
                     if kind == "null":
                         raise
                     if kind == "compiled":
                         self.drop_compiled(_size_key(request.size))
-                    errors[kind] = one_line(exc)
                     continue
             start = time.perf_counter()
             self.plays[kind][1].play(int.from_bytes(os.urandom(4), "little"))
             times[kind] = (time.perf_counter() - start) * 1e3
-        return times, errors
+        return times
 
     def _capture(self, kind: str, request: R.Play) -> replays.Captured:
         if kind == "null":
@@ -254,14 +254,13 @@ class Reference:
         free = torch.cuda.mem_get_info()[0] // 10 if self.device.startswith("cuda") else POLICY.large_sets_bytes
         return tasks.input_bytes(inputs) <= free
 
-    def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False,
+    def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0,
                    pair: bool = False, cold: bool = False) -> list[float] | list[list[float]]:
-        """One block of eager calls (or, with `compiled`, of torch.compile of the same model), timed
-        exactly as the candidate's (timing.time_blocks), between the candidate's own blocks: the
-        speedups are ratios of times taken side by side. With `pair`, each set once drawn is timed
-        eager then compiled (timing.time_sides): [eager times, compiled times]. With `cold`, as the
-        cpu's Bound request beside it times the candidate: every set drawn first, then a call on
-        each in turn (timing.time_cold)."""
+        """One block of eager calls, timed exactly as the candidate's (timing.time_blocks), between the
+        candidate's own blocks: the speedups are ratios of times taken side by side. With `pair`, each
+        set once drawn is timed eager then compiled (timing.time_sides): [eager times, compiled
+        times]. With `cold`, as the cpu's Bound request beside it times the candidate: every set
+        drawn first, then a call on each in turn (timing.time_cold)."""
         module, m32, _ = self.models_for(size, init_seed)
         if self.clock is None:
             self.clock = Clock(self.device)
@@ -274,8 +273,8 @@ class Reference:
                 for _ in range(max(1, warmup)):
                     m32(*self.sets[0])
                 self.clock.sync()
-            models = [m32] if not compiled else []
-            if compiled or pair:
+            models = [m32]
+            if pair:
                 key = _size_key(size)
                 models.append(self.compiled_for(key, m32))
                 if key not in self.warmed:  # warmed as the baseline was, at the attempt's first block
@@ -454,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 idle = idle or IdleProbe()
                 played, busy = idle.timed(lambda: [ref.play(request)])
-                send(R.Played(ms=played[0][0], errors=played[0][1], busy=busy))
+                send(R.Played(ms=played[0], busy=busy))
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory beside the paused child, or a forward
                 ref.plays = {}  # that cannot be captured: the parent says so; empty_cache below
                 send(R.PlayFailed(error=one_line(exc)))
@@ -474,19 +473,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _block(ref: Reference, request: R.TimeBlock, idle: IdleProbe | None) -> R.Block | R.BlockFailed:
+def _block(ref: Reference, request: R.TimeBlock, idle: IdleProbe | None) -> R.Block:
     """A TimeBlock's block, on an idle GPU (IdleProbe) where it is one."""
     def block(pair: bool = request.pair) -> list[float]:
-        return ref.time_block(request.size, request.init_seed, request.seeds, request.warmup, request.compiled, pair,
-                              request.cold)
+        return ref.time_block(request.size, request.init_seed, request.seeds, request.warmup, pair, request.cold)
     try:
         times, busy = idle.timed(block) if idle else (block(), None)
     except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs its ratio, not the run
-        if not (request.compiled or request.pair):
+        if not request.pair:
             raise  # eager failing is the reference's own fault, as it always was
         ref.drop_compiled(_size_key(request.size))  # the next attempt compiles anew
-        if not request.pair:
-            return R.BlockFailed(error=one_line(exc))
         # torch.compile failed beside eager: eager alone (were it eager, it raises again here)
         times, busy = idle.timed(lambda: block(False)) if idle else (block(False), None)
         return R.Block(times_ms=times, compile_error=one_line(exc), busy=busy)

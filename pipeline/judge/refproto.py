@@ -92,14 +92,12 @@ class CheckHealth(Message):
 
 
 class TimeBlock(AtSize):
-    """One block of the reference's calls beside the candidate's (Reference.time_block): Block or BlockFailed."""
+    """One block of the reference's eager calls beside the candidate's (Reference.time_block): Block."""
     op: Literal["time_block"] = "time_block"
     seeds: list[int]
     """One input seed per call."""
     warmup: int = 0
     """Untimed calls where the block's sets are new (the attempt's first block)."""
-    compiled: bool = False
-    """torch.compile of the model, not eager."""
     pair: bool = False
     """Each set timed eager, then compiled (Block.compiled_ms)."""
     cold: bool = False
@@ -258,20 +256,13 @@ class Busy(Message):
 class Block(Message):
     event: Literal["block"] = "block"
     times_ms: list[float]
-    """Eager's times (torch.compile's, where `compiled`), a call each."""
+    """Eager's times, a call each."""
     compiled_ms: list[float] | None = None
     """With `pair`, torch.compile's; None where it failed (compile_error) or was not asked."""
     compile_error: str | None = None
     """With `pair`: why torch.compile failed, and eager was timed alone."""
     busy: Busy | None = None
     """None: the device was idle (or is the cpu)."""
-
-
-class BlockFailed(Message):
-    """torch.compile failed alone (eager failing ends the process)."""
-    event: Literal["block_failed"] = "block_failed"
-    error: str
-    """Why, in one line."""
 
 
 class Described(Message):
@@ -344,9 +335,8 @@ class Digest(Message):
 class Played(Message):
     event: Literal["played"] = "played"
     ms: dict[str, float]
-    """Each request's milliseconds on the reference's clock, by model ("null", "eager", "compiled")."""
-    errors: dict[str, str] = {}
-    """Why a model asked for could not be replayed (its forward cannot be captured), in one line each."""
+    """Each request's milliseconds on the reference's clock, by model ("null", "eager", "compiled"); a
+    model asked for that could not be replayed (its forward cannot be captured) is missing."""
     busy: Busy | None = None
     """None: the device was idle."""
 
@@ -390,7 +380,7 @@ class Done(Message):
     """The request's op."""
 
 
-Event = Annotated[Union[Ready, Measured, HealthFigures, Block, BlockFailed, ExpectedCall, Compared, Digest, Played, PlayFailed,
+Event = Annotated[Union[Ready, Measured, HealthFigures, Block, ExpectedCall, Compared, Digest, Played, PlayFailed,
                         Floors, Settled, Done], Field(discriminator="event")]
 # The reference writes its lines with this adapter: its config reaches a nested Baselines, a model's own would not.
 EVENT = TypeAdapter(Event, config=ConfigDict(ser_json_inf_nan="constants"))

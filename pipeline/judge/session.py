@@ -70,7 +70,6 @@ class Session(Checks):
         self.compile_beside = bool(b and b.compiled and self.settings.compile_baseline)
         self.lane = lane_of(env)
         self.own = None  # the parent's look at the built code (pipeline.judge.owncode), set by evaluate
-        self.block_error: str | None = None  # why the reference's last failed block failed
 
     # ---- the conversation ----------------------------------------------------------------------
 
