@@ -82,11 +82,6 @@ def size_names(module: types.ModuleType) -> list[str]:
     return names if SMALL_SIZE in names else names + [SMALL_SIZE]
 
 
-def resolve_size(module: types.ModuleType, size: str | dict[str, Any]) -> dict[str, Any]:
-    """The globals to override for a size; an unknown size name is a SizeError."""
-    return _resolve(module, size)[0]
-
-
 def effective_size(module: types.ModuleType, size: str | dict[str, Any]) -> str:
     """The name under which a size is recorded: it says what ran, and load_module takes it back.
     A declared preset keeps its name; a derived "small" lists the globals it set; a mapping is
