@@ -330,10 +330,6 @@ def lane_of(env: dict[str, str]) -> dict[str, str] | None:
     return {k: v for k, v in env.items() if k in ("CUDA_VISIBLE_DEVICES", "KGEN_CORES")} or None
 
 
-def device_for(backend: str) -> str:
-    return backends.device_for(backend)
-
-
 def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
             cached_baselines: Callable[[str], str | None] | None = None,
             env: dict[str, str] | None = None, watch: health.Watch | None = None) -> TaskBench:
@@ -359,7 +355,7 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
     checked the size against the device's memory itself (`memory_checked`: nvidia-smi once, not twice).
     `early`: started ahead of its lane, which may be timing another task (TaskBench.early)."""
     module = tasks.load_module(task, size, settings.dtype)
-    device = device_for(backend)
+    device = backends.device_for(backend)
     if not memory_checked:
         sizes.check_memory(module, device, health.gpu_free_bytes((env or {}).get("CUDA_VISIBLE_DEVICES"))
                             if device == "cuda" else None, factor=POLICY.memory_factor[device])
