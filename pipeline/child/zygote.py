@@ -57,13 +57,7 @@ def _child(request: dict, fds: list[int], sock: socket.socket) -> None:
         targets = [int(t) for t in request["fds"]]
         floor = max([*targets, *fds, 2]) + 1  # above every target: no dup2 below overwrites one still needed
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
-        keep = set(high)
-        for fd in _open_fds():
-            if fd not in keep and fd > 2:
-                try:
-                    os.close(fd)
-                except OSError:  # the listing's own descriptor, closed already
-                    pass
+        jail.close_fds(set(high))
         for fd, target in zip(high, targets):
             os.dup2(fd, target, inheritable=target > 2)
         for fd in high:
@@ -94,10 +88,6 @@ def _child(request: dict, fds: list[int], sock: socket.socket) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code if isinstance(code, int) else 1)
-
-
-def _open_fds() -> list[int]:
-    return [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]
 
 
 def _reap_orphans(ours: set[int]) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from ..child import PACKAGE_ROOT
 from ..child import protocol as P
 from ..child.jail import landlock
+from ..child.jail.jail import children
 from .cgroup import Room
 
 NOBODY = 65534
@@ -155,8 +156,8 @@ def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinemen
         return P.Confinement(set_by="parent", detail=f"jail: {status}" if status else "no jail")
     inner, init = status.get("host_pid"), status.get("init_pid")
     try:
-        if not isinstance(init, int) or init not in _children(pid) or not isinstance(inner, int) \
-                or inner not in _children(init):
+        if not isinstance(init, int) or init not in children(pid) or not isinstance(inner, int) \
+                or inner not in children(init):
             raise OSError(f"the room's processes {init!r}, {inner!r} are not the jail's")
         fields = _status_fields(inner)
         ns = {name: os.readlink(f"/proc/{inner}/ns/{name}") != os.readlink(f"/proc/self/ns/{name}")
@@ -176,12 +177,3 @@ def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinemen
                          seccomp=seccomp, private_tmp=filesystem, uid=uid, before_exec=filesystem and seccomp,
                          netns=ns["net"], pidns=ns["pid"], ipcns=ns["ipc"], utsns=ns["uts"], cgroup=cgroup,
                          limits=limits, masked=list(status.get("masked", [])), set_by="parent")
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-
