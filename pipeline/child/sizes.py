@@ -107,7 +107,7 @@ def held_out_sizes(module: types.ModuleType, rng) -> list[str]:
     task's shapes cannot be probed on the meta device."""
     current = _dim_globals(module)
     try:
-        with _meta():
+        with meta():
             dims = _input_dims(module, current)
     except Exception:  # noqa: BLE001 - get_inputs needs real data: nothing to draw from
         return []
@@ -146,7 +146,7 @@ def derive_small(module: types.ModuleType) -> dict[str, Any]:
     task = _task_name(module)
     base = _base(module)
     try:
-        with _meta():
+        with meta():
             numels = _input_numels(module, base)
             if max(numels, default=0) <= SMALL_ELEMENTS:
                 return {name: base[name] for name in _input_dim_names(module, base)}
@@ -195,7 +195,7 @@ def size_dims(module: types.ModuleType) -> dict[str, int]:
     keys = _elements(current)
     named = {d.partition(":")[2] for d in getattr(module, "KGEN_DOMAINS", None) or []}
     try:
-        with _meta():
+        with meta():
             start = _signature(module, current)
             found = []
             for key in keys:
@@ -298,7 +298,7 @@ def _resolve(module: types.ModuleType, size: str | dict[str, Any]) -> tuple[dict
 
 
 @contextlib.contextmanager
-def _meta():
+def meta():
     """Shapes without memory: the meta device, no autograd, the caller's RNG left as it was."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"), torch.no_grad():
         yield
@@ -401,13 +401,13 @@ def footprint(module: types.ModuleType) -> dict[str, int] | None:
     meta device (nothing is allocated); None where get_inputs() cannot run there. Weights and
     output count 0 where the meta device cannot build or run the Model."""
     try:
-        with _meta():
+        with meta():
             inputs = list(module.get_inputs())
     except Exception:  # noqa: BLE001
         return None
     out = {"inputs": _tensor_bytes(inputs), "weights": 0, "output": 0}
     try:
-        with _meta():
+        with meta():
             model = module.Model(*module.get_init_inputs())
             if isinstance(model, torch.nn.Module):
                 out["weights"] = _tensor_bytes([*model.parameters(), *model.buffers()])
@@ -431,7 +431,7 @@ def convolves(module: types.ModuleType) -> bool:
             return func(*args, **(kwargs or {}))
 
     try:
-        with _meta():
+        with meta():
             inputs = list(module.get_inputs())
             model = module.Model(*module.get_init_inputs())
             with Ops():
