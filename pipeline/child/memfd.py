@@ -61,18 +61,6 @@ class Outbox:
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         return fd
 
-    def write(self, slot: int, values) -> bool:
-        """Child side: a 1-D numpy array's bytes into `slot`; False when they do not fit."""
-        import numpy as np
-
-        raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
-        if slot >= self.slots or raw.size > self.slot_values * 8:
-            return False
-        view = np.frombuffer(self.map, dtype=np.uint8, count=raw.size, offset=slot * self.slot_values * 8)
-        view[:] = raw
-        del view
-        return True
-
     def write_at(self, slot: int, address: int, nbytes: int) -> bool:
         """Child side: `nbytes` from `address` (a contiguous cpu tensor's) into `slot` by memmove;
         False when they do not fit (copy_quick)."""

@@ -24,7 +24,7 @@ _numel = int(np.prod(_shape)) if _shape else 1
 
 
 def _header(slot):
-    _ev.outbox.write(slot, np.zeros(_numel))
+    _ev.outbox.write_tensors(slot, [torch.zeros(_numel, dtype=torch.float64)])
     return P.OutputHeader(type="torch.Tensor", exact_tensor=True, shape=_shape, dtype="float32", device="cpu",
                           numel=_numel, written=True)
 
