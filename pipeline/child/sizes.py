@@ -149,7 +149,7 @@ def derive_small(module: types.ModuleType) -> dict[str, Any]:
         with meta():
             numels = _input_numels(module, base)
             if max(numels, default=0) <= SMALL_ELEMENTS:
-                return {name: base[name] for name in _input_dim_names(module, base)}
+                return {name: base[name] for name, _ in _input_dims(module, base)}  # each once, in order
             dims = _input_dims(module, base)
             values = dict(base)
             current = (max(numels), sum(numels))
@@ -373,14 +373,6 @@ def _input_dims(module: types.ModuleType, values: dict[str, Any]) -> list[Key]:
     return found
 
 
-def _input_dim_names(module: types.ModuleType, values: dict[str, Any]) -> list[str]:
-    names = []
-    for name, _ in _input_dims(module, values):
-        if name not in names:
-            names.append(name)
-    return names
-
-
 def _halve(value: int, original: int) -> int:
     """Half of `value`, a multiple of the original's power-of-two factor (at most 8), an odd
     original staying odd, never below min(original, 8); `value` itself where it cannot shrink."""
@@ -405,14 +397,14 @@ def footprint(module: types.ModuleType) -> dict[str, int] | None:
             inputs = list(module.get_inputs())
     except Exception:  # noqa: BLE001
         return None
-    out = {"inputs": _tensor_bytes(inputs), "weights": 0, "output": 0}
+    out = {"inputs": tensor_bytes(inputs), "weights": 0, "output": 0}
     try:
         with meta():
             model = module.Model(*module.get_init_inputs())
             if isinstance(model, torch.nn.Module):
-                out["weights"] = _tensor_bytes([*model.parameters(), *model.buffers()])
+                out["weights"] = tensor_bytes([*model.parameters(), *model.buffers()])
             result = model(*inputs)
-            out["output"] = _tensor_bytes(result if isinstance(result, (list, tuple)) else [result])
+            out["output"] = tensor_bytes(result if isinstance(result, (list, tuple)) else [result])
     except Exception:  # noqa: BLE001 - best effort: the inputs alone still bound the size
         pass
     return out
@@ -485,7 +477,8 @@ def available_memory(device: str) -> int | None:
     return min(limits) if limits else None
 
 
-def _tensor_bytes(xs) -> int:
+def tensor_bytes(xs) -> int:
+    """Bytes of the tensors among `xs` (tasks.input_bytes too)."""
     return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
 
 
