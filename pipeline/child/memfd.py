@@ -8,6 +8,7 @@ The parent creates the memfd and seals its size; both sides map it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import fcntl
@@ -167,15 +168,11 @@ class Outbox:
 
             import torch
 
-            try:
+            with contextlib.suppress(Exception):  # closing: the process's end unpins it anyway
                 torch.cuda.cudart().cudaHostUnregister(ctypes.addressof(self._pinned))
-            except Exception:  # noqa: BLE001 (closing: the process's end unpins it anyway)
-                pass
             self._pinned = None
-        try:
+        with contextlib.suppress(BufferError):
             self.map.close()
-        except BufferError:
-            pass
 
 
 # ---- the inbox ---------------------------------------------------------------------------------
@@ -261,10 +258,8 @@ class Inbox:
         return [next(views) if isinstance(x, torch.Tensor) else x for x in like]
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BufferError):
             self.map.close()
-        except BufferError:
-            pass
 
 
 def pack_set(inputs: list[Any]) -> bytes:

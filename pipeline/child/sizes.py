@@ -398,15 +398,13 @@ def footprint(module: types.ModuleType) -> dict[str, int] | None:
     except Exception:  # noqa: BLE001
         return None
     out = {"inputs": tensor_bytes(inputs), "weights": 0, "output": 0}
-    try:
+    with contextlib.suppress(Exception):  # best effort: the inputs alone still bound the size
         with meta():
             model = module.Model(*module.get_init_inputs())
             if isinstance(model, torch.nn.Module):
                 out["weights"] = tensor_bytes([*model.parameters(), *model.buffers()])
             result = model(*inputs)
             out["output"] = tensor_bytes(result if isinstance(result, (list, tuple)) else [result])
-    except Exception:  # noqa: BLE001 - best effort: the inputs alone still bound the size
-        pass
     return out
 
 
@@ -458,12 +456,10 @@ def available_memory(device: str) -> int | None:
     if device.startswith("cuda"):
         return None
     limits = []
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 limits.append(int(line.split()[1]) * 1024)
-    except OSError:
-        pass
     for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
                                    ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
                                     "/sys/fs/cgroup/memory/memory.usage_in_bytes")):

@@ -23,6 +23,7 @@ process dies with it (its parent-death signal), and every room with its outer pr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import importlib
@@ -103,10 +104,8 @@ def _reap_orphans(ours: set[int]) -> None:
             continue
         for pid in children:
             if pid not in ours:
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
 
 
 def serve(sock: socket.socket) -> int:
@@ -133,10 +132,8 @@ def serve(sock: socket.socket) -> int:
                 for fd in fds:
                     os.close(fd)
                 ours.discard(int(request["reap"]))
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(int(request["reap"]), 0)
-                except ChildProcessError:
-                    pass
                 continue
             sys.stdout.flush()
             sys.stderr.flush()

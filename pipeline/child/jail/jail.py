@@ -39,6 +39,7 @@ be set ends the process (status 126) instead of running unconfined.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import importlib.util
@@ -132,10 +133,8 @@ def enter_room(policy: dict) -> dict:
     held: dict = {"cgroup": False}
     cores = os.environ.get("KGEN_CORES", "")
     if cores:  # before the fork, so every process of the room starts on them (seccomp forbids moving)
-        try:
+        with contextlib.suppress(ValueError, OSError):  # cores this machine lacks
             os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
-        except (ValueError, OSError):  # cores this machine lacks
-            pass
     if policy.get("cgroups"):
         try:
             for folder in policy["cgroups"]:
@@ -239,10 +238,8 @@ def enter(policy: dict, status_fd: int, run: Callable[[], int | None]) -> int:
     status = _read_status(relay_r)
     kids = children(init)
     status["init_pid"], status["host_pid"] = init, kids[0] if len(kids) == 1 else None
-    try:
+    with contextlib.suppress(OSError):
         status["pidns_inode"] = os.stat(f"/proc/{init}/ns/pid").st_ino
-    except OSError:
-        pass
     os.write(status_fd, (json.dumps(status) + "\n").encode())
     os.close(status_fd)
     _, code = os.waitpid(init, 0)
@@ -309,10 +306,8 @@ def close_fds(keep: set[int]) -> None:
     """Close every descriptor of this process above stderr but those in `keep` (the zygote's forks too)."""
     for fd in [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]:
         if fd > 2 and fd not in keep:
-            try:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
                 os.close(fd)
-            except OSError:  # the listing's own descriptor, closed already
-                pass
 
 
 def _run(policy: dict, held: dict, relay_w: int, run: Callable[[], int | None]) -> None:
