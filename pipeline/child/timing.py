@@ -1,10 +1,9 @@
-"""Clocks for timing a callable the same way in the reference process and in the candidate's child.
+"""The clock the reference process times eager's and torch.compile's calls with (the candidate's are
+timed by the parent alone: pipeline.judge.clocks), and the floors measured there.
 
-`Clock` takes its own references to every timing function when it is built, which the harness does
-before importing the candidate, so a candidate that patches torch.cuda.Event, synchronize or
-time.perf_counter changes nothing we call. Each timed call ends only when the whole device is idle
-(work on side streams counts); on a GPU the L2 is flushed before it and it is launched behind a
-hold kernel (pipeline.child.hold) so that host-side stalls in the launch are not timed.
+Each timed call ends only when the whole device is idle (work on side streams counts); on a GPU the
+L2 is flushed before it and it is launched behind a hold kernel (pipeline.child.hold) so that
+host-side stalls in the launch are not timed.
 """
 
 from __future__ import annotations
@@ -56,10 +55,6 @@ METHOD = Method()
 
 class Clock:
     def __init__(self, device: str):
-        # Bind the methods onto the instance now: a candidate that later rebinds Clock.time_call on
-        # the class changes nothing this instance calls.
-        for name in ("sync", "flush", "time_call", "block_ms"):
-            setattr(self, name, getattr(self, name))
         self.device = device
         self.cuda = device.startswith("cuda")
         self._ns = time.perf_counter_ns
