@@ -83,10 +83,6 @@ def _python_paths() -> tuple[str, ...]:
     return tuple(sorted(paths))
 
 
-def gpu_devices() -> list[str]:
-    return sorted(glob.glob("/dev/nvidia*"))
-
-
 def drop_to() -> int | None:
     """The uid children run as: nobody when we are root (the jail makes what they need reachable),
     else our own (no privilege to drop)."""
@@ -107,7 +103,7 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
         if os.environ.get(var):
             read.append(os.environ[var])
     write = [str(workdir / "tmp"), *writable]
-    devices = [*DEVICES, *(gpu_devices() if gpu else [])]
+    devices = [*DEVICES, *(sorted(glob.glob("/dev/nvidia*")) if gpu else [])]
     rules = [(p, "read") for p in read] + [(p, "write") for p in write] + [(d, "device") for d in devices]
     rules.append(("/dev", "list"))
     uid = drop_to()
@@ -136,15 +132,6 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
             "require": [layer for layer in LAYERS if uid is not None or layer != "cgroup"]}
 
 
-def _status_fields(pid: int) -> dict[str, str]:
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
-    return fields
-
-
 def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinement:
     """The confinement the parent set on the room whose outer process is `pid`, as far as it checks
     for itself, on the process that runs the command (the status line's host_pid, the child of the
@@ -159,7 +146,8 @@ def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinemen
         if not isinstance(init, int) or init not in children(pid) or not isinstance(inner, int) \
                 or inner not in children(init):
             raise OSError(f"the room's processes {init!r}, {inner!r} are not the jail's")
-        fields = _status_fields(inner)
+        with open(f"/proc/{inner}/status") as f:
+            fields = {key: value.strip() for key, _, value in (line.partition(":") for line in f)}
         ns = {name: os.readlink(f"/proc/{inner}/ns/{name}") != os.readlink(f"/proc/self/ns/{name}")
               for name in ("net", "ipc", "uts", "pid", "mnt")}
         with open(f"/proc/{inner}/limits") as f:
