@@ -85,45 +85,32 @@ def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> No
     at = time.monotonic()
     with session.child.paused():  # what the candidate left running must not slow the other side (sandbox.Child.pause)
         at = session.spent("timing_pause", at)
-        if not session.compile_beside:
-            session.eager.append(reference_block(session, calls, first, cold=cold))
-            session.spent("timing_eager", at)
-            return
-        eager, compiled = reference_pair(session, calls, first, cold)
-        session.spent("timing_reference", at)
+        pair = session.compile_beside
+        eager, compiled = reference_block(session, calls, first, cold, pair)
+        session.spent("timing_reference" if pair else "timing_eager", at)
         session.eager.append(eager)
+        if not pair:
+            return
         if compiled is None:  # torch.compile failed in the reference: the prepared baseline stands in
             session.compile_beside, session.compiled = False, []
         else:
             session.compiled.append(compiled)
 
 
-def reference_pair(session: Any, calls: int, first: bool, cold: bool = False) -> tuple[list[float], list[float] | None]:
-    """One block timed eager and torch.compile call by call (eager_block): the eager times, and the
-    compiled ones or None where torch.compile failed and eager was timed alone."""
-    msgs = _time_block(session, calls, first, pair=True, cold=cold)
+def reference_block(session: Any, calls: int, first: bool, cold: bool = False,
+                    pair: bool = False) -> tuple[list[float], list[float] | None]:
+    """One block of eager calls timed by the reference process (its TimeBlock request with fresh seeds,
+    Reference.time_block): their times, and with `pair` torch.compile's call by call (eager_block), None
+    where torch.compile failed and eager was timed alone, or was not asked for."""
+    bench = session.bench
+    msgs = bench.request(R.TimeBlock(size=bench.size, init_seed=session.plan.init_seed, cold=cold,
+                                     seeds=[_seed() for _ in range(calls)], pair=pair,
+                                     warmup=bench.settings.warmup_calls if first else 0), bench.settings.timeout_s, session.lane)
     blocks = [m for m in msgs if isinstance(m, R.Block)]
     if not blocks:
         raise EvaluationError(f"the reference timed no eager block: {msgs[-1] if msgs else 'no reply'}")
     _note_busy(session, blocks[0].busy)
     return list(blocks[0].times_ms), (None if blocks[0].compiled_ms is None else list(blocks[0].compiled_ms))
-
-
-def reference_block(session: Any, calls: int, first: bool, cold: bool = False) -> list[float]:
-    """One block of eager calls timed by the reference process."""
-    msgs = _time_block(session, calls, first, cold=cold)
-    blocks = [m for m in msgs if isinstance(m, R.Block)]
-    for m in blocks:
-        _note_busy(session, m.busy)
-    return [t for m in blocks for t in m.times_ms]
-
-
-def _time_block(session: Any, calls: int, first: bool, pair: bool = False, cold: bool = False) -> list[R.Event]:
-    """The reference's TimeBlock request (Reference.time_block) with fresh seeds: its events."""
-    bench = session.bench
-    return bench.request(R.TimeBlock(size=bench.size, init_seed=session.plan.init_seed, cold=cold,
-                                     seeds=[_seed() for _ in range(calls)], pair=pair,
-                                     warmup=bench.settings.warmup_calls if first else 0), bench.settings.timeout_s, session.lane)
 
 
 def _note_busy(session: Any, busy: R.Busy | None) -> None:
