@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def read_request() -> P.Message | None:
         line = stdin.readline()
-        return P.parse_request(line) if line.strip() else None
+        return P.REQUEST.validate_json(line) if line.strip() else None
 
     if args.mode == "build" and args.code_path:
         return run_build(fd, args.code_path)

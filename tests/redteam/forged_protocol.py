@@ -31,7 +31,7 @@ def _header(slot):
 
 P.send(_fd, P.Imported())
 while line := sys.stdin.readline():
-    req = P.parse_request(line)
+    req = P.REQUEST.validate_json(line)
     if isinstance(req, P.Setup):
         P.send(_fd, P.SetupDone())
     elif isinstance(req, P.Trial):
