@@ -210,7 +210,7 @@ def size_dims(module: types.ModuleType) -> dict[str, int]:
                     continue
     except Exception:  # noqa: BLE001 - no shapes without memory: report them all
         found = keys
-    return {_key_name(key): _element(current, key) for key in found}
+    return {name if i is None else f"{name}[{i}]": _element(current, (name, i)) for name, i in found}
 
 
 # --- size helpers -----------------------------------------------------------------------------
@@ -350,10 +350,6 @@ def _with_element(values: dict[str, Any], key: Key, value: int) -> dict[str, Any
     out = dict(values)
     out[name] = value if i is None else tuple(value if j == i else x for j, x in enumerate(values[name]))
     return out
-
-
-def _key_name(key: Key) -> str:
-    return key[0] if key[1] is None else f"{key[0]}[{key[1]}]"
 
 
 def _probe(value: int) -> int:

@@ -109,15 +109,10 @@ def reference_block(session: Any, calls: int, first: bool, cold: bool = False,
     blocks = [m for m in msgs if isinstance(m, R.Block)]
     if not blocks:
         raise EvaluationError(f"the reference timed no eager block: {msgs[-1] if msgs else 'no reply'}")
-    _note_busy(session, blocks[0].busy)
-    return list(blocks[0].times_ms), (None if blocks[0].compiled_ms is None else list(blocks[0].compiled_ms))
-
-
-def _note_busy(session: Any, busy: R.Busy | None) -> None:
-    """A block the reference timed on a GPU still busy after a wait and a re-timing: the attempt is
-    refused for it (IdleProbe)."""
-    if busy and busy.after_ms is not None:
+    # Timed on a GPU still busy after a wait and a re-timing: the attempt is refused for it (IdleProbe).
+    if (busy := blocks[0].busy) and busy.after_ms is not None:
         session.device_busy = _busy("timed", busy)
+    return list(blocks[0].times_ms), (None if blocks[0].compiled_ms is None else list(blocks[0].compiled_ms))
 
 
 def play(session: Any, calls: int, pause: bool, models: tuple[str, ...] = ()) -> dict[str, float]:
