@@ -34,7 +34,7 @@ EVENTS = [
     R.Measured(baselines={"eager": {"median_ms": 1.5, "p25_ms": 1.4, "p75_ms": 1.6, "n": 30}, "input_bytes": 64,
                           "floor_ms": 0.01, "bandwidth_gbs": 20.0, "flops": 0}),
     R.HealthFigures(bandwidth_gbs=3000.0, hold_ms=1.01),
-    R.Block(times_ms=[1.0, 1.1], compiled_ms=None, compile_error="RuntimeError: no", busy=R.Busy(retimed_ms=3.0, idle_ms=0.02)),
+    R.Block(times_ms=[1.0, 1.1], compiled_ms=None, compile_error="RuntimeError: no", busy=R.Busy(after_ms=3.0, idle_ms=0.02)),
     R.ExpectedCall(key="trial0", fds=["values_fd"], shape=[4], numel=8, ref_dtype="float32",
                    parts=[("output", [4]), ("gradient of x", [4])], dtypes=["float32", "float32"], fp32_rel_err=1e-7,
                    rel_errs=[1e-7, 2e-7], own_errs=[float("inf"), 0.0]),

@@ -243,12 +243,8 @@ class HealthFigures(Message):
 
 class Busy(Message):
     """What the reference's idle probe saw where the GPU ran other work (health.IdleProbe.timed)."""
-    before_ms: float | None = None
-    """Busy before the block, after a wait."""
-    retimed_ms: float | None = None
-    """Busy after it: the block was timed again."""
     after_ms: float | None = None
-    """Still busy after the second: the times stand on a busy device."""
+    """Still busy after the block and its re-timing: the times stand on a busy device."""
     idle_ms: float
     """The probe on an idle device."""
 
@@ -262,7 +258,7 @@ class Block(Message):
     compile_error: str | None = None
     """With `pair`: why torch.compile failed, and eager was timed alone."""
     busy: Busy | None = None
-    """None: the device was idle (or is the cpu)."""
+    """None: the times do not stand on a busy device (or it is the cpu)."""
 
 
 class Described(Message):
@@ -338,7 +334,7 @@ class Played(Message):
     """Each request's milliseconds on the reference's clock, by model ("null", "eager", "compiled"); a
     model asked for that could not be replayed (its forward cannot be captured) is missing."""
     busy: Busy | None = None
-    """None: the device was idle."""
+    """None: the times do not stand on a busy device."""
 
 
 class PlayFailed(Message):
