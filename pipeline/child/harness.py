@@ -34,7 +34,6 @@ from .jail.seccomp import die_with_parent, install_filter
 from .profiling import profile, warm_profiler
 
 
-
 def readable_paths(extra: list[str]) -> list[str]:
     """What the child may read: the system, Python and its packages, our package, and the files of
     this job; not the project folder itself, where the database lives."""

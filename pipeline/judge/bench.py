@@ -31,7 +31,6 @@ from ..verdicts import Clock
 from .judge import Expected, mapped
 
 
-
 class EvaluationError(RuntimeError):
     """The reference itself could not be computed (a broken task), so no candidate can be judged."""
 
@@ -460,11 +459,10 @@ def _tail(log: str, lines: int = 3) -> str:
     return " | ".join(line.strip() for line in log.strip().splitlines()[-lines:]) or "(no output)"
 
 
-# An attempt that ends before its verdict on the calls: the child failed, broke the protocol, timed
-# out or died. The session raises Ended where it sees that; evaluate turns it into the result.
 class Ended(Exception):
     """The session is over before a verdict on the calls: the child failed, broke the protocol, timed
-    out or died. Carries the verdict."""
+    out or died. Carries the verdict; the session raises it where it sees that, evaluate turns it
+    into the result."""
 
     def __init__(self, result: EvalResult | None):
         super().__init__(result.error if result else "the child ended")

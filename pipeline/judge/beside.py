@@ -23,7 +23,6 @@ from .judge import digest_ok
 from ..policy import POLICY
 
 
-
 def calibrate(session: Any) -> None:
     """The calibration, while the child still runs only our own code: Bound requests of a null model
     (eager, then replayed from CUDA graphs where the plan replays), each timed by the parent's clock.

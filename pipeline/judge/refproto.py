@@ -423,7 +423,6 @@ def sealed_memfd(name: str, *data) -> int:
     return fd
 
 
-
 def _seal(fd: int) -> None:
     """Seal the memfd, again while the kernel answers EBUSY: F_SEAL_WRITE waits for every extra
     reference to its pages to go, and the kernel's own memory work (compaction, page monitoring)
