@@ -67,7 +67,7 @@ def apply_size(module: types.ModuleType, size: str | dict[str, Any]) -> None:
     module.__kgen_base__ = _dim_globals(module)  # the file's own values, before any size
     overrides, name = _resolve(module, size)
     module.__dict__.update(overrides)
-    module.__kgen_size__ = (_size_key(size), name)
+    module.__kgen_size__ = (size_key(size), name)
 
 
 def size_presets(module: types.ModuleType) -> dict[str, dict[str, Any]]:
@@ -87,7 +87,7 @@ def effective_size(module: types.ModuleType, size: str | dict[str, Any]) -> str:
     A declared preset keeps its name; a derived "small" lists the globals it set; a mapping is
     `k=v,...`."""
     cached = getattr(module, "__kgen_size__", None)
-    if cached and cached[0] == _size_key(size):
+    if cached and cached[0] == size_key(size):
         return cached[1]
     return _resolve(module, size)[1]
 
@@ -219,7 +219,8 @@ def _task_name(module: types.ModuleType) -> str:
     return getattr(module, "__kgen_task__", None) or module.__name__.removeprefix("kgen_task_")
 
 
-def _size_key(size: Any) -> str:
+def size_key(size: Any) -> str:
+    """A size (a preset's name or its globals) as a key (the reference's of what it keeps per size too)."""
     return json.dumps(size, sort_keys=True, default=repr)
 
 

@@ -31,6 +31,7 @@ from ..child import replays, tasks
 from ..child.grad import ForwardBackward, Grads, reseed
 from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
+from ..child.sizes import size_key
 from ..child.protocol import write_line
 from ..child.timing import (Clock, ColdPool, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
                             measure_bandwidth, plain_ms, summarize_blocks, time_cold, time_sides)
@@ -40,11 +41,6 @@ from .judge import own_error, tensor_stats, tolerance_for
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .health import IdleProbe, cpu_name
 from ..policy import POLICY
-
-
-def _size_key(size: str | dict[str, Any]) -> str:
-    """A size (a preset's name or its globals) as the key of what is kept per size."""
-    return json.dumps(size, sort_keys=True)
 
 
 def _as64(inputs: list[Any]) -> list[Any]:
@@ -94,7 +90,7 @@ class Reference:
         init seed; in gradient mode each called as forward plus backward."""
         if init_seed != self.init_seed:
             self.models, self.compiled, self.warmed, self.init_seed = {}, {}, set(), init_seed
-        key = _size_key(size)
+        key = size_key(size)
         if key not in self.models:
             module = tasks.load_module(self.task, size, self.dtype)
             m32 = tasks.make_model(module, module.Model, init_seed, self.device)
@@ -141,7 +137,7 @@ class Reference:
                     if kind == "null":
                         raise
                     if kind == "compiled":
-                        self.drop_compiled(_size_key(request.size))
+                        self.drop_compiled(size_key(request.size))
                     continue
             start = time.perf_counter()
             self.plays[kind][1].play(int.from_bytes(os.urandom(4), "little"))
@@ -153,7 +149,7 @@ class Reference:
             module = tasks.load_module(self.task, request.size, self.dtype)
             return replays.null_request(module, request.n_seeds, request.replays, request.out_shape, self.device, self.grad)
         module, m32, _ = self.models_for(request.size, request.init_seed)
-        model = m32 if kind == "eager" else self.compiled_for(_size_key(request.size), m32)
+        model = m32 if kind == "eager" else self.compiled_for(size_key(request.size), m32)
         seeds = [int.from_bytes(os.urandom(4), "little") for _ in range(request.n_seeds)]
         return replays.Captured(model, module, seeds, request.replays, 0, self.device)
 
@@ -267,15 +263,15 @@ class Reference:
         with torch.no_grad():
             # The attempt's first block: sets of its size, and the warm-up the candidate had; at least one call after an `expect` released the
             # models (in gradient mode a rebuilt model's first call drew its upstream: 7-11 ms of a 0.5 ms call).
-            if self.sets is None or self.sets_size != _size_key(size):
+            if self.sets is None or self.sets_size != size_key(size):
                 self.sets = tasks.block_sets(module, tasks.make_inputs(module, seeds[0], "base", self.device), self.device)
-                self.sets_size = _size_key(size)
+                self.sets_size = size_key(size)
                 for _ in range(max(1, warmup)):
                     m32(*self.sets[0])
                 self.clock.sync()
             models = [m32]
             if pair:
-                key = _size_key(size)
+                key = size_key(size)
                 models.append(self.compiled_for(key, m32))
                 if key not in self.warmed:  # warmed as the baseline was, at the attempt's first block
                     self.warmed.add(key)
@@ -283,7 +279,7 @@ class Reference:
                         models[-1](*self.sets[0])
                     self.clock.sync()
             if cold:
-                sets = self.cold.take(_size_key(size), lambda seed: tasks.make_inputs(module, seed, "base", self.device), seeds)
+                sets = self.cold.take(size_key(size), lambda seed: tasks.make_inputs(module, seed, "base", self.device), seeds)
                 times = clocks.unloaded_run(lambda: time_cold(self.clock, [lambda x, m=m: m(*x) for m in models], sets),
                                             len(sets), torch.get_num_threads())
                 del sets
@@ -341,14 +337,14 @@ class Reference:
                 result["eager_plain_ms"] = plain_ms(lambda: m32(*inputs))
         if request.compile_baseline:
             try:
-                compiled = self.compiled_for(_size_key(request.size), m32)
+                compiled = self.compiled_for(size_key(request.size), m32)
                 result["compiled"] = self._time(compiled, module, request, clock, request.warmup + 2)
                 if cuda:
                     with torch.no_grad():
                         result["compiled_plain_ms"] = plain_ms(lambda: compiled(*inputs))
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
                 result["compile_error"] = one_line(exc)
-                self.drop_compiled(_size_key(request.size))
+                self.drop_compiled(size_key(request.size))
         floors = bandwidth_floor(self.device, clock, result["input_bytes"])  # where the inputs sit
         own = min(t["p25_ms"] for t in (result["eager"], result.get("compiled")) if t)
         result |= compute_floor(self.device, clock, lambda: m32(*inputs), own_ms=own)
@@ -482,7 +478,7 @@ def _block(ref: Reference, request: R.TimeBlock, idle: IdleProbe | None) -> R.Bl
     except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs its ratio, not the run
         if not request.pair:
             raise  # eager failing is the reference's own fault, as it always was
-        ref.drop_compiled(_size_key(request.size))  # the next attempt compiles anew
+        ref.drop_compiled(size_key(request.size))  # the next attempt compiles anew
         # torch.compile failed beside eager: eager alone (were it eager, it raises again here)
         times, busy = idle.timed(lambda: block(False)) if idle else (block(False), None)
         return R.Block(times_ms=times, compile_error=one_line(exc), busy=busy)
