@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from pipeline.child import memfd, tasks
 from pipeline.child import protocol as P
@@ -42,7 +43,7 @@ def _both(bench, values: np.ndarray, slot: int = 1, device: str = "cpu"):
     fd = memfd.Outbox.create(values.size * 8 * 3)
     box = memfd.Outbox(fd, values.size, 3)
     try:
-        assert box.write(slot, values)
+        assert box.write_tensors(slot, [torch.from_numpy(np.ascontiguousarray(values))])
         header = P.OutputHeader(type="Tensor", exact_tensor=True, shape=SHAPE, dtype="float32", device=device,
                                 numel=values.size, written=True, packed=["float32"])
         got = judge.Slot.of(box, slot, ["float32"], [values.size])

@@ -575,8 +575,8 @@ def test_two_slots_are_the_same_byte_for_byte_and_a_changed_value_is_not():
         values = np.random.default_rng(0).standard_normal(n).astype(np.float32)
         values[5] = 0.0
         for slot in (0, 1):
-            assert outbox.write(slot, values)
-        assert outbox.write(2, values.astype(np.float64))
+            assert outbox.write_tensors(slot, [torch.from_numpy(values)])
+        assert outbox.write_tensors(2, [torch.from_numpy(values.astype(np.float64))])
 
         def slot(i: int, dtype: str = "float32") -> judge.Slot:
             return judge.Slot.of(outbox, i, [dtype], [n])
@@ -585,11 +585,11 @@ def test_two_slots_are_the_same_byte_for_byte_and_a_changed_value_is_not():
         assert judge.same_values(slot(0), slot(2, "float64"))  # by value: float32's values widened
         changed = values.copy()
         changed[n - 1] += 1.0
-        assert outbox.write(1, changed)
+        assert outbox.write_tensors(1, [torch.from_numpy(changed)])
         assert not judge.same_values(slot(0), slot(1))
         signed = values.copy()
         signed[5] = -0.0
-        assert outbox.write(1, signed)
+        assert outbox.write_tensors(1, [torch.from_numpy(signed)])
         assert not judge.same_values(slot(0), slot(1))
     finally:
         outbox.close()

@@ -247,7 +247,7 @@ def test_an_unknown_size_is_one_line_listing_the_sizes_the_task_has():
     module = _module("mse", "default")
     for bad in ("smal", "", "small(", "two words"):
         with pytest.raises(sizes.SizeError, match=r"^task mse: .*\(has: default, small, odd\)$"):
-            sizes.resolve_size(module, bad)
+            sizes.effective_size(module, bad)
     with pytest.raises(sizes.SizeError, match="sets batchsize, which the task file does not define"):
         tasks.load_module(mse, {"batchsize": 3})
     # What a name says is what runs, and the name loads back.

@@ -50,10 +50,6 @@ class Grads:
     labels: list[str]
 
 
-def input_labels(inputs: list[Any]) -> list[str]:
-    return [f"input {i}" for i, x in enumerate(inputs) if _wants_grad(x)]
-
-
 def _wants_grad(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point()
 
@@ -123,7 +119,8 @@ class ForwardBackward:
                 raise GradError("no_gradient", "the output has no gradient: it is detached from the inputs "
                                 "(a kernel without a backward, or a result cut from the graph)")
             wanted = [x for x in leaves if _wants_grad(x)]
-            labels = input_labels(list(inputs)) + [f"parameter {name}" for name, _ in self.params]
+            labels = [f"input {i}" for i, x in enumerate(inputs) if _wants_grad(x)] + \
+                [f"parameter {name}" for name, _ in self.params]
             grads = torch.autograd.grad(out, wanted + [p for _, p in self.params], self.upstream(inputs, out),
                                         allow_unused=True)
         missing = [label for label, g in zip(labels, grads) if g is None]

@@ -34,17 +34,13 @@ from .jail.seccomp import die_with_parent, install_filter
 from .profiling import profile, warm_profiler
 
 
-
-def proc_paths() -> list[str]:
-    return [f"/proc/{name}" for name in landlock.PROC_READ] + [f"/proc/{os.getpid()}"]
-
-
 def readable_paths(extra: list[str]) -> list[str]:
     """What the child may read: the system, Python and its packages, our package, and the files of
     this job; not the project folder itself, where the database lives."""
     ours = str(Path(__file__).resolve().parent.parent)  # the pipeline package (its source is public)
     project = str(Path(ours).parent)
-    paths = [*landlock.SYSTEM_READ, *proc_paths(), sys.prefix, sys.base_prefix, sys.exec_prefix, ours, *extra]
+    proc = [f"/proc/{name}" for name in landlock.PROC_READ] + [f"/proc/{os.getpid()}"]
+    paths = [*landlock.SYSTEM_READ, *proc, sys.prefix, sys.base_prefix, sys.exec_prefix, ours, *extra]
     paths += [p for p in sys.path if p and os.path.isdir(p) and os.path.abspath(p) != project]
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
@@ -72,14 +68,6 @@ def apply_limits(memory_gb: float | None, cuda: bool, read: list[str], write: li
     private = held and bool(home) and os.environ.get("TMPDIR") == home and Path(home).name.startswith("kgen-child-")
     return P.Confinement(landlock_abi=abi if held else 0, filesystem=held, network=held and abi >= 4,
                          signals=held and abi >= 6, seccomp=seccomp, private_tmp=private, uid=os.getuid())
-
-
-def load_prebuilt_only() -> None:
-    """In an evaluation the build directory is read-only: torch's load_inline must load what the
-    build stage compiled and never compile (pipeline.child.prebuilt), for the child's whole life."""
-    from .prebuilt import import_only
-
-    import_only()
 
 
 def _light_fits(sources: Any) -> bool:
@@ -179,7 +167,7 @@ class Evaluator:
         self.others: dict[str, tuple[Any, Any]] = {}  # held-out size -> (model, module): Evaluator.at
         self.main = self.module(job.size)  # a broken task file fails here, before the candidate runs
         self.model = self.null_model()
-        self.sets: list[list[Any]] = []
+        self.like: list[Any] | None = None  # a set of the main size, made once: the inbox's views take its shapes
         self.views: list[list[Any]] = []  # the inbox's sets (inbox_sets)
         self.captured = None  # a Bound request's graphs, waiting for their Play
         self.armed: tuple[int, list[list[Any]]] | None = None  # an Arm's request index and sets
@@ -224,12 +212,6 @@ class Evaluator:
             junk = torch.empty(1 << 20)
         junk.fill_(float("nan"))
         del junk
-
-    def block_sets(self, count: int) -> list[list[Any]]:
-        """Input sets of the main size, made once and refilled with each request's values."""
-        while len(self.sets) < count:
-            self.sets.append(tasks.make_inputs(self.main, 0, "base", self.device))
-        return self.sets[:count]
 
     def handle(self, req: P.Message) -> P.Message:
         import torch
@@ -340,8 +322,9 @@ class Evaluator:
             raise ValueError(f"a Bound request for {count} inbox sets; this child's inbox holds "
                              f"{self.inbox.sets if self.inbox else 0}")
         if len(self.views) < count:
-            like = self.block_sets(1)[0]
-            self.views += [self.inbox.inputs(i, like) for i in range(len(self.views), count)]
+            if self.like is None:
+                self.like = tasks.make_inputs(self.main, 0, "base", self.device)
+            self.views += [self.inbox.inputs(i, self.like) for i in range(len(self.views), count)]
         return self.views[:count]
 
     def arm(self, req: P.Arm) -> P.BoundReady:
@@ -404,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def read_request() -> P.Message | None:
         line = stdin.readline()
-        return P.parse_request(line) if line.strip() else None
+        return P.REQUEST.validate_json(line) if line.strip() else None
 
     if args.mode == "build" and args.code_path:
         return run_build(fd, args.code_path)
@@ -437,7 +420,11 @@ def main(argv: list[str] | None = None) -> int:
         # as many CPU threads as the lane has cores, like the reference process.
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     os.environ["TORCH_EXTENSIONS_DIR"] = job.build_dir
-    load_prebuilt_only()
+    # In an evaluation the build directory is read-only: torch's load_inline must load what the build
+    # stage compiled and never compile (pipeline.child.prebuilt), for the child's whole life.
+    from .prebuilt import import_only
+
+    import_only()
     confinement = apply_limits(job.memory_gb, job.device.startswith("cuda"),
                                [job.task_path, job.code_path, job.build_dir], [], os.fstat(args.outbox_fd).st_size)
     outbox = memfd.Outbox(args.outbox_fd, job.slot_values, job.slots)

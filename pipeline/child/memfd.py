@@ -8,6 +8,7 @@ The parent creates the memfd and seals its size; both sides map it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import fcntl
@@ -60,18 +61,6 @@ class Outbox:
         os.ftruncate(fd, max(8, capacity))
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         return fd
-
-    def write(self, slot: int, values) -> bool:
-        """Child side: a 1-D numpy array's bytes into `slot`; False when they do not fit."""
-        import numpy as np
-
-        raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
-        if slot >= self.slots or raw.size > self.slot_values * 8:
-            return False
-        view = np.frombuffer(self.map, dtype=np.uint8, count=raw.size, offset=slot * self.slot_values * 8)
-        view[:] = raw
-        del view
-        return True
 
     def write_at(self, slot: int, address: int, nbytes: int) -> bool:
         """Child side: `nbytes` from `address` (a contiguous cpu tensor's) into `slot` by memmove;
@@ -179,15 +168,11 @@ class Outbox:
 
             import torch
 
-            try:
+            with contextlib.suppress(Exception):  # closing: the process's end unpins it anyway
                 torch.cuda.cudart().cudaHostUnregister(ctypes.addressof(self._pinned))
-            except Exception:  # noqa: BLE001 (closing: the process's end unpins it anyway)
-                pass
             self._pinned = None
-        try:
+        with contextlib.suppress(BufferError):
             self.map.close()
-        except BufferError:
-            pass
 
 
 # ---- the inbox ---------------------------------------------------------------------------------
@@ -273,10 +258,8 @@ class Inbox:
         return [next(views) if isinstance(x, torch.Tensor) else x for x in like]
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BufferError):
             self.map.close()
-        except BufferError:
-            pass
 
 
 def pack_set(inputs: list[Any]) -> bytes:

@@ -344,10 +344,6 @@ def send(fd: int, message: Message) -> None:
     write_line(fd, message.model_dump_json())
 
 
-def parse_request(line: str) -> Message:
-    return REQUEST.validate_json(line)
-
-
 class Reader:
     """Reads one JSON line at a time from a child's pipe, each under an absolute deadline: a child
     that trickles bytes without a newline still runs out of time, and a line over MAX_LINE bytes is

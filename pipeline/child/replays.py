@@ -42,6 +42,7 @@ the same values and ops on the same device, so the inputs are the child's bit fo
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -200,15 +201,13 @@ def _clean_capture(device: str) -> None:
     generator marked as capturing, and every later random draw on the device then fails ("Offset
     increment outside graph capture", seen on the H200), which would end an honest attempt whose
     forward merely cannot be captured. A clean capture's prologue and epilogue reset that mark."""
-    try:
+    with contextlib.suppress(Exception):  # the attempt goes on; a later draw says what is wrong
         torch.cuda.synchronize()
         x = torch.zeros(1, device=device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             x.add_(1.0)
         del graph
-    except Exception:  # noqa: BLE001 - the attempt goes on; a later draw says what is wrong
-        pass
 
 
 def lone(set_bytes: int) -> bool:

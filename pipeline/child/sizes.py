@@ -67,7 +67,7 @@ def apply_size(module: types.ModuleType, size: str | dict[str, Any]) -> None:
     module.__kgen_base__ = _dim_globals(module)  # the file's own values, before any size
     overrides, name = _resolve(module, size)
     module.__dict__.update(overrides)
-    module.__kgen_size__ = (_size_key(size), name)
+    module.__kgen_size__ = (size_key(size), name)
 
 
 def size_presets(module: types.ModuleType) -> dict[str, dict[str, Any]]:
@@ -82,17 +82,12 @@ def size_names(module: types.ModuleType) -> list[str]:
     return names if SMALL_SIZE in names else names + [SMALL_SIZE]
 
 
-def resolve_size(module: types.ModuleType, size: str | dict[str, Any]) -> dict[str, Any]:
-    """The globals to override for a size; an unknown size name is a SizeError."""
-    return _resolve(module, size)[0]
-
-
 def effective_size(module: types.ModuleType, size: str | dict[str, Any]) -> str:
     """The name under which a size is recorded: it says what ran, and load_module takes it back.
     A declared preset keeps its name; a derived "small" lists the globals it set; a mapping is
     `k=v,...`."""
     cached = getattr(module, "__kgen_size__", None)
-    if cached and cached[0] == _size_key(size):
+    if cached and cached[0] == size_key(size):
         return cached[1]
     return _resolve(module, size)[1]
 
@@ -112,7 +107,7 @@ def held_out_sizes(module: types.ModuleType, rng) -> list[str]:
     task's shapes cannot be probed on the meta device."""
     current = _dim_globals(module)
     try:
-        with _meta():
+        with meta():
             dims = _input_dims(module, current)
     except Exception:  # noqa: BLE001 - get_inputs needs real data: nothing to draw from
         return []
@@ -151,10 +146,10 @@ def derive_small(module: types.ModuleType) -> dict[str, Any]:
     task = _task_name(module)
     base = _base(module)
     try:
-        with _meta():
+        with meta():
             numels = _input_numels(module, base)
             if max(numels, default=0) <= SMALL_ELEMENTS:
-                return {name: base[name] for name in _input_dim_names(module, base)}
+                return {name: base[name] for name, _ in _input_dims(module, base)}  # each once, in order
             dims = _input_dims(module, base)
             values = dict(base)
             current = (max(numels), sum(numels))
@@ -200,7 +195,7 @@ def size_dims(module: types.ModuleType) -> dict[str, int]:
     keys = _elements(current)
     named = {d.partition(":")[2] for d in getattr(module, "KGEN_DOMAINS", None) or []}
     try:
-        with _meta():
+        with meta():
             start = _signature(module, current)
             found = []
             for key in keys:
@@ -215,7 +210,7 @@ def size_dims(module: types.ModuleType) -> dict[str, int]:
                     continue
     except Exception:  # noqa: BLE001 - no shapes without memory: report them all
         found = keys
-    return {_key_name(key): _element(current, key) for key in found}
+    return {name if i is None else f"{name}[{i}]": _element(current, (name, i)) for name, i in found}
 
 
 # --- size helpers -----------------------------------------------------------------------------
@@ -224,7 +219,8 @@ def _task_name(module: types.ModuleType) -> str:
     return getattr(module, "__kgen_task__", None) or module.__name__.removeprefix("kgen_task_")
 
 
-def _size_key(size: Any) -> str:
+def size_key(size: Any) -> str:
+    """A size (a preset's name or its globals) as a key (the reference's of what it keeps per size too)."""
     return json.dumps(size, sort_keys=True, default=repr)
 
 
@@ -303,7 +299,7 @@ def _resolve(module: types.ModuleType, size: str | dict[str, Any]) -> tuple[dict
 
 
 @contextlib.contextmanager
-def _meta():
+def meta():
     """Shapes without memory: the meta device, no autograd, the caller's RNG left as it was."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"), torch.no_grad():
         yield
@@ -357,10 +353,6 @@ def _with_element(values: dict[str, Any], key: Key, value: int) -> dict[str, Any
     return out
 
 
-def _key_name(key: Key) -> str:
-    return key[0] if key[1] is None else f"{key[0]}[{key[1]}]"
-
-
 def _probe(value: int) -> int:
     return 2 * value if value > 0 else 1
 
@@ -376,14 +368,6 @@ def _input_dims(module: types.ModuleType, values: dict[str, Any]) -> list[Key]:
         except Exception:  # noqa: BLE001 - a value get_inputs rejects says nothing
             continue
     return found
-
-
-def _input_dim_names(module: types.ModuleType, values: dict[str, Any]) -> list[str]:
-    names = []
-    for name, _ in _input_dims(module, values):
-        if name not in names:
-            names.append(name)
-    return names
 
 
 def _halve(value: int, original: int) -> int:
@@ -406,20 +390,18 @@ def footprint(module: types.ModuleType) -> dict[str, int] | None:
     meta device (nothing is allocated); None where get_inputs() cannot run there. Weights and
     output count 0 where the meta device cannot build or run the Model."""
     try:
-        with _meta():
+        with meta():
             inputs = list(module.get_inputs())
     except Exception:  # noqa: BLE001
         return None
-    out = {"inputs": _tensor_bytes(inputs), "weights": 0, "output": 0}
-    try:
-        with _meta():
+    out = {"inputs": tensor_bytes(inputs), "weights": 0, "output": 0}
+    with contextlib.suppress(Exception):  # best effort: the inputs alone still bound the size
+        with meta():
             model = module.Model(*module.get_init_inputs())
             if isinstance(model, torch.nn.Module):
-                out["weights"] = _tensor_bytes([*model.parameters(), *model.buffers()])
+                out["weights"] = tensor_bytes([*model.parameters(), *model.buffers()])
             result = model(*inputs)
-            out["output"] = _tensor_bytes(result if isinstance(result, (list, tuple)) else [result])
-    except Exception:  # noqa: BLE001 - best effort: the inputs alone still bound the size
-        pass
+            out["output"] = tensor_bytes(result if isinstance(result, (list, tuple)) else [result])
     return out
 
 
@@ -436,7 +418,7 @@ def convolves(module: types.ModuleType) -> bool:
             return func(*args, **(kwargs or {}))
 
     try:
-        with _meta():
+        with meta():
             inputs = list(module.get_inputs())
             model = module.Model(*module.get_init_inputs())
             with Ops():
@@ -471,12 +453,10 @@ def available_memory(device: str) -> int | None:
     if device.startswith("cuda"):
         return None
     limits = []
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 limits.append(int(line.split()[1]) * 1024)
-    except OSError:
-        pass
     for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
                                    ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
                                     "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
@@ -490,7 +470,8 @@ def available_memory(device: str) -> int | None:
     return min(limits) if limits else None
 
 
-def _tensor_bytes(xs) -> int:
+def tensor_bytes(xs) -> int:
+    """Bytes of the tensors among `xs` (tasks.input_bytes too)."""
     return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
 
 

@@ -27,6 +27,7 @@ import torch
 # TaskError is defined in sizes.py only because SizeError subclasses it and sizes.py cannot import
 # this module; it is a task-file error, raised here, and callers take it from here.
 from .sizes import DEFAULT_SIZE, TaskError, apply_size, effective_size
+from .sizes import tensor_bytes as input_bytes
 from .timing import input_sets
 
 VARIANTS = ("base", "scaled", "heavy", "needle")
@@ -171,10 +172,6 @@ def redraw_inputs(inputs: list[Any], module: types.ModuleType, seed: int, device
     reference's two sides (docs/decisions/gpu-timing.md)."""
     inputs.clear()
     inputs.extend(make_inputs(module, seed, "base", device))
-
-
-def input_bytes(inputs: list[Any]) -> int:
-    return sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
 
 
 def block_sets(module: types.ModuleType, inputs: list[Any], device: str) -> list[list[Any]]:

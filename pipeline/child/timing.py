@@ -1,10 +1,9 @@
-"""Clocks for timing a callable the same way in the reference process and in the candidate's child.
+"""The clock the reference process times eager's and torch.compile's calls with (the candidate's are
+timed by the parent alone: pipeline.judge.clocks), and the floors measured there.
 
-`Clock` takes its own references to every timing function when it is built, which the harness does
-before importing the candidate, so a candidate that patches torch.cuda.Event, synchronize or
-time.perf_counter changes nothing we call. Each timed call ends only when the whole device is idle
-(work on side streams counts); on a GPU the L2 is flushed before it and it is launched behind a
-hold kernel (pipeline.child.hold) so that host-side stalls in the launch are not timed.
+Each timed call ends only when the whole device is idle (work on side streams counts); on a GPU the
+L2 is flushed before it and it is launched behind a hold kernel (pipeline.child.hold) so that
+host-side stalls in the launch are not timed.
 """
 
 from __future__ import annotations
@@ -56,10 +55,6 @@ METHOD = Method()
 
 class Clock:
     def __init__(self, device: str):
-        # Bind the methods onto the instance now: a candidate that later rebinds Clock.time_call on
-        # the class changes nothing this instance calls.
-        for name in ("sync", "flush", "time_call", "block_ms"):
-            setattr(self, name, getattr(self, name))
         self.device = device
         self.cuda = device.startswith("cuda")
         self._ns = time.perf_counter_ns
@@ -158,22 +153,19 @@ def input_sets(nbytes: int, device: str) -> int:
 
 
 def time_blocks(clock: Clock, call: Callable[[list[Any]], Any], sets: list[list[Any]], total: int,
-                seeds_for: Callable[[int, int], list[int]], refill: Callable[[list[Any], int], None],
-                keep: Callable[[Any], None] = lambda out: None) -> list[float]:
+                seeds_for: Callable[[int, int], list[int]], refill: Callable[[list[Any], int], None]) -> list[float]:
     """Milliseconds of `total` timed calls in blocks of METHOD.block. Before a block its sets get fresh values
     (`seeds_for(first, count)`, then `refill`); a block longer than the sets refills a set again
-    right before reusing it, so no call ever sees values it saw before. `keep` gets each output."""
-    return time_sides(clock, [call], sets, total, seeds_for, refill, keep)[0]
+    right before reusing it, so no call ever sees values it saw before."""
+    return time_sides(clock, [call], sets, total, seeds_for, refill)[0]
 
 
 def time_sides(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list[list[Any]], total: int,
-               seeds_for: Callable[[int, int], list[int]], refill: Callable[[list[Any], int], None],
-               keep: Callable[[Any], None] = lambda out: None) -> list[list[float]]:
+               seeds_for: Callable[[int, int], list[int]], refill: Callable[[list[Any], int], None]) -> list[list[float]]:
     """time_blocks for several callables: each set, once refilled, is timed with each of `calls` in
     turn (the reference's eager and torch.compile, pipeline.judge.reference): one draw of fresh values
     serves both sides, and each timed call is flushed and held as any other (Clock.time_call), so the
-    second runs on inputs as far out of cache as the first. One list of times per callable; `keep`
-    gets the first callable's outputs."""
+    second runs on inputs as far out of cache as the first. One list of times per callable."""
     times: list[list[float]] = [[] for _ in calls]
     for first in range(0, total, METHOD.block):
         seeds = seeds_for(first, min(METHOD.block, total - first))
@@ -186,8 +178,6 @@ def time_sides(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list
             for side, call in enumerate(calls):
                 ms, out = clock.time_call(lambda: call(inputs))
                 times[side].append(ms)
-                if not side:
-                    keep(out)
                 del out
     return times
 

@@ -23,6 +23,7 @@ process dies with it (its parent-death signal), and every room with its outer pr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import importlib
@@ -57,13 +58,7 @@ def _child(request: dict, fds: list[int], sock: socket.socket) -> None:
         targets = [int(t) for t in request["fds"]]
         floor = max([*targets, *fds, 2]) + 1  # above every target: no dup2 below overwrites one still needed
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
-        keep = set(high)
-        for fd in _open_fds():
-            if fd not in keep and fd > 2:
-                try:
-                    os.close(fd)
-                except OSError:  # the listing's own descriptor, closed already
-                    pass
+        jail.close_fds(set(high))
         for fd, target in zip(high, targets):
             os.dup2(fd, target, inheritable=target > 2)
         for fd in high:
@@ -96,10 +91,6 @@ def _child(request: dict, fds: list[int], sock: socket.socket) -> None:
     os._exit(code if isinstance(code, int) else 1)
 
 
-def _open_fds() -> list[int]:
-    return [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]
-
-
 def _reap_orphans(ours: set[int]) -> None:
     """Reap every exited child that is not one of our forks: a room's first process, orphaned when the
     parent killed its outer process, comes to us (we are the child subreaper), not to the host's pid 1,
@@ -113,10 +104,8 @@ def _reap_orphans(ours: set[int]) -> None:
             continue
         for pid in children:
             if pid not in ours:
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
 
 
 def serve(sock: socket.socket) -> int:
@@ -143,10 +132,8 @@ def serve(sock: socket.socket) -> int:
                 for fd in fds:
                     os.close(fd)
                 ours.discard(int(request["reap"]))
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(int(request["reap"]), 0)
-                except ChildProcessError:
-                    pass
                 continue
             sys.stdout.flush()
             sys.stderr.flush()

@@ -21,7 +21,6 @@ empty string in a prompt sent to a model.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 from pathlib import Path
@@ -33,7 +32,7 @@ from jinja2 import (Environment, FileSystemLoader, StrictUndefined, Template, Te
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.backends import BACKENDS
-from pipeline.child import tasks
+from pipeline.child import sizes, tasks
 from pipeline.child.tasks import TaskFile
 from pipeline.records import Record
 
@@ -222,7 +221,7 @@ def _facts(name: str, path: str, source: str) -> TaskFacts:
         module = tasks.load_module(TaskFile(name, Path(path), source))
     except Exception:  # noqa: BLE001 - a broken task file gets neutral notes; its run says why
         return TaskFacts()
-    with _meta():
+    with sizes.meta():
         try:
             inputs = list(module.get_inputs())
         except Exception:  # noqa: BLE001 - get_inputs needs real data: no facts without memory
@@ -277,13 +276,6 @@ def _input_names(module: Any, count: int) -> list[str]:
 
 def _dtype(x: Any) -> str | None:
     return str(x.dtype).removeprefix("torch.") if isinstance(x, torch.Tensor) else None
-
-
-@contextlib.contextmanager
-def _meta():
-    """Shapes without memory: the meta device, no autograd, the caller's RNG left as it was."""
-    with torch.random.fork_rng(devices=[]), torch.device("meta"), torch.no_grad():
-        yield
 
 
 # A forward is traced on the meta device for its facts at most this far: KernelBench's bidirectional

@@ -31,7 +31,6 @@ from ..verdicts import Clock
 from .judge import Expected, mapped
 
 
-
 class EvaluationError(RuntimeError):
     """The reference itself could not be computed (a broken task), so no candidate can be judged."""
 
@@ -330,10 +329,6 @@ def lane_of(env: dict[str, str]) -> dict[str, str] | None:
     return {k: v for k, v in env.items() if k in ("CUDA_VISIBLE_DEVICES", "KGEN_CORES")} or None
 
 
-def device_for(backend: str) -> str:
-    return backends.device_for(backend)
-
-
 def prepare(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
             cached_baselines: Callable[[str], str | None] | None = None,
             env: dict[str, str] | None = None, watch: health.Watch | None = None) -> TaskBench:
@@ -359,7 +354,7 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
     checked the size against the device's memory itself (`memory_checked`: nvidia-smi once, not twice).
     `early`: started ahead of its lane, which may be timing another task (TaskBench.early)."""
     module = tasks.load_module(task, size, settings.dtype)
-    device = device_for(backend)
+    device = backends.device_for(backend)
     if not memory_checked:
         sizes.check_memory(module, device, health.gpu_free_bytes((env or {}).get("CUDA_VISIBLE_DEVICES"))
                             if device == "cuda" else None, factor=POLICY.memory_factor[device])
@@ -465,11 +460,10 @@ def _tail(log: str, lines: int = 3) -> str:
     return " | ".join(line.strip() for line in log.strip().splitlines()[-lines:]) or "(no output)"
 
 
-# An attempt that ends before its verdict on the calls: the child failed, broke the protocol, timed
-# out or died. The session raises Ended where it sees that; evaluate turns it into the result.
 class Ended(Exception):
     """The session is over before a verdict on the calls: the child failed, broke the protocol, timed
-    out or died. Carries the verdict."""
+    out or died. Carries the verdict; the session raises it where it sees that, evaluate turns it
+    into the result."""
 
     def __init__(self, result: EvalResult | None):
         super().__init__(result.error if result else "the child ended")

@@ -23,7 +23,6 @@ from .judge import digest_ok
 from ..policy import POLICY
 
 
-
 def calibrate(session: Any) -> None:
     """The calibration, while the child still runs only our own code: Bound requests of a null model
     (eager, then replayed from CUDA graphs where the plan replays), each timed by the parent's clock.
@@ -49,7 +48,7 @@ def calibrate(session: Any) -> None:
     for i in range(blocks + 1):
         if cold:
             with session.child.paused():
-                reference_block(session, calls, False, compiled=False, cold=True)
+                reference_block(session, calls, False, cold=True)
         _, ms = session.ask_bound(-1 - i, [_seed() for _ in range(calls)], "calibration", noise)
         if i:
             session.calibration.append(Window(ms, calls, session.load))
@@ -85,59 +84,34 @@ def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> No
     at = time.monotonic()
     with session.child.paused():  # what the candidate left running must not slow the other side (sandbox.Child.pause)
         at = session.spent("timing_pause", at)
-        if not session.compile_beside:
-            session.eager.append(reference_block(session, calls, first, compiled=False, cold=cold) or [])
-            session.spent("timing_eager", at)
-            return
-        eager, compiled = reference_pair(session, calls, first, cold)
-        session.spent("timing_reference", at)
+        pair = session.compile_beside
+        eager, compiled = reference_block(session, calls, first, cold, pair)
+        session.spent("timing_reference" if pair else "timing_eager", at)
         session.eager.append(eager)
+        if not pair:
+            return
         if compiled is None:  # torch.compile failed in the reference: the prepared baseline stands in
             session.compile_beside, session.compiled = False, []
         else:
             session.compiled.append(compiled)
 
 
-def reference_pair(session: Any, calls: int, first: bool, cold: bool = False) -> tuple[list[float], list[float] | None]:
-    """One block timed eager and torch.compile call by call (eager_block): the eager times, and the
-    compiled ones or None where torch.compile failed and eager was timed alone (its error kept in
-    session.block_error)."""
-    msgs = _time_block(session, calls, first, compiled=False, pair=True, cold=cold)
+def reference_block(session: Any, calls: int, first: bool, cold: bool = False,
+                    pair: bool = False) -> tuple[list[float], list[float] | None]:
+    """One block of eager calls timed by the reference process (its TimeBlock request with fresh seeds,
+    Reference.time_block): their times, and with `pair` torch.compile's call by call (eager_block), None
+    where torch.compile failed and eager was timed alone, or was not asked for."""
+    bench = session.bench
+    msgs = bench.request(R.TimeBlock(size=bench.size, init_seed=session.plan.init_seed, cold=cold,
+                                     seeds=[_seed() for _ in range(calls)], pair=pair,
+                                     warmup=bench.settings.warmup_calls if first else 0), bench.settings.timeout_s, session.lane)
     blocks = [m for m in msgs if isinstance(m, R.Block)]
     if not blocks:
         raise EvaluationError(f"the reference timed no eager block: {msgs[-1] if msgs else 'no reply'}")
-    _note_busy(session, blocks[0].busy)
-    session.block_error = blocks[0].compile_error or session.block_error
-    return list(blocks[0].times_ms), (None if blocks[0].compiled_ms is None else list(blocks[0].compiled_ms))
-
-
-def reference_block(session: Any, calls: int, first: bool, compiled: bool, cold: bool = False) -> list[float] | None:
-    """One block timed by the reference process (eager, or torch.compile of the same model); None
-    when it reports the block failed."""
-    msgs = _time_block(session, calls, first, compiled=compiled, cold=cold)
-    if (failed := [m for m in msgs if isinstance(m, R.BlockFailed)]):
-        session.block_error = failed[0].error
-        return None
-    blocks = [m for m in msgs if isinstance(m, R.Block)]
-    for m in blocks:
-        _note_busy(session, m.busy)
-    return [t for m in blocks for t in m.times_ms]
-
-
-def _time_block(session: Any, calls: int, first: bool, compiled: bool, pair: bool = False,
-                cold: bool = False) -> list[R.Event]:
-    """The reference's TimeBlock request (Reference.time_block) with fresh seeds: its events."""
-    bench = session.bench
-    return bench.request(R.TimeBlock(size=bench.size, init_seed=session.plan.init_seed, cold=cold,
-                                     seeds=[_seed() for _ in range(calls)], compiled=compiled, pair=pair,
-                                     warmup=bench.settings.warmup_calls if first else 0), bench.settings.timeout_s, session.lane)
-
-
-def _note_busy(session: Any, busy: R.Busy | None) -> None:
-    """A block the reference timed on a GPU still busy after a wait and a re-timing: the attempt is
-    refused for it (IdleProbe)."""
-    if busy and busy.after_ms is not None:
+    # Timed on a GPU still busy after a wait and a re-timing: the attempt is refused for it (IdleProbe).
+    if (busy := blocks[0].busy) and busy.after_ms is not None:
         session.device_busy = _busy("timed", busy)
+    return list(blocks[0].times_ms), (None if blocks[0].compiled_ms is None else list(blocks[0].compiled_ms))
 
 
 def play(session: Any, calls: int, pause: bool, models: tuple[str, ...] = ()) -> dict[str, float]:
@@ -145,8 +119,7 @@ def play(session: Any, calls: int, pause: bool, models: tuple[str, ...] = ()) ->
     null model's, shaped as the candidate's Bound request, and `models`' (eager's, torch.compile's);
     with `pause`, while the candidate's process is stopped. {} where the GPU was busy after a wait
     and a re-timing (after the import that is work the candidate left running, and the attempt is
-    refused for it) or the null could not be replayed; a model that could not be is left out, and
-    its error kept in session.block_error."""
+    refused for it) or the null could not be replayed; a model that could not be is left out."""
     with session.child.paused() if pause else contextlib.nullcontext():
         bench = session.bench
         msgs = bench.request(R.Play(size=bench.size, init_seed=session.plan.init_seed, n_seeds=calls,
@@ -160,8 +133,6 @@ def play(session: Any, calls: int, pause: bool, models: tuple[str, ...] = ()) ->
         if pause:
             session.device_busy = _busy("replayed its models", busy)
         return {}
-    if played[0].errors:
-        session.block_error = "; ".join(f"{k}: {v}" for k, v in played[0].errors.items())
     return dict(played[0].ms)
 
 

@@ -122,21 +122,21 @@ class Checks:
         self.judged.append(result)
         return result
 
-
-    def check_block(self, prefix: str, what: str, first: int, headers: list[P.OutputHeader],
-                    like: str = "trial0") -> tuple[Verdict, str] | None:
-        """`like`: the expected output whose shape every unchecked call's must have (its size's trial)."""
+    def check_block(self, prefix: str, what: str, headers: list[P.OutputHeader]) -> tuple[Verdict, str] | None:
+        """A Bound request's outputs, `prefix`_0, _1, ...: the checked ones (plan.checked) in full, every
+        other one's shape against trial 0's, the expected output of the main size."""
+        like = "trial0"
         for j, header in enumerate(headers):
             if f"{prefix}_{j}" not in self.plan.checked:
                 if header.shape != self.expected[like].shape or not header.written:
-                    return Verdict.mismatch, f"{what} {first + j} returned {header.type} of shape {header.shape}"
+                    return Verdict.mismatch, f"{what} {j} returned {header.type} of shape {header.shape}"
                 continue
             try:
                 r = self.check(f"{prefix}_{j}", header, self.values(j, header, self.expected[like]), self.expected[like])
             finally:
                 self.release(f"{prefix}_{j}")
             if not r.ok:
-                return r.verdict, f"{what} {first + j} returned a wrong result ({r.error}): cached, stale or drifting output"
+                return r.verdict, f"{what} {j} returned a wrong result ({r.error}): cached, stale or drifting output"
         self.discard()
         return None
 

@@ -179,9 +179,9 @@ def load_share(windows: list[Window]) -> float:
     return min(1.0, waited / total) if total > 0 else 0.0
 
 
-def summarize(times: list[float], block: int | None = None) -> Timing:
-    """Median and quartiles of the means of `block` calls (METHOD.block where None)."""
-    return Timing(**(summarize_blocks(times, block) if block else summarize_blocks(times)))
+def summarize(times: list[float]) -> Timing:
+    """Median and quartiles of `times`."""
+    return Timing(**summarize_blocks(times, 1))
 
 
 def pair_ratios(per_call: list[float], reference: list[list[float]]) -> Ratio | None:

@@ -35,7 +35,7 @@ from ..config import EvalConfig
 from ..records import EvalResult
 from ..sandbox.spares import Spares
 from . import health, owncode, refproto as R
-from .bench import Ended, Secrets, TaskBench, _seed, device_for, lane_of
+from .bench import Ended, Secrets, TaskBench, _seed, lane_of
 from ..verdicts import NO_FIGURE, Again, Measured, decide
 from .judge import Expected
 from .session import Session
@@ -220,7 +220,7 @@ def child_environment(backend: str, env: dict[str, str] | None = None) -> dict[s
 
 def spare_init(backend: str, settings: EvalConfig) -> dict[str, Any]:
     """The Init a spare for `backend` gets when released (the same as evaluate sends a fresh child)."""
-    return P.Init(device=device_for(backend), profiler=settings.profile).model_dump()
+    return P.Init(device=backends.device_for(backend), profiler=settings.profile).model_dump()
 
 
 def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig,

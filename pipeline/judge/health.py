@@ -264,16 +264,13 @@ class IdleProbe:
 
     def timed(self, block) -> tuple[list[float], dict[str, Any] | None]:
         """`block()`'s times, taken on an idle device: waited for before, checked after, timed
-        again once where it was busy after; the second reading (None where all was idle) says
-        what was seen, and `after` in it means the times stand on a busy device."""
-        seen: dict[str, Any] = {}
-        if (before := self.wait()) is not None:
-            seen["before_ms"] = before
+        again once where it was busy after; and what the probe saw where the device was still busy
+        after that (the times stand on a busy device), else None."""
+        self.wait()
         times = block()
-        if (after := self.busy_ms()) is not None:
-            seen["retimed_ms"] = after
+        if self.busy_ms() is not None:
             self.wait()
             times = block()
             if (again := self.busy_ms()) is not None:
-                seen["after_ms"] = again
-        return times, ({**seen, "idle_ms": self.idle_ms} if seen else None)
+                return times, {"after_ms": again, "idle_ms": self.idle_ms}
+        return times, None

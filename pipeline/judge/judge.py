@@ -69,8 +69,6 @@ def mapped(fd: int, dtype=np.uint8, count: int = -1) -> np.ndarray:
     return np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), dtype=dtype, count=count)
 
 
-
-
 def tolerance_for(tol: float, dtype: str, ref_err: float | None, own_err: float | None = None) -> float:
     """The relative tolerance for one part in the run's dtype. float32 keeps the task's (default
     1e-4), widened only where PyTorch's own float32 result on the attempt's very inputs reads more

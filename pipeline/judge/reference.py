@@ -16,7 +16,6 @@ are pipeline.judge.refproto's."""
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import socket
@@ -31,6 +30,7 @@ from ..child import replays, tasks
 from ..child.grad import ForwardBackward, Grads, reseed
 from ..child.jail.seccomp import die_with_parent
 from ..child.memfd import pack_set
+from ..child.sizes import size_key
 from ..child.protocol import write_line
 from ..child.timing import (Clock, ColdPool, bandwidth_floor, calls_for, compute_floor, floors_again, hold_ms,
                             measure_bandwidth, plain_ms, summarize_blocks, time_cold, time_sides)
@@ -40,11 +40,6 @@ from .judge import own_error, tensor_stats, tolerance_for
 from .compiling import CompilerWarmup, Kept, one_line, stateless
 from .health import IdleProbe, cpu_name
 from ..policy import POLICY
-
-
-def _size_key(size: str | dict[str, Any]) -> str:
-    """A size (a preset's name or its globals) as the key of what is kept per size."""
-    return json.dumps(size, sort_keys=True)
 
 
 def _as64(inputs: list[Any]) -> list[Any]:
@@ -94,7 +89,7 @@ class Reference:
         init seed; in gradient mode each called as forward plus backward."""
         if init_seed != self.init_seed:
             self.models, self.compiled, self.warmed, self.init_seed = {}, {}, set(), init_seed
-        key = _size_key(size)
+        key = size_key(size)
         if key not in self.models:
             module = tasks.load_module(self.task, size, self.dtype)
             m32 = tasks.make_model(module, module.Model, init_seed, self.device)
@@ -121,24 +116,24 @@ class Reference:
         w = replays.weights(sum(p.numel() for p in parts), item.digest_seed, self.device)  # float32, as the child's
         return replays.expected_digest(parts, w, POLICY.digest_chunk)
 
-    def play(self, request: R.Play) -> tuple[dict[str, float], dict[str, str]]:
+    def play(self, request: R.Play) -> dict[str, float]:
         """Milliseconds on this process's clock to play, as the candidate's replayed Bound request is
         played (pipeline.child.replays), a null model shaped as the candidate's (zeros for a forward),
         and where asked eager's and torch.compile's forwards: each time is then a window less a null
-        one. Each is captured untimed at the first request of its shape and kept while small."""
-        times, errors = {}, {}
+        one. Each is captured untimed at the first request of its shape and kept while small. A model
+        whose forward cannot be captured is left out."""
+        times = {}
         key = request.model_dump_json(exclude={"models"})  # what a capture was made for
         for kind in ("null", *request.models):
             if kind not in self.plays or self.plays[kind][0] != key:
                 self.plays.pop(kind, None)
                 try:
                     self.plays[kind] = key, self._capture(kind, request)
-                except Exception as exc:  # noqa: BLE001 - the null's failure is the request's (PlayFailed)
+                except Exception:  # noqa: BLE001 - the null's failure is the request's (PlayFailed)
                     if kind == "null":
                         raise
                     if kind == "compiled":
-                        self.drop_compiled(_size_key(request.size))
-                    errors[kind] = one_line(exc)
+                        self.drop_compiled(size_key(request.size))
                     continue
             start = time.perf_counter()
             self.plays[kind][1].play(int.from_bytes(os.urandom(4), "little"))
@@ -146,14 +141,14 @@ class Reference:
             if self.plays[kind][1].sets_bytes >= POLICY.large_sets_bytes:
                 del self.plays[kind]  # one large play at a time beside the child's (captured again next time)
                 torch.cuda.empty_cache()
-        return times, errors
+        return times
 
     def _capture(self, kind: str, request: R.Play) -> replays.Captured:
         if kind == "null":
             module = tasks.load_module(self.task, request.size, self.dtype)
             return replays.null_request(module, request.n_seeds, request.replays, request.out_shape, self.device, self.grad)
         module, m32, _ = self.models_for(request.size, request.init_seed)
-        model = m32 if kind == "eager" else self.compiled_for(_size_key(request.size), m32)
+        model = m32 if kind == "eager" else self.compiled_for(size_key(request.size), m32)
         seeds = [int.from_bytes(os.urandom(4), "little") for _ in range(request.n_seeds)]
         return replays.Captured(model, module, seeds, request.replays, 0, self.device)
 
@@ -253,29 +248,28 @@ class Reference:
         free = torch.cuda.mem_get_info()[0] // 10 if self.device.startswith("cuda") else POLICY.large_sets_bytes
         return tasks.input_bytes(inputs) <= free
 
-    def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0, compiled: bool = False,
+    def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0,
                    pair: bool = False, cold: bool = False) -> list[float] | list[list[float]]:
-        """One block of eager calls (or, with `compiled`, of torch.compile of the same model), timed
-        exactly as the candidate's (timing.time_blocks), between the candidate's own blocks: the
-        speedups are ratios of times taken side by side. With `pair`, each set once drawn is timed
-        eager then compiled (timing.time_sides): [eager times, compiled times]. With `cold`, as the
-        cpu's Bound request beside it times the candidate: every set drawn first, then a call on
-        each in turn (timing.time_cold)."""
+        """One block of eager calls, timed exactly as the candidate's (timing.time_blocks), between the
+        candidate's own blocks: the speedups are ratios of times taken side by side. With `pair`, each
+        set once drawn is timed eager then compiled (timing.time_sides): [eager times, compiled
+        times]. With `cold`, as the cpu's Bound request beside it times the candidate: every set
+        drawn first, then a call on each in turn (timing.time_cold)."""
         module, m32, _ = self.models_for(size, init_seed)
         if self.clock is None:
             self.clock = Clock(self.device)
         with torch.no_grad():
             # The attempt's first block: sets of its size, and the warm-up the candidate had; at least one call after an `expect` released the
             # models (in gradient mode a rebuilt model's first call drew its upstream: 7-11 ms of a 0.5 ms call).
-            if self.sets is None or self.sets_size != _size_key(size):
+            if self.sets is None or self.sets_size != size_key(size):
                 self.sets = tasks.block_sets(module, tasks.make_inputs(module, seeds[0], "base", self.device), self.device)
-                self.sets_size = _size_key(size)
+                self.sets_size = size_key(size)
                 for _ in range(max(1, warmup)):
                     m32(*self.sets[0])
                 self.clock.sync()
-            models = [m32] if not compiled else []
-            if compiled or pair:
-                key = _size_key(size)
+            models = [m32]
+            if pair:
+                key = size_key(size)
                 models.append(self.compiled_for(key, m32))
                 if key not in self.warmed:  # warmed as the baseline was, at the attempt's first block
                     self.warmed.add(key)
@@ -283,7 +277,7 @@ class Reference:
                         models[-1](*self.sets[0])
                     self.clock.sync()
             if cold:
-                sets = self.cold.take(_size_key(size), lambda seed: tasks.make_inputs(module, seed, "base", self.device), seeds)
+                sets = self.cold.take(size_key(size), lambda seed: tasks.make_inputs(module, seed, "base", self.device), seeds)
                 times = clocks.unloaded_run(lambda: time_cold(self.clock, [lambda x, m=m: m(*x) for m in models], sets),
                                             len(sets), torch.get_num_threads())
                 del sets
@@ -342,14 +336,14 @@ class Reference:
         marks.append(("eager", time.monotonic()))
         if request.compile_baseline:
             try:
-                compiled = self.compiled_for(_size_key(request.size), m32)
+                compiled = self.compiled_for(size_key(request.size), m32)
                 result["compiled"] = self._time(compiled, module, request, clock, request.warmup + 2)
                 if cuda:
                     with torch.no_grad():
                         result["compiled_plain_ms"] = plain_ms(lambda: compiled(*inputs))
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot compile is reported, not fatal
                 result["compile_error"] = one_line(exc)
-                self.drop_compiled(_size_key(request.size))
+                self.drop_compiled(size_key(request.size))
             marks.append(("compiled", time.monotonic()))
         floors = bandwidth_floor(self.device, clock, result["input_bytes"])  # where the inputs sit
         own = min(t["p25_ms"] for t in (result["eager"], result.get("compiled")) if t)
@@ -455,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 idle = idle or IdleProbe()
                 played, busy = idle.timed(lambda: [ref.play(request)])
-                send(R.Played(ms=played[0][0], errors=played[0][1], busy=busy))
+                send(R.Played(ms=played[0], busy=busy))
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory beside the paused child, or a forward
                 ref.plays = {}  # that cannot be captured: the parent says so; empty_cache below
                 send(R.PlayFailed(error=one_line(exc)))
@@ -475,19 +469,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _block(ref: Reference, request: R.TimeBlock, idle: IdleProbe | None) -> R.Block | R.BlockFailed:
+def _block(ref: Reference, request: R.TimeBlock, idle: IdleProbe | None) -> R.Block:
     """A TimeBlock's block, on an idle GPU (IdleProbe) where it is one."""
     def block(pair: bool = request.pair) -> list[float]:
-        return ref.time_block(request.size, request.init_seed, request.seeds, request.warmup, request.compiled, pair,
-                              request.cold)
+        return ref.time_block(request.size, request.init_seed, request.seeds, request.warmup, pair, request.cold)
     try:
         times, busy = idle.timed(block) if idle else (block(), None)
     except Exception as exc:  # noqa: BLE001 - torch.compile failing here costs its ratio, not the run
-        if not (request.compiled or request.pair):
-            raise  # eager failing is the reference's own fault, as it always was
-        ref.drop_compiled(_size_key(request.size))  # the next attempt compiles anew
         if not request.pair:
-            return R.BlockFailed(error=one_line(exc))
+            raise  # eager failing is the reference's own fault, as it always was
+        ref.drop_compiled(size_key(request.size))  # the next attempt compiles anew
         # torch.compile failed beside eager: eager alone (were it eager, it raises again here)
         times, busy = idle.timed(lambda: block(False)) if idle else (block(False), None)
         return R.Block(times_ms=times, compile_error=one_line(exc), busy=busy)

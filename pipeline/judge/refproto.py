@@ -92,14 +92,12 @@ class CheckHealth(Message):
 
 
 class TimeBlock(AtSize):
-    """One block of the reference's calls beside the candidate's (Reference.time_block): Block or BlockFailed."""
+    """One block of the reference's eager calls beside the candidate's (Reference.time_block): Block."""
     op: Literal["time_block"] = "time_block"
     seeds: list[int]
     """One input seed per call."""
     warmup: int = 0
     """Untimed calls where the block's sets are new (the attempt's first block)."""
-    compiled: bool = False
-    """torch.compile of the model, not eager."""
     pair: bool = False
     """Each set timed eager, then compiled (Block.compiled_ms)."""
     cold: bool = False
@@ -247,12 +245,8 @@ class HealthFigures(Message):
 
 class Busy(Message):
     """What the reference's idle probe saw where the GPU ran other work (health.IdleProbe.timed)."""
-    before_ms: float | None = None
-    """Busy before the block, after a wait."""
-    retimed_ms: float | None = None
-    """Busy after it: the block was timed again."""
     after_ms: float | None = None
-    """Still busy after the second: the times stand on a busy device."""
+    """Still busy after the block and its re-timing: the times stand on a busy device."""
     idle_ms: float
     """The probe on an idle device."""
 
@@ -260,20 +254,13 @@ class Busy(Message):
 class Block(Message):
     event: Literal["block"] = "block"
     times_ms: list[float]
-    """Eager's times (torch.compile's, where `compiled`), a call each."""
+    """Eager's times, a call each."""
     compiled_ms: list[float] | None = None
     """With `pair`, torch.compile's; None where it failed (compile_error) or was not asked."""
     compile_error: str | None = None
     """With `pair`: why torch.compile failed, and eager was timed alone."""
     busy: Busy | None = None
-    """None: the device was idle (or is the cpu)."""
-
-
-class BlockFailed(Message):
-    """torch.compile failed alone (eager failing ends the process)."""
-    event: Literal["block_failed"] = "block_failed"
-    error: str
-    """Why, in one line."""
+    """None: the times do not stand on a busy device (or it is the cpu)."""
 
 
 class Described(Message):
@@ -346,11 +333,10 @@ class Digest(Message):
 class Played(Message):
     event: Literal["played"] = "played"
     ms: dict[str, float]
-    """Each request's milliseconds on the reference's clock, by model ("null", "eager", "compiled")."""
-    errors: dict[str, str] = {}
-    """Why a model asked for could not be replayed (its forward cannot be captured), in one line each."""
+    """Each request's milliseconds on the reference's clock, by model ("null", "eager", "compiled"); a
+    model asked for that could not be replayed (its forward cannot be captured) is missing."""
     busy: Busy | None = None
-    """None: the device was idle."""
+    """None: the times do not stand on a busy device."""
 
 
 class PlayFailed(Message):
@@ -392,7 +378,7 @@ class Done(Message):
     """The request's op."""
 
 
-Event = Annotated[Union[Ready, Measured, HealthFigures, Block, BlockFailed, ExpectedCall, Compared, Digest, Played, PlayFailed,
+Event = Annotated[Union[Ready, Measured, HealthFigures, Block, ExpectedCall, Compared, Digest, Played, PlayFailed,
                         Floors, Settled, Done], Field(discriminator="event")]
 # The reference writes its lines with this adapter: its config reaches a nested Baselines, a model's own would not.
 EVENT = TypeAdapter(Event, config=ConfigDict(ser_json_inf_nan="constants"))
@@ -437,7 +423,6 @@ def sealed_memfd(name: str, *data) -> int:
         os.close(fd)
         raise
     return fd
-
 
 
 def _seal(fd: int) -> None:

@@ -27,9 +27,6 @@ from ..verdicts import Clock
 from .judge import Expected
 from ..policy import POLICY
 
-# Each phase ends when the reply that closes it arrives; a phase that never ended is left out.
-PHASES = ("startup", "import", "trials", "timing", "profile", "other_sizes")
-
 
 class Session(Checks):
     def __init__(self, bench: TaskBench, child, plan, expected: dict[str, Expected], outbox: memfd.Outbox,
@@ -70,7 +67,6 @@ class Session(Checks):
         self.compile_beside = bool(b and b.compiled and self.settings.compile_baseline)
         self.lane = lane_of(env)
         self.own = None  # the parent's look at the built code (pipeline.judge.owncode), set by evaluate
-        self.block_error: str | None = None  # why the reference's last failed block failed
 
     # ---- the conversation ----------------------------------------------------------------------
 
@@ -217,10 +213,10 @@ class Session(Checks):
         # What the attempt records: the parent's Bound windows, net, a value a request (parent_clock), whose
         # median is the estimate; eager and torch.compile as the reference timed them beside each request.
         calls = sum(w.calls for w in (self.bound_windows or self.replay_windows))
-        timing = summarize(self.per_call, 1).model_copy(update={"n": calls}) if self.per_call else None
+        timing = summarize(self.per_call).model_copy(update={"n": calls}) if self.per_call else None
         eager, compiled = ([t for ts in side for t in ts] for side in (self.eager, self.compiled))
         ratios = dict(eager_ratio=pair_ratios(self.per_call, self.eager), compiled_ratio=pair_ratios(self.per_call, self.compiled))
-        eager, compiled = (summarize(ts, 1) if ts else None for ts in (eager, compiled))
+        eager, compiled = (summarize(ts) if ts else None for ts in (eager, compiled))
         if problem:
             return EvalResult(verdict=problem[0], error=problem[1], trials=list(self.judged), timing=timing,
                               eager_beside=eager, compiled_beside=compiled, **ratios)
@@ -275,7 +271,7 @@ class Session(Checks):
         reference frees what its blocks and replays kept however the requests ended."""
         bench = self.bench
         try:
-            if (problem := self.bound_requests(0, len(self.plan.bounds))):
+            if (problem := self.bound_requests()):
                 return problem
         finally:
             bench.request(R.Release(), bench.settings.timeout_s, self.lane)
@@ -316,12 +312,11 @@ class Session(Checks):
                                  load_share=share)
         return None
 
-    def bound_requests(self, first: int, end: int) -> tuple[Verdict, str] | None:
-        """The plan's Bound requests first..end-1, each checked as its reply is in, and eager beside
-        each: replayed as its calls were (beside.replayed), or on the cpu a cold block timed as they were."""
+    def bound_requests(self) -> tuple[Verdict, str] | None:
+        """The plan's Bound requests, each checked as its reply is in, and eager beside each: replayed
+        as its calls were (beside.replayed), or on the cpu a cold block timed as they were."""
         plan, at = self.plan, time.monotonic()
-        for k in range(first, end):
-            bound_seeds = plan.bounds[k]
+        for k, bound_seeds in enumerate(plan.bounds):
             if plan.replays and not self.graph_failed:
                 replayed = beside.replayed(self, k, bound_seeds)
                 at = self.spent("timing_bounds", at)
@@ -337,7 +332,7 @@ class Session(Checks):
             if len(reply.outputs) != len(bound_seeds):
                 return Verdict.protocol_error, f"bound block {k}: {len(reply.outputs)} outputs for {len(bound_seeds)}"
             self.bound_windows.append(Window(ms, len(bound_seeds), self.load))
-            if (problem := self.check_block(f"bound{k}", "bound block call", 0, reply.outputs)):
+            if (problem := self.check_block(f"bound{k}", "bound block call", reply.outputs)):
                 return problem
             at = self.spent("timing_checks", at)
             cpu = self.bench.device == "cpu"

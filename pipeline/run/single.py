@@ -22,7 +22,7 @@ from ..child import HARNESS, sizes, tasks
 from ..config import Config, EvalConfig
 from ..generate import feedback
 from ..judge import evaluate, health
-from ..judge.bench import device_for, measure_baselines, open_bench
+from ..judge.bench import measure_baselines, open_bench
 from ..judge.bench import TaskBench
 from ..policy import POLICY
 from ..records import BuildResult, EvalResult, FileRequest, Provenance, Verdict
@@ -138,7 +138,7 @@ def evaluate_file(request: FileRequest, cfg: Config | None, *, db_path: Path | N
     backend, gpu = resolve_backend(backend, cfg.auto_backends if cfg else ("cuda", "cpu"))
     if backend == "cuda" and not gpu:
         raise ValueError("--backend cuda: no CUDA device is visible on this machine")
-    device = device_for(backend)
+    device = backends.device_for(backend)
     sizes.check_memory(module, device, health.gpu_free_bytes(None) if device == "cuda" else None,
                         factor=POLICY.memory_factor[device])
     if on_size:

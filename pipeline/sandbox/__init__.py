@@ -203,10 +203,8 @@ class Child:
             self.room_namespace()
             self.proc.kill()  # through its pidfd: that process and no other
             return
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         if self.proc.returncode is not None:
             return
         # stragglers can fork until SIGKILL lands; a few sweeps catch up
@@ -247,10 +245,8 @@ class Child:
             if not pids:
                 return True
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
             time.sleep(wait)
         return not left()
 
@@ -295,10 +291,8 @@ class Child:
         `keep_out`, the jailed child's out/ folder becomes that folder (once nothing of the child is
         left to write it), owned by us and writable by us alone: later children only read it."""
         if self.proc.stdin and not self.proc.stdin.closed:
-            try:
+            with contextlib.suppress(OSError):
                 self.proc.stdin.close()
-            except OSError:
-                pass
         self.room_namespace()
         wait = max(0.1, min(grace, self.deadline - time.monotonic()))
         if not (self.proc.exited(wait) if isinstance(self.proc, zygote.Forked) else _exited(self.proc.pid, wait)):
@@ -336,13 +330,11 @@ def _take_back(tree: Path) -> None:
     uid, gid = os.geteuid(), os.getegid()
     for root, dirs, files in os.walk(tree, followlinks=False):
         for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-            try:
+            with contextlib.suppress(OSError):
                 os.chown(name, uid, gid, follow_symlinks=False)
                 mode = os.lstat(name).st_mode
                 if not stat.S_ISLNK(mode):
                     os.chmod(name, stat.S_IMODE(mode) & ~0o022)
-            except OSError:
-                pass
 
 
 def _exited(pid: int, timeout: float) -> bool:
@@ -364,11 +356,9 @@ def in_namespace(inode: int) -> list[int]:
     found = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            try:
+            with contextlib.suppress(OSError):
                 if os.stat(f"/proc/{entry.name}/ns/pid").st_ino == inode:
                     found.append(int(entry.name))
-            except OSError:
-                pass
     return found
 
 

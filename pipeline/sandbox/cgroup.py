@@ -13,6 +13,7 @@ the parent reads for itself from /proc/PID/cgroup (`holds`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -43,10 +44,8 @@ class Room:
         """Pids in the room's cgroups (as this pid namespace numbers them)."""
         pids: set[int] = set()
         for folder in self.folders:
-            try:
+            with contextlib.suppress(OSError):
                 pids.update(int(p) for p in Path(folder, "cgroup.procs").read_text().split())
-            except OSError:
-                pass
         return sorted(pids)
 
     def remove(self, wait: float = 2.0) -> bool:
@@ -105,10 +104,8 @@ def _sweep(parent: Path, workdirs: Path) -> None:
         _, _, maker = name.rpartition(".")
         if maker.isdigit() and _alive(int(maker)) or not maker.isdigit() and (workdirs / name).exists():
             continue
-        try:
+        with contextlib.suppress(OSError):
             os.rmdir(parent / name)
-        except OSError:
-            pass
 
 
 def _alive(pid: int) -> bool:
@@ -137,10 +134,8 @@ def make(name: str, pids: int, memory_bytes: int, workdirs: Path | None = None) 
             folder.mkdir()
             (folder / "pids.max").write_text(str(pids))
             (folder / "memory.max").write_text(str(memory_bytes))
-            try:
+            with contextlib.suppress(OSError):
                 (folder / "memory.swap.max").write_text("0")
-            except OSError:
-                pass
             return Room([str(folder)], [("", f"/{PARENT}/{name}")])
         if _v1_ready():
             folders = []

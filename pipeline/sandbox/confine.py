@@ -30,6 +30,7 @@ from pathlib import Path
 from ..child import PACKAGE_ROOT
 from ..child import protocol as P
 from ..child.jail import landlock
+from ..child.jail.jail import children
 from .cgroup import Room
 
 NOBODY = 65534
@@ -82,10 +83,6 @@ def _python_paths() -> tuple[str, ...]:
     return tuple(sorted(paths))
 
 
-def gpu_devices() -> list[str]:
-    return sorted(glob.glob("/dev/nvidia*"))
-
-
 def drop_to() -> int | None:
     """The uid children run as: nobody when we are root (the jail makes what they need reachable),
     else our own (no privilege to drop)."""
@@ -106,7 +103,7 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
         if os.environ.get(var):
             read.append(os.environ[var])
     write = [str(workdir / "tmp"), *writable]
-    devices = [*DEVICES, *(gpu_devices() if gpu else [])]
+    devices = [*DEVICES, *(sorted(glob.glob("/dev/nvidia*")) if gpu else [])]
     rules = [(p, "read") for p in read] + [(p, "write") for p in write] + [(d, "device") for d in devices]
     rules.append(("/dev", "list"))
     uid = drop_to()
@@ -135,15 +132,6 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
             "require": [layer for layer in LAYERS if uid is not None or layer != "cgroup"]}
 
 
-def _status_fields(pid: int) -> dict[str, str]:
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
-    return fields
-
-
 def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinement:
     """The confinement the parent set on the room whose outer process is `pid`, as far as it checks
     for itself, on the process that runs the command (the status line's host_pid, the child of the
@@ -155,10 +143,11 @@ def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinemen
         return P.Confinement(set_by="parent", detail=f"jail: {status}" if status else "no jail")
     inner, init = status.get("host_pid"), status.get("init_pid")
     try:
-        if not isinstance(init, int) or init not in _children(pid) or not isinstance(inner, int) \
-                or inner not in _children(init):
+        if not isinstance(init, int) or init not in children(pid) or not isinstance(inner, int) \
+                or inner not in children(init):
             raise OSError(f"the room's processes {init!r}, {inner!r} are not the jail's")
-        fields = _status_fields(inner)
+        with open(f"/proc/{inner}/status") as f:
+            fields = {key: value.strip() for key, _, value in (line.partition(":") for line in f)}
         ns = {name: os.readlink(f"/proc/{inner}/ns/{name}") != os.readlink(f"/proc/self/ns/{name}")
               for name in ("net", "ipc", "uts", "pid", "mnt")}
         with open(f"/proc/{inner}/limits") as f:
@@ -176,12 +165,3 @@ def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinemen
                          seccomp=seccomp, private_tmp=filesystem, uid=uid, before_exec=filesystem and seccomp,
                          netns=ns["net"], pidns=ns["pid"], ipcns=ns["ipc"], utsns=ns["uts"], cgroup=cgroup,
                          limits=limits, masked=list(status.get("masked", [])), set_by="parent")
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-

@@ -14,10 +14,8 @@ def pin(pid: int, cores: str | None) -> None:
     the harness's seccomp filter then refuses sched_setaffinity, so candidate code cannot leave."""
     if not cores:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, ValueError, OSError):  # gone already, or cores this machine lacks
         os.sched_setaffinity(pid, {int(c) for c in cores.split(",")})
-    except (ProcessLookupError, ValueError, OSError):  # gone already, or cores this machine lacks
-        pass
 
 
 def cpu_cores(threads: int) -> str:
@@ -56,10 +54,8 @@ def pin_all(pid: int, cores: str | None) -> None:
         if not tids:
             return
         for tid in tids:
-            try:
+            with contextlib.suppress(ProcessLookupError, ValueError, OSError):
                 os.sched_setaffinity(tid, wanted)
-            except (ProcessLookupError, ValueError, OSError):
-                pass
         done |= tids
 
 

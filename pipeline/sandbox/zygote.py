@@ -13,6 +13,7 @@ status: its pid names nothing else while we look at /proc through it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -68,10 +69,8 @@ class Forked:
 
     def kill(self) -> None:
         if self.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            except ProcessLookupError:  # exited, not yet reaped
-                pass
 
 
 class Zygote:
@@ -149,16 +148,12 @@ class Zygote:
             return self.codes.pop(pid)
 
     def reap(self, pid: int) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.send(json.dumps({"reap": pid}).encode())
-        except OSError:
-            pass
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()
         try:
             self.proc.wait(10)

@@ -24,14 +24,14 @@ _numel = int(np.prod(_shape)) if _shape else 1
 
 
 def _header(slot):
-    _ev.outbox.write(slot, np.zeros(_numel))
+    _ev.outbox.write_tensors(slot, [torch.zeros(_numel, dtype=torch.float64)])
     return P.OutputHeader(type="torch.Tensor", exact_tensor=True, shape=_shape, dtype="float32", device="cpu",
                           numel=_numel, written=True)
 
 
 P.send(_fd, P.Imported())
 while line := sys.stdin.readline():
-    req = P.parse_request(line)
+    req = P.REQUEST.validate_json(line)
     if isinstance(req, P.Setup):
         P.send(_fd, P.SetupDone())
     elif isinstance(req, P.Trial):

@@ -39,6 +39,7 @@ be set ends the process (status 126) instead of running unconfined.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import importlib.util
@@ -132,10 +133,8 @@ def enter_room(policy: dict) -> dict:
     held: dict = {"cgroup": False}
     cores = os.environ.get("KGEN_CORES", "")
     if cores:  # before the fork, so every process of the room starts on them (seccomp forbids moving)
-        try:
+        with contextlib.suppress(ValueError, OSError):  # cores this machine lacks
             os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
-        except (ValueError, OSError):  # cores this machine lacks
-            pass
     if policy.get("cgroups"):
         try:
             for folder in policy["cgroups"]:
@@ -237,12 +236,10 @@ def enter(policy: dict, status_fd: int, run: Callable[[], int | None]) -> int:
     os.close(relay_w)
     os.close(exit_w)
     status = _read_status(relay_r)
-    kids = _children(init)
+    kids = children(init)
     status["init_pid"], status["host_pid"] = init, kids[0] if len(kids) == 1 else None
-    try:
+    with contextlib.suppress(OSError):
         status["pidns_inode"] = os.stat(f"/proc/{init}/ns/pid").st_ino
-    except OSError:
-        pass
     os.write(status_fd, (json.dumps(status) + "\n").encode())
     os.close(status_fd)
     _, code = os.waitpid(init, 0)
@@ -268,7 +265,8 @@ def _read_status(fd: int) -> dict:
         return {"error": "the room's first process wrote no status"}
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """The pids `pid`'s main thread started (the room's checks from outside, pipeline/sandbox/confine.py, too)."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(p) for p in f.read().split()]
@@ -293,12 +291,7 @@ def _init(policy: dict, held: dict, relay_w: int, exit_w: int, status_fd: int, r
         os.close(exit_w)
         _run(policy, held, relay_w, run)
     os.close(relay_w)
-    for fd in _open_fds():
-        if fd > 2 and fd != exit_w:
-            try:
-                os.close(fd)
-            except OSError:  # the listing's own descriptor, closed already
-                pass
+    close_fds({exit_w})
     while True:
         try:
             pid, code = os.wait()
@@ -309,8 +302,12 @@ def _init(policy: dict, held: dict, relay_w: int, exit_w: int, status_fd: int, r
             os._exit(0)
 
 
-def _open_fds() -> list[int]:
-    return [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]
+def close_fds(keep: set[int]) -> None:
+    """Close every descriptor of this process above stderr but those in `keep` (the zygote's forks too)."""
+    for fd in [int(fd) for fd in os.listdir("/proc/self/fd") if fd.isdigit()]:
+        if fd > 2 and fd not in keep:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
+                os.close(fd)
 
 
 def _run(policy: dict, held: dict, relay_w: int, run: Callable[[], int | None]) -> None:
