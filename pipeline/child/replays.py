@@ -281,11 +281,13 @@ class Captured:
         # One memory pool for both graphs: what outlives a replay lives outside it, and a pool each
         # held a call's temporaries once per graph, in gradient mode its gradients and saved tensors too.
         pool = torch.cuda.graph_pool_handle()
-        self.prologue, self.graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        # No prologue where one set is all (nothing to write ahead): an empty graph cannot be replayed.
+        self.prologue, self.graph = torch.cuda.CUDAGraph() if ahead else None, torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(self.prologue, pool=pool):
-                for r in range(ahead):
-                    rewrite(r)
+            if self.prologue is not None:
+                with torch.cuda.graph(self.prologue, pool=pool):
+                    for r in range(ahead):
+                        rewrite(r)
             with torch.cuda.graph(self.graph, pool=pool):
                 for r in range(replays):
                     if r + ahead < replays:
@@ -299,7 +301,11 @@ class Captured:
         self.keep = (sets, bases, w, model)
         # Each graph launched once here, untimed: a graph's first launch uploads it to the device too,
         # a cost that varies with the graph's size and is no call's work.
-        self.prologue.replay()
+        self.play_graphs()
+
+    def play_graphs(self) -> None:
+        if self.prologue is not None:
+            self.prologue.replay()
         self.graph.replay()
         torch.cuda.synchronize()
 
@@ -307,9 +313,7 @@ class Captured:
         """The factors and masks from `factor_seed`, then the play's graphs, one device sync, the digests."""
         self.table.copy_(table(factor_seed, self.replays, self.device))
         masks(self.like, self.doms, factor_seed, self.device, count=self.mask_count, into=self.masks)
-        self.prologue.replay()
-        self.graph.replay()
-        torch.cuda.synchronize()
+        self.play_graphs()
         return self.digests.tolist()
 
 
