@@ -408,3 +408,19 @@ def test_a_gpu_without_a_driver_figure_is_not_refused_on_the_cpu_s_memory(monkey
     with pytest.raises(sizes.SizeError):
         sizes.check_memory(module, "cuda", budget_bytes=1, factor=POLICY.memory_factor["cuda"])
     assert not torch.cuda.is_initialized()
+
+
+def test_a_model_is_built_on_the_device_it_runs_on(tmp_path):
+    """tasks.make_model builds under the device: its weights are made there, not on the cpu and moved
+    (a KernelBench level-3 model has two billion weights to initialise).
+    The meta device stands in for a GPU: nothing is allocated, and where each tensor was made is seen."""
+    path = tmp_path / "wide.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\nMADE = []\n\n\nclass Model(nn.Module):\n"
+                    "    def __init__(self, n):\n        super().__init__()\n        MADE.append(torch.empty(1).device.type)\n"
+                    "        self.fc = nn.Linear(n, n)\n\n    def forward(self, x):\n        return self.fc(x)\n\n\n"
+                    "def get_inputs():\n    return [torch.rand(2, 8)]\n\n\ndef get_init_inputs():\n    return [8]\n")
+    module = tasks.load_module(tasks.TaskFile(name="wide", path=path, source=path.read_text()), "default", "float32")
+    model = tasks.make_model(module, module.Model, 0, "meta")
+    assert module.MADE == ["meta"] and model.fc.weight.device.type == "meta"
+    same = [tasks.make_model(module, module.Model, 3, "cpu").fc.weight for _ in range(2)]
+    assert torch.equal(*same) and module.MADE[1:] == ["cpu", "cpu"]  # one seed, one model

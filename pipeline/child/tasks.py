@@ -123,11 +123,14 @@ def tolerance(module: types.ModuleType, default: float) -> float:
 
 
 def make_model(module: types.ModuleType, cls: type, init_seed: int, device: str) -> torch.nn.Module:
-    """Build Model or ModelNew the way KernelBench does: same seed before construction, so weights match."""
+    """Build Model or ModelNew the way KernelBench does: same seed before construction, so weights match;
+    built on the device it runs on (KernelBench builds on the cpu and moves it: initialising a level-3
+    model's two billion weights there costs seconds, twice for the reference and once an attempt)."""
     torch.manual_seed(init_seed)
     init = module.get_init_inputs()
     torch.manual_seed(init_seed)
-    model = cls(*init)
+    with torch.device(device):
+        model = cls(*init)
     if not isinstance(model, torch.nn.Module):
         return model
     cast = getattr(module, "__kgen_dtype__", None)
