@@ -463,6 +463,34 @@ def test_two_lanes_share_a_batch_and_an_unfit_gpu_is_retired(built):
     assert len(notices) == 1 and notices[0].startswith(f"lane GPU {gpus[-1]} taken out of service")
 
 
+def test_a_lone_set_is_replayed_from_the_reference_s_inputs_within_two_sets_of_memory():
+    """pipeline.child.replays.Captured: a set too large to keep two of (`lone`, mse at 768 MiB a set
+    here) holds its mask itself and is rewritten in place. Its play's digest is the digest of the
+    model on the reference's inputs for that replay (`inputs_for`, the same ops bit for bit), and the
+    capture holds the set and its base, not a mask and a temporary of the set's size beside them (at
+    KernelBench's default mse size those two were 16 of the child's 41 GiB, and the capture ran out)."""
+    import torch
+    from pipeline.child import replays
+
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    module = tasks.load_module(task, {"batch_size": 6144, "input_shape": (16384,)}, "float32")
+    set_bytes = 2 * 6144 * 16384 * 4
+    assert replays.lone(set_bytes) and replays.most_replays(1, set_bytes) == 1
+    model = tasks.make_model(module, module.Model, 1, "cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    captured = replays.Captured(model, module, [7], 1, 99, "cuda")
+    peak = torch.cuda.max_memory_allocated() - before
+    got = captured.play(1234)
+    inputs, seed = replays.inputs_for(module, [7], 0, 1, 1234, "cuda")
+    want = float(replays.digest(model(*inputs), replays.weights(1, 99, "cuda")))
+    assert seed == 7 and got == [want], (got, want)
+    # set + base, the model's two temporaries of a set's half each, and the first inputs' warm-up
+    assert peak <= 3.2 * set_bytes, f"{peak / set_bytes:.2f} sets' bytes at the capture"
+
+
 def test_the_parent_reads_free_gpu_memory_from_the_driver_without_a_cuda_context():
     """`kgen eval` and a batch check that a size fits before anything starts. The parent reads the
     free bytes through nvidia-smi (health.gpu_free_bytes), not through torch: a CUDA context in

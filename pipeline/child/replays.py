@@ -28,8 +28,8 @@ could leave out (rebinding torch's fill_ would drop an L2 flush from its graphs)
 only what a correct digest needs. The inputs are read cold without a flush: a set is rewritten
 sets - 1 replays ahead of its forward and the other sets' traffic in between takes it out of the L2
 (`set_count`). A set too large to keep two of with their bases (`lone`) is kept alone and replayed
-once a request (`most_replays`: the parent's plan keeps to it), so a request holds three sets'
-bytes (the set, its base, a mask) at KernelBench's sizes.
+once a request (`most_replays`: the parent's plan keeps to it) and holds its own mask, so a request
+holds two sets' bytes (the set and its base) at KernelBench's sizes.
 
 The parent compares the digests of replays it chose in secret with the reference's (its float64
 output for the same inputs, `inputs_for`): a replay whose work was skipped has the wrong digest. A
@@ -120,9 +120,9 @@ def masks(like: list[Any], doms: list[str], factor_seed: int, device: str, count
 
 
 def perturb(base: torch.Tensor, f: torch.Tensor, mask: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """base x (1 + (f - 1) x mask), in base's dtype (f: a one-value tensor on the device)."""
-    return torch.addcmul(base, base, mask * (f.to(base.dtype) - 1), out=out) if out is not None else \
-        torch.addcmul(base, base, mask * (f.to(base.dtype) - 1))
+    """base x (1 + (f - 1) x mask), in base's dtype (f: a one-value tensor on the device), made in `out`
+    (which may be the mask itself) with no temporary of the input's size."""
+    return torch.mul(mask, f.to(base.dtype) - 1, out=out).add_(1).mul_(base)
 
 
 def l2_bytes(device: str) -> int:
@@ -271,7 +271,9 @@ class Captured:
                 model.reseed(inputs, seeds[j % len(seeds)])
         torch.cuda.synchronize()
         self.doms, self.like, self.mask_count = doms, sets[0], k
-        self.masks = masks(sets[0], doms, 0, device, count=k)  # drawn again from each play's seed
+        # Drawn again from each play's seed. One set under one mask (a lone set) holds its mask itself,
+        # rewritten in place: at KernelBench's sizes a mask is as large as the set (4 GiB for mse).
+        self.masks = masks(sets[0], doms, 0, device, count=k, into=[sets[0]] if n == k == 1 else None)
 
         def rewrite(r: int) -> None:
             for x, b, m in zip(sets[r % n], bases[r % n], self.masks[r // n]):
