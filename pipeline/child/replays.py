@@ -270,6 +270,9 @@ class Captured:
             for j, inputs in enumerate(sets):
                 model.reseed(inputs, seeds[j % len(seeds)])
         torch.cuda.synchronize()
+        # The warm-up's temporaries were cached on the side stream, and a capture draws on a pool of
+        # its own: freed now, they are not held beside the capture's (a set's size each at KernelBench's).
+        torch.cuda.empty_cache()
         self.doms, self.like, self.mask_count = doms, sets[0], k
         # Drawn again from each play's seed. One set under one mask (a lone set) holds its mask itself,
         # rewritten in place: at KernelBench's sizes a mask is as large as the set (4 GiB for mse).

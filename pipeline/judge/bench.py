@@ -193,6 +193,8 @@ class TaskBench:
         while True:
             event, why = _event(ref)
             if event is None or isinstance(event, R.Done):
+                if event is not None:
+                    ref.memory = (message.op, event.memory_mib)
                 break
             out.append(event)
             if isinstance(event, R.ExpectedCall) and event.fds:

@@ -150,7 +150,9 @@ def replayed(session: Any, k: int, seeds: list[int]) -> tuple[Verdict, str] | bo
             refs = {ref.proc.pid for ref in session.bench.references.values()}
             held = health.memory_by_process(session.lane.get("CUDA_VISIBLE_DEVICES") if session.lane else None)
             session.bound_note += " [MiB by process: " + ", ".join(
-                f"{pid}{' (reference)' if pid in refs else ''} {mib}" for pid, mib in sorted(held.items())) + "]"
+                f"{pid}{' (reference)' if pid in refs else ''} {mib}" for pid, mib in sorted(held.items())) + "; " + ", ".join(
+                f"the reference's allocated/reserved after its last request ({op}): {mib}"
+                for op, mib in (getattr(ref, "memory", ("", None)) for ref in session.bench.references.values())) + "]"
         return None
     # Timed alone: the capture, which costs milliseconds that vary, stays out of the window.
     reply, ms = session.ask(P.Play(index=k, factor_seed=plan.factor_seeds[k]), P.BoundDone, f"bound block {k}")

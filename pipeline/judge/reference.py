@@ -465,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
             # between requests (but an attempt's eager blocks, released when its timing ends), so
             # tasks' references together never starve a candidate.
             torch.cuda.empty_cache()
-        send(R.Done(op=request.op))
+        send(R.Done(op=request.op, memory_mib=(torch.cuda.memory_allocated() >> 20, torch.cuda.memory_reserved() >> 20)
+                    if cuda else None))
     return 0
 
 

@@ -376,6 +376,9 @@ class Done(Message):
     event: Literal["done"] = "done"
     op: str
     """The request's op."""
+    memory_mib: tuple[int, int] | None = None
+    """On a GPU, this process's allocator after the request: (allocated, reserved) MiB. A capture of
+    the candidate's that runs out of memory says it (beside.replayed)."""
 
 
 Event = Annotated[Union[Ready, Measured, HealthFigures, Block, ExpectedCall, Compared, Digest, Played, PlayFailed,
