@@ -161,6 +161,8 @@ class Evaluator:
         # Bound now, before any candidate code: a candidate that rebinds torch's synchronize changes nothing here.
         self.sync = torch.cuda.synchronize if job.device.startswith("cuda") else (lambda: None)
         self.device = job.device
+        if self.device.startswith("cuda"):
+            replays.unsplit_large_blocks()
         self.task = tasks.load_file(Path(job.task_path))
         self.modules: dict[str, Any] = {}
         self.candidate = None
@@ -349,6 +351,7 @@ class Evaluator:
         except Exception as exc:  # noqa: BLE001 - the parent falls back to eager requests
             free, total = torch.cuda.mem_get_info()
             return P.BoundReady(index=req.index, graph_error=f"{type(exc).__name__}: {_first_line(exc)[:200]} [this process: "
+                                f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated, "
                                 f"{torch.cuda.memory_reserved() / 2**30:.1f} GiB reserved; the device: {free / 2**30:.1f} "
                                 f"of {total / 2**30:.1f} GiB free]")
         return P.BoundReady(index=req.index)

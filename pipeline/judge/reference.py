@@ -385,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     handover = socket.socket(fileno=args.fd_socket) if args.fd_socket is not None else None
     start = R.parse(R.Start, sys.stdin.readline(), "a start line")
     cuda = start.device.startswith("cuda")
+    if cuda:
+        replays.unsplit_large_blocks()
     if cuda and not start.off_lane:  # off its lane: no GPU work until it is moved there (TaskBench.early)
         torch.cuda.init()
     elif not cuda and start.threads:
