@@ -4,19 +4,19 @@ down to calls of about 10 us.
 A Bound request made of eager calls costs the candidate's host work too (Python, launches): an
 honest 11 us kernel cost 110 us a call on the parent's clock on the H100. Here a request comes in
 two steps. `capture` (not timed): the harness captures every replay of the request, in order, into
-one CUDA graph. `play` (timed by the parent): the harness writes each replay's factor and the
-request's masks, drawn from a seed that arrives only with this step, on the device, launches the
-graph and syncs; the parent's clock around it measures the device's work. Capturing inside the
-window cost milliseconds that varied from request to request (docs/decisions/gpu-timing.md).
+one CUDA graph. `play` (timed by the parent): the harness draws the request's masks from a seed
+that arrives only with this step, on the device, launches the graph and syncs; the parent's clock
+around it measures the device's work. Capturing inside the window cost milliseconds that varied
+from request to request (docs/decisions/gpu-timing.md).
 Each replay, in the graph:
 
-1. each float input of domain real or positive is rewritten as its set's base values times
-   (1 + (f - 1) x mask), f the replay's factor (1 +- 0.05) and the mask values in [-1, 1], drawn
-   on the device from the `play` seed. Replay r reads set r % sets under mask r // sets (`layout`):
-   no (set, mask) pair comes twice in a play, so nothing learnt from one replay (its base, its mask,
-   then its factor from a few values) answers another, no answer computed at the capture (untimed)
-   can be scaled into a replay's (a scalar factor alone let mse's answer be its base's times f^2),
-   and the work is done in the window;
+1. each float input of domain real or positive is rewritten as its set's base values times a
+   mask, one value per element within 1 +- 0.05, drawn on the device from the `play` seed. Replay r
+   reads set r % sets under mask r // sets (`layout`): no (set, mask) pair comes twice in a play, so
+   nothing learnt from one replay answers another, no answer computed at the capture (untimed) can
+   be scaled into a replay's (a scalar factor a replay let mse's answer be its base's times f^2),
+   and the work is done in the window, in one pass over the set (a factor and a mask of [-1, 1]
+   took four: the window's noise grows with its length, docs/decisions/gpu-timing.md);
 2. the forward runs;
 3. a digest of its output, sum(output x weights) with weights drawn from the request's secret seed,
    goes to the replay's slot. In gradient mode a call is the forward and the backward
@@ -36,7 +36,7 @@ output for the same inputs, `inputs_for`): a replay whose work was skipped has t
 forward that cannot be captured (a host sync, a stream the graph does not know) fails the request;
 the parent then falls back to eager Bound requests and the result is untrusted (pipeline.judge.session).
 
-`inputs_for`, `masks` and `factor` are what the reference process uses to make a replay's inputs:
+`inputs_for` and `masks` are what the reference process uses to make a replay's inputs:
 the same values and ops on the same device, so the inputs are the child's bit for bit.
 """
 
@@ -58,9 +58,9 @@ class Plan:
     """How replayed requests perturb and lay out their inputs (the child's numbers: it may not import
     pipeline.policy)."""
     amplitude: float = 0.05
-    """Each replay's inputs are its set's bases times a factor within 1 +- this."""
+    """Each replay's inputs are its set's bases times a mask, each value within 1 +- this."""
     perturbed: tuple[str, ...] = ("real", "positive")
-    """The input domains a factor is applied to: a positive factor keeps both."""
+    """The input domains a mask is applied to: a positive mask keeps both."""
     # Cold replays. Rewriting a set's inputs right before its forward would leave them in the L2, and
     # graphs launched one replay at a time are bound by the host's launches: at 8-20 us a call the
     # estimate would read far below an honest kernel's claim (docs/decisions/gpu-timing.md). So a set
@@ -75,35 +75,15 @@ class Plan:
 PLAN = Plan()
 
 
-def factors(factor_seed: int, replays: int) -> torch.Tensor:
-    """The first `replays` replays' factors (float32, on the cpu): 1 +- PLAN.amplitude, from the request's
-    `play` seed, drawn in one call of a seeded generator. The table is made inside the parent's window:
-    a Python draw per replay costs over a third of a 512-replay request, with jitter tens of times the
-    graphs' own variation (docs/decisions/gpu-timing.md)."""
-    gen = torch.Generator()
-    gen.manual_seed(factor_seed % (1 << 63))
-    u = torch.rand(replays, generator=gen, dtype=torch.float64)
-    return (1.0 + PLAN.amplitude * (2.0 * u - 1.0)).to(torch.float32)
-
-
-def factor(factor_seed: int, replay: int) -> float:
-    """Replay number `replay`'s factor (from 0), as the table holds it."""
-    return float(factors(factor_seed, replay + 1)[replay])
-
-
-def table(factor_seed: int, replays: int, device: str) -> torch.Tensor:
-    return factors(factor_seed, replays).to(device)
-
-
 def _perturbed(x: Any, domain: str) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and domain.partition(":")[0] in PLAN.perturbed
 
 
 def masks(like: list[Any], doms: list[str], factor_seed: int, device: str, count: int = 1,
           into: list | None = None) -> list[list]:
-    """The request's `count` masks, each one per perturbed input (None for the others), in [-1, 1],
-    drawn one after another, in input order, on the device from the `play` seed (into the tensors
-    `into` holds, where given)."""
+    """The request's `count` masks, each one per perturbed input (None for the others), within 1 +-
+    PLAN.amplitude, drawn one after another, in input order, on the device from the `play` seed (into
+    the tensors `into` holds, where given)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(factor_seed % (1 << 63))
     out = []
@@ -114,15 +94,14 @@ def masks(like: list[Any], doms: list[str], factor_seed: int, device: str, count
                 one.append(None)
                 continue
             m = into[k][i] if into is not None else torch.empty_like(x)
-            one.append(m.uniform_(-1.0, 1.0, generator=gen))
+            one.append(m.uniform_(1.0 - PLAN.amplitude, 1.0 + PLAN.amplitude, generator=gen))
         out.append(one)
     return out
 
 
-def perturb(base: torch.Tensor, f: torch.Tensor, mask: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """base x (1 + (f - 1) x mask), in base's dtype (f: a one-value tensor on the device), made in `out`
-    (which may be the mask itself) with no temporary of the input's size."""
-    return torch.mul(mask, f.to(base.dtype) - 1, out=out).add_(1).mul_(base)
+def perturb(base: torch.Tensor, mask: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """base x mask, in `out` where given (which may be the mask itself)."""
+    return torch.mul(base, mask, out=out) if out is not None else torch.mul(base, mask)
 
 
 def l2_bytes(device: str) -> int:
@@ -133,7 +112,7 @@ def l2_bytes(device: str) -> int:
 def layout(n_seeds: int, set_bytes: int, l2: int, replays: int) -> tuple[int, int]:
     """(sets, masks) of a request: replay r reads set r % sets under mask r // sets, so no (set,
     mask) pair is replayed twice in a play. A pair replayed again could be answered from what its
-    first replay learnt (the base and the mask, then the factor from a few values), at no cost."""
+    first replay learnt (its base and its mask), at no cost."""
     sets = set_count(n_seeds, set_bytes, l2, replays)
     return sets, math.ceil(replays / sets)
 
@@ -141,15 +120,14 @@ def layout(n_seeds: int, set_bytes: int, l2: int, replays: int) -> tuple[int, in
 def inputs_for(module, seeds: list[int], replay: int, replays: int, factor_seed: int,
                device: str) -> tuple[list[Any], int]:
     """Replay `replay`'s inputs of a request of `replays` whose sets come from `seeds` (the reference's
-    copy): its set's base under its mask (layout), scaled by its factor; and its set's seed."""
+    copy): its set's base under its mask (layout); and its set's seed."""
     inputs = tasks.make_inputs(module, seeds[0], "base", device)
     sets, _ = layout(len(seeds), tasks.input_bytes(inputs), l2_bytes(device), replays)
     seed = seeds[(replay % sets) % len(seeds)]
     if seed != seeds[0]:
         inputs = tasks.make_inputs(module, seed, "base", device)
-    f = torch.tensor([factor(factor_seed, replay)], dtype=torch.float32, device=device)
     ms = masks(inputs, tasks.domains(module, len(inputs)), factor_seed, device, count=replay // sets + 1)[-1]
-    return [perturb(x, f, m) if m is not None else x for x, m in zip(inputs, ms)], seed
+    return [perturb(x, m) if m is not None else x for x, m in zip(inputs, ms)], seed
 
 
 def weights(numel: int, seed: int, device: str) -> torch.Tensor:
@@ -261,7 +239,6 @@ class Captured:
         # the other sets' traffic in between takes them out of the L2.
         ahead = min(n - 1, replays)
         self.digests = torch.zeros(replays, dtype=torch.float32, device=device)
-        self.table = torch.ones(replays, dtype=torch.float32, device=device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # capture wants every lazy initialisation (cuBLAS's too) done before it
@@ -289,7 +266,7 @@ class Captured:
         def rewrite(r: int) -> None:
             for x, b, m in zip(sets[r % n], bases[r % n], self.masks[r // n]):
                 if b is not None:
-                    perturb(b, self.table.narrow(0, r, 1), m, out=x)
+                    perturb(b, m, out=x)
 
         # One memory pool for both graphs: what outlives a replay lives outside it, and a pool each
         # held a call's temporaries once per graph, in gradient mode its gradients and saved tensors too.
@@ -323,8 +300,7 @@ class Captured:
         torch.cuda.synchronize()
 
     def play(self, factor_seed: int) -> list[float]:
-        """The factors and masks from `factor_seed`, then the play's graphs, one device sync, the digests."""
-        self.table.copy_(table(factor_seed, self.replays, self.device))
+        """The masks from `factor_seed`, then the play's graphs, one device sync, the digests."""
         masks(self.like, self.doms, factor_seed, self.device, count=self.mask_count, into=self.masks)
         self.play_graphs()
         return self.digests.tolist()
