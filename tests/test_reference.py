@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -236,3 +238,18 @@ def test_a_paired_block_whose_torch_compile_fails_is_timed_eager_alone(tmp_path)
                     assert blocks[0].compiled_ms is None and blocks[0].compile_error, blocks[0]
         finally:
             bench.close()
+
+
+def test_the_reference_module_pays_the_flop_counter_s_first_use_where_it_is_imported():
+    """The compute floor counts a call's flops with FlopCounterMode, whose first use imports torch._dynamo
+    and some 800 modules (about a second here). The reference's zygote imports pipeline.judge.reference
+    once; every task's reference is forked from it and counts at once."""
+    probe = ("import sys, time, torch; import pipeline.judge.reference; from pipeline.child.timing import flop_count; "
+             "t = time.perf_counter(); n = flop_count(lambda: torch.nn.functional.linear(torch.ones(8, 64), torch.ones(32, 64))); "
+             "print('torch._dynamo' in sys.modules, n, time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported, flops, seconds = out.stdout.split()
+    assert imported == "True" and int(flops) == 2 * 8 * 64 * 32
+    assert float(seconds) < 0.3, seconds  # the first use cost 0.95-1.45 s on this box

@@ -342,6 +342,14 @@ def flop_count(call: Callable[[], Any]) -> int:
     return int(counter.get_total_flops())
 
 
+def warm_flop_count() -> None:
+    """FlopCounterMode's first use imports torch._dynamo and some 800 modules (about a second on the
+    2-core box; 4.2-6.7 s of floors a KernelBench task on the H100, not yet split): called where the
+    reference's zygote imports pipeline.judge.reference, every reference forked from it is spared it.
+    On the cpu, so no device is touched before a fork."""
+    flop_count(lambda: torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)))
+
+
 def measure_flops(device: str, clock: Clock | None = None) -> float:
     """The device's best measured arithmetic rate, in FLOP/s: square matmuls in float32 and bfloat16
     (and float16 on a GPU, whose tensor cores set the peak), the fastest of five each, with the
