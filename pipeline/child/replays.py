@@ -193,7 +193,9 @@ def unsplit_large_blocks() -> None:
     allocation). Split, a small tensor made later in a freed set's block kept the whole block: on the
     H100 the reference held 37 GiB reserved with 0.3 GiB allocated after emptying its cache, and the
     child's capture of a KernelBench-size request ran out beside it."""
-    torch.cuda.memory._set_allocator_settings("max_split_size_mb:512")
+    # torch 2.11 warns that the torch.cuda spelling is deprecated, in favour of this one.
+    set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    set_settings("max_split_size_mb:512")
 
 
 def lone(set_bytes: int) -> bool:
