@@ -515,3 +515,32 @@ def test_a_compute_bound_task_has_a_compute_floor_and_a_forged_clock_gains_nothi
     assert right.verdict is Verdict.correct, right.error
     gains_nothing(forged_result)
     print(right.time_ms, forged_result.time_ms, b.compute_floor_ms)
+
+
+def test_a_gpu_s_rates_are_measured_once_and_the_best_kept(monkeypatch):
+    """On a GPU the floors' rates are the device's, whatever the task (a 1 GB buffer, 8192-wide matmuls):
+    a task's reference given the rates an earlier one measured (MeasureBaselines.rates) measures
+    neither again, and the bench keeps the higher of each (bench.best_rates): a rate measured at a
+    busy moment would set a floor above an honest kernel's time."""
+    import torch
+
+    from pipeline.child import timing
+    from pipeline.judge.bench import best_rates
+    from pipeline.records import Baselines
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(timing, "measure_bandwidth", measured)
+    monkeypatch.setattr(timing, "measure_flops", measured)
+    a, b = torch.ones(64, 32), torch.ones(32, 16)
+    floor = timing.bandwidth_floor("cpu", None, 4 << 20, bandwidth=2000.0)
+    assert floor["bandwidth_gbs"] == 2000.0 and abs(floor["floor_ms"] - (4 << 20) / 2e12 * 1e3) < 1e-12
+    compute = timing.compute_floor("cpu", None, lambda: a @ b, own_ms=1.0, rate=5e12)
+    assert compute["flops"] == 2 * 64 * 32 * 16 and compute["flops_per_s"] == 5e12
+    assert timing.compute_floor("cpu", None, lambda: a + 1, rate=5e12)["flops_per_s"] is None  # no arithmetic
+    first = best_rates(None, Baselines(bandwidth_gbs=3000.0, flops_per_s=None))
+    assert first == R.Rates(bandwidth_gbs=3000.0, flops_per_s=None)
+    later = best_rates(first, Baselines(bandwidth_gbs=2500.0, flops_per_s=6e14))  # a busy moment's bandwidth
+    assert later == R.Rates(bandwidth_gbs=3000.0, flops_per_s=6e14)
+    assert best_rates(later, Baselines()) == later  # nothing measured: what was known stands

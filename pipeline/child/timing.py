@@ -325,9 +325,10 @@ def measure_bandwidth(device: str, clock: Clock | None = None, nbytes: int | Non
     return max(pick(copies), pick(reads))
 
 
-def bandwidth_floor(device: str, clock: Clock | None, input_bytes: int) -> dict[str, float]:
-    """The bandwidth floor (Baselines.floor_ms): the inputs' bytes at the bandwidth where they sit."""
-    bandwidth = measure_bandwidth(device, clock, input_bytes)
+def bandwidth_floor(device: str, clock: Clock | None, input_bytes: int, bandwidth: float | None = None) -> dict[str, float]:
+    """The bandwidth floor (Baselines.floor_ms): the inputs' bytes at the bandwidth where they sit
+    (`bandwidth`, where measured already)."""
+    bandwidth = bandwidth or measure_bandwidth(device, clock, input_bytes)
     return {"bandwidth_gbs": bandwidth, "floor_ms": input_bytes / (bandwidth * 1e9) * 1e3}
 
 
@@ -369,16 +370,17 @@ def measure_flops(device: str, clock: Clock | None = None) -> float:
 
 
 def compute_floor(device: str, clock: Clock | None, call: Callable[[], Any] | None = None,
-                  flops: int = 0, own_ms: float | None = None) -> dict[str, float | None]:
+                  flops: int = 0, own_ms: float | None = None, rate: float | None = None) -> dict[str, float | None]:
     """The compute floor beside the bandwidth floor (Baselines.compute_floor_ms): the flops of one
     `call` (or `flops`, counted before) at the device's best measured rate. A task whose forward the
     counter sees no arithmetic in (every loss) gets none, and nothing is measured; nor does one the
     counter or the matmuls fail on (out of memory beside a paused child). `own_ms`: the reference's
     own time for that arithmetic, so no rate below its own is taken as the best (the cpu's 384-wide
-    matmuls, or a busy core, read slower than a 512-wide task's own eager calls)."""
+    matmuls, or a busy core, read slower than a 512-wide task's own eager calls). `rate`: the device's,
+    where measured already."""
     try:
         flops = flop_count(call) if call is not None else flops
-        rate = measure_flops(device, clock) if flops > 0 else None
+        rate = (rate or measure_flops(device, clock)) if flops > 0 else None
     except Exception:  # noqa: BLE001 - no compute floor is the loss tasks' state: only the bandwidth floor
         rate = None
     if rate and own_ms and own_ms > 0:

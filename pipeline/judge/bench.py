@@ -370,6 +370,19 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
     return bench
 
 
+# A GPU's rates by (device, torch), the same for every task: measured once a kgen process, the best so far
+# for each later task (docs/decisions/gpu-timing.md: 4.2-6.7 s of floors a KernelBench task on the H100).
+_RATES: dict[tuple[str, str], R.Rates] = {}
+
+
+def best_rates(known: R.Rates | None, measured: Baselines) -> R.Rates | None:
+    """The higher of each rate: one measured low (a busy moment) sets a floor an honest kernel beats."""
+    if not measured.bandwidth_gbs:
+        return known
+    flops = max((r for r in (known and known.flops_per_s, measured.flops_per_s) if r), default=None)
+    return R.Rates(bandwidth_gbs=max(measured.bandwidth_gbs, known.bandwidth_gbs if known else 0), flops_per_s=flops)
+
+
 def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | None] | None = None,
                       env: dict[str, str] | None = None, watch: health.Watch | None = None,
                       settle: bool = True) -> TaskBench:
@@ -394,7 +407,9 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
             bench.request(R.Settle(), settings.timeout_s, env)
     else:
         seeds = [_seed() for _ in range(max(settings.timed_calls, settings.max_timed_calls))]
+        device = (bench.env["device_name"], bench.env["torch_version"])
         msgs = bench.request(R.MeasureBaselines(size=size, init_seed=_seed(), baseline_seeds=seeds, warmup=settings.warmup_calls,
+                                                rates=_RATES.get(device) if bench.device.startswith("cuda") else None,
                                                 compile_baseline=settings.compile_baseline, timed_ms=settings.timed_ms,
                                                 timed_calls=settings.timed_calls, max_timed_calls=settings.max_timed_calls),
                              settings.timeout_s * 4, env)
@@ -403,6 +418,8 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
             bench.close()
             raise EvaluationError(f"task {task.name}: the reference process sent no baselines")
         bench.baselines = found[0].baselines
+        if bench.device.startswith("cuda") and (rates := best_rates(_RATES.get(device), bench.baselines)):
+            _RATES[device] = rates
         bench.phases |= {f"baselines_{part}": spent for part, spent in bench.baselines.seconds.items()}
         if watch is not None and bench.suspect is None:
             bench.suspect = watch.check(bench, env)

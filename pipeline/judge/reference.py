@@ -347,10 +347,11 @@ class Reference:
                 result["compile_error"] = one_line(exc)
                 self.drop_compiled(size_key(request.size))
             marks.append(("compiled", time.monotonic()))
-        floors = bandwidth_floor(self.device, clock, result["input_bytes"])  # where the inputs sit
+        known = request.rates if cuda else None  # a GPU's rates are the device's, whatever the task
+        floors = bandwidth_floor(self.device, clock, result["input_bytes"], known and known.bandwidth_gbs)
         marks.append(("bandwidth_floor", time.monotonic()))
         own = min(t["p25_ms"] for t in (result["eager"], result.get("compiled")) if t)
-        result |= compute_floor(self.device, clock, lambda: m32(*inputs), own_ms=own)
+        result |= compute_floor(self.device, clock, lambda: m32(*inputs), own_ms=own, rate=known and known.flops_per_s)
         marks.append(("compute_floor", time.monotonic()))
         seconds = {part: round(t - marks[i][1], 2) for i, (part, t) in enumerate(marks[1:])}
         send(R.Measured(baselines=result | floors | {"seconds": seconds}))

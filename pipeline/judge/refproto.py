@@ -69,9 +69,19 @@ class AtSize(Message):
     """The seed of the model's weights (the attempt's, or the baselines' own)."""
 
 
+class Rates(Message):
+    """A GPU's measured rates (Baselines.bandwidth_gbs, flops_per_s), the same for every task."""
+    bandwidth_gbs: float
+    """Device memory bandwidth, GB/s."""
+    flops_per_s: float | None = None
+    """The best arithmetic rate; None where no task's forward had arithmetic to count."""
+
+
 class MeasureBaselines(AtSize):
     """Time eager (and torch.compile) as a candidate is timed, and the floors: Measured."""
     op: Literal["baselines"] = "baselines"
+    rates: Rates | None = None
+    """On a GPU, the rates an earlier task's reference measured in this kgen process: not measured again."""
     baseline_seeds: list[int]
     """One input seed per timed call, at most."""
     warmup: int
