@@ -493,6 +493,35 @@ def test_a_lone_set_is_replayed_from_the_reference_s_inputs_within_two_sets_of_m
     assert peak <= 3.2 * set_bytes, f"{peak / set_bytes:.2f} sets' bytes at the capture"
 
 
+def test_a_later_request_rebased_on_the_same_graphs_is_the_reference_s():
+    """pipeline.child.replays.Captured.rebase: a later request of the same shape is played on the
+    graphs captured for the first, its sets' bases and the digest's weights drawn again from its own
+    seeds in place. Each replay's digest is the model's on the reference's inputs for that request
+    (`inputs_for`), and no memory is taken beyond the first capture's."""
+    import torch
+    from pipeline.child import replays
+
+    task = tasks.discover(ROOT / "reference_tasks", ["mse"])[0]
+    module = tasks.load_module(task, "small", "float32")
+    model = tasks.make_model(module, module.Model, 1, "cuda")
+    captured = replays.Captured(model, module, [5, 6, 7], 12, 41, "cuda")
+    captured.play(100)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_reserved()
+    for seeds, digest_seed, play_seed in (([8, 9, 10], 42, 101), ([11, 12, 13], 43, 102)):
+        assert captured.rebase(seeds, digest_seed)
+        got = captured.play(play_seed)
+        w = replays.weights(1, digest_seed, "cuda")
+        for r in (0, 4, 11):
+            inputs, _ = replays.inputs_for(module, seeds, r, 12, play_seed, "cuda")
+            want = float(replays.digest(model(*inputs), w))
+            assert got[r] == pytest.approx(want, rel=1e-6), (seeds, r, got[r], want)
+    assert torch.cuda.memory_reserved() <= held + (64 << 20)  # the draws' transients, reused
+    assert not captured.rebase([1, 2], 44)  # another shape of request: captured anew
+    del captured
+    torch.cuda.empty_cache()
+
+
 def test_the_parent_reads_free_gpu_memory_from_the_driver_without_a_cuda_context():
     """`kgen eval` and a batch check that a size fits before anything starts. The parent reads the
     free bytes through nvidia-smi (health.gpu_free_bytes), not through torch: a CUDA context in

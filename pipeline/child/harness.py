@@ -172,6 +172,7 @@ class Evaluator:
         self.like: list[Any] | None = None  # a set of the main size, made once: the inbox's views take its shapes
         self.views: list[list[Any]] = []  # the inbox's sets (inbox_sets)
         self.captured = None  # a Bound request's graphs, waiting for their Play
+        self.graphs = None  # the last request's, played again for the next of its shape (Captured.rebase)
         self.armed: tuple[int, list[list[Any]]] | None = None  # an Arm's request index and sets
 
     def null_model(self):
@@ -344,10 +345,14 @@ class Evaluator:
         a forward that cannot be captured is said so."""
         import torch
 
-        self.captured = None
-        torch.cuda.empty_cache()  # the last request's graph pool, which no new capture reuses (untimed)
+        kept, self.captured, self.graphs = self.graphs, None, None
         try:
-            self.captured = replays.Captured(self.model, self.main, req.seeds, req.replays, req.digest_seed, self.device)
+            if not (kept is not None and kept.keep[3] is self.model and kept.replays == req.replays
+                    and kept.rebase(req.seeds, req.digest_seed)):
+                kept = None
+                torch.cuda.empty_cache()  # the last graphs' pool, which no new capture reuses (untimed)
+                kept = replays.Captured(self.model, self.main, req.seeds, req.replays, req.digest_seed, self.device)
+            self.graphs = self.captured = kept
         except Exception as exc:  # noqa: BLE001 - the parent falls back to eager requests
             free, total = torch.cuda.mem_get_info()
             return P.BoundReady(index=req.index, graph_error=f"{type(exc).__name__}: {_first_line(exc)[:200]} [this process: "

@@ -229,14 +229,19 @@ class Captured:
     first replays' inputs."""
 
     def __init__(self, model: Callable[..., Any], module, seeds: list[int], replays: int, digest_seed: int,
-                 device: str):
-        self.replays, self.device = replays, device
-        first = tasks.make_inputs(module, seeds[0], "base", device)
+                 device: str, shared: tuple[list, list] | None = None):
+        """`shared`: another Captured's (sets, bases) of the same request shape, read here too (the
+        reference's null and eager, played one after the other: their values are no answer's)."""
+        self.replays, self.device, self.n_seeds, self.module = replays, device, len(seeds), module
+        first = shared[0][0] if shared else tasks.make_inputs(module, seeds[0], "base", device)
         n, k = layout(len(seeds), tasks.input_bytes(first), l2_bytes(device), replays)
         self.sets_bytes = tasks.input_bytes(first) * n  # the inputs' sets (their bases as much again)
-        sets = [first] + [tasks.make_inputs(module, seeds[j % len(seeds)], "base", device) for j in range(1, n)]
-        doms = tasks.domains(module, len(sets[0]))
-        bases = [[x.clone() if _perturbed(x, d) else None for x, d in zip(inputs, doms)] for inputs in sets]
+        doms = tasks.domains(module, len(first))
+        if shared and len(shared[0]) == n:
+            sets, bases = shared
+        else:
+            sets = [first] + [tasks.make_inputs(module, seeds[j % len(seeds)], "base", device) for j in range(1, n)]
+            bases = [[x.clone() if _perturbed(x, d) else None for x, d in zip(inputs, doms)] for inputs in sets]
         # Replay r's inputs are written at replay r - ahead (the prologue writes the first `ahead`):
         # the other sets' traffic in between takes them out of the L2.
         ahead = min(n - 1, replays)
@@ -295,6 +300,27 @@ class Captured:
         # a cost that varies with the graph's size and is no call's work.
         self.play_graphs()
 
+    def rebase(self, seeds: list[int], digest_seed: int) -> bool:
+        """A later request of the same shape on these graphs: each set's bases (its inputs where not
+        perturbed) drawn again from the request's seeds into the tensors the graphs read, and the
+        digest's weights from its seed. No capture, and no memory given back to the driver and taken
+        again, which a request's play then paid for (docs/decisions/gpu-timing.md). False in gradient
+        mode (an upstream is a new tensor a seed) or where a set's shapes or other arguments differ."""
+        sets, bases, w, model = self.keep
+        if isinstance(model, ForwardBackward) or len(seeds) != self.n_seeds:
+            return False
+        for j, (inputs, base) in enumerate(zip(sets, bases)):
+            fresh = tasks.make_inputs(self.module, seeds[j % len(seeds)], "base", self.device)
+            if len(fresh) != len(inputs) or not all(
+                    (x.shape, x.dtype) == (f.shape, f.dtype) if isinstance(x, torch.Tensor) else x == f for x, f in zip(inputs, fresh)):
+                return False
+            for x, b, f in zip(inputs, base, fresh):
+                if isinstance(x, torch.Tensor):
+                    (x if b is None else b).copy_(f)
+        w.copy_(weights(w.numel(), digest_seed, self.device))
+        torch.cuda.synchronize()
+        return True
+
     def play_graphs(self) -> None:
         if self.prologue is not None:
             self.prologue.replay()
@@ -308,10 +334,11 @@ class Captured:
         return self.digests.tolist()
 
 
-def null_request(module, n_seeds: int, replays: int, out_shape: list[int], device: str, grad: bool = False) -> Captured:
+def null_request(module, n_seeds: int, replays: int, out_shape: list[int], device: str, grad: bool = False,
+                 shared: tuple[list, list] | None = None) -> Captured:
     """A null model's request shaped as a candidate's (the child's null model: zeros of the output's
     shape and dtype, in gradient mode of every gradient's too; values from any seeds, only how many
     sets matters), which the reference replays beside the candidate's
     (pipeline.judge.reference.Reference.play)."""
     null = null_model(module, tuple(out_shape), module.__kgen_dtype__ or torch.float32, device, grad)
-    return Captured(null, module, list(range(1, n_seeds + 1)), replays, 0, device)
+    return Captured(null, module, list(range(1, n_seeds + 1)), replays, 0, device, shared)

@@ -122,15 +122,18 @@ class Reference:
         """Milliseconds on this process's clock to play, as the candidate's replayed Bound request is
         played (pipeline.child.replays), a null model shaped as the candidate's (zeros for a forward),
         and where asked eager's and torch.compile's forwards: each time is then a window less a null
-        one. Each is captured untimed at the first request of its shape and kept while small. A model
-        whose forward cannot be captured is left out."""
+        one. Each is captured untimed at the first request of its shape, on one set of inputs for all,
+        and kept for the attempt: memory given back to the driver between requests and taken again
+        slowed the candidate's next play (docs/decisions/gpu-timing.md). A model whose forward cannot
+        be captured is left out."""
         times = {}
         key = request.model_dump_json(exclude={"models"})  # what a capture was made for
         for kind in ("null", *request.models):
             if kind not in self.plays or self.plays[kind][0] != key:
                 self.plays.pop(kind, None)
+                shared = next((c.keep[:2] for k, c in self.plays.values() if k == key), None)
                 try:
-                    self.plays[kind] = key, self._capture(kind, request)
+                    self.plays[kind] = key, self._capture(kind, request, shared)
                 except Exception:  # noqa: BLE001 - the null's failure is the request's (PlayFailed)
                     if kind == "null":
                         raise
@@ -140,19 +143,17 @@ class Reference:
             start = time.perf_counter()
             self.plays[kind][1].play(int.from_bytes(os.urandom(4), "little"))
             times[kind] = (time.perf_counter() - start) * 1e3
-            if self.plays[kind][1].sets_bytes >= POLICY.large_sets_bytes:
-                del self.plays[kind]  # one large play at a time beside the child's (captured again next time)
-                torch.cuda.empty_cache()
         return times
 
-    def _capture(self, kind: str, request: R.Play) -> replays.Captured:
+    def _capture(self, kind: str, request: R.Play, shared: tuple[list, list] | None) -> replays.Captured:
         if kind == "null":
             module = tasks.load_module(self.task, request.size, self.dtype)
-            return replays.null_request(module, request.n_seeds, request.replays, request.out_shape, self.device, self.grad)
+            return replays.null_request(module, request.n_seeds, request.replays, request.out_shape, self.device, self.grad,
+                                        shared)
         module, m32, _ = self.models_for(request.size, request.init_seed)
         model = m32 if kind == "eager" else self.compiled_for(size_key(request.size), m32)
         seeds = [int.from_bytes(os.urandom(4), "little") for _ in range(request.n_seeds)]
-        return replays.Captured(model, module, seeds, request.replays, 0, self.device)
+        return replays.Captured(model, module, seeds, request.replays, 0, self.device, shared)
 
     def wrap(self, model, init_seed: int, upstream_dtype: torch.dtype | None = None):
         if not self.grad:
