@@ -9,6 +9,8 @@
 #   STEP=bench  timing fidelity: one kernel evaluated twice; baselines and cost per attempt
 #   STEP=oneclock  each reference judged EVALS times in fresh processes at SIZES: the parent's replay estimate's
 #               spread against the recorded time's (bench/one_clock.py; ONECLOCK_ARGS passes options)
+#   STEP=churn  does a play's window grow after another process frees memory, its own re-allocation or a
+#               SIGSTOP (bench/churn.py; CHURN_ARGS passes options)
 #   STEP=library  replayed kernels (pipeline.library) against the times the evaluator recorded
 #   STEP=batch  7 tasks x 8 samples (BATCH_CONFIG, default examples/config-h100-batch.yaml) with GPU utilisation sampled
 #   STEP=builds build seconds per candidate, plain against fast headers, alone and 8 at once (gpu_builds.py;
@@ -126,6 +128,7 @@ t = open(sys.argv[1]).read(); d = json.loads(t[t.index('{'):t.rindex('}') + 1]);
          kgen attempts -c examples/config-h100.yaml --json > "$OUT/attempts.jsonl"
          cp db/h100.db "$OUT/h100.db" ;;
     bench) python3 bench/gpu_bench.py 2>&1 | tee "$OUT/bench.log" ;;
+    churn) python3 bench/churn.py ${CHURN_ARGS:-} 2>&1 | tee "$OUT/churn.log" | grep CHURN ;;
     oneclock) python3 bench/one_clock.py ${ONECLOCK_ARGS:-} --out "$OUT/one_clock.json" 2>"$OUT/one_clock.log" | tee "$OUT/one_clock.txt" ;;
     library) python3 bench/gpu_library.py 2>&1 | tee "$OUT/library.log" ;;
     batch) nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 500 > "$OUT/util.csv" &
