@@ -115,7 +115,7 @@ def test_the_baselines_say_where_their_seconds_went(mse_bench):
     """The reference times each part of a task's baselines (Baselines.seconds), and the bench's phases
     carry them to the run's `reference` line: on KernelBench's sizes they took 15-41 s a task."""
     seconds = mse_bench.baselines.seconds
-    assert {"eager", "floors"} <= set(seconds), seconds
+    assert {"eager", "bandwidth_floor", "compute_floor"} <= set(seconds), seconds
     assert all(s >= 0 for s in seconds.values()) and sum(seconds.values()) <= mse_bench.phases["baselines"] + 0.05
     assert {f"baselines_{part}" for part in seconds} <= set(mse_bench.phases), mse_bench.phases
 
