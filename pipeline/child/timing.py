@@ -345,10 +345,11 @@ def flop_count(call: Callable[[], Any]) -> int:
 
 def warm_flop_count() -> None:
     """FlopCounterMode's first use imports torch._dynamo and some 800 modules (about a second on the
-    2-core box; 4.2-6.7 s of floors a KernelBench task on the H100, not yet split): called where the
-    reference's zygote imports pipeline.judge.reference, every reference forked from it is spared it.
-    On the cpu, so no device is touched before a fork."""
-    flop_count(lambda: torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)))
+    2-core box): imported where the reference's zygote imports pipeline.judge.reference, every
+    reference forked from it is spared it. The import alone, no op: an op run in the zygote before a
+    fork (its thread pool started) moved the forked references' float32 results, and an honest
+    gradient failed its tolerance 6 times in 42 evaluations (0 in 20 without)."""
+    import torch._dynamo  # noqa: F401
 
 
 def measure_flops(device: str, clock: Clock | None = None) -> float:
