@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 class Policy(BaseModel):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
 
-    version: str = "9"
+    version: str = "10"
     """Stored with each attempt; bumped with any change below."""
 
     # ---- the plan: how many calls, in what requests -----------------------------------------------
@@ -95,9 +95,6 @@ class Policy(BaseModel):
     request's noise and the graph's launch are spread over many calls."""
     replay_checks: int = 3
     """Replays whose digests a replayed request checks, chosen in secret."""
-    null_every: int = 3
-    """A null replay of the reference's beside every this-many calibration windows (each one where
-    a request replays replays_max, and the offset is most of a call's estimate)."""
 
     malloc_env: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
                                   "MALLOC_TOP_PAD_": str(64 << 20)}

@@ -55,7 +55,6 @@ def calibrate(session: Any) -> None:
     noise = None  # a copy of the inputs' size, which the float64 forwards to come need more
     if not plan.replays:
         return
-    every = 1 if plan.replays >= POLICY.replays_max else POLICY.null_every
     for i in range(blocks + 1):
         ready, _ = session.ask(P.Bound(index=-100 - i, seeds=[_seed() for _ in range(calls)], replays=plan.replays,
                                        digest_seed=_seed()), P.BoundReady, "calibration")
@@ -66,12 +65,12 @@ def calibrate(session: Any) -> None:
         if not i:
             continue
         session.replay_calibration.append(Window(ms, plan.replays))
-        null = None
-        if (i - 1) % every == 0:
-            at = time.monotonic()
-            null = play(session, calls, pause=False).get("null")
-            session.spent("calibration_nulls", at)
-        session.null_calibration.append(null)
+        # A null beside every window: the offset is the median of the pairs, and at 16-496 replays a
+        # request one pair of two read 0.4-2.3 ms off the rest, a 60 us honest call then under its
+        # bandwidth floor (docs/decisions/gpu-timing.md). A null replay costs milliseconds.
+        at = time.monotonic()
+        session.null_calibration.append(play(session, calls, pause=False).get("null"))
+        session.spent("calibration_nulls", at)
 
 
 def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> None:
