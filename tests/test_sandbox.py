@@ -81,6 +81,15 @@ def test_child_runs_in_its_own_group_in_a_fresh_temp_dir():
     assert first_dir != second_dir
 
 
+def test_a_forked_module_runs_as_python_m_would_with_nothing_on_its_output():
+    """A reference process forked from a zygote that preloaded its module runs it as `python -m` would:
+    a fresh copy as __main__, and no warning from runpy about the preloaded one (it began every log)."""
+    child = sandbox.start("pipeline.judge.reference", ["--no-such-option"], 120, fork=True)
+    code, log = child.finish()
+    assert code == 2 and log.startswith("usage: pipeline.judge.reference"), log[-2000:]
+    assert "RuntimeWarning" not in log, log[-2000:]
+
+
 @pytest.mark.skipif(landlock.abi_version() == 0, reason="Landlock is not available on this kernel")
 def test_landlock_confines_the_child(tmp_path, secrets):
     outside = tmp_path / "outside.txt"  # under pytest's tmp dir: neither HOME nor a build dir

@@ -76,6 +76,8 @@ def _child(request: dict, fds: list[int], sock: socket.socket) -> None:
 
         def run() -> None:  # as `python -m module argv...` would
             sys.argv = [module, *argv]
+            # Preloaded for its imports; `-m` runs a fresh copy as __main__ (and runpy warned of the old one).
+            sys.modules.pop(module, None)
             runpy.run_module(module, run_name="__main__", alter_sys=True)
 
         tempfile.tempdir = None  # found again from TMPDIR, the fork's own
