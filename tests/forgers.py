@@ -1,11 +1,15 @@
 """The red team's forged clock, and the rule for judging it, shared by the cpu and GPU tests.
 
 `forged_clock` is tests/redteam/forged_time_blocks.py (torch's mse; its time_blocks claims FACTOR of
-each call's real time) at another factor, or with another forward. The rule: a forging
-candidate is refused, or judged at a time within TWIN_RATIO of its honest twin's, the one evaluated
-just before it."""
+each call's real time) at another factor, or with another forward. The rule, over N rounds of a
+forger evaluated in turn with its honest twin: each forging evaluation is refused or correct, the
+forger's median time is within TWIN_RATIO of the twin's, and at most STRAY_RATE of its evaluations
+read under the twin's median / TWIN_RATIO (the spread between processes at calls of microseconds)."""
 
 from __future__ import annotations
+
+import math
+import statistics
 
 from pathlib import Path
 from typing import Callable
@@ -16,6 +20,9 @@ from pipeline.records import EvalResult, Verdict
 
 REDTEAM = Path(__file__).resolve().parent / "redteam"
 TWIN_RATIO = 1.3
+# A forged clock is never read, so forger and twin are one distribution: on the H100 one forging
+# evaluation in 8 read under its twin's / 1.3 at 20 us (docs/decisions/gpu-timing.md).
+STRAY_RATE = 0.25
 MSE_FORWARD = "def forward(self, predictions, targets):\n        return torch.mean((predictions - targets) ** 2)"
 
 
@@ -61,18 +68,28 @@ def gains_nothing(r: EvalResult) -> None:
 
 def assert_refused_or_near_twin(results: list[tuple[str, EvalResult]], honest: Callable[[EvalResult], None],
                                 forger: Callable[[EvalResult], None] | None = None) -> None:
-    """`results` in the order evaluated, (name, result), each forger right after its honest twin:
-    `honest` checks every "honest" one; every other is refused (impossible_timing, or its timing unfit for a
-    loaded cpu: load_unfit) or correct at a time within TWIN_RATIO of the result before it. `forger`, where
-    given, checks the others instead."""
-    for (name, r), (_, twin) in zip(results, [results[0]] + results[:-1]):
+    """`results` as judge_in_turn returns them, (name, result): `honest` checks every "honest" one.
+    `forger`, where given, checks every other; else each other name is the rule's forger: every
+    evaluation refused (impossible_timing, or its timing unfit for a loaded cpu: load_unfit) or
+    correct; the correct ones' median time at least the twin's median / TWIN_RATIO; and at most
+    STRAY_RATE of them (rounded up) under it."""
+    twin = [r.time_ms for name, r in results if name == "honest"]
+    for name, r in results:
         if name == "honest":
             honest(r)
         elif forger is not None:
             forger(r)
-        elif r.verdict is not Verdict.impossible_timing and not load_unfit(r):
-            assert r.verdict is Verdict.correct and r.time_ms * TWIN_RATIO >= twin.time_ms, \
-                (name, r.verdict, r.time_ms, twin.time_ms, r.error)
+    if forger is not None:
+        return
+    floor = statistics.median(twin) / TWIN_RATIO
+    for name in dict.fromkeys(n for n, _ in results if n != "honest"):
+        mine = [r for n, r in results if n == name]
+        timed = [r for r in mine if r.verdict is not Verdict.impossible_timing and not load_unfit(r)]
+        assert all(r.verdict is Verdict.correct for r in timed), [(name, r.verdict, r.error) for r in timed]
+        times = [r.time_ms for r in timed]
+        strays = [t for t in times if t < floor]
+        assert not times or statistics.median(times) >= floor, (name, times, twin)
+        assert len(strays) <= math.ceil(STRAY_RATE * len(mine)), (name, strays, times, twin)
 
 
 def honest_and_trusted(r: EvalResult) -> None:

@@ -364,8 +364,8 @@ CALL_SIZES = {"8us": {"batch_size": 64, "input_shape": (4096,)}, "20us": "small"
               "60us": {"batch_size": 4096, "input_shape": (8192,)}, "default": "default"}
 
 
-# A forging candidate gets through one pass in several at worst: KGEN_FORGE_ROUNDS repeats the pair.
-FORGE_ROUNDS = int(os.environ.get("KGEN_FORGE_ROUNDS", "2"))
+# Forger and twin judged in turn this many times (KGEN_FORGE_ROUNDS): the rule is over their medians.
+FORGE_ROUNDS = int(os.environ.get("KGEN_FORGE_ROUNDS", "4"))
 
 
 @pytest.mark.parametrize("size", list(CALL_SIZES))
@@ -377,8 +377,6 @@ def test_a_clock_forged_to_half_gains_nothing_at_every_call_length(built, size):
     settings = SETTINGS.model_copy(update={"compile_baseline": False, "check_shapes": False})
     codes = {name: (built[name][0], Path(built[name][1].build_dir)) for name in ("honest", "forged_half")}
     results = judge_in_turn(task, CALL_SIZES[size], "cuda", settings, codes, FORGE_ROUNDS, f"forward@{size}")
-    # The rule: a forger is refused, or judged at a time within 1.3x of its honest twin's (the
-    # one evaluated just before it).
     assert_refused_or_near_twin(results, honest_and_trusted)
 
 
