@@ -399,6 +399,36 @@ def test_core_plan_keeps_builds_off_the_lanes_timing_cores():
     assert core_plan(1, [3, 9, 4, 5]) == ([[3, 4]], [5, 9])
 
 
+def test_a_lane_s_job_runs_on_the_lane_s_cores_and_the_rest_of_the_parent_does_not():
+    """The parent's clock times every window on a GPU: a lane's job (executor._lane_job, in a worker
+    thread) runs on that lane's cores and what it starts inherits them; the thread goes back to its
+    own cores after, even where the job raised, and the process's other threads never move."""
+    import asyncio
+
+    from pipeline.run.executor import _lane_job
+
+    mine = sorted(os.sched_getaffinity(0))
+    lane = str(mine[-1])
+
+    def job():
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True, check=True)
+        return sorted(os.sched_getaffinity(0)), child.stdout.strip()
+
+    def failing():
+        raise RuntimeError("the stage failed")
+
+    async def in_a_worker():
+        ran = await asyncio.to_thread(_lane_job, job, None, None, lane)
+        with pytest.raises(RuntimeError):
+            await asyncio.to_thread(_lane_job, failing, None, None, lane)
+        return ran, await asyncio.to_thread(lambda: sorted(os.sched_getaffinity(0)))
+
+    (during, started), after = asyncio.run(in_a_worker())
+    assert during == [int(lane)] and started == f"[{lane}]", (during, started)
+    assert after == mine and sorted(os.sched_getaffinity(0)) == mine, (after, mine)
+
+
 def test_a_pinned_build_stays_on_its_cores_whatever_the_candidate_asks(tmp_path):
     """KGEN_CORES pins the child from the parent right after exec; the harness's seccomp filter then
     refuses sched_setaffinity, so import-time code of the candidate cannot move onto a lane's cores."""

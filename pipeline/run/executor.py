@@ -27,6 +27,7 @@ from ..judge import bench as bench_stage
 from ..judge import evaluate as evaluate_stage
 from ..judge import health, refproto
 from ..records import BuildResult, EvalResult
+from ..sandbox import on_cores, pin_all
 from ..sandbox.spares import Spares
 from .lanes import LaneFailed, Lanes
 
@@ -113,10 +114,12 @@ def ray_lane_count(resources: dict[str, float], on_gpu: bool) -> int:
     return max(1, int(resources.get("CPU", 1)) // 2)
 
 
-def _lane_job(fn, watch: health.Watch | None, discard=None):
-    """Run `fn` (a blocking stage) and raise LaneFailed where the lane's device was found unfit."""
+def _lane_job(fn, watch: health.Watch | None, discard=None, cores: str | None = None):
+    """Run `fn` (a blocking stage) on `cores` (the lane's, this thread only: sandbox.on_cores) and
+    raise LaneFailed where the lane's device was found unfit."""
     try:
-        result = fn()
+        with on_cores(cores):
+            result = fn()
     except Exception as exc:
         if watch is not None and watch.failure:
             raise LaneFailed(watch.failure, exc) from exc
@@ -140,6 +143,12 @@ class LocalExecutor:
         gpus = visible_gpus() if backends.on_gpu(backend) else []
         plan = core_plan(len(gpus)) if gpus else None
         build_cores = plan[1] if plan else None
+        if build_cores:
+            # This process's clock times every window on a GPU (the one clock): its threads, and all
+            # they start, stay off the lanes' cores; a lane's job moves onto its own (_lane_job). Left
+            # anywhere, beside a batch's builds, honest attempts' windows and nulls read milliseconds
+            # off and 8 of 40 lost their figure or were refused (docs/decisions/spares-and-startup.md).
+            pin_all(os.getpid(), _cores(build_cores))
         self.lane_cores = {gpu: _cores(cores) for gpu, cores in zip(gpus, plan[0])} if plan else {}
         self.early_cores = _cores(build_cores) if build_cores else None  # where references and spares start
         self.early: asyncio.Semaphore | None = None  # made in the event loop, by the first prepare
@@ -189,7 +198,8 @@ class LocalExecutor:
                 if lane in self.lane_cores:
                     env["KGEN_CORES"] = self.lane_cores[lane]
                 watch = self.watches.get(lane)
-                return await asyncio.to_thread(_lane_job, lambda: fn(*args, env=env, watch=watch), watch, discard)
+                return await asyncio.to_thread(_lane_job, lambda: fn(*args, env=env, watch=watch), watch, discard,
+                                               env.get("KGEN_CORES"))
             finally:
                 for _ in range(held):
                     self.build_pool.release()

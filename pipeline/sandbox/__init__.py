@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from ..child import PACKAGE_ROOT, memfd, protocol
 from ..policy import POLICY
 from . import cgroup, confine, zygote
-from .cores import cpu_cores, pin, pin_all  # noqa: F401 - the package's API
+from .cores import cpu_cores, on_cores, pin, pin_all  # noqa: F401 - the package's API
 
 # Variables a compiler, CUDA or torch needs; everything else (keys, tokens, KGEN_*, proxies) stays out.
 ENV_ALLOW = (

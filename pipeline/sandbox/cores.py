@@ -60,6 +60,23 @@ def pin_all(pid: int, cores: str | None) -> None:
 
 
 @contextlib.contextmanager
+def on_cores(cores: str | None):
+    """The calling thread alone on `cores` ("0,1"), then back to the cores it had: a lane's job in
+    the parent, whose clock times every window (the one clock), runs beside its child and reference on
+    the lane's cores, not among the builds, where a wake-up waits milliseconds for a core. What the
+    thread starts meanwhile (nm, the child's processes before their own pinning) starts there too."""
+    if not cores:
+        yield
+        return
+    before = os.sched_getaffinity(0)  # on Linux, pid 0 is the calling thread
+    os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@contextlib.contextmanager
 def spread(cores: list[int] | None):
     """Every thread of this process on `cores`, with as many torch threads, for work nothing times (a
     checked call's values, while the child waits), then back: a gigabyte task's float64 forward is
