@@ -94,8 +94,8 @@ class Outcome(Record):
     why: str | None = None
     """Why the standing is not `kept`, in one line."""
     earlier: str | None = None
-    """Rows stored under policy 8 and before: where a second evaluation (a GPU's refusal on the
-    parent's clock alone was judged again) made the verdict, the first one's refusal."""
+    """Where a later evaluation made the verdict (Again.retime; and policy 8 and before), why the first
+    one's clock gave none: its refusal, or why it had no figure."""
 
     @property
     def flags(self) -> list[Flag]:
@@ -153,6 +153,8 @@ class Clock(Record):
     flops_per_s: float | None = None
     floor_slack: float = 0.85
     """EvalConfig.floor_slack: a time below a floor x this is impossible."""
+    replayed: bool = False
+    """Timed from replays on a GPU, each request less the reference's null replay beside it."""
 
 
 class Measured(Record):
@@ -186,6 +188,11 @@ class Again(str, enum.Enum):
     no = "no"
     fresh = "fresh"
     """A fresh evaluation, up to EvalConfig.load_retries: the cpu was too loaded to time on (load is waited out)."""
+    retime = "retime"
+    """A fresh evaluation, up to EvalConfig.load_retries, the first's reason kept (Outcome.earlier): a GPU's
+    replayed requests put under a floor, or none longer than its null. Each request holds about
+    POLICY.replay_target_ms of calls, or at KernelBench's sizes one call beside milliseconds of null,
+    and a machine disturbed for a moment moves that null (docs/decisions/gpu-timing.md)."""
 
 
 class Decision(Record):
@@ -254,6 +261,8 @@ def decide(m: Measured) -> Decision:
     outcome = Outcome(verdict=verdict, standing=standing, why=why, **marks)
     if standing is Standing.unfit and loaded and not m.unfit:
         again = Again.fresh
+    elif m.clock is not None and m.clock.replayed and (refusal or (clock_unfit and not m.unfit)):
+        again = Again.retime
     else:
         again = Again.no
     return Decision(outcome=outcome, error=refusal, figure=not unfit, again=again)

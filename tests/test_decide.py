@@ -57,6 +57,19 @@ def test_a_forger_that_loads_the_box_itself_gets_no_figure_while_its_load_is_ove
         assert not over or d.outcome.why.startswith("the cpu was loaded")
 
 
+def test_a_gpu_batch_s_disturbed_requests_are_timed_again_and_its_others_keep_their_figure():
+    """The batch of 56 on an H100 with the parent unpinned beside its builds (policy 10): 8 of 40 honest
+    attempts lost their figure (every request no longer than its null) or were put under their
+    bandwidth floor. Each of those is now judged again afresh; every other keeps its figure."""
+    batch = [r for r in RECORDED if r["load"] == "batch"]
+    assert len(batch) == 40
+    decisions = [decide(Measured(**r["measured"])) for r in batch]
+    again = [d for d in decisions if d.again is Again.retime]
+    assert len(again) == 8 and all(d.error or d.outcome.standing is Standing.unfit for d in again)
+    assert all(d.outcome.standing is Standing.kept and d.error is None and d.figure
+               for d in decisions if d.again is Again.no)
+
+
 ROOM = dict(verdict=Verdict.correct, findings=[Flag.no_custom_kernel], missing=[])
 
 
@@ -133,6 +146,12 @@ FLOORED = dict(floor_ms=0.5, input_bytes=8_000_000, bandwidth_gbs=16.0, floor_sl
     # an unfit device says so first, and is not the load's retry (a resume re-times it)
     ({"unfit": "a 1 ms hold took 1.9 ms"}, dict(ms=1.0, requests=8, load_share=0.9), Verdict.correct, Standing.unfit,
      "a 1 ms hold took 1.9 ms", Again.no),
+    # a GPU's replayed time: under a floor, or every request lost in its null, is timed again afresh
+    ({}, dict(ms=0.4, replayed=True, **FLOORED), Verdict.impossible_timing, Standing.kept, None, Again.retime),
+    ({}, dict(ms=0.0, requests=5, empty=5, replayed=True, **FLOORED), Verdict.correct, Standing.unfit,
+     "the calls are too short to time here: 5 of 5 Bound requests took no longer than a null request", Again.retime),
+    ({"unfit": "a 1 ms hold took 1.9 ms"}, dict(ms=0.0, requests=5, empty=5, replayed=True), Verdict.correct,
+     Standing.unfit, "a 1 ms hold took 1.9 ms", Again.no),
     # a wrong answer's time decides nothing
     ({"verdict": Verdict.mismatch}, dict(ms=0.1, **FLOORED), Verdict.mismatch, Standing.kept, None, Again.no),
     # a room below the config: untrusted, and the clock's unfit said beside it
@@ -143,7 +162,25 @@ FLOORED = dict(floor_ms=0.5, input_bytes=8_000_000, bandwidth_gbs=16.0, floor_sl
 def test_the_clock_rules(facts, clock, verdict, standing, why, again):
     d = decide(Measured(**(ROOM | facts | {"clock": Clock(**clock)})))
     assert (d.outcome.verdict, d.outcome.standing, d.outcome.why, d.again) == (verdict, standing, why, again)
-    refused_here = verdict is Verdict.impossible_timing and again is Again.no
-    assert (d.error or "").startswith("median ") == refused_here, d.error
+    assert (d.error or "").startswith("median ") == (verdict is Verdict.impossible_timing), d.error
     assert d.figure == (why is None or (standing is Standing.untrusted and "not timed" not in why))
     assert d.outcome.findings == ([] if d.error else [Flag.no_custom_kernel])
+
+
+def test_a_retimed_evaluation_s_verdict_is_the_last_one_s_with_the_first_s_reason(monkeypatch):
+    """evaluate's loop (pipeline.judge.evaluate.evaluate): Again.retime judges afresh up to
+    load_retries times; the last evaluation's verdict stands, the first's reason is its `earlier`,
+    and the seconds are all of them."""
+    from pipeline.config import EvalConfig
+    from pipeline.judge import evaluate
+
+    refused = EvalResult(verdict=Verdict.impossible_timing, eval_seconds=2.0,
+                         error="median 0.5509 ms is below the bandwidth floor 0.7098 ms")
+    seen = iter([(refused, Again.retime), (EvalResult(verdict=Verdict.correct, eval_seconds=3.0), Again.no)])
+    monkeypatch.setattr(evaluate, "_judge", lambda *args, **kwargs: next(seen))
+    result = evaluate.evaluate(None, Path("code.py"), Path("build"), EvalConfig())
+    assert (result.verdict, result.outcome.earlier, result.eval_seconds) == (Verdict.correct, refused.error, 5.0)
+    calls = []
+    monkeypatch.setattr(evaluate, "_judge", lambda *args, **kwargs: calls.append(1) or (refused, Again.retime))
+    result = evaluate.evaluate(None, Path("code.py"), Path("build"), EvalConfig(load_retries=2))
+    assert len(calls) == 3 and result.verdict is Verdict.impossible_timing and result.outcome.earlier == refused.error

@@ -93,8 +93,8 @@ def render_attempt(console: Console, a: dict[str, Any], code: str | None, full: 
         console.print(Panel(literal(_fold(a["build_log"], full)), title="build log"))
     lines = [f"error: {result.error}"] if result.error else []
     if result.outcome.earlier:
-        lines.append(f"judged twice: the first evaluation refused on the parent's clock alone ({result.outcome.earlier}); "
-                     f"this verdict is the second's")
+        lines.append(f"judged again: the first evaluation's clock gave no figure ({result.outcome.earlier}); "
+                     f"this verdict is the last's")
     if result.device_unfit:
         lines.append(f"device not fit to time: {result.device_unfit} (timing not trusted)")
     if not result.trusted:

@@ -234,14 +234,20 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
 
     A correct result whose cpu was too loaded to time it (decide: no figure) is judged again,
     with a fresh child and a fresh draw, up to `settings.load_retries` times: load is waited out where
-    it passes, and where it does not the result keeps its verdict and no figure."""
+    it passes, and where it does not the result keeps its verdict and no figure. So too a GPU's
+    replayed time refused by the floors or lost in its nulls (Again.retime): the last evaluation's
+    verdict stands, the first's reason in its outcome's `earlier`."""
     result, again = _judge(bench, code_path, build_dir, settings, env, spares, watch, draw=draw)
-    spent = result.eval_seconds
+    spent, earlier = result.eval_seconds, None
     for _ in range(settings.load_retries):
-        if again is not Again.fresh:
+        if again is Again.no:
             break
+        if again is Again.retime:
+            earlier = earlier or result.error or result.outcome.why
         result, again = _judge(bench, code_path, build_dir, settings, env, spares, watch)
         spent += result.eval_seconds
+    if earlier:
+        result = result.model_copy(update={"outcome": result.outcome.model_copy(update={"earlier": earlier})})
     return result.model_copy(update={"eval_seconds": spent})
 
 
