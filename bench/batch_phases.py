@@ -27,6 +27,16 @@ def main(path: str) -> None:
     for _, verdict, _, _ in rows:
         verdicts[verdict] = verdicts.get(verdict, 0) + 1
     print(f"PHASES attempts={len(rows)} verdicts={verdicts}")
+    # What may be read of each correct attempt's figure, and those judged again (policy 11: Outcome.earlier).
+    standing: dict[str, int] = {}
+    for task, verdict, result, _ in rows:
+        o = json.loads(result or "{}").get("outcome") or {}
+        if verdict in ("correct", "impossible_timing"):
+            key = f"{verdict}/{o.get('standing', '?')}" + ("/retimed" if o.get("earlier") else "")
+            standing[key] = standing.get(key, 0) + 1
+            if o.get("standing") not in (None, "kept") or o.get("earlier") or verdict != "correct":
+                print(f"STANDING {task} {verdict} {o.get('standing')} why={o.get('why')} earlier={o.get('earlier')}")
+    print(f"STANDING {standing}")
     if evals:
         print(f"PHASES eval_seconds median {statistics.median(evals):.2f} (min {min(evals):.2f}, max {max(evals):.2f})")
     for k, v in phases.items():
