@@ -93,6 +93,11 @@ class Policy(BaseModel):
     replay_target_ms: float = 10.0
     """A replayed Bound request holds about this much of calls at the faster baseline's speed, so the
     request's noise and the graph's launch are spread over many calls."""
+    replay_spread: float = 1.5
+    """A GPU's replayed requests whose interquartile range is over this many times their median are no
+    figure and judged again (verdicts.Again.retime). On the H100 (2026-12-07) 64 evaluations from 8 us
+    to 3 ms a call (the red team's call lengths, the batch of 56) read 0.03-0.96; two beside the
+    batch's builds read 2.2 and 2.4, one kept at a sixth of its speed, one refused under its floor."""
     replay_checks: int = 3
     """Replays whose digests a replayed request checks, chosen in secret."""
 

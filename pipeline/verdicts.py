@@ -155,6 +155,8 @@ class Clock(Record):
     """EvalConfig.floor_slack: a time below a floor x this is impossible."""
     replayed: bool = False
     """Timed from replays on a GPU, each request less the reference's null replay beside it."""
+    spread: float | None = None
+    """The requests' interquartile range over their median (clocks.spread)."""
 
 
 class Measured(Record):
@@ -227,6 +229,9 @@ def _clock(m: Measured) -> tuple[str | None, str | None, bool]:
     if c.requests and 2 * c.empty >= c.requests:  # the protocol's noise around calls of microseconds, not a time
         return None, (f"the calls are too short to time here: {c.empty} of {c.requests} Bound requests "
                       f"took no longer than a null request"), False
+    if c.replayed and c.spread is not None and c.spread > POLICY.replay_spread:
+        return None, (f"the requests disagree: their interquartile range is {c.spread:.2g} times their median "
+                      f"(the GPU or its host was disturbed while they were timed)"), False
     if (why := below_floor(c)) is not None:
         return why, None, False
     if m.verdict is Verdict.correct and c.load_share is not None and c.load_share >= POLICY.loaded_share:

@@ -70,10 +70,10 @@ def assert_refused_or_near_twin(results: list[tuple[str, EvalResult]], honest: C
                                 forger: Callable[[EvalResult], None] | None = None) -> None:
     """`results` as judge_in_turn returns them, (name, result): `honest` checks every "honest" one.
     `forger`, where given, checks every other; else each other name is the rule's forger: every
-    evaluation refused (impossible_timing, or its timing unfit for a loaded cpu: load_unfit) or
-    correct; the correct ones' median time at least the twin's median / TWIN_RATIO; and at most
-    STRAY_RATE of them (rounded up) under it."""
-    twin = [r.time_ms for name, r in results if name == "honest"]
+    evaluation impossible_timing or correct (with no figure where its timing was unfit); the timed
+    ones' median at least the twin's median / TWIN_RATIO; and at most STRAY_RATE of them (rounded up)
+    under it."""
+    twin = [r.time_ms for name, r in results if name == "honest" and r.time_ms is not None]
     for name, r in results:
         if name == "honest":
             honest(r)
@@ -84,9 +84,9 @@ def assert_refused_or_near_twin(results: list[tuple[str, EvalResult]], honest: C
     floor = statistics.median(twin) / TWIN_RATIO
     for name in dict.fromkeys(n for n, _ in results if n != "honest"):
         mine = [r for n, r in results if n == name]
-        timed = [r for r in mine if r.verdict is not Verdict.impossible_timing and not load_unfit(r)]
-        assert all(r.verdict is Verdict.correct for r in timed), [(name, r.verdict, r.error) for r in timed]
-        times = [r.time_ms for r in timed]
+        assert all(r.verdict in (Verdict.correct, Verdict.impossible_timing) for r in mine), \
+            [(name, r.verdict, r.error) for r in mine]
+        times = [r.time_ms for r in mine if r.verdict is Verdict.correct and r.time_ms is not None]
         strays = [t for t in times if t < floor]
         assert not times or statistics.median(times) >= floor, (name, times, twin)
         assert len(strays) <= math.ceil(STRAY_RATE * len(mine)), (name, strays, times, twin)

@@ -60,12 +60,14 @@ def test_a_forger_that_loads_the_box_itself_gets_no_figure_while_its_load_is_ove
 def test_a_gpu_batch_s_disturbed_requests_are_timed_again_and_its_others_keep_their_figure():
     """The batch of 56 on an H100 with the parent unpinned beside its builds (policy 10): 8 of 40 honest
     attempts lost their figure (every request no longer than its null) or were put under their
-    bandwidth floor. Each of those is now judged again afresh; every other keeps its figure."""
+    bandwidth floor, and one was kept at a sixth of its speed from requests 2.2 times their median
+    apart. Each of those 9 is now judged again afresh; every other keeps its figure."""
     batch = [r for r in RECORDED if r["load"] == "batch"]
     assert len(batch) == 40
     decisions = [decide(Measured(**r["measured"])) for r in batch]
     again = [d for d in decisions if d.again is Again.retime]
-    assert len(again) == 8 and all(d.error or d.outcome.standing is Standing.unfit for d in again)
+    assert len(again) == 9 and all(d.error or d.outcome.standing is Standing.unfit for d in again)
+    assert sum(d.outcome.why is not None and d.outcome.why.startswith("the requests disagree") for d in again) == 2
     assert all(d.outcome.standing is Standing.kept and d.error is None and d.figure
                for d in decisions if d.again is Again.no)
 
@@ -152,6 +154,11 @@ FLOORED = dict(floor_ms=0.5, input_bytes=8_000_000, bandwidth_gbs=16.0, floor_sl
      "the calls are too short to time here: 5 of 5 Bound requests took no longer than a null request", Again.retime),
     ({"unfit": "a 1 ms hold took 1.9 ms"}, dict(ms=0.0, requests=5, empty=5, replayed=True), Verdict.correct,
      Standing.unfit, "a 1 ms hold took 1.9 ms", Again.no),
+    # requests that disagree by more than POLICY.replay_spread x their median: no figure, timed again
+    ({}, dict(ms=1.0, requests=5, replayed=True, spread=2.2, **FLOORED), Verdict.correct, Standing.unfit,
+     "the requests disagree: their interquartile range is 2.2 times their median (the GPU or its host was "
+     "disturbed while they were timed)", Again.retime),
+    ({}, dict(ms=1.0, requests=5, replayed=True, spread=0.96, **FLOORED), Verdict.correct, Standing.kept, None, Again.no),
     # a wrong answer's time decides nothing
     ({"verdict": Verdict.mismatch}, dict(ms=0.1, **FLOORED), Verdict.mismatch, Standing.kept, None, Again.no),
     # a room below the config: untrusted, and the clock's unfit said beside it
@@ -184,3 +191,12 @@ def test_a_retimed_evaluation_s_verdict_is_the_last_one_s_with_the_first_s_reaso
     monkeypatch.setattr(evaluate, "_judge", lambda *args, **kwargs: calls.append(1) or (refused, Again.retime))
     result = evaluate.evaluate(None, Path("code.py"), Path("build"), EvalConfig(load_retries=2))
     assert len(calls) == 3 and result.verdict is Verdict.impossible_timing and result.outcome.earlier == refused.error
+
+
+def test_the_requests_spread_is_their_interquartile_range_over_their_median():
+    from pipeline.judge.clocks import spread
+
+    # cross_entropy's first evaluation in the H100 batch (ms a call) and hinge's first
+    assert round(spread([0.98531, 1.85663, 0.15232, 0.0, 2.61296]), 2) == 2.19
+    assert round(spread([2.18005, 1.33546, 1.38693, 1.47737, 1.91556]), 2) == 0.46
+    assert spread([0.0, 0.0, 1.0]) is None and spread([1.0]) is None

@@ -162,6 +162,15 @@ def paired_per_call(calibration: list[Window], null_calibration: list[float | No
     return [max(0.0, w.ms - (offset + null)) / w.calls for w, null in zip(bounds, nulls)]
 
 
+def spread(per_call: list[float]) -> float | None:
+    """The requests' interquartile range over their median (statistics' exclusive quartiles); None
+    where there are too few, or the median is 0."""
+    if len(per_call) < 2 or statistics.median(per_call) <= 0:
+        return None
+    q1, _, q3 = statistics.quantiles(per_call, n=4)
+    return (q3 - q1) / statistics.median(per_call)
+
+
 def calibration_offset(calibration: list[Window], null_calibration: list[float | None]) -> float | None:
     """The median of the calibration's pairs, each window less the reference's null beside it
     (paired_per_call); None where they are not index for index or no window has a null beside it."""

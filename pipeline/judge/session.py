@@ -309,7 +309,8 @@ class Session(Checks):
             return Verdict.protocol_error, "no Bound request was timed"
         self.per_call, self.estimate = per_call, statistics.median(per_call)
         self.clock = bench.clock(self.estimate, self.lane, requests=len(per_call), empty=sum(x <= 0 for x in per_call),
-                                 load_share=share, replayed=bool(self.replay_windows and not self.bound_windows))
+                                 load_share=share, replayed=bool(self.replay_windows and not self.bound_windows),
+                                 spread=clocks.spread(per_call))
         return None
 
     def bound_requests(self) -> tuple[Verdict, str] | None:
