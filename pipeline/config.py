@@ -209,8 +209,9 @@ class EvalConfig(_Strict):
     """Address-space limit of a cpu-backend child, beside the output slots and inputs the parent
     shares with it (sized for the task: a task of gigabytes maps that much more)."""
     load_retries: int = Field(default=2, ge=0)
-    """A correct attempt whose cpu was too loaded to time it (no figure) is judged again, fresh, up
-    to this many times; if the load never passes it keeps its verdict with no figure."""
+    """A correct attempt whose cpu was too loaded to time it (no figure), or whose GPU time a disturbed
+    moment refused or left without a figure (verdicts.Again.retime), is judged again, fresh, up to
+    this many times; the last evaluation's verdict stands (with no figure if none was had)."""
     room_memory_gb: float = Field(default=32.0, gt=0)
     """Memory an attempt's room may use in all (its cgroup's limit: every process of the candidate,
     its HOME's tmpfs, the outputs it writes into shared memory), where the host allows cgroups."""
