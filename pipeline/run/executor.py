@@ -146,8 +146,8 @@ class LocalExecutor:
         if build_cores:
             # This process's clock times every window on a GPU (the one clock): its threads, and all
             # they start, stay off the lanes' cores; a lane's job moves onto its own (_lane_job). Left
-            # anywhere, beside a batch's builds, honest attempts' windows and nulls read milliseconds
-            # off and 8 of 40 lost their figure or were refused (docs/decisions/spares-and-startup.md).
+            # anywhere, its wake-ups can wait among a batch's builds: with it unpinned, 8 of an H100
+            # batch's 40 honest attempts lost their figure or were refused (docs/decisions/spares-and-startup.md).
             pin_all(os.getpid(), _cores(build_cores))
         self.lane_cores = {gpu: _cores(cores) for gpu, cores in zip(gpus, plan[0])} if plan else {}
         self.early_cores = _cores(build_cores) if build_cores else None  # where references and spares start
