@@ -192,9 +192,10 @@ class Again(str, enum.Enum):
     """A fresh evaluation, up to EvalConfig.load_retries: the cpu was too loaded to time on (load is waited out)."""
     retime = "retime"
     """A fresh evaluation, up to EvalConfig.load_retries, the first's reason kept (Outcome.earlier): a GPU's
-    replayed requests put under a floor, or none longer than its null. Each request holds about
-    POLICY.replay_target_ms of calls, or at KernelBench's sizes one call beside milliseconds of null,
-    and a machine disturbed for a moment moves that null (docs/decisions/gpu-timing.md)."""
+    replayed requests put under a floor, none longer than its null, or disagreeing past
+    POLICY.replay_spread. Each request holds about POLICY.replay_target_ms of calls, or at KernelBench's
+    sizes one call beside milliseconds of null, and a machine disturbed for a moment moves that null
+    (docs/decisions/gpu-timing.md). A candidate that makes its own requests disagree gets no figure."""
 
 
 class Decision(Record):
