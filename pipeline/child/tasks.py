@@ -160,19 +160,10 @@ def make_inputs(module: types.ModuleType, seed: int, variant: str, device: str) 
     return out
 
 
-def refill_inputs(inputs: list[Any], module: types.ModuleType, seed: int, device: str) -> None:
-    """New values from `seed` written into the same storage: a cache keyed by pointer or identity
-    then returns a stale output, which the per-call re-check catches."""
-    for dst, src in zip(inputs, make_inputs(module, seed, "base", device)):
-        if isinstance(dst, torch.Tensor) and dst.shape == src.shape:
-            dst.copy_(src)
-
-
 def redraw_inputs(inputs: list[Any], module: types.ModuleType, seed: int, device: str) -> None:
-    """refill_inputs without the copy, for the reference's own blocks (its code caches nothing): the
-    old values are dropped first, so the draw takes their memory, then the set holds the draw itself.
-    A copy of a task's gigabytes of inputs adds over half the draw's time, on each of the
-    reference's two sides (docs/decisions/gpu-timing.md)."""
+    """New values from `seed` for the reference's own blocks (its code caches nothing): the old values
+    are dropped first, so the draw takes their memory, then the set holds the draw itself. A copy of a task's
+    gigabytes of inputs adds over half the draw's time, on each of the reference's two sides (docs/decisions/gpu-timing.md)."""
     inputs.clear()
     inputs.extend(make_inputs(module, seed, "base", device))
 

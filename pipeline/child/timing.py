@@ -152,18 +152,12 @@ def input_sets(nbytes: int, device: str) -> int:
     return count
 
 
-def time_blocks(clock: Clock, call: Callable[[list[Any]], Any], sets: list[list[Any]], total: int,
-                seeds_for: Callable[[int, int], list[int]], refill: Callable[[list[Any], int], None]) -> list[float]:
-    """Milliseconds of `total` timed calls in blocks of METHOD.block. Before a block its sets get fresh values
-    (`seeds_for(first, count)`, then `refill`); a block longer than the sets refills a set again
-    right before reusing it, so no call ever sees values it saw before."""
-    return time_sides(clock, [call], sets, total, seeds_for, refill)[0]
-
-
 def time_sides(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list[list[Any]], total: int,
                seeds_for: Callable[[int, int], list[int]], refill: Callable[[list[Any], int], None]) -> list[list[float]]:
-    """time_blocks for several callables: each set, once refilled, is timed with each of `calls` in
-    turn (the reference's eager and torch.compile, pipeline.judge.reference): one draw of fresh values
+    """Milliseconds of `total` timed calls of each of `calls`, in blocks of METHOD.block. Before a block its
+    sets get fresh values (`seeds_for(first, count)`, then `refill`); a block longer than the sets refills
+    a set again right before reusing it, so no call sees values it saw before. Each set is timed with each
+    of `calls` in turn (the reference's eager and torch.compile, pipeline.judge.reference): one draw of fresh values
     serves both sides, and each timed call is flushed and held as any other (Clock.time_call), so the
     second runs on inputs as far out of cache as the first. One list of times per callable."""
     times: list[list[float]] = [[] for _ in calls]

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from .. import backends, sandbox
 from ..child import sizes, tasks
-from ..child.timing import METHOD, calls_for
+from ..child.timing import METHOD
 from ..config import EvalConfig, cache_root
 from ..policy import POLICY
 from ..records import Baselines, EvalResult, Verdict
@@ -433,12 +433,6 @@ def _held_out(module, size) -> list[str]:
     which no prompt showed; a failure at any is flagged shape_specialized."""
     declared = sizes.other_sizes(module, size)
     return declared + [s for s in sizes.held_out_sizes(module, random.SystemRandom()) if s not in declared]
-
-
-def timed_count(settings: EvalConfig, *baseline_ms: float | None) -> int:
-    """Timed calls of a baseline for this task: more when its faster baseline is short (timing.calls_for)."""
-    fastest = min((t for t in baseline_ms if t), default=None)
-    return calls_for(fastest, settings.timed_ms, settings.timed_calls, settings.max_timed_calls)
 
 
 def baseline_key(bench: TaskBench) -> str:

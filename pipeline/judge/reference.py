@@ -253,7 +253,7 @@ class Reference:
 
     def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0,
                    pair: bool = False, cold: bool = False) -> list[float] | list[list[float]]:
-        """One block of eager calls, timed exactly as the candidate's (timing.time_blocks), between the
+        """One block of eager calls, timed exactly as the candidate's (timing.time_sides), between the
         candidate's own blocks: the speedups are ratios of times taken side by side. With `pair`, each
         set once drawn is timed eager then compiled (timing.time_sides): [eager times, compiled
         times]. With `cold`, as the cpu's Bound request beside it times the candidate: every set
@@ -358,7 +358,7 @@ class Reference:
         send(R.Measured(baselines=result | floors | {"seconds": seconds}))
 
     def _time(self, model, module, request: R.MeasureBaselines, clock: Clock, warmup: int) -> dict[str, float]:
-        """The candidate's protocol exactly (pipeline.child.timing.time_blocks), with as many calls as the
+        """The candidate's protocol exactly (pipeline.child.timing.time_sides), with as many calls as the
         same rule gives a candidate this fast (timing.calls_for)."""
         seeds = request.baseline_seeds
         inputs = tasks.make_inputs(module, seeds[0], "base", self.device)
