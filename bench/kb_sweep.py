@@ -13,8 +13,9 @@ that replay model, one sample a task, the database at DB. Running `kgen run -c D
 with the same database resumes the run: only tasks without a stored attempt are judged.
 
 `summary` prints, per level, the tasks the newest run chose and what became of them: correct (no
-flag), flagged (correct, with the flags named), failed (any other verdict, by verdict) and not judged
-(no attempt stored: refused before it started, or not reached yet; the run's log says why).
+flag), flagged (correct, with the flags named), failed (any other verdict, by verdict), could not be
+judged (no attempt: the run's reference process failed, each with its reason from the database) and
+not reached (no attempt and no reason: refused before it started, or not reached yet).
 """
 
 from __future__ import annotations
@@ -84,14 +85,20 @@ def summarize(db: Path) -> dict:
     planned = {slot[0] for slot in json.loads(run["plan_json"])}
     rows = {r["task"]: r for r in con.execute(
         "SELECT task, level, problem, verdict, flags, error FROM attempts WHERE run_id = ?", [run["id"]])}
+    # Attempts the run could not judge (pipeline.store's unjudged: a reference process that failed), by task.
+    unjudged = {r["task"]: r["error"] for r in con.execute(
+        "SELECT task, error FROM unjudged WHERE run_id = ? ORDER BY id", [run["id"]])} if con.execute(
+        "SELECT 1 FROM sqlite_master WHERE name = 'unjudged'").fetchone() else {}
     levels: dict[str, dict] = defaultdict(lambda: {"tasks": 0, "correct": 0, "flagged": Counter(), "failed": Counter(),
-                                                   "not_judged": []})
+                                                   "unjudged": {}, "not_judged": []})
     for task in sorted(planned):
         row = rows.get(task)
         level = f"level{row['level']}" if row is not None and row["level"] is not None else _level_of(con, task)
         entry = levels[level]
         entry["tasks"] += 1
-        if row is None:
+        if row is None and task in unjudged:
+            entry["unjudged"][task] = unjudged[task]
+        elif row is None:
             entry["not_judged"].append(task)
         elif row["verdict"] == "correct" and row["flags"]:
             entry["flagged"][row["flags"]] += 1
@@ -123,8 +130,10 @@ def summary(args: argparse.Namespace) -> int:
         failed = sum(v["failed"].values())
         print(f"{level}: {v['tasks']} tasks, {v['correct']} correct, {flagged} flagged "
               f"({', '.join(f'{k} {n}' for k, n in v['flagged'].items()) or '-'}), {failed} failed "
-              f"({', '.join(f'{k} {n}' for k, n in v['failed'].items()) or '-'}), {len(v['not_judged'])} not judged"
-              + (f": {' '.join(v['not_judged'])}" if v["not_judged"] else ""))
+              f"({', '.join(f'{k} {n}' for k, n in v['failed'].items()) or '-'}), {len(v['unjudged'])} could not be "
+              f"judged, {len(v['not_judged'])} not reached" + (f": {' '.join(v['not_judged'])}" if v["not_judged"] else ""))
+        for task, error in v["unjudged"].items():
+            print(f"  could not be judged: {task}: {error}")
     return 0
 
 

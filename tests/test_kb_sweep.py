@@ -24,6 +24,7 @@ from pipeline.judge.bench import TaskBench, baseline_key, usable
 from pipeline.child.tasks import task_file
 from pipeline.config import EvalConfig
 from pipeline.records import Baselines, Timing
+from pipeline.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKOUT = ROOT / "tests" / "kernelbench"
@@ -138,8 +139,8 @@ def test_references_dropped_in_are_flagged_and_a_fused_level_2_candidate_is_not(
                              capture_output=True, text=True, timeout=60)
     levels = json.loads(summary.stdout)["levels"]
     assert levels["level1"] == {"tasks": 2, "correct": 0, "flagged": {"no_custom_kernel": 2}, "failed": {},
-                                "not_judged": []}
-    assert levels["level2"] == {"tasks": 1, "correct": 1, "flagged": {}, "failed": {}, "not_judged": []}
+                                "unjudged": {}, "not_judged": []}
+    assert levels["level2"] == {"tasks": 1, "correct": 1, "flagged": {}, "failed": {}, "unjudged": {}, "not_judged": []}
 
 
 def test_the_same_command_resumes_the_sweep_and_judges_nothing_twice(sweep):
@@ -246,3 +247,23 @@ def test_at_levels_2_and_3_only_a_candidate_whose_own_code_did_next_to_nothing_i
     assert owncode.flags_for(conv_kept, [], pure, library_ok=True) == ([Flag.no_custom_kernel], [])
     assert owncode.own_share(conv_kept) == pytest.approx(0.3)
     assert owncode.own_share(ProfileDone(error="profiler failed")) is None and owncode.own_share(None) is None
+
+
+def test_the_summary_names_a_task_the_run_could_not_judge_and_why(sweep, tmp_path):
+    """A task whose reference process failed has no attempt; its reason, kept by the run as it
+    happened (pipeline.store's unjudged), is said apart from the tasks not reached."""
+    db = tmp_path / "sweep.db"
+    with sqlite3.connect(sweep["db"]) as source, sqlite3.connect(db) as copy:
+        source.backup(copy)  # with what is still in the WAL
+    with Store.open(db) as store:
+        run_id = store.latest_run_id()
+        store.db.execute("DELETE FROM attempts WHERE run_id = ? AND task = '23_Softmax'", [run_id])
+        store.db.execute("DELETE FROM attempts WHERE run_id = ? AND task = '19_ReLU'", [run_id])
+        store.note_unjudged(run_id, "23_Softmax", "dropin", 0, "cpu", "EvaluationError: reference process failed on "
+                            "compare: torch.OutOfMemoryError: out of memory\nsecond line")
+    out = subprocess.run([sys.executable, str(SCRIPT), "summary", str(db)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "level1: 2 tasks, 0 correct, 0 flagged (-), 0 failed (-), 1 could not be judged, 1 not reached: 19_ReLU" \
+        in out.stdout, out.stdout
+    assert ("  could not be judged: 23_Softmax: EvaluationError: reference process failed on compare: "
+            "torch.OutOfMemoryError: out of memory\n") in out.stdout, out.stdout

@@ -423,5 +423,13 @@ def test_an_attempt_that_cannot_be_judged_is_one_line_after_the_summary_and_the_
     assert "tiny" in result.output.split("could not be judged")[0]  # the summary came first
     store = Store.open(tmp_path / "db" / "kgen.db")
     assert [a["verdict"] for a in store.attempts() if a["task"] == "tiny"] == ["correct"]
+    # The reason is in the database too, written as it happened (a run cut short never reaches its end).
+    run_id = store.latest_run_id()
+    [unjudged] = store.unjudged(run_id)
+    assert (unjudged["task"], unjudged["sample"]) == ("nof64", 0) and "no float64 path" in unjudged["error"], unjudged
+    assert "\n" not in unjudged["error"]
     assert not [a for a in store.attempts() if a["task"] == "nof64"]
     assert store.get_run(store.latest_run_id())["status"] == "failed"
+    # An attempt stored for that slot later (as a resume that judged it would) takes it off the list.
+    store.db.execute("UPDATE attempts SET task = 'nof64' WHERE task = 'tiny'")
+    assert store.unjudged(run_id) == []

@@ -193,7 +193,11 @@ class Runner:
                 try:
                     verdict = await self.judge(slot, answer)
                 except Exception as exc:
-                    self.on_event(Failed(slot, exc))  # not stored: a resume does it again
+                    # No attempt (a resume judges it again), but its reason is kept at once: a run
+                    # cut short never reaches the end that names it.
+                    self.store.note_unjudged(self.run_id, slot.task.name, slot.model.name, slot.sample, slot.backend,
+                                             f"{type(exc).__name__}: {exc}")
+                    self.on_event(Failed(slot, exc))
                     raise
                 self.store_attempt(slot, answer, verdict)
         finally:

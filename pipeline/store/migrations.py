@@ -287,3 +287,14 @@ def m010_own_fraction(db: sqlite_utils.Database) -> None:
     # profile's flags are. NULL: not profiled, not correct, or stored before this migration.
     if "own_fraction" not in db["attempts"].columns_dict:
         db["attempts"].add_column("own_fraction", float)
+
+
+@migration
+def m011_unjudged(db: sqlite_utils.Database) -> None:
+    # Attempts a run could not judge (its reference process failed, say): not attempts, since a
+    # resume judges them again, but their reason is kept where a user looks, also when the run is
+    # cut short before its end says it (an H100 sweep's task that ran its reference out of memory
+    # was only "not judged" in the database).
+    db["unjudged"].create({"id": int, "run_id": str, "task": str, "model": str, "sample": int, "backend": str,
+                           "error": str, "created_utc": str}, pk="id", if_not_exists=True)
+    db["unjudged"].create_index(["run_id"], if_not_exists=True)

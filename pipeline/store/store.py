@@ -238,6 +238,22 @@ class Store(StoreQueries):
         self.db["runs"].update(run_id, {"finished_utc": _now(), "status": status})
 
     @_locked
+    def note_unjudged(self, run_id: str, task: str, model: str, sample: int, backend: str, error: str) -> None:
+        """An attempt of the run that could not be judged, and why (one line): a resume judges it again."""
+        self.db["unjudged"].insert(dict(run_id=run_id, task=task, model=model, sample=sample, backend=backend,
+                                        error=error.splitlines()[0][:1000] if error else "", created_utc=_now()))
+
+    @_locked
+    def unjudged(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's attempts that could not be judged and have no stored attempt since: the newest reason each."""
+        return list(self.db.query(
+            "SELECT u.task, u.model, u.sample, u.backend, u.error, u.created_utc FROM unjudged u "
+            "WHERE u.run_id = ? AND u.id = (SELECT MAX(id) FROM unjudged v WHERE v.run_id = u.run_id AND v.task = u.task "
+            "AND v.model = u.model AND v.sample = u.sample AND v.backend = u.backend) AND NOT EXISTS (SELECT 1 FROM "
+            "attempts a WHERE a.run_id = u.run_id AND a.task = u.task AND a.model = u.model AND a.sample = u.sample "
+            "AND a.backend = u.backend) ORDER BY u.id", [run_id]))
+
+    @_locked
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         return self._one("SELECT * FROM runs WHERE id = ?", [run_id])
 
