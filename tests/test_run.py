@@ -430,6 +430,12 @@ def test_an_attempt_that_cannot_be_judged_is_one_line_after_the_summary_and_the_
     assert "\n" not in unjudged["error"]
     assert not [a for a in store.attempts() if a["task"] == "nof64"]
     assert store.get_run(store.latest_run_id())["status"] == "failed"
+    # And where a user looks: the run's summary above the last line, and `kgen attempts` of the run.
+    assert "1 attempt could not be judged and is not stored" in result.output.rsplit(last, 1)[0], result.output
+    listed = CliRunner().invoke(main, ["attempts", "--run", "latest", "-c", str(config)])
+    assert listed.exit_code == 0, listed.output
+    assert "could not be judged" in listed.output and "nof64 sample 0" in listed.output, listed.output
+    assert "no float64 path" in listed.output, listed.output
     # An attempt stored for that slot later (as a resume that judged it would) takes it off the list.
     store.db.execute("UPDATE attempts SET task = 'nof64' WHERE task = 'tiny'")
     assert store.unjudged(run_id) == []

@@ -229,13 +229,14 @@ def _check_sizes(cfg: Config) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def attempts(db, run_id, task, model, verdict, flag, turn, evals, limit, wide, as_json) -> None:
     """List stored attempts, newest first (id, task, model, verdict, speedup over eager, error)."""
-    from .tables import attempts_table
+    from .tables import attempts_table, unjudged_line
 
     with open_store(db) as store:
         check_filters(store, db, task=task, model=model, verdict=verdict, flag=flag)
         run_id = resolve_run(store, run_id, evals)
         rows = store.attempts(run=run_id, task=task, model=model, verdict=verdict, flag=flag, limit=limit,
                               turn=None if turn is None else turn - 1, evals=evals)
+        unjudged = unjudged_line(store, run_id)  # a run's, where one is asked for
     from ..leaderboard import none_verified, not_verified_reason
 
     keys = ("id", "run", "task", "model", "sample", "backend", "turn", "generation", "verdict", "flags", "error",
@@ -245,6 +246,8 @@ def attempts(db, run_id, task, model, verdict, flag, turn, evals, limit, wide, a
         filters = {"run": run_id, "task": task, "model": model, "verdict": verdict, "flag": flag, "turn": turn,
                    "database": db}
         click.echo(nothing_matched("attempts", filters), err=as_json)  # --json: stdout stays JSON lines
+        if unjudged is not None and not as_json:
+            console().print(unjudged)
         return
     if as_json:  # not_verified: why a correct attempt is not verified ("unfit: ...", "flagged: ..."), else null
         for r in rows:
@@ -254,6 +257,8 @@ def attempts(db, run_id, task, model, verdict, flag, turn, evals, limit, wide, a
     out.print(attempts_table(rows, wide))
     if any(not_verified_reason(r) for r in rows):  # how many correct ones are not, why, and what to run
         out.print(Text(visible(none_verified(rows)), style="yellow"))
+    if unjudged is not None:
+        out.print(unjudged)
     calls = sum(r["verdict"] == "model_error" for r in rows)
     if calls:
         click.echo(f"{calls} of these {'are failed model calls' if calls != 1 else 'is a failed model call'}: the "

@@ -305,9 +305,24 @@ def run_summary(store, run_id: str, backend: str, wide: bool = False) -> list[Re
     if calls:
         parts.append(Text(f"{calls} model call{'s' if calls != 1 else ''} failed: not judged, and in a search "
                           "the conversation stops there (kgen attempts --verdict model_error lists them)", style="red"))
+    if (line := unjudged_line(store, run_id)) is not None:
+        parts.append(line)
     if not wide:
         parts.append(Text("kgen attempts --run latest lists each attempt; --wide adds columns"))
     return [Trimmed(part) for part in parts + [usage]]
+
+
+def unjudged_line(store, run_id: str | None) -> Text | None:
+    """The run's attempts that could not be judged (Store.unjudged: no attempt is stored), each with its
+    reason, shown literally; None where there are none."""
+    found = store.unjudged(run_id) if run_id else []
+    if not found:
+        return None
+    n = len(found)
+    named = "; ".join(f"{u['task']} sample {u['sample']}: {short_error(u['error'])}" for u in found[:3])
+    return Text(visible(f"{n} attempt{'s' if n != 1 else ''} could not be judged and {'are' if n != 1 else 'is'} not "
+                        f"stored (the same kgen run judges {'them' if n != 1 else 'it'} again): {named}"
+                        + (f"; and {n - 3} more" if n > 3 else "")), style="red")
 
 
 BEST_WIDE = ["task", "backend", "device", "size", "time ms", "x eager", "x compile", "beats", "floor frac", "model",
