@@ -226,6 +226,9 @@ class Evaluator:
             return P.Imported()
         if isinstance(req, P.Setup):
             self.init_seed, self.warm_seed = req.init_seed, req.warm_seed
+            if self.graphs is not None:  # the calibration's, of the null model: no candidate request rebases them
+                self.graphs = None
+                torch.cuda.empty_cache()
             self.model = self.candidate_model(self.main, req.init_seed)
             with torch.no_grad():
                 inputs = tasks.make_inputs(self.main, req.warm_seed, "base", self.device)
