@@ -193,11 +193,7 @@ class Runner:
                 try:
                     verdict = await self.judge(slot, answer)
                 except Exception as exc:
-                    # No attempt (a resume judges it again), but its reason is kept at once: a run
-                    # cut short never reaches the end that names it.
-                    self.store.note_unjudged(self.run_id, slot.task.name, slot.model.name, slot.sample, slot.backend,
-                                             f"{type(exc).__name__}: {exc}")
-                    self.on_event(Failed(slot, exc))
+                    self.on_event(Failed(slot, exc))  # not stored: a resume does it again (its reason is: judge)
                     raise
                 self.store_attempt(slot, answer, verdict)
         finally:
@@ -260,7 +256,16 @@ class Runner:
         return Answer(completion_id, completion, messages)
 
     async def judge(self, slot: Slot, answer: Answer) -> Judged:
-        """Extract, build and evaluate one answer (nothing stored yet)."""
+        """Extract, build and evaluate one answer (nothing stored yet). One that cannot be judged raises,
+        its reason kept at once (Store.note_unjudged): a run cut short never reaches the end that names it."""
+        try:
+            return await self._judge(slot, answer)
+        except Exception as exc:
+            self.store.note_unjudged(self.run_id, slot.task.name, slot.model.name, slot.sample, slot.backend,
+                                     f"{type(exc).__name__}: {exc}", slot.turn, slot.generation)
+            raise
+
+    async def _judge(self, slot: Slot, answer: Answer) -> Judged:
         completion = answer.completion
         if completion.error:
             return Judged(EvalResult(verdict=Verdict.model_error, error=completion.error))

@@ -296,5 +296,6 @@ def m011_unjudged(db: sqlite_utils.Database) -> None:
     # cut short before its end says it (an H100 sweep's task that ran its reference out of memory
     # was only "not judged" in the database).
     db["unjudged"].create({"id": int, "run_id": str, "task": str, "model": str, "sample": int, "backend": str,
-                           "error": str, "created_utc": str}, pk="id", if_not_exists=True)
+                           "turn": int, "generation": int, "error": str, "created_utc": str}, pk="id",
+                          if_not_exists=True)
     db["unjudged"].create_index(["run_id"], if_not_exists=True)

@@ -238,20 +238,22 @@ class Store(StoreQueries):
         self.db["runs"].update(run_id, {"finished_utc": _now(), "status": status})
 
     @_locked
-    def note_unjudged(self, run_id: str, task: str, model: str, sample: int, backend: str, error: str) -> None:
+    def note_unjudged(self, run_id: str, task: str, model: str, sample: int, backend: str, error: str,
+                      turn: int = 0, generation: int = 0) -> None:
         """An attempt of the run that could not be judged, and why (one line): a resume judges it again."""
-        self.db["unjudged"].insert(dict(run_id=run_id, task=task, model=model, sample=sample, backend=backend,
-                                        error=error.splitlines()[0][:1000] if error else "", created_utc=_now()))
+        self.db["unjudged"].insert(dict(run_id=run_id, task=task, model=model, sample=sample, backend=backend, turn=turn,
+                                        generation=generation, error=error.splitlines()[0][:1000] if error else "",
+                                        created_utc=_now()))
 
     @_locked
     def unjudged(self, run_id: str) -> list[dict[str, Any]]:
         """The run's attempts that could not be judged and have no stored attempt since: the newest reason each."""
+        same = ("{0}.run_id = u.run_id AND {0}.task = u.task AND {0}.model = u.model AND {0}.sample = u.sample AND "
+                "{0}.backend = u.backend AND {0}.turn = u.turn AND {0}.generation = u.generation")
         return list(self.db.query(
-            "SELECT u.task, u.model, u.sample, u.backend, u.error, u.created_utc FROM unjudged u "
-            "WHERE u.run_id = ? AND u.id = (SELECT MAX(id) FROM unjudged v WHERE v.run_id = u.run_id AND v.task = u.task "
-            "AND v.model = u.model AND v.sample = u.sample AND v.backend = u.backend) AND NOT EXISTS (SELECT 1 FROM "
-            "attempts a WHERE a.run_id = u.run_id AND a.task = u.task AND a.model = u.model AND a.sample = u.sample "
-            "AND a.backend = u.backend) ORDER BY u.id", [run_id]))
+            "SELECT u.task, u.model, u.sample, u.backend, u.turn, u.generation, u.error, u.created_utc FROM unjudged u "
+            f"WHERE u.run_id = ? AND u.id = (SELECT MAX(id) FROM unjudged v WHERE {same.format('v')}) "
+            f"AND NOT EXISTS (SELECT 1 FROM attempts a WHERE {same.format('a')}) ORDER BY u.id", [run_id]))
 
     @_locked
     def get_run(self, run_id: str) -> dict[str, Any] | None:
