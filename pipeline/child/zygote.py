@@ -111,8 +111,16 @@ def _reap_orphans(ours: set[int]) -> None:
 
 
 def serve(sock: socket.socket) -> int:
-    """Fork a room per request until end of file; report each fork's exit, reap it when told, and
-    reap what the rooms orphan (_reap_orphans) at once."""
+    """Fork a room per request until end of file or the parent's end of the socket closed (the parent
+    ended: its Ctrl-C); report each fork's exit, reap it when told, and reap what the rooms orphan
+    (_reap_orphans) at once."""
+    try:
+        return _serve(sock)
+    except (BrokenPipeError, ConnectionResetError):
+        return 0
+
+
+def _serve(sock: socket.socket) -> int:
     pidfds: dict[int, int] = {}  # pidfd -> pid, of forks not yet reported exited
     ours: set[int] = set()  # forks not yet reaped
     poller = select.poll()
