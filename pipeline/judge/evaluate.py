@@ -76,6 +76,9 @@ class AttemptPlan:
         if inbox:  # short requests: the fastest is then one no other process preempted
             per = cpu_bound_calls(bench.baselines.eager.median_ms if bench.baselines else None, input_bytes,
                                   bench.output_bytes)
+            # Fewer calls a request rather than inputs past ahead_bytes: else whether a draw is whole
+            # (shared by siblings, inputs warm) turned on how fast eager ran on the day.
+            per = max(1, min(per, POLICY.ahead_bytes // (POLICY.bound_requests * input_bytes)))
             # As many as fit ahead (POLICY.ahead_bytes): packed between the child's requests they ran cold.
             requests = max(POLICY.bound_requests, min(POLICY.cpu_bound_requests, POLICY.ahead_bytes // max(per * input_bytes, 1)))
             bounds = [[_seed() for _ in range(per)] for _ in range(requests)]
