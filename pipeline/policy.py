@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 class Policy(BaseModel):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
 
-    version: str = "11"
+    version: str = "12"
     """Stored with each attempt; bumped with any change below."""
 
     # ---- the plan: how many calls, in what requests -----------------------------------------------
@@ -86,6 +86,10 @@ class Policy(BaseModel):
     """On the cpu, the share of the timed windows that went to run-queue waits beyond which the
     timing is unfit (no figure, re-timed). The load is taken out of both sides below it; at 30-62%
     an honest kernel read 0.80-0.98x eager beside a running suite."""
+    cpu_noise: float = 0.25
+    """On the cpu, the null requests' interquartile range over a request's net time past which the
+    calls are too short to time (no figure): an add of microseconds read 0.52-1.44x eager beside itself
+    at 0.10-1.31, honest references at "small" 0.001-0.077 (docs/decisions/cpu-timing.md)."""
     replays_min: int = 4
     """The fewest replays a replayed Bound request holds."""
     replays_max: int = 512

@@ -142,6 +142,9 @@ class Clock(Record):
     """... and how many of them took no longer than the calibration's fastest null request (net 0)."""
     load_share: float | None = None
     """On the cpu, the share of the timed windows that went to run-queue waits (clocks.load_share)."""
+    noise: float | None = None
+    """On the cpu, the null requests' interquartile range over the median request's net time
+    (clocks.null_noise): past POLICY.cpu_noise the calls are lost in the protocol's own variation."""
     floor_ms: float | None = None
     """The bandwidth floor: the input's bytes over the device's measured bandwidth (the lower of the
     bench's and one measured again now, where `ms` was below the bench's)."""
@@ -230,6 +233,9 @@ def _clock(m: Measured) -> tuple[str | None, str | None, bool]:
     if c.requests and 2 * c.empty >= c.requests:  # the protocol's noise around calls of microseconds, not a time
         return None, (f"the calls are too short to time here: {c.empty} of {c.requests} Bound requests "
                       f"took no longer than a null request"), False
+    if c.noise is not None and c.noise > POLICY.cpu_noise:
+        return None, (f"the calls are too short to time here: the null request varies by {c.noise:.0%} of "
+                      f"a request's calls"), False
     if c.replayed and c.spread is not None and c.spread > POLICY.replay_spread:
         return None, (f"the requests disagree: their interquartile range is {c.spread:.2g} times their median "
                       f"(the GPU or its host was disturbed while they were timed)"), False

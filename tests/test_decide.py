@@ -140,6 +140,11 @@ FLOORED = dict(floor_ms=0.5, input_bytes=8_000_000, bandwidth_gbs=16.0, floor_sl
     # half the requests no longer than a null request: no figure, before any floor; not the load's retry
     ({}, dict(ms=0.0, requests=8, empty=4, **FLOORED), Verdict.correct, Standing.unfit,
      "the calls are too short to time here: 4 of 8 Bound requests took no longer than a null request", Again.no),
+    # the null requests vary by more than POLICY.cpu_noise of a request's calls: no figure (microseconds a call)
+    ({}, dict(ms=0.002, requests=8, noise=0.36, **FLOORED | {"floor_ms": 0.0001}), Verdict.correct, Standing.unfit,
+     "the calls are too short to time here: the null request varies by 36% of a request's calls", Again.no),
+    ({}, dict(ms=0.002, requests=8, noise=0.25, **FLOORED | {"floor_ms": 0.0001}), Verdict.correct, Standing.kept,
+     None, Again.no),
     # the load's share at the policy's line: no figure, judged afresh; just under it the figure stands
     ({}, dict(ms=1.0, requests=8, load_share=0.6), Verdict.correct, Standing.unfit,
      "the cpu was loaded: 60% of the timed windows went to run-queue waits (other processes, or the candidate's own threads)",
@@ -200,3 +205,17 @@ def test_the_requests_spread_is_their_interquartile_range_over_their_median():
     assert round(spread([0.98531, 1.85663, 0.15232, 0.0, 2.61296]), 2) == 2.19
     assert round(spread([2.18005, 1.33546, 1.38693, 1.47737, 1.91556]), 2) == 0.46
     assert spread([0.0, 0.0, 1.0]) is None and spread([1.0]) is None
+
+
+def test_the_null_requests_noise_is_their_interquartile_range_over_a_request_s_net_time():
+    """The lean forger's honest twin at 32 x 32 on the cpu, windows recorded idle (unloaded ms, 128 calls
+    a request): about 0.25 ms of calls a request against nulls that vary by 0.11 ms."""
+    from pipeline.judge.clocks import Window, net_per_call, null_noise
+
+    nulls = [Window(ms, 128) for ms in (1.0726, 0.9187, 0.9007, 0.8794, 0.9622, 0.9384, 0.9179, 0.9412, 1.1691, 1.0348)]
+    bounds = [Window(ms, 128) for ms in (1.3002, 1.3852, 1.1614, 1.3464, 1.1517, 1.1821, 1.1573, 1.1197)]
+    per_call = net_per_call(nulls, bounds, "cpu")
+    noise = null_noise(nulls, bounds, per_call)
+    assert round(noise, 3) == 0.447 and noise > POLICY.cpu_noise
+    assert null_noise(nulls[:3], bounds, per_call) is None  # too few nulls to say
+    assert null_noise(nulls, bounds, [0.0] * len(bounds)) is None  # no request longer than a null: the empty rule's

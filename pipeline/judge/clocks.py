@@ -162,6 +162,17 @@ def paired_per_call(calibration: list[Window], null_calibration: list[float | No
     return [max(0.0, w.ms - (offset + null)) / w.calls for w, null in zip(bounds, nulls)]
 
 
+def null_noise(calibration: list[Window], bounds: list[Window], per_call: list[float], threads: int = 1) -> float | None:
+    """On the cpu, the null requests' interquartile range (unloaded_ms) over the median request's net
+    time: how much of a request's calls the protocol's own variation could be. None where there are
+    too few nulls or no request took longer than one."""
+    work = [x * w.calls for x, w in zip(per_call, bounds)]
+    if len(calibration) < 4 or not work or statistics.median(work) <= 0:
+        return None
+    q1, _, q3 = statistics.quantiles([unloaded_ms(w, threads) for w in calibration], n=4)
+    return (q3 - q1) / statistics.median(work)
+
+
 def spread(per_call: list[float]) -> float | None:
     """The requests' interquartile range over their median (statistics' exclusive quartiles); None
     where there are too few, or the median is 0."""

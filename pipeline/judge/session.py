@@ -286,10 +286,11 @@ class Session(Checks):
         and the figure is kept out of `best`. The child's own clock is never read. What the time means
         (no figure, or impossible) is decide's (pipeline.verdicts), from `self.clock`."""
         bench, cpu = self.bench, self.bench.device == "cpu"
-        share = None
+        share = noise = None
         if cpu:
             per_call = clocks.net_per_call(self.calibration, self.bound_windows, "cpu", self.settings.cpu_threads)
             share = clocks.load_share(self.bound_windows + self.calibration)
+            noise = clocks.null_noise(self.calibration, self.bound_windows, per_call, self.settings.cpu_threads)
         elif self.replay_windows and not self.bound_windows:
             per_call = clocks.paired_per_call(self.replay_calibration, self.null_calibration, self.replay_windows,
                                              self.null_windows)
@@ -309,7 +310,7 @@ class Session(Checks):
             return Verdict.protocol_error, "no Bound request was timed"
         self.per_call, self.estimate = per_call, statistics.median(per_call)
         self.clock = bench.clock(self.estimate, self.lane, requests=len(per_call), empty=sum(x <= 0 for x in per_call),
-                                 load_share=share, replayed=bool(self.replay_windows and not self.bound_windows),
+                                 load_share=share, noise=noise, replayed=bool(self.replay_windows and not self.bound_windows),
                                  spread=clocks.spread(per_call))
         return None
 
