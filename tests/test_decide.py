@@ -44,6 +44,22 @@ def test_an_honest_kernel_keeps_its_figure_idle_and_beside_busy_loops():
     assert all(decide(Measured(**r["measured"])).outcome.standing is Standing.kept for r in honest)
 
 
+def test_calls_of_microseconds_keep_a_figure_only_where_the_nulls_hold_still():
+    """The lean forger and its honest twin at 32 x 32 (an add of a few microseconds; 128 calls a request):
+    past POLICY.cpu_noise no figure, under it kept (0.61-1.35x eager when recorded); every reference at
+    "small" and the fused mse beside them, idle and loaded, stayed far under the line."""
+    add = [r for r in RECORDED if "32 x 32" in r["source"]]
+    assert len(add) == 32 and {r["load"] for r in add} == {"idle", "loaded"}
+    noisy = [r["measured"]["clock"]["noise"] > POLICY.cpu_noise for r in add]
+    assert 0 < sum(noisy) < len(add)
+    for r, over in zip(add, noisy):
+        d = decide(Measured(**r["measured"]))
+        assert (d.figure, d.outcome.standing is Standing.unfit) == (not over, over)
+        assert not over or d.outcome.why.startswith("the calls are too short to time here: the null request varies")
+    small = [r for r in RECORDED if "policy 12" in r["source"] and "32 x 32" not in r["source"]]
+    assert len(small) == 60 and max(r["measured"]["clock"]["noise"] for r in small) < POLICY.cpu_noise / 2
+
+
 def test_a_forger_that_loads_the_box_itself_gets_no_figure_while_its_load_is_over_the_line():
     """Its own spinners put 52-64% of its windows in run-queue waits: at the policy's line or over it the
     timing is no figure and it is judged again afresh; under it the figure is its own (the parent's
