@@ -40,7 +40,6 @@ REDTEAM = Path(__file__).resolve().parent / "redteam"
 TASKS = ROOT / "reference_tasks"
 TEST_TASKS = Path(__file__).resolve().parent / "tasks"  # tasks of our own (big_add: a large output)
 SETTINGS = EvalConfig(compile_baseline=False, trials=5, timed_calls=10, timed_ms=0, warmup_calls=2, timeout_s=60)
-HANG_SETTINGS = SETTINGS.model_copy(update={"timeout_s": 20})
 # For the tests that look at verdicts, notes and rooms, never at a timing figure: a correct result the
 # cpu was too loaded to time is judged again (load_retries) only to get it a figure, and each such
 # judgement is a fresh child and draw (seconds each on a loaded CI box) that these tests never read.
@@ -176,27 +175,12 @@ def test_timer_patch_has_no_effect(bench, tmp_path):
     assert result.wall_ms_per_call >= 49.0, describe(result)
 
 
-def test_hang_times_out_and_every_process_dies(bench, tmp_path):
-    result = run(bench, "hang.py", "mse", tmp_path, HANG_SETTINGS)
-    assert result.verdict is V.timeout, describe(result)
-    notes = {line.split()[1]: line.split()[2:] for line in (result.output or "").splitlines()
-             if line.startswith("KGEN-NOTE ")}
-    assert set(notes) == {"child", "helper", "escaper"}, notes  # all three ran before the deadline
-    room = {int(fields[2]) for fields in notes.values()}
-    assert len(room) == 1 and room != {os.stat("/proc/self/ns/pid").st_ino}, notes  # one room, not ours
-    assert int(notes["helper"][1]) == int(notes["child"][1])  # the plain helper stayed in the child's group
-    # The escaper could not start a session of its own (seccomp); it left the group with setpgid.
-    assert notes["escaper"][3] == "setpgid", notes
-    # Seen from outside, nothing was left in the room's pid namespace (the parent ended its pid 1, then
-    # looked while it held the namespace, so its inode could be no later room's: Child.pidns_fd).
-    assert "outlived" not in (result.untrusted_reason or ""), result.untrusted_reason
-
-
-def test_a_hang_costs_the_step_limit_its_baseline_gives_not_the_whole_timeout(bench, tmp_path):
+def test_a_hang_costs_the_step_limit_its_baseline_gives_and_every_process_dies(bench, tmp_path):
     """The child may run 120 s, but the first calls (Setup) of a 2 ms task get three floors of 2 s
     plus 50 x 2 warm-up calls at the eager baseline: the hang is a timeout after about 6 s. The
     hang spins, so on a loaded box the time its thread waited for a cpu is added, up to the ceiling
-    (30 s here; Session.ask): a fresh clone beside another suite took 27 s over all."""
+    (30 s here; Session.ask): a fresh clone beside another suite took 27 s over all. Its helpers,
+    one left in the child's group and one that tried to leave it, die with the room."""
     settings = SETTINGS.model_copy(update={"timeout_s": 120, "step_floor_s": 2.0, "step_ceiling_s": 30.0})
     started = time.monotonic()
     result = run(bench, "hang.py", "mse", tmp_path, settings)
@@ -210,7 +194,15 @@ def test_a_hang_costs_the_step_limit_its_baseline_gives_not_the_whole_timeout(be
     assert took < settings.step_ceiling_s + 30 < settings.timeout_s, f"{took:.1f} s for a step limit of {limit:.1f} s"
     notes = {line.split()[1]: line.split()[2:] for line in (result.output or "").splitlines()
              if line.startswith("KGEN-NOTE ")}
-    assert notes and "outlived" not in (result.untrusted_reason or ""), (notes, result.untrusted_reason)
+    assert set(notes) == {"child", "helper", "escaper"}, notes  # all three ran before the deadline
+    room = {int(fields[2]) for fields in notes.values()}
+    assert len(room) == 1 and room != {os.stat("/proc/self/ns/pid").st_ino}, notes  # one room, not ours
+    assert int(notes["helper"][1]) == int(notes["child"][1])  # the plain helper stayed in the child's group
+    # The escaper could not start a session of its own (seccomp); it left the group with setpgid.
+    assert notes["escaper"][3] == "setpgid", notes
+    # Seen from outside, nothing was left in the room's pid namespace (the parent ended its pid 1, then
+    # looked while it held the namespace, so its inode could be no later room's: Child.pidns_fd).
+    assert "outlived" not in (result.untrusted_reason or ""), result.untrusted_reason
 
 
 _SNOOP_RUNNER = """
