@@ -1,43 +1,25 @@
-"""Bound requests on a GPU, replayed from CUDA graphs: the parent's clock times a call's device work
-down to calls of about 10 us.
+"""Bound requests on a GPU, replayed from CUDA graphs, so the parent's clock times a call's device
+work, not its host work (Python, launches), down to calls of about 10 us.
 
-A Bound request made of eager calls costs the candidate's host work too (Python, launches): an
-honest 11 us kernel cost 110 us a call on the parent's clock on the H100. Here a request comes in
-two steps. `capture` (not timed): the harness captures every replay of the request, in order, into
-one CUDA graph. `play` (timed by the parent): the harness draws the request's masks from a seed
-that arrives only with this step, on the device, launches the graph and syncs; the parent's clock
-around it measures the device's work. Capturing inside the window cost milliseconds that varied
-from request to request (docs/decisions/gpu-timing.md).
-Each replay, in the graph:
+A request comes in two steps. `capture` (untimed) captures every replay of the request, in order,
+into one CUDA graph. `play` (timed by the parent) draws the request's masks on the device from a seed
+that arrives only with it, launches the graph and syncs. Each replay, in the graph:
 
-1. each float input of domain real or positive is rewritten as its set's base values times a
-   mask, one value per element within 1 +- 0.05, drawn on the device from the `play` seed. Replay r
-   reads set r % sets under mask r // sets (`layout`): no (set, mask) pair comes twice in a play, so
-   nothing learnt from one replay answers another, no answer computed at the capture (untimed) can
-   be scaled into a replay's (a scalar factor a replay let mse's answer be its base's times f^2),
-   and the work is done in the window, in one pass over the set (a factor and a mask of [-1, 1]
-   took four: the window's noise grows with its length, docs/decisions/gpu-timing.md);
-2. the forward runs;
-3. a digest of its output, sum(output x weights) with weights drawn from the request's secret seed,
-   goes to the replay's slot. In gradient mode a call is the forward and the backward
-   (pipeline.child.grad): the graph holds both, each set's upstream gradient is drawn from its seed
-   before the capture, and the digest runs over the output and every gradient, one after another.
+1. each float input of domain real or positive becomes its set's base values times a mask (one
+   value per element within 1 +- 0.05, from the `play` seed); replay r reads set r % sets under mask
+   r // sets (`layout`), so no (set, mask) pair comes twice and nothing computed at the capture, or
+   learnt from one replay, answers another;
+2. the forward runs (in gradient mode the forward and the backward, pipeline.child.grad);
+3. a digest of its output (and gradients), sum(output x weights) with weights from the request's
+   secret seed, goes to the replay's slot.
 
-Nothing else runs in the window: whatever of the harness's own work the null subtracts, a candidate
-could leave out (rebinding torch's fill_ would drop an L2 flush from its graphs), so the replays do
-only what a correct digest needs. The inputs are read cold without a flush: a set is rewritten
-sets - 1 replays ahead of its forward and the other sets' traffic in between takes it out of the L2
-(`set_count`). A set too large to keep two of with their bases (`lone`) is kept alone and replayed
-once a request (`most_replays`: the parent's plan keeps to it) and holds its own mask, so a request
-holds two sets' bytes (the set and its base) at KernelBench's sizes.
-
-The parent compares the digests of replays it chose in secret with the reference's (its float64
-output for the same inputs, `inputs_for`): a replay whose work was skipped has the wrong digest. A
-forward that cannot be captured (a host sync, a stream the graph does not know) fails the request;
-the parent then falls back to eager Bound requests and the result is untrusted (pipeline.judge.session).
-
-`inputs_for` and `masks` are what the reference process uses to make a replay's inputs:
-the same values and ops on the same device, so the inputs are the child's bit for bit.
+Nothing else runs in the window: whatever of the harness's work the null subtracts, a candidate
+could leave out. Inputs are read cold without a flush: a set is rewritten sets - 1 replays ahead of
+its forward (`set_count`); a set too large to keep two of (`lone`) is replayed once a request
+(`most_replays`). The parent compares the digests of replays it chose in secret with the
+reference's, made from the same inputs (`inputs_for`, `masks`: the child's bit for bit). A forward
+that cannot be captured fails the request; the parent then times eager Bound requests and the
+result is untrusted (pipeline.judge.session). Measurements: docs/decisions/gpu-timing.md.
 """
 
 from __future__ import annotations
