@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 class Policy(BaseModel):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
 
-    version: str = "12"
+    version: str = "13"
     """Stored with each attempt; bumped with any change below."""
 
     # ---- the plan: how many calls, in what requests -----------------------------------------------
@@ -168,8 +168,8 @@ class Policy(BaseModel):
     """Values a step of the reference's comparison (judge.tensor_stats) and error pass on a GPU, and of
     the parent's byte comparison of two slots (32 MiB of float64 an array)."""
     compare_piece: int = 1 << 16
-    """Values each chunk is worked through at a time, in the comparison and in the reference's own
-    check: the float64 temporaries (512 KiB each) stay in the core's cache, which whole 4M-value
+    """Values each chunk is worked through at a time, in the comparison and, on the cpu, in the
+    reference's comparison (tensor_stats) and own check: the float64 temporaries (512 KiB each) stay in the core's cache, which whole 4M-value
     chunks miss, and a gigabyte output's comparison took two to three times as long
     (docs/decisions/memory-and-outputs.md)."""
     digest_chunk: int = 1 << 22
