@@ -1,9 +1,6 @@
-"""The trust boundary: everything that runs inside a candidate's process.
-
-The harness imports the candidate; tasks (input generation from a seed) and sizes, timing, the hold
-and the protocol run beside it and can be read or rebound by it. So nothing here is believed by the
-parent on its word: the parent (pipeline.judge) checks every value in the candidate's outputs
-against a float64 reference and bounds every time with its own clock.
+"""The trust boundary: everything that runs inside a candidate's process, where the candidate can
+read or rebind it. So the parent (pipeline.judge) believes nothing from here on its word: it checks
+every output against a float64 reference and bounds every time with its own clock.
 
 May import: nothing (pipeline.child's own modules only: never store, config, llm, run, judge or
 records, which the candidate could reach through sys.modules; tests/test_boundary.py checks it).

@@ -1,22 +1,10 @@
 """Gradient mode: one call is the forward and the backward, on both sides of the judge.
 
-The candidate's child wraps ModelNew, the reference process wraps Model (float32 or the run's dtype
-for the baselines, float64 for the expected values), in the same `ForwardBackward`: the floating
-inputs become leaves that require gradients (integer inputs never do), the forward runs, and
-`torch.autograd.grad` takes the gradient of the output against every floating input and every
-parameter with one upstream gradient. The call returns a `Grads`: the output and the gradients,
-written one after another into one outbox slot and compared part by part by the parent
-(pipeline.judge), so the timing, the checked calls and the bound on the parent's clock all cover
-forward plus backward with no machinery of their own.
-
-Every call's upstream gradient, a scalar loss's too, is drawn from that call's own secret seed
-(the one its inputs come from, which the child learns only in the request that makes the call):
-random signs, magnitudes in [0.25, 0.75) or [1.5, 4), never near 1 or 0, so a backward that never
-reads grad_output (right under ones, off by the factor of every `loss * 3` and GradScaler scale) is
-`wrong_gradient`. The reference draws the same values from the same seed. A set kept across calls
-gets its seed with `reseed`, which draws the upstream there, outside any timed call; a call on a set
-without one (warm-up, the profile, the baselines: nothing compared) takes the one drawn from the
-seed the wrapper was built with.
+The child wraps ModelNew and the reference process Model in the same `ForwardBackward`: floating inputs
+become leaves and a call returns `Grads` (the output, then its gradients against every floating input
+and parameter) in one outbox slot, so timing and checks cover forward plus backward unchanged. Each
+call's upstream gradient comes from that call's secret seed (`reseed`; the reference draws the same),
+with random signs and magnitudes far from 0 and 1, so a backward that ignores it is `wrong_gradient`.
 """
 
 from __future__ import annotations
@@ -149,11 +137,9 @@ def null_model(module, shape: tuple, dtype: torch.dtype, device: str, grad: bool
 
 
 class KeptNull:
-    """A null model whose result for an input set (keyed by its first tensor's storage: an inbox
-    set's place, a replayed set's) is made once and handed back at every later call on that set, so
-    the null the calibration subtracts does no work a candidate's call does: it reads no input and
-    writes no output. Zeros made afresh each call would count an output's allocation and writes as
-    the protocol's and put the time recorded low (docs/decisions/cpu-timing.md)."""
+    """A null model whose result for an input set (keyed by its first tensor's storage) is made once and
+    handed back at every later call on it, so the null the calibration subtracts reads no input and writes
+    no output: only the protocol's cost is subtracted (docs/decisions/cpu-timing.md)."""
 
     def __init__(self, make, most: int = 128):
         self.make, self.most, self.kept = make, most, {}

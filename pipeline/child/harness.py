@@ -1,14 +1,10 @@
-"""The sandboxed child's side: the only module that imports candidate code.
+"""The sandboxed child's side, the only module that imports candidate code (`python -m
+pipeline.child.harness --result-fd N [--outbox-fd M] build [CODE_PATH] | eval`; requests on stdin).
 
-    python -m pipeline.child.harness --result-fd N build CODE_PATH
-    python -m pipeline.child.harness --result-fd N build              (a spare: BuildJob on stdin)
-    python -m pipeline.child.harness --result-fd N --outbox-fd M eval   (requests arrive on stdin)
-
-It answers the parent's requests one at a time (pipeline.child.protocol). Until `Import` it is
-trusted: it confines itself, reports how, and runs the parent's calibration blocks with a null model.
-From `Import` on, everything it says is a claim the parent checks: output values go to the outbox,
-each call's inputs come from a seed revealed by the request that uses them, and the parent times
-every request with its own clock.
+It answers the parent's requests one at a time (pipeline.child.protocol). Until `Import` it is trusted:
+it confines itself, reports how, and runs the calibration with a null model. From `Import` on everything
+it says is a claim the parent checks: outputs go to the outbox, each call's inputs are revealed by the
+request that uses them, and the parent times every request with its own clock.
 """
 
 from __future__ import annotations
@@ -50,10 +46,9 @@ def readable_paths(extra: list[str]) -> list[str]:
 
 def apply_limits(memory_gb: float | None, cuda: bool, read: list[str], write: list[str],
                  shared_bytes: int = 0) -> P.Confinement:
-    """Limits the child sets on itself before any candidate code runs, and how far they hold.
-    Writable: its own temp dir (HOME, TMPDIR) and `write`; not /dev/shm, which outlives the attempt.
-    On the cpu its address space is capped at `memory_gb` of its own beside `shared_bytes`, the
-    parent's memfd it maps (output slots and inbox, sized by the parent for the task's plan)."""
+    """Limits the child sets on itself before any candidate code runs, and how far they hold. Writable: its
+    temp dir (HOME, TMPDIR) and `write`, never /dev/shm; on the cpu its address space is capped at
+    `memory_gb` beside `shared_bytes` (the parent's memfd it maps)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     seccomp = install_filter()
     if not seccomp:
@@ -87,11 +82,9 @@ def _split_nvcc(ce: Any) -> str:
 def import_candidate(code_path: str, force_verbose_build: bool = False, headers: str = "", light: bool = False,
                      split: bool = False):
     if force_verbose_build:
-        # The build log must hold the compiler's full text, whatever `verbose` the candidate passed.
-        # With `headers` (the parent's fast-build folder, pipeline/build/headers.py) first on the include
-        # path, <torch/extension.h> is its smaller, precompiled one; the candidate's text is unchanged.
-        # With `light`, a .cu gets the light ATen header instead of torch/types.h (same folder).
-        # With `split`, nvcc's host and device steps run side by side (pipeline/build/nvcc_split.py).
+        # The build log holds the compiler's full text, whatever `verbose` the candidate passed. `headers`
+        # (pipeline/build/headers.py) goes first on the include path; with `light` a .cu gets the light ATen
+        # header; with `split` nvcc's host and device steps run side by side (pipeline/build/nvcc_split.py).
         import torch.utils.cpp_extension as ce
 
         original = ce.load_inline
@@ -275,19 +268,14 @@ class Evaluator:
         del inputs, fresh, out
         if self.device.startswith("cuda"):
             # The trial's blocks back to the driver: the reference's float64 compare of this output runs
-            # next, beside this paused process, and at KernelBench's 6.4 GB a cached trial left it no room.
+            # next, beside this paused process (docs/decisions/memory-and-outputs.md).
             torch.cuda.empty_cache()
         return P.TrialDone(index=req.index, output=first, after_sync=after, repeat=again, inputs_unchanged=unchanged)
 
     def bound(self, req: P.Bound) -> P.BoundDone | P.BoundReady:
-        """Inputs (in place in the inbox, or made from a seed each), calls on each back to back, one
-        device sync, then the outputs: the parent's clock around this request bounds the calls' time
-        (pipeline.judge); on the cpu it is the time recorded. Nothing here copies the inputs, so
-        nothing here is work a candidate could skip by taking the values where they were made: all that
-        is left besides the calls is what the null model's calibration measured. On the cpu each
-        output goes to its slot as its call returns and is freed, as in a timed block: held to the
-        request's end, each call's output would take fresh pages (faults a timed call never pays), and
-        an honest add's estimate would read well above its calls (docs/decisions/cpu-timing.md)."""
+        """Inputs (in place in the inbox, or from a seed each), the calls back to back, one sync, the outputs:
+        the parent times this request. Nothing copies the inputs, so all but the calls is what the null's
+        calibration measured; on the cpu each output goes to its slot as its call returns (no fresh pages)."""
         import torch
 
         if req.replays:
@@ -325,10 +313,9 @@ class Evaluator:
         return P.BoundDone(index=req.index, outputs=headers)
 
     def inbox_sets(self, count: int) -> list[list[Any]]:
-        """`count` sets as views of the inbox, which the parent fills while the child is stopped. Made
-        once, by the calibration's first request, and kept: making 128 sets' views costs milliseconds
-        in the parent's window, noise beside calls of tens of microseconds. A candidate
-        that re-points a kept view gains nothing: it only changes its own later calls' inputs."""
+        """`count` sets as views of the inbox, which the parent fills while the child is stopped: made once
+        (the calibration's first request) and kept, as making them costs milliseconds in the window. A
+        candidate that re-points a kept view only changes its own later calls' inputs."""
         if self.inbox is None or count > self.inbox.sets:
             raise ValueError(f"a Bound request for {count} inbox sets; this child's inbox holds "
                              f"{self.inbox.sets if self.inbox else 0}")

@@ -1,15 +1,8 @@
-"""A kernel that holds every thread slot of every SM for a set time, queued ahead of a timed call.
-
-Why: with the GPU idle when a timed call starts, its start event fires at once and the events count
-the call's host-side launch path too; on the lent H100 that path stalls for tens to hundreds of
-microseconds at random (a 0.73 ms copy varied 3-10% between rounds, a compiled 0.3 ms loss 40%).
-Queuing this hold first lets the host launch the call while the GPU is still busy, so the events see
-only device time. Because the hold fills all thread slots (2 blocks x 1024 threads on a 2048-slot
-SM), no kernel from another stream can run beside it: a candidate cannot hide work under it, and
-work it starts on a side stream still lands after the start event.
-
-It is loaded from PTX through the driver API (no compiler needed) once per process, before the
-candidate is imported.
+"""A kernel that holds every thread slot of every SM for a set time, queued ahead of a timed call,
+so the host launches the call while the GPU is busy and its events see device time only, not the
+host's launch path (docs/decisions/gpu-timing.md). It fills every slot, so no other stream's kernel
+runs beside it: a candidate can hide no work under it. Loaded from PTX through the driver API (no
+compiler) once a process, before the candidate is imported.
 """
 
 from __future__ import annotations
@@ -19,9 +12,8 @@ import enum
 
 import torch
 
-# Every block spins until one deadline, set by the first block to start (a compare-and-swap on a
-# zeroed slot), so all blocks leave the SMs within the timer's resolution of each other and nothing
-# queued on another stream starts early on an SM that emptied first.
+# Every block spins to one deadline, set by the first to start (a CAS on a zeroed slot), so all leave
+# the SMs together and nothing queued on another stream starts early on an SM that emptied first.
 PTX = rb"""
 .version 7.0
 .target sm_70

@@ -1,9 +1,7 @@
-"""The memfd between the parent and a candidate's child: the outbox (output values, child to parent)
-and the inbox (a Bound request's input values on the cpu, parent to child); how the child copies an
-output into its slot (copy_out, and copy_quick between the cpu's Bound calls) and the dtypes the
-parent reads back (PACKED_DTYPES: pipeline.judge.judge.Slot).
-
-The parent creates the memfd and seals its size; both sides map it.
+"""The memfd between the parent and a candidate's child: the outbox (output values, child to parent) and
+the inbox (a cpu Bound request's inputs, parent to child); how the child copies an output into its slot
+(copy_out, copy_quick) and the dtypes the parent reads back (PACKED_DTYPES). The parent creates the
+memfd and seals its size; both sides map it.
 """
 
 from __future__ import annotations
@@ -39,10 +37,9 @@ class _Falloc(enum.IntFlag):
 
 
 class Outbox:
-    """Slots of float64 values in a memfd. The parent creates it with `create`, fixes its size with
-    seals (the child can neither grow nor shrink it; pages cost memory only once written) and passes
-    the fd to the child at start. Both map the slots a job needs; the child writes, the parent copies a
-    slot out once the reply that filled it has arrived and before its next request."""
+    """Slots of 8-byte words in a memfd the parent creates (`create`), its size sealed (pages cost memory
+    only once written), and passes to the child at start. The child writes a slot; the parent reads it
+    once the reply that filled it has arrived."""
 
     def __init__(self, fd: int, slot_values: int, slots: int):
         self.fd = fd
@@ -102,10 +99,8 @@ class Outbox:
             return True
         at = slot * self.slot_values * 8
         if all(p.device.type == "cpu" for p in parts):
-            # A plain memmove from host memory to the map's address, taken once: torch's byte copy into
-            # the shared map takes about twice as long, and a view of it makes a call cost microseconds
-            # more; every Bound call on the cpu pays this, as does the null model's calibration, whose
-            # spread is the parent's noise (docs/decisions/cpu-timing.md).
+            # A plain memmove to the map's address, taken once: the cheapest copy, which every cpu Bound call
+            # and the null's calibration pay (docs/decisions/cpu-timing.md).
             if self._base is None:
                 self._base = _address(self.map)
             for part, n in zip(parts, sizes):
@@ -125,11 +120,9 @@ class Outbox:
         return True
 
     def discard(self, first: int = 0, count: int | None = None) -> bool:
-        """Parent side, on the cpu: give back the memory of slots `first` to `first + count` (all
-        after `first` by default; they read as zeros until written again), once their values have
-        been judged: a child's outbox otherwise keeps every slot it ever wrote, three copies of a
-        gigabyte output for the whole attempt. Not where the child page-locked the
-        outbox (pin): its device would go on writing the pages taken out. False where refused."""
+        """Parent side, on the cpu: give back the memory of slots `first` to `first + count` (all after
+        `first` by default; zeros until written again) once judged, else every slot ever written stays held.
+        Not where the child page-locked the outbox (pin): its device would go on writing. False where refused."""
         import ctypes
 
         count = self.slots - first if count is None else count
@@ -139,12 +132,9 @@ class Outbox:
         return length <= 0 or libc.fallocate(self.fd, _Falloc.PUNCH_HOLE | _Falloc.KEEP_SIZE, offset, length) == 0
 
     def pin(self) -> bool:
-        """Child side, on a GPU: page-lock the slots (cudaHostRegister), so outputs go off the device
-        by DMA straight into them. A pageable copy goes through the driver's staging buffers; in
-        gradient mode each call copies 32-64 MB inside the parent's Bound window, and pageable, those
-        copies take about four times as long, with noise past a 0.1 ms kernel's time
-        (docs/decisions/gpu-timing.md). Every page is committed now, before any candidate code runs.
-        False (and nothing pinned) if refused."""
+        """Child side, on a GPU: page-lock the slots (cudaHostRegister) so outputs leave the device by DMA
+        straight into them, not through the driver's staging buffers (docs/decisions/gpu-timing.md); every
+        page is committed now, before any candidate code runs. False (and nothing pinned) if refused."""
         import ctypes
 
         import torch
@@ -205,8 +195,8 @@ class Inbox:
         size = set_bytes * sets
         if offset + size > os.fstat(fd).st_size:
             raise ValueError(f"an inbox of {size} bytes at {offset} does not fit its memfd of {os.fstat(fd).st_size}")
-        # Every page mapped now: a page first touched inside the parent's clock would cost a fault
-        # (about 1 us per 4 KiB) that the null model's calibration, which reads no inputs, never paid.
+        # Every page mapped now: a page first touched inside the parent's clock costs a fault the null
+        # model's calibration, which reads no inputs, never paid.
         self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), offset=offset)
 
     def write(self, index: int, data) -> None:
@@ -216,12 +206,9 @@ class Inbox:
         self.map[index * self.set_bytes:(index + 1) * self.set_bytes] = data
 
     def reveal(self, sets: list, cores: set[int] | None) -> None:
-        """Parent side: `sets` into places 0, 1, ... from a thread held to `cores` (the child's, while
-        it is stopped) for the write, so its caches hold what they hold before a timed call: the
-        inputs just written, the child's own lines pushed out, as a timed block's refills leave them.
-        Written from another core, the Bound calls would meet warmer caches than the timed ones, and a
-        clock forged to half would pass (docs/decisions/cpu-timing.md). Where the cores cannot be taken,
-        written from here."""
+        """Parent side: `sets` into places 0, 1, ... from a thread held to `cores` (the stopped child's), so
+        the caches there hold the inputs just written, as a timed block's refills leave them, not warmer
+        ones (docs/decisions/cpu-timing.md). Where the cores cannot be taken, written from here."""
         before = os.sched_getaffinity(0)
         moved = False
         if cores and cores != before:
@@ -236,7 +223,7 @@ class Inbox:
         finally:
             if moved:
                 # Off those cores first, then back to all of ours: a thread merely let go stays where it
-                # is, and its wake-ups then queued behind the child (run-queue waits of 8-19% a window).
+                # is, and its wake-ups queue behind the child.
                 if before - cores:
                     os.sched_setaffinity(0, before - cores)
                 os.sched_setaffinity(0, before)
@@ -276,15 +263,12 @@ def pack_set(inputs: list[Any]) -> bytes:
 
 
 def copy_quick(outbox: Outbox, slot: int, obj: Any) -> tuple | dict[str, Any]:
-    """copy_out's copy for what the cpu's calls return, taking the least time between a Bound request's
-    timed calls: a plain contiguous tensor, or a gradient-mode call's (pipeline.child.grad.Grads) of
-    them, copied byte for byte; what is kept is each part's shape, dtype and count (fields_of makes the
-    header after the calls). Anything else goes through copy_out, which costs several times this a
-    call, more after a real call than after the null's, so that an honest small kernel would read well
-    under the parent's window and be refused (docs/decisions/cpu-timing.md)."""
+    """copy_out's copy for what the cpu's calls return, in the least time between a Bound request's calls:
+    a plain contiguous tensor, or a Grads of them, byte for byte, keeping each part's shape, dtype and count
+    (fields_of makes the header after the calls). Anything else goes through copy_out."""
     tensor, grads, strided = _kinds_found or _kinds()
     kind = type(obj)
-    if kind is tensor:  # the common case in the fewest steps (a third of the general form's time a call)
+    if kind is tensor:  # the common case, in the fewest steps
         if obj.is_cpu and obj.layout is strided and obj.is_contiguous():
             n = obj.numel()
             if outbox.write_at(slot, obj.data_ptr(), n * obj.element_size()):
@@ -346,11 +330,8 @@ def copy_out(outbox: Outbox, slot: int, obj: Any) -> dict[str, Any]:
                       grads=[list(g.shape) for g in obj.grads], numel=sum(p.numel() for p in parts))
         if not fields["exact_tensor"]:
             return fields
-    # Each part's own bytes, copied off the device straight into the outbox (one copy, no host
-    # buffer): widening gradients to float64, or a copy to a fresh host tensor, a cat and a write,
-    # cost tens of milliseconds a call inside the parent's Bound window, noise that swamps calls of
-    # tens of microseconds and refuses honest kernels (docs/decisions/gpu-timing.md). The parent
-    # decodes them (PACKED_DTYPES).
+    # Each part's own bytes, copied off the device straight into the outbox (one copy, no host buffer:
+    # docs/decisions/gpu-timing.md); the parent decodes them (PACKED_DTYPES).
     if outbox.write_tensors(slot, parts):
         fields.update(written=True, packed=[str(p.dtype).removeprefix("torch.") for p in parts])
     return fields

@@ -1,18 +1,10 @@
-"""Load what kgen's build stage compiled, and never compile: torch's load_inline told to import only.
+"""Load what kgen's build stage compiled, and never compile: torch's load_inline told to import only
+(`load_only()` around one import, `import_only()` for an evaluation child's whole life).
 
-    with load_only():          # the library, for one import
-        exec(candidate_source)
-    import_only()              # an evaluation child, for its whole life
-
-An evaluation child's build directory is read-only (Landlock), and the library must load the binary
-the evaluator verified (a fast build used an include path this process does not add, so torch would
-see other flags and rebuild from nothing). torch guards a build two ways, by version:
-- up to 2.13 a `FileBaton` lock file: reporting it as held elsewhere makes torch wait, then import;
-- from 2.14 an advisory `FileLock` whose holder rechecks the sources and builds in place. Taking that
-  lock writes the build directory (refused under Landlock: every evaluation was load_failed), and
-  the recheck would compile in a process that must not. So the lock is a no-op and the build step
-  does nothing: torch goes straight to importing what is there, and a kernel that was never built
-  fails to import with torch's own error.
+The build directory is read-only (Landlock) and the binary loaded must be the one the evaluator
+verified (torch, seeing other include flags, would rebuild). So torch's guards are disarmed: its
+FileBaton (<= 2.13) reads as held elsewhere, its FileLock (>= 2.14) is a no-op and its build step does
+nothing. A kernel never built fails to import with torch's own error.
 """
 
 from __future__ import annotations

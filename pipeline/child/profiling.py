@@ -1,9 +1,6 @@
-"""Where a candidate's call spent its time, in the candidate's own process: the torch profiler's
-kernels and ops, split into the candidate's own work and PyTorch's (the `no_custom_kernel` flag is
-decided by the parent from this claim and its own checks).
-
-Used by the harness for Profile requests; warm_profiler starts the profiler once before any
-candidate runs, so the first Profile request does not pay its start-up.
+"""Where a candidate's call spent its time (the harness's Profile requests): the torch profiler's
+kernels and ops, split into the candidate's own and PyTorch's. A claim: the parent decides
+`no_custom_kernel` from it and its own checks.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from .grad import reseed
 def profile(model, module, warm_seed: int, device: str, own: list[str] = (), repeats: int = 1,
             short_us: float = 0.0) -> dict[str, Any]:
     """Where one call's time went: the candidate's own code, or PyTorch's kernels and ops. On the cpu
-    a call whose profiled span is under `short_us` is profiled again, `repeats` times at most (the
-    parent's POLICY.cpu_short_profiles, POLICY.cpu_short_profile_us)."""
+    a call whose span is under `short_us` is profiled again, `repeats` times at most; the median share wins."""
     import torch
 
     inputs = tasks.make_inputs(module, warm_seed, "base", device)
@@ -33,17 +29,13 @@ def profile(model, module, warm_seed: int, device: str, own: list[str] = (), rep
         found.append(summarize_profile(prof.function_events, cuda, own))
         if (found[-1]["total_us"] or 0) >= short_us:
             break
-    # The median share: on the cpu a short call's span holds the gaps between its ops, and one
-    # preemption there can put a pure-PyTorch call under half.
+    # The median share: one preemption in a short call's span can put a pure-PyTorch call under half.
     return sorted(found, key=lambda f: f["torch_fraction"] or 0.0)[len(found) // 2]
 
 
 def _profiler(cuda: bool):
-    """torch.autograd's profiler, which torch.profiler.profile wraps: the wrapper's first start asks
-    hasattr(torch, "_inductor"), which imports inductor and dynamo, over a second of every cpu
-    attempt's profile (docs/decisions/spares-and-startup.md); the events are the same. use_kineto as
-    the wrapper sets it: without it the GPU side falls back to CUDA events around each op, with no
-    kernel events, so no call shows its kernels and no `no_custom_kernel` flag is raised."""
+    """torch.autograd's profiler, which torch.profiler.profile wraps without importing inductor and dynamo
+    at its first start. use_kineto as the wrapper sets it: without it a GPU call shows no kernel events."""
     from torch.autograd import profiler
 
     return profiler.profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True)
@@ -96,8 +88,8 @@ def summarize_profile(events, cuda: bool, own: list[str] | tuple[str, ...] = ())
 
 
 def warm_profiler(device: str) -> None:
-    """The first profiler session of a process costs 4-5 s (CUPTI starts); pay it before the job
-    arrives, while this child is a spare, rather than inside the attempt."""
+    """Pay a process's first profiler session (CUPTI's start, seconds) while this child is a spare,
+    not inside the attempt."""
     import torch
 
     x = torch.ones(1024, device=device)

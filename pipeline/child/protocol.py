@@ -1,25 +1,10 @@
-"""The one protocol between the parent and a candidate's child: typed messages and the outbox.
-
-The parent speaks first and the child answers each request with exactly one reply, in order:
-
-    parent                                  child
-    Init (a spare gets it early)     ->     (CUDA and the profiler start)
-    Job                              ->     confines itself      <- Ready (how it is confined)
-    Bound x N (calibration)          ->     null model, timed by the parent <- BoundDone
-    Import                           ->     imports the candidate <- Imported | LoadFailed
-    Setup                            ->     builds ModelNew, warms up <- SetupDone | CallFailed
-    Trial / Bound (+ Play) / Profile ->     one call or request     <- TrialDone | BoundDone | ...
-    Finish                           ->     exits
-
-Inputs are revealed by the request that uses them (a seed per call, or on the cpu the values of a
-Bound request's sets, which the parent writes into the inbox after its clock started), so nothing
-can be computed ahead. Outputs do not travel in messages: the child writes their values (float64) into the outbox,
-a sealed memfd the parent created and sized (pipeline.child.memfd), and the parent copies what it
-checks out of it before its next request. Everything the child says is a claim: the parent checks values itself and
-times the requests with its own clock (pipeline.judge); the child reports no time. A reply that does not parse, arrives out of order or
-too late ends the attempt with `protocol_error`.
-
-Plain JSON lines: the parent never unpickles what a child wrote.
+"""The one protocol between the parent and a candidate's child: typed JSON lines (the parent never
+unpickles what a child wrote) and the outbox. The parent speaks first (Init, Job, the calibration's
+Bound requests, Import, Setup, then Trial / Bound / Play / Profile, Finish) and the child answers each
+request with exactly one reply, in order. Inputs are revealed by the request that uses them, so nothing
+is computed ahead; output values go into the outbox, a memfd the parent sized (pipeline.child.memfd).
+Everything the child says is a claim: the parent checks values itself and times requests with its own
+clock. A reply that does not parse, comes out of order or too late ends the attempt (`protocol_error`).
 """
 
 from __future__ import annotations
@@ -85,8 +70,7 @@ class Job(Message):
     dtype: str = "float32"
     """The floating dtype the harness casts inputs and the model to."""
     own_kernels: list[str] = []
-    """Kernel names the candidate's source defines (@triton.jit functions, read by the parent): the
-    profiler counts them as the candidate's own, whatever their names look like."""
+    """Kernel names the source defines (@triton.jit functions, read by the parent): the profiler counts them as its own."""
 
 
 class Import(Message):
@@ -118,15 +102,11 @@ class Bound(Message):
     op: Literal["bound"] = "bound"
     index: int
     seeds: list[int] = Field(default_factory=list)
-    """One seed per call: the child fills a set from each on the device (cuda, where that is cheap),
-    in gradient mode each call's upstream gradient too (pipeline.child.grad). With `inbox` empty: the
-    Arm before it brought the upstreams' seeds."""
+    """One seed per call: a set drawn from each on the device (cuda), in gradient mode its upstream too (inbox: Arm's)."""
     inbox: int = 0
-    """Or this many calls on the sets the parent wrote into the inbox, read there in place (cpu,
-    where making the values costs ten times the call and would drown it in the parent's clock)."""
+    """Or this many calls on the sets the parent wrote into the inbox, read in place (cpu: drawing would drown a call)."""
     replays: int = 0
-    """Or (cuda) capture CUDA graphs of the forward, one per set of `seeds`, for this many replays
-    (pipeline.child.replays), and answer BoundReady; the replays run at the Play that follows."""
+    """Or (cuda) capture this many replays on `seeds`' sets (pipeline.child.replays), answer BoundReady; Play runs them."""
     digest_seed: int = 0
     """The seed of the digests' weights (with `replays`)."""
 
@@ -136,12 +116,9 @@ class Bound(Message):
 
 
 class Arm(Message):
-    """Gradient mode on inbox sets (cpu), untimed, right before the Bound request `index`: make its
-    sets (views of the inbox, which the parent fills in its window) and draw each call's upstream
-    gradient from `seeds`. Drawn inside the window, the draws would cost many times a small call, and
-    the estimate would say nothing (docs/decisions/cpu-timing.md). An
-    upstream known early buys a candidate nothing: the inputs come in the window, and a backward needs
-    them. Answered with BoundReady."""
+    """Gradient mode on inbox sets (cpu), untimed, right before Bound request `index`: make its sets (inbox
+    views) and draw each call's upstream from `seeds` outside the window, where draws would drown a small
+    call; an upstream known early buys nothing without the inputs. Answered with BoundReady."""
     op: Literal["arm"] = "arm"
     index: int
     seeds: list[int]
@@ -204,9 +181,7 @@ class Confinement(Message):
     uid: int = -1
     """The uid the child runs as."""
     before_exec: bool = False
-    """Landlock and seccomp were set on a process of one thread before any candidate code ran
-    (pipeline/child/jail/jail.py, in a fork of the zygote), so every thread of the process holds them,
-    those torch or a driver starts included. (The name is older than the zygote.)"""
+    """Landlock and seccomp set on a one-thread process before any candidate code (jail.py), so every thread holds them."""
     netns: bool = False
     """A network namespace of its own: no address of the host, its loopback included, is reachable."""
     pidns: bool = False
@@ -220,11 +195,9 @@ class Confinement(Message):
     limits: bool = False
     """A limit on the size of any file it writes (RLIMIT_FSIZE)."""
     masked: list[str] = []
-    """Folders seen fresh and empty in the child's mount namespace, but for what it needs (/tmp,
-    /dev/shm, a 0700 home holding Python)."""
+    """Folders fresh and empty in the child's mount namespace but for what it needs (/tmp, /dev/shm, a 0700 home)."""
     set_by: str = "child"
-    """"parent": set by the parent's jail and checked by the parent (pipeline/sandbox/confine.py); "child": the
-    child's own report, never enough for trust."""
+    """"parent": set and checked by the parent (pipeline/sandbox/confine.py); "child": its own report, never trusted."""
     detail: str = ""
     """Why a layer is missing, where the parent knows."""
 
@@ -250,9 +223,7 @@ class OutputHeader(Message):
     grads: list[list[int]] | None = None
     """Gradient mode: each gradient's shape; their values follow the output's in the slot."""
     packed: list[str] | None = None
-    """The dtype each part's values were written in, one after another in the slot (the output's,
-    then each gradient's): raw, as computed, so the child's window holds no widening (the parent
-    widens to float64 after the reply)."""
+    """The dtype each part (output, then gradients) was written in, raw, so the child's window holds no widening."""
 
 
 class Ready(Message):
@@ -381,9 +352,8 @@ class Reader:
         return line
 
     def reply(self, deadline: float) -> Message | None:
-        """The next reply, None at end of stream; ProtocolError if it is not a valid reply. `arrived`
-        is taken before the parse: the parent's own work, 0.3 ms for a cpu Bound request's 128
-        headers, is no part of the child's window (pipeline.judge.session.Session.ask)."""
+        """The next reply, None at end of stream; ProtocolError if it is not a valid reply. `arrived` is taken
+        before the parse, so the parent's own parsing is no part of the child's window (Session.ask)."""
         line = self.line(deadline)
         if line is None:
             return None

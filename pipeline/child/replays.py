@@ -1,25 +1,9 @@
-"""Bound requests on a GPU, replayed from CUDA graphs, so the parent's clock times a call's device
-work, not its host work (Python, launches), down to calls of about 10 us.
-
-A request comes in two steps. `capture` (untimed) captures every replay of the request, in order,
-into one CUDA graph. `play` (timed by the parent) draws the request's masks on the device from a seed
-that arrives only with it, launches the graph and syncs. Each replay, in the graph:
-
-1. each float input of domain real or positive becomes its set's base values times a mask (one
-   value per element within 1 +- 0.05, from the `play` seed); replay r reads set r % sets under mask
-   r // sets (`layout`), so no (set, mask) pair comes twice and nothing computed at the capture, or
-   learnt from one replay, answers another;
-2. the forward runs (in gradient mode the forward and the backward, pipeline.child.grad);
-3. a digest of its output (and gradients), sum(output x weights) with weights from the request's
-   secret seed, goes to the replay's slot.
-
-Nothing else runs in the window: whatever of the harness's work the null subtracts, a candidate
-could leave out. Inputs are read cold without a flush: a set is rewritten sets - 1 replays ahead of
-its forward (`set_count`); a set too large to keep two of (`lone`) is replayed once a request
-(`most_replays`). The parent compares the digests of replays it chose in secret with the
-reference's, made from the same inputs (`inputs_for`, `masks`: the child's bit for bit). A forward
-that cannot be captured fails the request; the parent then times eager Bound requests and the
-result is untrusted (pipeline.judge.session). Measurements: docs/decisions/gpu-timing.md.
+"""Bound requests on a GPU replayed from CUDA graphs, so the parent's clock times device work, not host
+work, down to calls of about 10 us. `Captured` (untimed) captures a request's replays as one graph; its
+`play` (timed) draws the masks from a seed revealed only then, launches and syncs. Replay r reads set
+r % sets times mask r // sets (`layout`), so no pair comes twice and nothing computed at the capture
+answers a replay; it writes a digest the parent checks on replays chosen in secret. Inputs are read cold;
+an uncapturable forward fails the request (eager, untrusted). Measurements: docs/decisions/gpu-timing.md.
 """
 
 from __future__ import annotations
@@ -43,11 +27,8 @@ class Plan:
     """Each replay's inputs are its set's bases times a mask, each value within 1 +- this."""
     perturbed: tuple[str, ...] = ("real", "positive")
     """The input domains a mask is applied to: a positive mask keeps both."""
-    # Cold replays. Rewriting a set's inputs right before its forward would leave them in the L2, and
-    # graphs launched one replay at a time are bound by the host's launches: at 8-20 us a call the
-    # estimate would read far below an honest kernel's claim (docs/decisions/gpu-timing.md). So a set
-    # is rewritten sets - 1 replays ahead of its forward, with enough sets that about cold_l2 times the
-    # L2 is touched in between, and a play is one graph launch.
+    # Cold replays: a set is rewritten sets - 1 replays ahead of its forward, about cold_l2 L2s of traffic
+    # between, and a play is one graph launch; warm or launch-bound replays read low (docs/decisions/gpu-timing.md).
     cold_l2: int = 3
     max_sets: int = 64
     sets_bytes: int = 1 << 30
@@ -140,10 +121,9 @@ def digest(result: Any, w: torch.Tensor) -> torch.Tensor:
 
 
 def expected_digest(parts64: list[torch.Tensor], w: torch.Tensor, chunk: int) -> dict[str, float]:
-    """The reference's digest of float64 parts with the child's float32 weights, and its scale:
-    sum |w| (|ref| + the part's mean |ref|), which bounds how far parts within the elementwise
-    tolerance can move the digest. A chunk at a time: whole float64 copies of the weights and |ref|
-    would be three more outputs."""
+    """The reference's digest of float64 parts with the child's float32 weights, and its scale, sum |w|
+    (|ref| + the part's mean |ref|), which bounds how far values within the elementwise tolerance move the
+    digest. A chunk at a time: whole float64 copies of the weights and |ref| would be three more outputs."""
     digest_, scale, at = 0.0, 0.0, 0
     for part in parts64:
         flat, n = part.double().reshape(-1), part.numel()
@@ -157,10 +137,9 @@ def expected_digest(parts64: list[torch.Tensor], w: torch.Tensor, chunk: int) ->
 
 
 def _clean_capture(device: str) -> None:
-    """After a capture that failed, one that succeeds: a failed capture can leave torch's CUDA
-    generator marked as capturing, and every later random draw on the device then fails ("Offset
-    increment outside graph capture", seen on the H200), which would end an honest attempt whose
-    forward merely cannot be captured. A clean capture's prologue and epilogue reset that mark."""
+    """After a failed capture, one that succeeds: a failed one can leave torch's CUDA generator marked as
+    capturing, so every later draw fails ("Offset increment outside graph capture") and with it an honest
+    attempt whose forward merely cannot be captured. A clean capture resets the mark."""
     with contextlib.suppress(Exception):  # the attempt goes on; a later draw says what is wrong
         torch.cuda.synchronize()
         x = torch.zeros(1, device=device)
@@ -172,9 +151,7 @@ def _clean_capture(device: str) -> None:
 
 def unsplit_large_blocks() -> None:
     """Blocks over 512 MiB are never split by the caching allocator (call before the first CUDA
-    allocation). Split, a small tensor made later in a freed set's block kept the whole block: on the
-    H100 the reference held 37 GiB reserved with 0.3 GiB allocated after emptying its cache, and the
-    child's capture of a KernelBench-size request ran out beside it."""
+    allocation): split, a small tensor made later in a freed set's block kept the whole block reserved."""
     # torch 2.11 warns that the torch.cuda spelling is deprecated, in favour of this one.
     set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
     set_settings("max_split_size_mb:512")
@@ -192,11 +169,9 @@ def most_replays(n_seeds: int, set_bytes: int) -> int:
 
 
 def set_count(n_seeds: int, set_bytes: int, l2_bytes: int, replays: int) -> int:
-    """Input sets a request keeps: one where the set is lone, else a multiple of its seeds (set j
-    holds seeds[j % n_seeds], so replay r's set holds the reference's seeds[r % n_seeds]) with about
-    PLAN.cold_l2 L2s of traffic between a set's rewrite and its forward (each replay in between reads
-    its base, writes and reads its inputs: three times a set's bytes), within PLAN.max_sets,
-    PLAN.sets_bytes and what the replays use."""
+    """Input sets a request keeps: one where the set is lone, else a multiple of its seeds (set j holds
+    seeds[j % n_seeds]) with about PLAN.cold_l2 L2s of traffic (three set sizes a replay) between a set's
+    rewrite and its forward, within PLAN.max_sets, PLAN.sets_bytes and what the replays use."""
     if lone(set_bytes):
         return 1
     per = max(set_bytes, 1)
@@ -248,8 +223,8 @@ class Captured:
         # its own: freed now, they are not held beside the capture's (a set's size each at KernelBench's).
         torch.cuda.empty_cache()
         self.doms, self.like, self.mask_count = doms, sets[0], k
-        # Drawn again from each play's seed. One set under one mask (a lone set) holds its mask itself,
-        # rewritten in place: at KernelBench's sizes a mask is as large as the set (4 GiB for mse).
+        # Drawn again from each play's seed. A lone set under one mask holds its mask itself, rewritten in
+        # place: a mask is as large as its set.
         self.masks = masks(sets[0], doms, 0, device, count=k, into=[sets[0]] if n == k == 1 else None)
 
         def rewrite(r: int) -> None:
@@ -276,18 +251,16 @@ class Captured:
             _clean_capture(device)
             raise
         # What the graphs read and write lives as long as they do: the model too, whose KeptNull (grad) holds
-        # the null's results (the reference's null, freed with its model, once had graphs write freed memory).
+        # the null's results.
         self.keep = (sets, bases, w, model)
         # Each graph launched once here, untimed: a graph's first launch uploads it to the device too,
         # a cost that varies with the graph's size and is no call's work.
         self.play_graphs()
 
     def rebase(self, seeds: list[int], digest_seed: int) -> bool:
-        """A later request of the same shape on these graphs: each set's bases (its inputs where not
-        perturbed) drawn again from the request's seeds into the tensors the graphs read, and the
-        digest's weights from its seed. No capture, and no memory given back to the driver and taken
-        again, which a request's play then paid for (docs/decisions/gpu-timing.md). False in gradient
-        mode (an upstream is a new tensor a seed) or where a set's shapes or other arguments differ."""
+        """A later request of the same shape on these graphs: the sets' bases (inputs where not perturbed)
+        drawn again from `seeds` in place, the digest's weights from `digest_seed`; no capture, no memory back
+        to the driver. False in gradient mode (a new upstream each seed) or where shapes or arguments differ."""
         sets, bases, w, model = self.keep
         if isinstance(model, ForwardBackward) or len(seeds) != self.n_seeds:
             return False
@@ -318,9 +291,8 @@ class Captured:
 
 def null_request(module, n_seeds: int, replays: int, out_shape: list[int], device: str, grad: bool = False,
                  shared: tuple[list, list] | None = None) -> Captured:
-    """A null model's request shaped as a candidate's (the child's null model: zeros of the output's
-    shape and dtype, in gradient mode of every gradient's too; values from any seeds, only how many
-    sets matters), which the reference replays beside the candidate's
-    (pipeline.judge.reference.Reference.play)."""
+    """A null model's request shaped as a candidate's (zeros of the output's shape and dtype, in gradient
+    mode of every gradient's too; only how many sets matters, not their seeds), which the reference
+    replays beside the candidate's (Reference.play)."""
     null = null_model(module, tuple(out_shape), module.__kgen_dtype__ or torch.float32, device, grad)
     return Captured(null, module, list(range(1, n_seeds + 1)), replays, 0, device, shared)

@@ -1,37 +1,8 @@
-"""Task sizes: which module globals a size sets, the name it is stored under, the derived "small",
-the held-out shapes, and the dimensions a loaded task uses.
-
-Sizes are explicit. A size is one of:
-
-- a name the task has: "default" (the file as written), a key of its KGEN_SIZES, or "small" (below);
-- a mapping of module globals to override, e.g. {"batch_size": 3}, named "batch_size=3";
-- a name with overrides on top, e.g. "small(batch_size=3)"; every name `effective_size` returns is
-  of one of these forms, so a stored size name loads back to the very globals that ran.
-
-Any other name is a SizeError (one line: `task mse: no size 'smal' (has: default, small, odd)`),
-and so is an override of a global the file does not define: nothing silently runs the full size.
-
-"small" on a task that does not declare it is derived by one rule (`derive_small`). A dimension is
-an integer module global, or an integer inside a tuple global, whose value changes the shapes of
-get_inputs() (probed on the meta device, nothing allocated). While the largest input has more than
-SMALL_ELEMENTS (2**20, about 1e6) elements, one dimension is halved: the one whose halving shrinks
-the largest input most (then the larger value, then the total, then file order). A halved value is
-rounded down to a multiple of p, the largest power of two dividing the file's value but at most 8
-(an odd value stays odd), and never goes below min(the file's value, 8). Every other integer global
-(or tuple element) that holds the same value in the file and now is halved with it, since a file
-often derives one global from another (`input_shape = (num_classes,)`). A task whose inputs cannot
-get that small this way, or whose get_inputs() cannot run on the meta device, is refused with a
-SizeError saying to declare KGEN_SIZES["small"]. The derived size is named with every dimension it
-sets, e.g. `small(batch_size=32,dim=32768)`, so what is stored says what ran.
-
-`size_dims(module)` gives the integer globals that define the shapes a loaded module uses;
-`footprint` the bytes a size's inputs, weights and output take, and `check_memory` refuses, before
-anything is allocated, a size that `factor` times over (the parent's POLICY.memory_factor) would not
-fit the memory free (on a GPU, the driver's figure the parent passes: asking torch would open a CUDA
-context in the parent).
-
-This module is imported by the sandboxed harness (through tasks), so it must not import store,
-config or llm; it imports nothing of tasks.py, which imports it.
+"""Task sizes: which module globals a size sets, its stored name, the derived "small", held-out shapes, a
+loaded task's dimensions (size_dims) and memory (footprint, check_memory). A size is a name the task has
+("default", a KGEN_SIZES key, "small"), a mapping of globals ({"batch_size": 3}), or a name with overrides
+("small(batch_size=3)"); anything else, or an override of a global the file lacks, is a SizeError.
+Imported by the sandboxed harness (through tasks): it imports neither store, config, llm nor tasks.py.
 """
 
 from __future__ import annotations
@@ -99,12 +70,9 @@ def other_sizes(module: types.ModuleType, size: str | dict[str, Any]) -> list[st
 
 
 def held_out_sizes(module: types.ModuleType, rng) -> list[str]:
-    """Two shapes the prompt never showed, drawn with `rng` (a run's own): one smaller (each input
-    dimension 50-80% of the loaded size's) and one larger (each 1-12% more, so the inputs grow at
-    most about 1.27x in two dimensions), every drawn dimension odd, so that none is a multiple of 2,
-    4, 8 or a block. Globals holding the same value move together (a file often derives one from
-    another, as `dim = batch_size`). Named by their globals, as a size mapping is; [] where the
-    task's shapes cannot be probed on the meta device."""
+    """Two shapes no prompt showed, drawn with `rng`: one smaller (each input dimension 50-80%), one larger
+    (1-12% more), every drawn dimension odd (no multiple of 2, 4, 8 or a block), equal globals moving
+    together; named as a size mapping is. [] where the shapes cannot be probed on the meta device."""
     current = _dim_globals(module)
     try:
         with meta():
@@ -141,8 +109,10 @@ def parse_size_name(text: str) -> tuple[str | None, dict[str, Any]]:
 
 
 def derive_small(module: types.ModuleType) -> dict[str, Any]:
-    """The generic "small" for a task that declares none (the rule is in this module's docstring):
-    the value of every input dimension, some halved. SizeError where the rule cannot apply."""
+    """The generic "small" for a task that declares none: while get_inputs()'s largest input (probed on the
+    meta device) has over SMALL_ELEMENTS elements, halve (_halve) the dimension, an integer global or one in
+    a tuple, that shrinks it most; globals holding the same value in the file halve with it. Every input
+    dimension's value; a SizeError (declare KGEN_SIZES["small"]) where the rule cannot apply."""
     task = _task_name(module)
     base = _base(module)
     try:
@@ -186,11 +156,9 @@ def derive_small(module: types.ModuleType) -> dict[str, Any]:
 
 
 def size_dims(module: types.ModuleType) -> dict[str, int]:
-    """The integer globals that define the shapes this module uses, at their current values: those
-    whose change changes the shapes of get_inputs() or the arguments of get_init_inputs() (probed on
-    the meta device), and those an input's domain names (`index:num_classes`). An integer inside a
-    tuple global is named like `input_shape[0]`. Where the meta device cannot run get_inputs(),
-    every integer global."""
+    """The integer globals that define this module's shapes, at their current values: those whose change
+    changes get_inputs()'s shapes or get_init_inputs()'s arguments (meta device), or that a domain names
+    (`index:num_classes`); a tuple's integer is named like `input_shape[0]`. All of them where the meta device fails."""
     current = _dim_globals(module)
     keys = _elements(current)
     named = {d.partition(":")[2] for d in getattr(module, "KGEN_DOMAINS", None) or []}
@@ -430,11 +398,9 @@ def convolves(module: types.ModuleType) -> bool:
 
 def check_memory(module: types.ModuleType, device: str, budget_bytes: int | None = None, *,
                  factor: int) -> int | None:
-    """Refuse a size that cannot fit, before anything is allocated: `factor` x the footprint's
-    bytes against `budget_bytes`, or else the memory available on `device` (cpu: MemAvailable, and
-    the cgroup's limit where lower; on a GPU only `budget_bytes`, the driver's figure that the
-    parent passes). Returns the bytes needed, or None where the meta device cannot tell (get_inputs
-    needs real data); a SizeError where it does not fit."""
+    """Refuse a size that cannot fit, before anything is allocated: `factor` x the footprint's bytes against
+    `budget_bytes`, else the cpu's available memory (on a GPU only `budget_bytes`, the driver's figure). The
+    bytes needed, or None where the meta device cannot tell; a SizeError where it does not fit."""
     sizes = footprint(module)
     if sizes is None:
         return None

@@ -1,14 +1,9 @@
-"""Reference tasks in KernelBench's file contract, their input domains, and inputs from a seed.
+"""Reference tasks in KernelBench's file contract (`Model`, `get_inputs()`, `get_init_inputs()`): loaded
+at a size (sizes.py), their models, and inputs from a seed. Two optional globals are ours: `KGEN_SIZES`
+(named presets of module globals) and `KGEN_DOMAINS` (each input's valid domain); a KernelBench file
+without them runs at its own size and distribution, re-seeded per trial.
 
-A task file defines `Model`, `get_inputs()` and `get_init_inputs()`. Two optional globals are ours:
-`KGEN_SIZES` (named presets of module globals, e.g. "small") and `KGEN_DOMAINS` (the valid domain of
-each input). A KernelBench file without them runs unchanged at its own size with its own input
-distribution, re-seeded per trial.
-
-This module loads task files (at a size: what a size is, and the derived "small", are in sizes.py;
-whether a size fits in memory is in memory.py) and makes their models and inputs.
-
-This module is imported by the sandboxed harness, so it must not import store, config or llm.
+Imported by the sandboxed harness, so it must not import store, config or llm.
 """
 
 from __future__ import annotations
@@ -161,9 +156,8 @@ def make_inputs(module: types.ModuleType, seed: int, variant: str, device: str) 
 
 
 def redraw_inputs(inputs: list[Any], module: types.ModuleType, seed: int, device: str) -> None:
-    """New values from `seed` for the reference's own blocks (its code caches nothing): the old values
-    are dropped first, so the draw takes their memory, then the set holds the draw itself. A copy of a task's
-    gigabytes of inputs adds over half the draw's time, on each of the reference's two sides (docs/decisions/gpu-timing.md)."""
+    """New values from `seed` for the reference's own blocks (its code caches nothing): the old values are
+    dropped first so the draw takes their memory, and the set holds the draw itself, uncopied (docs/decisions/gpu-timing.md)."""
     inputs.clear()
     inputs.extend(make_inputs(module, seed, "base", device))
 

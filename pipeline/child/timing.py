@@ -28,26 +28,19 @@ class Method:
     how one is used, is a new version and invalidates cached times."""
     version: str = "10"
     block: int = 4
-    """Timed calls come in blocks of this many input sets, each filled with fresh values before the
-    block: only a block's first call follows the refill (whose host-side work leaves the launch path
-    cold: torch.compile's Python wrapper then costs tens to hundreds of microseconds), and every call is
-    timed, so work shifted from one call to another still counts. The time is the median of the block
-    means."""
+    """Timed calls come in blocks of this many input sets, each refilled with fresh values before the block;
+    every call is timed (work shifted between calls still counts), and the time is the median of block means."""
     sets_bytes: int = 1 << 30
     """Input sets a block keeps at most, together (input_sets)."""
     hold_ms: float = 1.0
-    """A GPU call is launched behind a hold this long: it covers torch.compile's cold launch path
-    (90-260 us) and most host stalls."""
+    """A GPU call is launched behind a hold this long, covering torch.compile's cold launch path and most host stalls."""
     side_work_ratio: float = 1.5
     side_work_ms: float = 0.05
     """A call whose busy-until-idle time exceeds its events' by side_work_ratio x, plus this (beyond
     sync latency), did work on other streams."""
     l2_flush_bytes: int = 256 << 20
-    """Bytes written before each GPU call to flush the L2: twice the largest L2 of current parts. No
-    flush on the cpu: a call there runs on the inputs its block just wrote, as the parent's Bound
-    requests run on the inputs the parent just wrote, so the two clocks see the same cache state. (A
-    flush left the cache full of dirty lines: a flushed mse call took 1.7 ms against 0.8 ms in a
-    Bound request, and that gap was room for a cheat.)"""
+    """Bytes written before each GPU call to flush the L2 (twice the largest L2 of current parts). No flush on the
+    cpu, where a call runs on the inputs its block just wrote, as Bound requests do: the same cache state."""
 
 
 METHOD = Method()
@@ -140,11 +133,9 @@ def _persisting_l2_reset() -> Callable[[], None] | None:
 
 
 def input_sets(nbytes: int, device: str) -> int:
-    """How many input sets of `nbytes` to keep for a block: up to METHOD.block, together at most METHOD.sets_bytes
-    (at least one), and on a GPU within 40% of free memory. Several sets keep a block's calls off
-    each other's caches; sets this large are far past any cache, so one set, refilled before each
-    call, is as cold, and four would be four copies of a task's inputs in the child and four more in
-    the reference, past the memory of a task of gigabytes."""
+    """How many input sets of `nbytes` a block keeps: up to METHOD.block, together at most METHOD.sets_bytes (at
+    least one), on a GPU within 40% of free memory. Several keep a block's calls off each other's caches; sets
+    past METHOD.sets_bytes are past any cache, so one, refilled before each call, is as cold and copies nothing."""
     count = max(1, min(METHOD.block, METHOD.sets_bytes // max(nbytes, 1)))
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info()
@@ -154,12 +145,9 @@ def input_sets(nbytes: int, device: str) -> int:
 
 def time_sides(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list[list[Any]], total: int,
                seeds_for: Callable[[int, int], list[int]], refill: Callable[[list[Any], int], None]) -> list[list[float]]:
-    """Milliseconds of `total` timed calls of each of `calls`, in blocks of METHOD.block. Before a block its
-    sets get fresh values (`seeds_for(first, count)`, then `refill`); a block longer than the sets refills
-    a set again right before reusing it, so no call sees values it saw before. Each set is timed with each
-    of `calls` in turn (the reference's eager and torch.compile, pipeline.judge.reference): one draw of fresh values
-    serves both sides, and each timed call is flushed and held as any other (Clock.time_call), so the
-    second runs on inputs as far out of cache as the first. One list of times per callable."""
+    """Milliseconds of `total` timed calls of each of `calls`, in blocks of METHOD.block: before a block its sets
+    get fresh values (`seeds_for(first, count)`, then `refill`), and again before reuse, so no call sees values
+    twice. Each set is timed with each of `calls` in turn (one draw for eager and compiled). A list per callable."""
     times: list[list[float]] = [[] for _ in calls]
     for first in range(0, total, METHOD.block):
         seeds = seeds_for(first, min(METHOD.block, total - first))
@@ -177,10 +165,8 @@ def time_sides(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list
 
 
 def time_cold(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list[list[Any]]) -> list[list[float]]:
-    """Each of `calls` timed on each set in turn, the sets all made before the first call: as the cpu's
-    Bound request times the candidate's calls on input sets the parent wrote into its inbox just before
-    (pipeline.child.harness's bound), so each side of a speedup meets the same caches. One list of
-    times per callable."""
+    """Each of `calls` timed on each set in turn, all sets made before the first call, as the cpu's Bound request
+    times the candidate's on sets the parent just wrote: both sides meet the same caches. A list per callable."""
     times: list[list[float]] = [[] for _ in calls]
     for inputs in sets:
         for side, call in enumerate(calls):
@@ -191,10 +177,9 @@ def time_cold(clock: Clock, calls: list[Callable[[list[Any]], Any]], sets: list[
 
 
 class ColdPool:
-    """The reference's sets for time_cold: drawn once, then before each later block written again from a
-    copy, so that each is freshly written when its block starts, as the inbox's sets are before a Bound
-    request, without a draw per set a block (draws would be most of a cpu attempt's timing).
-    Only where both copies fit in `most` bytes; larger sets are drawn anew each block."""
+    """The reference's sets for time_cold: drawn once, then rewritten from a copy before each later block, so each
+    is freshly written as the inbox's are, without a draw per set (draws would be most of a cpu attempt's
+    timing). Only where both copies fit in `most` bytes; larger sets are drawn anew each block."""
 
     def __init__(self, most: int):
         self.most, self.key, self.sets, self.source = most, None, [], []
@@ -255,10 +240,9 @@ def summarize(times_ms: list[float]) -> dict[str, float]:
 
 
 def hold_ms(clock: Clock, ms: float = METHOD.hold_ms, repeats: int = 5) -> float:
-    """How long a hold (pipeline.child.hold) of `ms` takes between CUDA events, median of `repeats`:
-    on a GPU that is ours alone it is `ms` within microseconds; time-sliced with another process's
-    work, or on a device whose every launch has slowed, it is longer. The measured hold is queued
-    behind a first one, so the host's launch (tens of microseconds through ctypes) is not counted."""
+    """How long a hold (pipeline.child.hold) of `ms` takes between CUDA events, median of `repeats`: `ms` within
+    microseconds on a GPU that is ours alone, longer when time-sliced or when every launch has slowed. Queued
+    behind a first hold, so the host's launch is not counted."""
     stream = clock._current_stream()
     times = []
     for _ in range(repeats):
@@ -274,16 +258,9 @@ def hold_ms(clock: Clock, ms: float = METHOD.hold_ms, repeats: int = 5) -> float
 
 
 def measure_bandwidth(device: str, clock: Clock | None = None, nbytes: int | None = None) -> float:
-    """Device memory bandwidth in GB/s: the better of a copy (read plus write bytes) and a read-only
-    reduction. The floor is inputs' bytes over this.
-    Pass the caller's `clock` to reuse its flush buffer and hold rather than build a second one.
-
-    On a GPU, of a large buffer (1 GB), median of several repeats: every timed call there starts
-    from a flushed L2. On the cpu nothing is flushed (a call runs on the inputs its block just
-    wrote), so the floor is measured where the data sits: with `nbytes` (the task's input bytes), a
-    buffer of that size, warm, and the fastest of many repeats, with the threads the caller times
-    with: a large buffer's copy reads the bandwidth of memory, not of the caches an honest kernel's
-    inputs sit in, and its floor refused honest kernels (docs/decisions/cpu-timing.md)."""
+    """Device memory bandwidth in GB/s, the better of a copy and a read (`clock`: the caller's, reused). A
+    GPU: a large buffer from a flushed L2, the median. The cpu, unflushed: `nbytes` (the task's inputs), warm,
+    the fastest, the bandwidth where the data sits (docs/decisions/cpu-timing.md)."""
     clock = clock or Clock(device)
     cached = not clock.cuda and nbytes is not None
     numel = (1 << 30) // 4 if clock.cuda else (256 << 20) // 4
@@ -305,9 +282,8 @@ def measure_bandwidth(device: str, clock: Clock | None = None, nbytes: int | Non
         ms, _ = clock.time_call(lambda: src.sum())
         reads.append(numel * 4 / (ms / 1e3) / 1e9)
 
-    # On a GPU each call starts from a flushed L2, so they alternate. On the cpu the reads come after
-    # all the copies, back to back: a read right after a copy pays for writing back the copy's dirty
-    # lines, which an honest kernel's warm read does not.
+    # On a GPU each call starts from a flushed L2, so they alternate. On the cpu the reads come after all
+    # the copies: a read right after a copy pays for the copy's dirty lines, which an honest warm read does not.
     for _ in range(rounds):
         copy()
         if clock.cuda:
@@ -338,19 +314,16 @@ def flop_count(call: Callable[[], Any]) -> int:
 
 
 def warm_flop_count() -> None:
-    """FlopCounterMode's first use imports torch._dynamo and some 800 modules (about a second on the
-    2-core box): imported where the reference's zygote imports pipeline.judge.reference, every
-    reference forked from it is spared it. The import alone, no op: an op run in the zygote before a
-    fork (its thread pool started) moved the forked references' float32 results, and an honest
-    gradient failed its tolerance 6 times in 42 evaluations (0 in 20 without)."""
+    """Import what FlopCounterMode's first use imports (torch._dynamo) in the reference's zygote, so every
+    reference forked from it is spared it. The import alone, no op: an op before a fork moved the forks' results
+    (docs/decisions/spares-and-startup.md)."""
     import torch._dynamo  # noqa: F401
 
 
 def measure_flops(device: str, clock: Clock | None = None) -> float:
-    """The device's best measured arithmetic rate, in FLOP/s: square matmuls in float32 and bfloat16
-    (and float16 on a GPU, whose tensor cores set the peak), the fastest of five each, with the
-    caller's threads. A kernel may compute in any dtype its tolerance allows, so the best of them is
-    the rate no honest kernel beats; fp8 (twice bfloat16's on an H100) is not tried."""
+    """The device's best measured arithmetic rate in FLOP/s: square matmuls in float32 and bfloat16 (and float16
+    on a GPU), the fastest of five each, with the caller's threads, since a kernel may compute in any dtype its
+    tolerance allows. fp8 is not tried."""
     clock = clock or Clock(device)
     n = 8192 if clock.cuda else 384
     best = 0.0
@@ -366,13 +339,9 @@ def measure_flops(device: str, clock: Clock | None = None) -> float:
 
 def compute_floor(device: str, clock: Clock | None, call: Callable[[], Any] | None = None,
                   flops: int = 0, own_ms: float | None = None, rate: float | None = None) -> dict[str, float | None]:
-    """The compute floor beside the bandwidth floor (Baselines.compute_floor_ms): the flops of one
-    `call` (or `flops`, counted before) at the device's best measured rate. A task whose forward the
-    counter sees no arithmetic in (every loss) gets none, and nothing is measured; nor does one the
-    counter or the matmuls fail on (out of memory beside a paused child). `own_ms`: the reference's
-    own time for that arithmetic, so no rate below its own is taken as the best (the cpu's 384-wide
-    matmuls, or a busy core, read slower than a 512-wide task's own eager calls). `rate`: the device's,
-    where measured already."""
+    """The compute floor (Baselines.compute_floor_ms): the flops of one `call` (or `flops`) at the device's best
+    rate (`rate`, where measured already). None where the counter sees no arithmetic (every loss) or it or the
+    matmuls fail. `own_ms`: the reference's own time for that arithmetic, so no rate below its own is taken."""
     try:
         flops = flop_count(call) if call is not None else flops
         rate = (rate or measure_flops(device, clock)) if flops > 0 else None

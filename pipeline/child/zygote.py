@@ -1,24 +1,9 @@
-"""The zygote: a trusted process that has imported torch and the harness, from which each child is
-forked instead of started from nothing (pipeline.sandbox.zygote is the parent's side).
-
-    python -s -m pipeline.child.zygote SOCKET_FD [MODULE ...]
-
-It runs only kgen's code, with the allow-listed environment of a child (no key, token or database
-path) and no candidate code ever. Each request (a SOCK_SEQPACKET message: JSON, with the child's
-descriptors attached) is forked into a process that takes the request's descriptors, session,
-working folder and environment; a candidate's then enters the jail (pipeline/child/jail/jail.py:
-cgroups, namespaces, mounts, limits, Landlock, uid, seccomp, each set on a process of one thread
-before any candidate code runs), and the request's module is run as `python -m` would run it. What
-it saves: `import torch` in every child (docs/decisions/spares-and-startup.md). Forking a process that has
-imported torch (and initialised no device) is what torch's DataLoader workers and multiprocessing's
-forkserver with preloads do. The candidates' zygote imports nothing of the parent's side; kgen's
-trusted side has a zygote of its own for the reference process, which also imports MODULE.
-
-Replies: {"pid": N} with a pidfd of the forked process (the room's outer process) attached;
-{"exited": N, "code": C} when it has exited (not yet reaped: its pid stays taken until the parent
-sends {"reap": N}, so the parent never signals or reads /proc of a pid that names another process).
-End of file on the socket (the parent exited or closed it) ends the zygote; each room's outer
-process dies with it (its parent-death signal), and every room with its outer process.
+"""The zygote (`python -s -m pipeline.child.zygote SOCKET_FD [MODULE ...]`): a trusted process with torch
+and the harness imported and no device initialised, from which each child is forked (pipeline.sandbox.zygote
+is the parent's side). It runs only kgen's code with a child's allow-listed environment; the candidates'
+zygote imports nothing of the parent's side. A request (SOCK_SEQPACKET, JSON, descriptors attached) gets
+{"pid": N} with the fork's pidfd, later {"exited": N, "code": C}; the pid stays unreaped until {"reap": N}.
+End of file ends the zygote, and every room with it (parent-death signals).
 """
 
 from __future__ import annotations
@@ -94,10 +79,9 @@ def _child(request: dict, fds: list[int], sock: socket.socket) -> None:
 
 
 def _reap_orphans(ours: set[int]) -> None:
-    """Reap every exited child that is not one of our forks: a room's first process, orphaned when the
-    parent killed its outer process, comes to us (we are the child subreaper), not to the host's pid 1,
-    which may reap it late or never (it stayed a zombie in the room's namespace for a second here, and
-    the parent's look from outside counted it as left)."""
+    """Reap every exited child not one of our forks: a room's first process, orphaned when the parent
+    killed its outer process, comes to us (the child subreaper), not to the host's pid 1, which may reap
+    it late or never."""
     for task in os.scandir("/proc/self/task"):
         try:
             with open(f"{task.path}/children") as f:
@@ -162,10 +146,9 @@ def _serve(sock: socket.socket) -> int:
 
 
 def _fork_poisoned() -> bool:
-    """Whether a fork of this process would find CUDA unusable: torch marks a fork "bad" once the
-    parent has called into the CUDA runtime (torch.cuda.is_available does, unless
-    PYTORCH_NVML_BASED_CUDA_CHECK=1, which the parent sets for us; torch.utils.cpp_extension's import
-    calls it, so no child module is imported here that imports that). Asked of a fork, as a child would."""
+    """Whether a fork of this process would find CUDA unusable: torch marks a fork "bad" once the parent
+    has called the CUDA runtime (as torch.cuda.is_available does without PYTORCH_NVML_BASED_CUDA_CHECK=1,
+    and importing torch.utils.cpp_extension). Asked of a fork, as a child would."""
     pid = os.fork()
     if pid == 0:
         os._exit(3 if torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork() else 0)

@@ -1,9 +1,6 @@
-"""A task's bench: its reference process (one per lane, kept alive for the run), its baselines and
-the sizes every correct candidate is also run at. The attempt itself is pipeline.judge.evaluate's.
-
-    bench = prepare(task, "small", "cpu", settings)   # open_bench, then measure_baselines
-    bench.expect(init_seed, specs)                    # an attempt's expected outputs, in float64 memfds
-    bench.close()
+"""A task's bench (`prepare`: open_bench, then measure_baselines): its reference process (one per lane,
+kept alive for the run), its baselines and the sizes every correct candidate is also run at. The attempt
+itself is pipeline.judge.evaluate's.
 """
 
 from __future__ import annotations
@@ -63,13 +60,9 @@ class Secrets:
 
 
 class Draws:
-    """Draws kept for sibling attempts: those of one task at one turn and generation of a batch,
-    whose code was written before any of them was judged. Each sibling is judged on the same
-    secrets, and the reference computes their values once (a fifth of an attempt's wall on a GPU:
-    docs/decisions/spares-and-startup.md). Nothing flows between them: a child
-    never sees expected values, holds nothing past its attempt, and a prompt carries feedback only
-    from attempts of earlier turns or generations, each judged on a draw of its own. Only a draw
-    whose values all came before the child (the plan's `ahead`) is kept; the last KEEP of them."""
+    """Draws shared by sibling attempts (one task, turn and generation of a batch, all written before any was
+    judged; docs/decisions/spares-and-startup.md). Nothing flows between them: a child never sees expected
+    values, and feedback comes from earlier turns only. Whole draws alone are kept, the last KEEP."""
 
     KEEP = 2
 
@@ -117,9 +110,8 @@ class TaskBench:
     detached: bool = False  # a copy in another process (Ray): its references end with each attempt
     suspect: str | None = None  # why the baselines were measured on a device unfit to time (never cached)
     cached: bool = False  # the baselines came from the database's cache (not timed, nothing to store)
-    # A reference started ahead of its lane (pipeline.run.executor) runs nothing on the GPU until it is
-    # moved there: its CUDA start-up and compiler warm-up beside the lane's timing make the GPU read
-    # busy, and honest attempts are refused (docs/decisions/spares-and-startup.md).
+    # A reference started ahead of its lane (pipeline.run.executor) runs nothing on the GPU until moved there:
+    # its start-up beside the lane's timing makes the GPU read busy (docs/decisions/spares-and-startup.md).
     early: bool = False
     output_bytes: int = 0  # the main size's output, from the meta device (0: unknown); sizes a timed block
     draws: Draws = field(default_factory=Draws, repr=False, compare=False)  # sibling attempts' shared secrets
@@ -131,11 +123,9 @@ class TaskBench:
         self.__dict__.update(state, draws=Draws())
 
     def _key(self, env: dict[str, str] | None) -> frozenset:
-        """Which reference process serves a lane. On the cpu there is one lane, and its reference is
-        pinned to the timing cores (sandbox.cpu_cores) whatever `env` says: the attempt's own requests
-        come with the child's KGEN_CORES, the bench's without, and keyed by them each would start a
-        reference of its own: a second start and compiler warm-up for every task, about ten seconds
-        on 2 cores (docs/decisions/spares-and-startup.md)."""
+        """Which reference process serves a lane. On the cpu one, whatever `env` says: the attempt's requests
+        come with the child's KGEN_CORES and the bench's without, and keyed by them each would start its own,
+        a second start and warm-up every task (docs/decisions/spares-and-startup.md)."""
         return frozenset() if self.device == "cpu" else frozenset((env or {}).items())
 
     def _reference(self, env: dict[str, str] | None) -> sandbox.Child:
@@ -167,8 +157,7 @@ class TaskBench:
                              off_lane=self.early, spread_cores=sorted(os.sched_getaffinity(0)) if self.device == "cpu" else None))
             ready, why = _event(ref)
         except BaseException:
-            # Not yet one of self.references, so close() would not find it: a reference left running
-            # here kept its task's inputs on the GPU, and the next children ran out of memory there.
+            # Not yet one of self.references, so close() would not find it: left running, it holds the GPU's memory.
             ref.kill()
             ref.finish(grace=0.1)
             raise
@@ -241,11 +230,9 @@ class TaskBench:
 
     def expect(self, init_seed: int, specs: dict[str, dict[str, Any]],
                env: dict[str, str] | None = None) -> tuple[dict[str, Expected], dict[str, int]]:
-        """Expected outputs for this attempt's seeds, whole (`"values": False`: their shapes and dtypes
-        alone), and the packed inputs the specs ask for (`"inputs": True`): sealed memfds the reference
-        handed over (pipeline.judge.refproto), the caller's to close and never to pass on; no file holds them
-        (a child that escaped its sandbox read them there). An attempt asks for one call's values at a
-        time, as it checks that call: all of them at once would be tens of copies of a gigabyte output."""
+        """Expected outputs for this attempt's seeds, whole (`"values": False`: shapes and dtypes alone), and
+        the packed inputs the specs ask for (`"inputs": True`): sealed memfds from the reference, the caller's to
+        close and never to pass on; no file holds them. Large outputs: one call's values at a time, as checked."""
         msgs = self.request(R.Expect(init_seed=init_seed, specs=[R.Spec(key=k, **v) for k, v in specs.items()]),
                             self.settings.timeout_s * 2, env)
         found = [m for m in msgs if isinstance(m, R.ExpectedCall)]
@@ -267,9 +254,8 @@ class TaskBench:
         return next(m for m in msgs if isinstance(m, R.Compared))
 
     def bound_inputs(self, plan, k: int, held: dict[str, int], env: dict[str, str] | None, set_bytes: int) -> list:
-        """Bound request `k`'s packed input sets (the inbox path) as private copies: from `held` (the
-        first request's, packed before the child started, to size its inbox), else packed now. A
-        request's at a time: an attempt's all at once were a dozen copies of a gigabyte input."""
+        """Bound request `k`'s packed input sets (the inbox path) as private copies: from `held` (packed
+        before the child started), else packed now; one request's at a time, never an attempt's all at once."""
         keys = [f"bound{k}_{i}" for i in range(len(plan.bounds[k]))]
         if not all(key in held for key in keys):
             _, fds = self.expect(plan.init_seed, plan.inputs_specs(k), env)
@@ -306,21 +292,16 @@ class TaskBench:
 
 
 def compile_cache_env() -> dict[str, str]:
-    """Where the reference process keeps torch.compile's caches (inductor's graphs and generated
-    code, Triton's kernels): one folder that outlives it (KGEN_CACHE_DIR, default ~/.cache/kgen).
-    A child's own HOME and TMPDIR are private and die with it, so without this every reference
-    process compiled each task from nothing: 15 s of a 40 s `kgen eval` on the cpu, 9 s of a task's
-    first attempt on each GPU lane. Only reference processes write here; a candidate's child can
-    write nowhere but its own temp dir (Landlock), so it cannot plant code the reference would load."""
+    """Where reference processes keep torch.compile's caches (inductor's, Triton's): one folder that
+    outlives them (KGEN_CACHE_DIR, default ~/.cache/kgen), else each compiles every task afresh. Only
+    references write here; a candidate's child writes only its own temp dir, so it can plant nothing here."""
     root = cache_root()
-    # Inductor keeps its precompiled header for cpu kernels (149 MB, about 5 s of g++) under the
-    # temp folder whatever TORCHINDUCTOR_CACHE_DIR says (torch._inductor.codecache._HEADER_DIR), so
-    # the reference's temp folder is one that outlives it too.
+    # Inductor keeps its cpu kernels' precompiled header under the temp folder whatever
+    # TORCHINDUCTOR_CACHE_DIR says (codecache._HEADER_DIR), so the reference's temp folder outlives it too.
     tmp = root / "reference-tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    # Compiled in the reference's own thread: inductor's pool of compile workers (each importing torch,
-    # restarted after a minute idle) runs on the lane's cores beside the timed blocks, and an honest
-    # attempt's idle probe then reads the GPU busy (docs/decisions/spares-and-startup.md).
+    # Compiled in the reference's own thread: inductor's pool of compile workers ran on the lane's cores
+    # beside the timed blocks (docs/decisions/spares-and-startup.md).
     return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
             "TMPDIR": str(tmp), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
@@ -351,9 +332,8 @@ def task_tolerance(module, device: str, dtype: str, default: float) -> float:
 
 def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, settings: EvalConfig,
                env: dict[str, str] | None = None, memory_checked: bool = False, early: bool = False) -> TaskBench:
-    """The task's bench with its reference process started (and, where torch.compile is timed,
-    warming its compiler up), but no baselines yet: `kgen eval` opens it beside the build, having
-    checked the size against the device's memory itself (`memory_checked`: nvidia-smi once, not twice).
+    """The task's bench with its reference process started (its compiler warming up), no baselines yet (`kgen
+    eval` opens it beside the build). `memory_checked`: the caller checked the size against memory already;
     `early`: started ahead of its lane, which may be timing another task (TaskBench.early)."""
     module = tasks.load_module(task, size, settings.dtype)
     device = backends.device_for(backend)
@@ -371,7 +351,7 @@ def open_bench(task: tasks.TaskFile, size: str | dict[str, Any], backend: str, s
 
 
 # A GPU's rates by (device, torch), the same for every task: measured once a kgen process, the best so far
-# for each later task (docs/decisions/gpu-timing.md: 4.2-6.7 s of floors a KernelBench task on the H100).
+# kept for each later task (docs/decisions/gpu-timing.md).
 _RATES: dict[tuple[str, str], R.Rates] = {}
 
 
@@ -387,11 +367,8 @@ def measure_baselines(bench: TaskBench, cached_baselines: Callable[[str], str | 
                       env: dict[str, str] | None = None, watch: health.Watch | None = None,
                       settle: bool = True) -> TaskBench:
     """The bench's baselines: from `cached_baselines(key)` when it has them, else timed now by its
-    reference process (see `prepare`). With `settle`, cached ones also wait for the reference's
-    compiler warm-up (pipeline.judge.reference.CompilerWarmup): in a batch, another task's candidate may
-    be timed on this lane as soon as this returns, and must not share the cpu with it. `kgen eval`,
-    alone on its machine, leaves it running beside its `expect` (its session settles before the
-    child's calibration)."""
+    reference. With `settle`, cached ones also wait for the compiler's warm-up, since in a batch another
+    candidate may be timed on this lane as soon as this returns (`kgen eval` settles later, in its session)."""
     task, size, settings = bench.task, bench.size, bench.settings
     ready_at = time.monotonic()
     cached = usable(cached_baselines(baseline_key(bench)) if cached_baselines else None, settings)
@@ -436,11 +413,9 @@ def _held_out(module, size) -> list[str]:
 
 
 def baseline_key(bench: TaskBench) -> str:
-    """What a cached baseline is good for: the task file's content (its sha, so an edited file misses),
-    the size, backend, device name, torch version (which names its CUDA build, "2.13.0+cu128"), the
-    timing protocol's version and the mode (dtype other than float32, gradient). On the cpu the
-    threads the eager reference may use change its time, so a count other than one is in the key
-    too. The mode stays last: pipeline.cli.kbcompare tells other modes' keys by their ending."""
+    """What a cached baseline is good for: the task file's sha, size, backend, device name, torch version
+    (naming its CUDA build), timing protocol version, on the cpu a thread count other than one, and last the
+    mode (a dtype other than float32, gradient): pipeline.cli.kbcompare tells modes apart by the key's end."""
     env, s = bench.env, bench.settings
     threads = [f"threads{s.cpu_threads}"] if bench.device == "cpu" and s.cpu_threads != 1 else []
     mode = [s.dtype] if s.dtype != "float32" else []

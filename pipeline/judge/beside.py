@@ -1,10 +1,8 @@
-"""What an attempt times besides the candidate's calls. The calibration: a null model's Bound requests
-in the child before the import, with the reference's null replays among them. The reference's blocks,
-timed by the reference process right after each of the candidate's timed blocks (never beside it,
-while the candidate's process is stopped): eager, then torch.compile of the same model, so each
-speedup is a ratio of times taken in the same window. And a null replay of the reference's beside
-each replayed Bound request. `session` is the attempt's pipeline.judge.session.Session (not
-imported: the session imports this). And a Bound request replayed from CUDA graphs (replayed)."""
+"""What an attempt times besides the candidate's calls: the calibration (a null model's Bound requests
+before the import, with the reference's null replays), the reference's eager and torch.compile blocks
+right after each of the candidate's (the child stopped), so a speedup is a ratio of times taken in the
+same window, and the reference's null replay beside each replayed Bound request (replayed). `session`
+is the attempt's pipeline.judge.session.Session (not imported: the session imports this)."""
 
 from __future__ import annotations
 
@@ -35,14 +33,11 @@ def calibrate(session: Any) -> None:
     session.part("startup_settle")
     noise = [np.random.default_rng().integers(0, 256, session.inbox.set_bytes, dtype=np.uint8)
              for _ in range(calls)] if session.inbox else None
-    # On the cpu each of the candidate's Bound requests follows the reference's cold eager block on the
-    # same core (eager_block), so each null request follows one too: back to back, the nulls meet warm
-    # caches the candidate's requests never do and the base reads low (docs/decisions/cpu-timing.md).
-    # Not where the blocks would cost more than POLICY.cold_calibration_ms each (calls of a task of gigabytes).
+    # On the cpu each null request follows a cold eager block, as the candidate's do: back to back, the
+    # nulls would meet warm caches and read low. Not where that costs over POLICY.cold_calibration_ms.
     eager_ms = bench.baselines.eager.median_ms if bench.baselines and bench.baselines.eager else None
     cold = bench.device == "cpu" and eager_ms is not None and eager_ms * calls <= POLICY.cold_calibration_ms
-    # Blocks longer than that hide a stall of a few milliseconds in their own noise: the GPU's count
-    # (at a gigabyte a call, each null request costs seconds of input making).
+    # Blocks longer than that hide a few milliseconds' stall in their own noise, and cost seconds: the GPU's count.
     long = bench.device == "cpu" and eager_ms is not None and not cold
     blocks = POLICY.calibration_blocks["cpu" if bench.device == "cpu" and not long else "cuda"]
     for i in range(blocks + 1):
@@ -65,21 +60,17 @@ def calibrate(session: Any) -> None:
         if not i:
             continue
         session.replay_calibration.append(Window(ms, plan.replays))
-        # A null beside every window: the offset is the median of the pairs, and at 16-496 replays a
-        # request one pair of two read 0.4-2.3 ms off the rest, a 60 us honest call then under its
-        # bandwidth floor (docs/decisions/gpu-timing.md). A null replay costs milliseconds.
+        # A null beside every window: the offset is the median of the pairs, which one pair off does not
+        # move (docs/decisions/gpu-timing.md). A null replay costs milliseconds.
         at = time.monotonic()
         session.null_calibration.append(play(session, calls, pause=False).get("null"))
         session.spent("calibration_nulls", at)
 
 
 def eager_block(session: Any, calls: int, first: bool, cold: bool = False) -> None:
-    """As many eager calls, and as many torch.compile calls, timed by the reference process right
-    after the candidate's block (never beside it): the speedups are ratios of times taken in the
-    same window. Where torch.compile is timed beside, each input set the reference draws is timed
-    eager then compiled (reference.Reference.time_block's `pair`): one draw for both sides, since the
-    draws are most of a block's time on a task of gigabytes (docs/decisions/gpu-timing.md). `cold`: after a
-    Bound request on the cpu, timed as that request's calls were (Reference.time_block's `cold`)."""
+    """As many eager (and, where compiled is timed beside, torch.compile) calls, timed by the reference
+    right after the candidate's block with the child stopped; paired, each input set drawn is timed eager
+    then compiled (one draw for both). `cold`: after a cpu Bound request, timed as its calls were."""
     at = time.monotonic()
     with session.child.paused():  # what the candidate left running must not slow the other side (sandbox.Child.pause)
         at = session.spent("timing_pause", at)
@@ -114,11 +105,9 @@ def reference_block(session: Any, calls: int, first: bool, cold: bool = False,
 
 
 def play(session: Any, calls: int, pause: bool, models: tuple[str, ...] = ()) -> dict[str, float]:
-    """The reference process's replays (pipeline.judge.reference.Reference.play), on its own clock: its
-    null model's, shaped as the candidate's Bound request, and `models`' (eager's, torch.compile's);
-    with `pause`, while the candidate's process is stopped. {} where the GPU was busy after a wait
-    and a re-timing (after the import that is work the candidate left running, and the attempt is
-    refused for it) or the null could not be replayed; a model that could not be is left out."""
+    """The reference's replays on its own clock (Reference.play): its null shaped as the candidate's Bound
+    request, and `models`' (eager, compiled); with `pause`, the child stopped. {} where the GPU stayed busy
+    (with `pause`, the attempt is refused for it) or the null failed; a model that failed is left out."""
     with session.child.paused() if pause else contextlib.nullcontext():
         bench = session.bench
         msgs = bench.request(R.Play(size=bench.size, init_seed=session.plan.init_seed, n_seeds=calls,
@@ -190,10 +179,8 @@ def _busy(doing: str, busy: R.Busy) -> str:
 def paired_terms(calibration: list[Window], null_calibration: list[float | None], windows: list[Window],
                  nulls: list[float | None]) -> str:
     """What each paired estimate (clocks.paired_per_call) was made of, in ms, for the stored note: the
-    child's calibration median, the reference's null median and the pairs' offset, then each
-    request's window and its null. At about 10 us a call the estimates can scatter from a quarter of
-    the work to more than all of it between evaluations (docs/decisions/gpu-timing.md); these say which
-    term moved."""
+    calibration's median, the reference's null median, the pairs' offset, then each request's window and
+    its null, to say which term moved where estimates scatter (docs/decisions/gpu-timing.md)."""
     def med(xs: list[float]) -> float:
         return float(np.median(xs)) if xs else float("nan")
     beside = [n for n in null_calibration if n is not None]

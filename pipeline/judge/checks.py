@@ -1,15 +1,10 @@
 """What the parent checks of the child's outputs (Checks, which the session is): each checked call's
-values against the reference's float64 values, compared here where they came ahead of the child
-(pipeline.judge.evaluate.AttemptPlan.specs) and in the reference process where they did not
-(refproto.Compare); and the held-out sizes after their trials (held_out).
+values against the reference's float64 ones, here where they came ahead (AttemptPlan.specs), else in
+the reference process (refproto.Compare); and the held-out sizes after their trials (held_out).
 
-A held-out trial that passes says the output was right, not whose code made it: a kernel hard-wired
-to the declared size that hands every other size to PyTorch is right everywhere
-(tests/redteam/hardwired_size_fallback.py). So at each held-out size whose trial passed the parent
-asks for the child's profile of one call there (a claim: which ops took the time, used only to
-refuse). The library serves a kernel at a held-out size only where both held (ShapeRun.served).
-Nothing is timed there: the only times kgen records are the parent's, at the main size
-(docs/decisions/held-out-sizes.md).
+A passing held-out trial says the output was right, not whose code made it, so the child's profile
+there (a claim, used only to refuse) must show its own kernel ran too (ShapeRun.served). Nothing is
+timed there (docs/decisions/held-out-sizes.md).
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ class Checks:
 
     def fetch(self, key: str) -> Expected:
         """A checked call's expected values: made ahead (AttemptPlan.specs) or asked for now. A timed or
-        Bound call's come without PyTorch's own error on its inputs (refproto.Spec.errors): it is
-        described by, and judged at the tolerance of, a trial of its size and variant (the first, "base",
-        on fresh inputs); a run-dtype forward and an error pass a check were a third of the reference's work."""
+        Bound call's come without PyTorch's own error (refproto.Spec.errors), which saves the reference work:
+        the trial of its size and variant describes it and sets its tolerance."""
         spec, trial = self._spec(key)
         if (want := self.expected.get(key)) is None or want.fd is None:
             want = self.expected[key] = self.bench.expected_for(self.plan.init_seed, key, spec, self.lane)
@@ -64,10 +58,9 @@ class Checks:
         return dataclasses.replace(trial, fd=getattr(want, "fd", None))
 
     def check(self, key: str, header: P.OutputHeader, values, like: Expected) -> TrialResult:
-        """One checked call's output against its float64 values: here, where they came ahead (fetch;
-        the caller releases them), else in the reference process, which reads the output from the
-        outbox and computes them on its device (refproto.Compare): a gigabyte output's float64 values
-        then never cross to the host. `like`: an Expected of the call's size, for its layout."""
+        """One checked call's output against its float64 values: here where they came ahead (fetch; the
+        caller releases them), else in the reference process, which reads the outbox and computes them on its
+        device, so large float64 values never cross to the host. `like`: an Expected of the call's size."""
         bench = self.bench
         tol, device, dtype = bench.tolerance, bench.device, bench.settings.dtype
         if self.plan.ahead:

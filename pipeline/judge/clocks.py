@@ -1,23 +1,10 @@
-"""The parent's clock, the only one: the time recorded is each Bound request's window, from the
-request to its reply, less a null request's, per call, on the cpu and on a GPU alike.
-
-Each request reveals fresh inputs only as the parent's clock starts (on the cpu the parent writes
-them into the child's inbox while every process of the child's session is stopped; on a GPU the
-child draws them on the device from a seed that arrives with the request, and a replayed request
-perturbs them per replay from a seed that arrives only with its `Play`), calls on each back to back,
-syncs and writes the outputs (on a GPU replayed, digests). The harness copies nothing in that window,
-so nothing in the calibrated part is work a candidate could skip; what is left is the calls' own
-time. The null request is the same request made by a null model before the candidate was imported
-(net_per_call), and on a GPU also the reference's null replay right beside each request
-(paired_per_call): eager and torch.compile are replayed beside it by the reference and net of that
-same null, so both sides of a speedup are one method. The child's own clock is never read, so a
-clock forged inside it has nothing to forge (docs/decisions/cpu-timing.md, gpu-timing.md).
-
-On a cpu, what a loaded machine added to a window is the kernel's own account, which no candidate
-forges: /proc/<pid>/task/<tid>/schedstat holds, per thread, nanoseconds on a cpu and nanoseconds
-runnable but waiting on a run queue. The parent reads them for the child's threads and its own
-around each request it times (pipeline.judge.session.Session.ask), outside the window (a read costs
-tens of microseconds a thread), and unloaded_ms takes the load out of the window.
+"""The parent's clock, the only one: the time recorded is each Bound request's window (request to reply)
+less a null request's, per call, on the cpu and a GPU alike. A request reveals fresh inputs only as its
+window opens and the harness copies nothing inside it, so nothing subtracted is work a candidate could
+skip. The null is a null model's request before the import (net_per_call) and, on a GPU, the reference's
+null replay beside each request (paired_per_call), which eager and compiled are timed net of too. The
+child's clock is never read (docs/decisions/cpu-timing.md, gpu-timing.md). On the cpu, what a loaded
+machine added comes out by the kernel's schedstat accounts, read outside the window (unloaded_ms).
 """
 
 from __future__ import annotations
@@ -101,12 +88,9 @@ class Window:
 
 
 def unloaded_ms(window: Window, threads: int = 1) -> float:
-    """The window less what other processes took of it (cpu): its milliseconds less the run-queue
-    wait of the child's busiest thread and the parent's, but never below the child's time on a cpu
-    over the `threads` cores it is held to (pipeline.sandbox.cpu_cores), so that the time others had
-    the child's cores counts on neither side of a speedup. No candidate lowers this below its
-    work: a wait is time it did not run, and work split over threads is inside their cpu time over
-    the cores; a thread that exits in the window takes its wait with it (nothing subtracted)."""
+    """The window less what other processes took of it (cpu): less the run-queue waits of the child's
+    busiest thread and the parent's, never below the child's cpu time over its `threads` cores. No
+    candidate lowers this below its work: a wait is time it did not run."""
     if window.load is None:
         return window.ms
     return max(window.ms - window.load.wait_ms, window.load.cpu_ms / max(1, threads), 0.0)
@@ -122,20 +106,16 @@ def unloaded_run(run: Callable[[], list[list[float]]], calls: int, threads: int)
 
 
 def unloaded_block(times: list[list[float]], block: Window, threads: int) -> list[list[float]]:
-    """The reference's cold block (the cpu, beside a Bound request), timed call by call, with what other
-    processes took of the block taken out as the parent takes it out of the candidate's windows
-    (unloaded_ms): each time scaled by the block's unloaded share, so that both sides of a speedup
-    are measured one way."""
+    """The reference's cold block (cpu, beside a Bound request), each call's time scaled by the block's
+    unloaded share (unloaded_ms), so both sides of a speedup have the load taken out one way."""
     share = unloaded_ms(block, threads) / block.ms if block.ms > 0 else 1.0
     return [[t * min(1.0, share) for t in side] for side in times]
 
 
 def net_per_call(calibration: list[Window], bounds: list[Window], device: str = "cuda", threads: int = 1) -> list[float]:
-    """Each Bound request's milliseconds a call less the calibration's: its median null request on a
-    GPU (robust to a stalled one), its fastest on the cpu, and there both less what other processes
-    took of them (unloaded_ms). A machine's stalls only ever add time, while no candidate makes a
-    request faster than the work it must do in it (each holds a call, chosen in secret, checked in
-    full); so a GPU's bound is the fastest request (pooled), and the cpu's figure the median."""
+    """Each Bound request's milliseconds a call less the calibration's null request: the median on a GPU
+    (robust to a stalled one), the fastest on the cpu (a machine's stalls only add time), both sides
+    unloaded there (unloaded_ms)."""
     if not calibration or not bounds:
         return []
     if device == "cpu":
@@ -147,15 +127,9 @@ def net_per_call(calibration: list[Window], bounds: list[Window], device: str = 
 
 def paired_per_call(calibration: list[Window], null_calibration: list[float | None], bounds: list[Window],
                     nulls: list[float | None]) -> list[float] | None:
-    """Each replayed Bound request's milliseconds a call less its own null request and the protocol's
-    offset. The offset is what the child's null model costs on the parent's clock (before the import,
-    so with the protocol's costs) over the reference's null replay: the median over the calibration's
-    pairs, `null_calibration[i]` the reference's null beside `calibration[i]` (None where none was).
-    Pairs, not the two medians: the GPU's clock and state drift within a calibration too, and
-    medians of windows and of nulls taken at other moments scatter the offset by milliseconds over
-    512 replays, most of an 8 us call's estimate, so a clock forged to half would pass now and then
-    (docs/decisions/gpu-timing.md). None where a request or
-    the calibration has no null replay beside it (net_per_call then stands)."""
+    """Each replayed Bound request's ms a call less its own null (`nulls[k]`, the reference's replay beside it)
+    and the offset, the median of the calibration's pairs (calibration_offset: pairs, as the GPU drifts;
+    docs/decisions/gpu-timing.md). None where a request or the calibration has no null beside it."""
     offset = calibration_offset(calibration, null_calibration)
     if offset is None or not bounds or len(nulls) != len(bounds) or None in nulls:
         return None

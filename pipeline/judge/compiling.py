@@ -42,13 +42,9 @@ class Kept:
 
 
 class CompilerWarmup:
-    """torch.compile of a probe that is not the task's, run in a thread: a process's first compile
-    pays once for importing dynamo and inductor and starting their code generation, which would
-    otherwise fall inside its first compiled block. The probe touches
-    neither the task's module nor torch's global random state (linspaces), so `expect` runs beside it
-    unchanged; nothing is timed until it has ended (`settle`). `off_lane` (TaskBench.early): nothing
-    on the GPU, and no code generated (inductor's C++ for a cpu probe competes with a batch's
-    builds): dynamo and AOTAutograd through aot_eager, and inductor's and Triton's imports."""
+    """torch.compile of a probe in a thread, so a process's one-time compiler start falls outside its first
+    timed block; it touches neither the task's module nor torch's random state, so `expect` may run beside it
+    (nothing is timed before `settle`). `off_lane`: nothing on the GPU, no code generated (aot_eager)."""
 
     def __init__(self, device: str, grad: bool, off_lane: bool = False):
         self.device, self.grad, self.off_lane = ("cpu" if off_lane else device), grad, off_lane

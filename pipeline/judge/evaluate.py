@@ -1,17 +1,10 @@
-"""The parent's side of evaluation: the candidate's child, and the session between it and the task's
-reference process (pipeline.judge.bench) that ends in a verdict (pipeline.judge decides each check).
+"""The parent's side of evaluation: a fresh sandboxed child per attempt (`evaluate`), in a session with
+the task's long-lived reference process (pipeline.judge.bench.prepare: one per task and run).
 
-    bench = prepare(task, "small", "cpu", settings)          # one reference process per task and run
-    result = evaluate(bench, code_path, build_dir, settings)  # one fresh sandboxed child per attempt
-    bench.close()
-
-Every attempt draws its own seeds (weights, trials and Bound calls) from os.urandom, but for
-a batch's siblings, which share one draw (pipeline.judge.bench.Draws); the
-long-lived reference process describes the outputs (shapes, dtypes) before the child starts, and
-computes each checked call's expected output, in full and in float64, as the parent checks that call
-(one call's at a time: docs/decisions/memory-and-outputs.md). The child learns each call's seed only in
-the request that makes the call (pipeline.child.protocol); on the cpu the reference process also
-packs each Bound call's inputs, which the parent writes into the stopped child's inbox as its clock starts.
+Every attempt draws its own seeds from os.urandom (a batch's siblings share one draw, bench.Draws). The
+reference describes the outputs before the child starts and computes each checked call's float64 values
+as that call is checked (docs/decisions/memory-and-outputs.md); the child learns each call's seed only in
+the request that makes it, and on the cpu Bound inputs are written into the stopped child's inbox.
 """
 
 from __future__ import annotations
@@ -98,17 +91,13 @@ class AttemptPlan:
             for key, seed in rng.sample(rest, min(max(0, more), len(rest))):
                 checked[key] = {"size": bench.size, "seed": seed, "variant": "base", "errors": False}
         plan = AttemptPlan(_seed(), _seed(), trials, bounds, checked, inbox, bench.size)
-        # float64 values (the output and, in gradient mode, gradients of the inputs' size) of every
+        # float64 values (the output and, in gradient mode only, gradients of the inputs' size) of every
         # checked call, and the inbox's sets: ahead where small and known (specs).
-        # (Gradients, of the inputs' size, only in gradient mode: counted in forward mode too, a small
-        # mse's 8 MB of inputs put its scalar outputs past the limit, its Bound inputs were packed
-        # between the child's requests, and honest kernels were refused at half the estimate.)
         grads = input_bytes if s.grad else 0
         bound_bytes = input_bytes * sum(map(len, bounds)) if inbox else 0
         plan.ahead = 0 < bench.output_bytes and (bench.output_bytes + grads) * 2 * len(checked) + bound_bytes <= POLICY.ahead_bytes
-        # The Bound requests' inputs ahead wherever they fit, whatever the expected values need:
-        # packed by the reference between the child's requests, on its cores, they slowed the Bound
-        # calls (cold caches) and honest kernels were refused at half the estimate.
+        # The Bound requests' inputs ahead wherever they fit, whatever the expected values need: packed
+        # between the child's requests, on its cores, they slowed its Bound calls (cold caches).
         plan.inputs_ahead = bound_bytes <= POLICY.ahead_bytes
         if bench.device.startswith("cuda") and bench.settings.replay_bound:
             plan.replays = min(replay_count(fastest_ms(bench)), replays.most_replays(len(bounds[0]), input_bytes))
@@ -125,13 +114,9 @@ class AttemptPlan:
                              factor_seed=self.factor_seeds[b]) for b, checks in enumerate(self.replay_checks) for r in checks]
 
     def specs(self) -> dict[str, dict[str, Any]]:
-        """What the reference computes before the child starts. Where an attempt's expected values and
-        Bound inputs together are small (`ahead`), all of them, as always: work of the reference's
-        between the child's requests, on the child's cores, slowed its Bound calls (cold caches) and an
-        honest mse of 0.03 ms a call was refused as impossible_timing. Else the first checked call at
-        each size, its shapes and dtypes alone (the outbox's slots are sized from them), and on the
-        inbox path the first Bound request's packed inputs; each checked call's values then come as
-        it is checked (Session.fetch), each later request's inputs as it is sent (TaskBench.bound_inputs)."""
+        """What the reference computes before the child starts: all of it where small (`ahead`: work between
+        the child's requests slowed its Bound calls); else each size's first checked call's shapes (they size the
+        slots) and the first Bound inputs, the rest as needed (Session.fetch, TaskBench.bound_inputs)."""
         if self.ahead:
             specs = {key: {**spec, "output": True} for key, spec in self.checked.items()}
             for b, block in enumerate(self.bounds if self.inbox else []):
@@ -158,10 +143,8 @@ class AttemptPlan:
 
 
 def block_calls(output_bytes: int) -> int:
-    """Calls in a Bound request that is not replayed: METHOD.block, fewer where their outputs, each in its own
-    outbox slot until the parent has checked them, would take more than POLICY.block_output_bytes (one call
-    a request for an output of a gigabyte, whose slots beside the reference's float64 forward were
-    more than the judge's budget; POLICY.memory_factor)."""
+    """Calls in a Bound request that is not replayed: METHOD.block, fewer where their outputs, each in its
+    own outbox slot until checked, would pass POLICY.block_output_bytes (the judge's memory budget)."""
     return max(1, min(METHOD.block, POLICY.block_output_bytes // max(output_bytes, 1)))
 
 
@@ -173,11 +156,9 @@ def checked_count(output_bytes: int) -> int:
 
 
 def slot_words(want: Expected) -> int:
-    """An outbox slot for one call's output, in 8-byte words: its values in the dtype PyTorch gives it
-    (a float32 output's slot is half a float64 one; the child pins every slot on a GPU, 24 GiB for a
-    4 GiB output's three at 8 bytes a value). An output of another dtype or shape fails its header
-    checks before its values are read. In gradient mode 8 bytes a value: a gradient's dtype is judged
-    from what the child wrote."""
+    """An outbox slot for one call's output, in 8-byte words: its values in the dtype PyTorch gives it (an
+    output of another dtype or shape fails its header checks first); in gradient mode 8 bytes a value,
+    since a gradient's dtype is judged from what the child wrote."""
     if want.parts or want.ref_dtype not in memfd.PACKED_DTYPES:
         return want.numel
     import torch
@@ -203,10 +184,9 @@ def replay_count(call_ms: float | None) -> int:
 
 
 def cpu_bound_calls(eager_ms: float | None, input_bytes: int, output_bytes: int) -> int:
-    """Calls per Bound request on the cpu's inbox path (see POLICY.cpu_short_ms): where eager is short, a
-    timed block's, or more for a call so short that a block's calls take under POLICY.cpu_bound_ms
-    (POLICY.cpu_bound_max_calls at most); within POLICY.cpu_bound_set_bytes of inputs and POLICY.block_output_bytes of
-    outputs. Else one."""
+    """Calls per Bound request on the cpu's inbox path: one unless eager is under POLICY.cpu_short_ms; then a
+    block's, or more (POLICY.cpu_bound_max_calls at most) so they take POLICY.cpu_bound_ms, within
+    POLICY.cpu_bound_set_bytes of inputs and POLICY.block_output_bytes of outputs."""
     if not eager_ms or eager_ms <= 0 or eager_ms >= POLICY.cpu_short_ms:
         return 1
     block = block_calls(output_bytes)
@@ -229,17 +209,12 @@ def spare_init(backend: str, settings: EvalConfig) -> dict[str, Any]:
 def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalConfig,
              env: dict[str, str] | None = None, spares: Spares | None = None,
              watch: health.Watch | None = None, draw: str | None = None) -> EvalResult:
-    """Judge one built candidate; `env` adds to the child's environment (a lane's CUDA_VISIBLE_DEVICES).
-    `draw` names the siblings this attempt shares its secrets with (bench.Draws; None: its own).
-    With `spares`, the child is one started ahead of time, and the next attempt's is started now.
-    With `watch`, the device is checked before and after: on an unfit one the candidate is judged
-    for correctness only, and a device that went bad during the attempt marks its timing.
-
-    A correct result whose cpu was too loaded to time it (decide: no figure) is judged again,
-    with a fresh child and a fresh draw, up to `settings.load_retries` times: load is waited out where
-    it passes, and where it does not the result keeps its verdict and no figure. So too a GPU's
-    replayed time refused by the floors or lost in its nulls (Again.retime): the last evaluation's
-    verdict stands, the first's reason in its outcome's `earlier`."""
+    """Judge one built candidate. `env` adds to the child's environment (a lane's CUDA_VISIBLE_DEVICES);
+    `draw` names the siblings it shares its secrets with (bench.Draws; None: its own); `spares` gives a
+    child started ahead (and starts the next); `watch` checks the device before and after (unfit: judged
+    for correctness only; gone bad meanwhile: its timing marked). What decide sends back (too loaded, or a
+    replayed time refused or lost in its nulls: Again) is judged afresh, up to `settings.load_retries`
+    times; the last verdict stands, a retime's first reason in its outcome's `earlier`."""
     result, again = _judge(bench, code_path, build_dir, settings, env, spares, watch, draw=draw)
     spent, earlier = result.eval_seconds, None
     for _ in range(settings.load_retries):
@@ -255,11 +230,9 @@ def evaluate(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalC
 
 
 def _secrets(bench: TaskBench, lane_env: dict[str, str] | None, before: dict[str, float], timeout_s: float) -> Secrets:
-    """A fresh draw, and what the reference computes for it before the child starts: the expected
-    values first, beside its compiler's warm-up, which the health check (timed) waits for (in a fresh
-    `kgen eval` that warm-up is 10-11 s). They come as memfds only this process holds
-    (pipeline.judge.bench.TaskBench.expect): no path names them, and sandbox.start passes a child only
-    its own descriptors."""
+    """A fresh draw, and what the reference computes for it before the child starts (the expected values
+    first, beside its compiler's warm-up), as memfds only this process holds (TaskBench.expect): no path
+    names them, and sandbox.start passes a child only its own descriptors."""
     plan = AttemptPlan.draw(bench)
     mark = time.monotonic()
     expected, inputs = bench.expect(plan.init_seed, plan.specs(), lane_env)
@@ -345,9 +318,8 @@ def _judge(bench: TaskBench, code_path: Path, build_dir: Path, settings: EvalCon
         session = Session(bench, child, plan, expected, memfd.Outbox(child.outbox_fd, slot_values, slots), spares, env,
                           inbox, inputs, timed=unfit is None, settings=settings)
         session.digests = digests
-        # The bench's lane, not the child's environment: on the cpu that holds the cores added above,
-        # and the session's requests would go to a second reference process, started for them, while
-        # the idle first holds its memory as a gigabyte task's values are computed.
+        # The bench's lane, not the child's environment (on the cpu it holds KGEN_CORES): else the session's
+        # requests would start a second reference process while the first holds its memory.
         session.lane = lane_env
         session.own = own
         try:

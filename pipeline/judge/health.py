@@ -1,20 +1,10 @@
-"""Is the GPU fit to time? Checked before a task's baselines and around every attempt, not assumed.
-
-A GPU can go bad under a run and still answer: on one H100, after a long series of hostile
-candidates, every kernel timed at 3.19 ms and the bandwidth measured 673 GB/s instead of about 3000,
-and nothing warned. So the lane's reference process measures its device (the memory
-bandwidth, and how long a 1 ms hold takes between CUDA events), and the parent looks at the driver
-for compute processes that are not kgen's and for clocks held down by a hardware or thermal limit.
-The device is fit when the measures agree, within POLICY.bandwidth_tol and POLICY.hold_tol, with what it measured
-when the run began (the first fit check of the lane) and, for a model we have measured, with
-POLICY.stored_bandwidth; and nothing else computes on it.
-
-An unfit device stops timing: an attempt that starts on it is judged for correctness only, one
-that ran while it went bad keeps its verdict with its timing marked (EvalResult.device_unfit),
-baselines measured on it are not cached, and a resume on a fit device re-times those attempts.
-
-On the cpu backend nothing is checked here: a loaded machine is the normal case there, and the
-candidate and its baselines are timed side by side instead (pipeline.judge.session).
+"""Is the GPU fit to time? Checked before a task's baselines and around every attempt, not assumed: a GPU
+can go bad under a run and still answer (docs/decisions/gpu-timing.md). The lane's reference process
+measures its device (bandwidth, a 1 ms hold between CUDA events) and the parent asks the driver for
+foreign compute processes and held-down clocks. Fit: within POLICY.bandwidth_tol and POLICY.hold_tol of
+the lane's first check (and POLICY.stored_bandwidth), nothing else computing. An unfit device stops
+timing: attempts are judged for correctness only or marked (EvalResult.device_unfit), its baselines are
+not cached, and a resume re-times them. The cpu is not checked: there both sides are timed side by side.
 """
 
 from __future__ import annotations
@@ -100,12 +90,9 @@ class Watch:
         return reason
 
     def recent(self, within_s: float | None = None) -> bool:
-        """Whether the last check found the device fit within `within_s` seconds: the check before an
-        attempt takes it for its own (pipeline.judge.evaluate). A check costs the lane a tenth of a
-        second (a bandwidth copy, a hold, two nvidia-smi queries), and in a batch the one after an
-        attempt, taken once its child is dead, comes a second or two before the next attempt's: only
-        kgen's own work ran on the device between them, and the check after that next attempt still
-        sees whatever came up meanwhile."""
+        """Whether the last check found the device fit within `within_s` seconds, so the check before an
+        attempt may take it for its own: in a batch only kgen's work ran since, and the check after that
+        attempt still sees whatever came up meanwhile."""
         within_s = POLICY.recent_s if within_s is None else within_s
         return self.fit_at is not None and time.monotonic() - self.fit_at < within_s
 
@@ -138,9 +125,8 @@ def _smi(*args: str) -> list[list[str]]:
 
 def gpu_free_bytes(lane: str | None) -> int | None:
     """Free memory on a lane's GPU (its CUDA_VISIBLE_DEVICES; None: this process's first visible GPU)
-    as the driver reports it; None where nvidia-smi cannot say. The parent asks the driver, not torch:
-    cudaMemGetInfo opens a CUDA context (GPU memory, and start-up time) in a process that never
-    computes on a device."""
+    as the driver reports it; None where nvidia-smi cannot say. Not torch's cudaMemGetInfo, which would
+    open a CUDA context in a parent that never computes on a device."""
     rows = _smi("-i", _gpu_id(lane), "--query-gpu=memory.free")
     try:
         return int(float(rows[0][0])) << 20 if rows and rows[0] else None  # MiB
@@ -225,12 +211,9 @@ def throttled(uuid: str) -> list[str]:
 
 
 class IdleProbe:
-    """Whether the GPU runs anything besides this process's work, checked by this process (the
-    parent's side) before and after each eager block, while the candidate's child is stopped: a
-    candidate that left a spinner on a side stream is stopped on the host, not on the device, and
-    eager timed beside it reads slow and flatters the candidate's speedup (docs/decisions/gpu-timing.md).
-    The probe is a tiny kernel's launch-to-finish wall time: where another context holds the SMs,
-    it waits for a time slice (milliseconds) instead of its usual tens of microseconds."""
+    """Whether the GPU runs other work than ours, checked around each eager block with the child stopped: a
+    spinner left on a side stream is stopped on the host, not the device (docs/decisions/gpu-timing.md). The
+    probe is a tiny kernel's wall time, which waits milliseconds for a time slice where the SMs are held."""
 
     SLACK_MS = 0.2  # above the idle time; a time slice of another context costs more than this
     WAIT_S = 2.0  # how long a busy device is waited for before the block is timed anyway

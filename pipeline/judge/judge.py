@@ -1,9 +1,7 @@
 """The parent's comparison of output values against the float64 reference, which the session's
-checks make (what is decided from an evaluation's measurements: pipeline.verdicts).
-
-Nothing here takes the child's word. Values are the candidate's outputs as the child wrote them into
-the outbox (copied out by the parent before its next request), compared element by element with the
-reference's full float64 output.
+checks make (what is decided from an evaluation's measurements: pipeline.verdicts). Nothing here takes
+the child's word: values are the outputs as the child wrote them into the outbox, compared element by
+element with the reference's full float64 output.
 """
 
 from __future__ import annotations
@@ -22,10 +20,9 @@ from ..policy import POLICY
 
 @dataclass(frozen=True)
 class Expected:
-    """The reference's output for one call: metadata, and its full float64 values in a sealed memfd
-    (pipeline.judge.refproto.sealed_memfd) that only the parent holds, fetched as that call is checked and
-    closed once it has been (pipeline.judge.session.Session.fetch); `fd` is None where only the metadata
-    was asked for (an attempt's shapes, before its child starts)."""
+    """The reference's output for one call: metadata, and its float64 values in a sealed memfd only the
+    parent holds (refproto.sealed_memfd), fetched as the call is checked and closed once it has been; `fd`
+    is None where only the metadata was asked for (an attempt's shapes, before its child starts)."""
 
     shape: list[int]
     numel: int
@@ -70,13 +67,11 @@ def mapped(fd: int, dtype=np.uint8, count: int = -1) -> np.ndarray:
 
 
 def tolerance_for(tol: float, dtype: str, ref_err: float | None, own_err: float | None = None) -> float:
-    """The relative tolerance for one part in the run's dtype. float32 keeps the task's (default
-    1e-4), widened only where PyTorch's own float32 result on the attempt's very inputs reads more
-    than a quarter of it in the judge's elementwise metric (`own_err`), to POLICY.ref_err_factor x that,
-    at most POLICY.own_err_cap x the task's. In bfloat16 and float16 it is derived from the reference's own
-    error in that dtype against float64 (measured per attempt on the same inputs), never below the
-    dtype's epsilon. Every comparison is against float64, so a reduction accumulated in the low
-    dtype (whose error grows with its length) fails where PyTorch's, accumulated in float32, passes."""
+    """The relative tolerance for one part in the run's dtype. float32: the task's, widened to
+    POLICY.ref_err_factor x `own_err` (PyTorch's own float32 error on these inputs, the judge's metric)
+    where larger, at most POLICY.own_err_cap x the task's. bfloat16 and float16: from `ref_err` (PyTorch's
+    own error in that dtype against float64), never below the dtype's epsilon. All against float64, so a
+    reduction accumulated in the low dtype fails where PyTorch's, accumulated in float32, passes."""
     if dtype not in POLICY.dtype_eps:
         return min(max(tol, POLICY.ref_err_factor * (own_err or 0.0)), POLICY.own_err_cap * tol)
     return max(tol, POLICY.dtype_eps[dtype], POLICY.ref_err_factor * (ref_err or 0.0))
@@ -88,11 +83,10 @@ def fail(verdict: Verdict, error: str, **extra) -> TrialResult:
 
 def compare(header: OutputHeader, values: np.ndarray | None, want: Expected, tol: float, device: str,
             dtype: str = "float32", stats: list | None = None) -> TrialResult:
-    """Judge one output (the child's header, the parent's copy of its values) against the reference;
-    in gradient mode the output and then every gradient, each part against its own magnitude.
-    `stats`: each part's (max |got - ref|, max |ref|, (excess, index, ref, got) of the value furthest
-    past its bound or None), measured where the float64 values are (refproto.Compare; `want` holds
-    no values then), None for a part holding NaN or Inf."""
+    """Judge one output (the child's header, the parent's view of its values) against the reference; in
+    gradient mode the output then every gradient, each against its own magnitude. `stats`: each part's (max
+    |got - ref|, max |ref|, (excess, index, ref, got) of the value furthest past its bound or None), None for
+    a part holding NaN or Inf, measured in the reference (refproto.Compare; `want` then holds no values)."""
     if (problem := header_problem(header, values, want, device)) is not None:
         return problem
     if stats is None:
@@ -152,28 +146,25 @@ def header_problem(header: OutputHeader, values, want: Expected, device: str) ->
 
 
 def _part_stats(got_at, b: np.ndarray, part: range, part_tol: float):
-    """One part's stats as `compare` takes them, here, from the float64 values in `b`: values whose
-    expected values all came ahead of the child (at most POLICY.ahead_bytes, so tens of MB; larger
-    outputs are compared in the reference, tensor_stats). Magnitude-aware: relative per element, with
-    the part's mean magnitude as the absolute floor, so zeros never pass against a non-zero reference
-    (KernelBench #165)."""
+    """One part's stats as `compare` takes them, from the float64 values in `b` (outputs within
+    POLICY.ahead_bytes; larger ones are compared in the reference, tensor_stats). Relative per element, the
+    part's mean magnitude the absolute floor, so zeros never pass against a non-zero reference."""
     n = len(part)
     mean = _abs_sum(b, part.start, part.stop) / n if n else 0.0
     return _range_stats(got_at, b, part.start, part.stop, mean, part_tol)
 
 
 def tensor_stats(got_parts: list, ref_parts: list, tols: list[float]) -> list:
-    """`compare`'s stats where the float64 values are (the reference process: refproto.Compare): each
-    part of the candidate's output (1-D tensors in the dtypes it was written in, anywhere) against its
-    float64 part on the reference's device, POLICY.compare_chunk values at a time, by _chunk_stats's
-    metric. A gigabyte output's float64 values then never leave the device they were computed on."""
+    """`compare`'s stats in the reference process (refproto.Compare): each part of the candidate's output
+    (1-D, in its written dtypes, anywhere) against its float64 part on the reference's device, by
+    _chunk_stats's metric, so large float64 values never leave the device that computed them."""
     return [_tensor_part(got, ref.detach().reshape(-1), tol) for got, ref, tol in zip(got_parts, ref_parts, tols)]
 
 
 def _tensor_part(got, ref, tol: float):
     import torch
 
-    # On the cpu in cache-sized pieces, as own_error: 4M-value chunks took 3.4 s for a GiB, pieces 0.8.
+    # On the cpu in cache-sized pieces, as own_error (docs/decisions/memory-and-outputs.md).
     n, step = ref.numel(), POLICY.compare_piece if ref.device.type == "cpu" else POLICY.compare_chunk
     mean = sum(float(ref[i:i + step].abs().sum()) for i in range(0, n, step)) / n if n else 0.0
     max_abs, max_mag, worst = 0.0, 0.0, None
@@ -195,16 +186,13 @@ def _tensor_part(got, ref, tol: float):
 
 
 def own_error(a, b) -> tuple[float, float]:
-    """How far `a` (PyTorch in the run's dtype) lands from `b` (float64): the largest |a - b| over
-    the largest |b|, and the same in the judge's elementwise metric (`compare`), the largest
-    |a - b| / (|b| + the part's mean |b|), infinite where an element of an all-zero part is not zero.
-    In pieces of POLICY.compare_piece values, as the comparison's: whole-part float64 temporaries would
-    be four more copies of an output, and pieces this small stay in cache."""
+    """How far `a` (PyTorch in the run's dtype) lands from `b` (float64): max |a - b| over max |b|, and the
+    judge's elementwise metric (`compare`), max |a - b| / (|b| + the part's mean |b|), infinite where an
+    all-zero part's element is not zero. In POLICY.compare_piece pieces, which stay in cache."""
     if a.numel() == 0:
         return 0.0, 0.0
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-    # On a GPU in chunks, not cache-sized pieces: each piece costs launches and three syncs (a 4 GiB
-    # output is 16K pieces), and the device has no core cache to stay in.
+    # On a GPU in chunks, not cache-sized pieces: each piece costs launches and syncs, and no core cache helps.
     n, piece = b.numel(), POLICY.compare_piece if b.device.type == "cpu" else POLICY.compare_chunk
     mean = sum(float(b[i:i + piece].double().abs().sum()) for i in range(0, n, piece)) / n
     top_diff = top_mag = own = 0.0
@@ -261,11 +249,9 @@ def _chunk_stats(got: np.ndarray, ref: np.ndarray, mean: float, tol: float):
 
 
 class Slot:
-    """A slot of the child's outbox read in place, a chunk at a time, each chunk widened to float64
-    from the dtypes the header names (pipeline.child.memfd.PACKED_DTYPES): a whole float64 copy
-    of a gigabyte output would be twice its size in the parent. Each comparison reads each
-    value once, into its own chunk-sized copy, so a child that rewrites its outbox meanwhile only
-    changes which values it is judged on, as with the whole copy made before; nothing else reads it."""
+    """A slot of the child's outbox read in place, a chunk at a time widened to float64 from the header's
+    dtypes (memfd.PACKED_DTYPES), never copied whole. Each comparison reads each value once, so a child
+    rewriting its outbox meanwhile only changes which values it is judged on."""
 
     def __init__(self, outbox, slot: int, dtypes: list[str], counts: list[int]):
         import torch
@@ -302,10 +288,9 @@ class Slot:
 
 
 def same_values(a, b) -> bool:
-    """Two outputs (arrays or Slots) hold the same values, NaN where NaN; compared in chunks. Two
-    slots written in the same dtypes are compared byte for byte, with no float64 copies (a gigabyte
-    output's two copies took seconds): stricter only where the bits of equal values differ (-0.0 and
-    0.0, NaN payloads), which is a change all the same."""
+    """Two outputs (arrays or Slots) hold the same values, NaN where NaN; compared in chunks. Two slots of
+    the same dtypes compare byte for byte, with no float64 copies: stricter only for equal values of
+    different bits (-0.0 and 0.0, NaN payloads), which is a change all the same."""
     if a is None or b is None or a.size != b.size:
         return False
     if isinstance(a, Slot) and isinstance(b, Slot) and [p[:2] + p[3:] for p in a.parts] == [p[:2] + p[3:] for p in b.parts]:

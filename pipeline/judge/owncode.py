@@ -1,16 +1,8 @@
-"""What the parent can check itself about a candidate's own code, and which flags rest on what.
-
-    own = inspect_build(build_dir, backend, source)     # after a successful build, before the child
-    flags, claimed = flags_for(profile, shape_results, own, shapes, interpreted_eager_ms)
-
-The child's profile is a report from the candidate's own process: a candidate can rebind the
-harness's profile function and claim every microsecond as its own (tests/redteam/profile_rebind.py).
-So the parent reads the built extension itself (`nm` over the .so files torch's load_inline left in
-the build folder; `readelf` for a CUDA fat binary) and, for Triton, the @triton.jit functions in the
-source. That can prove absence only: a build with no function beyond pybind11's and torch's glue,
-and no Triton kernel, is `no_custom_kernel` on the parent's finding whatever the child says. Code
-that is there may still never run (a dummy function beside PyTorch doing the work); only the child's
-profile says whether it ran, and a flag raised on that alone is stored as the child's claim.
+"""What the parent checks itself about a candidate's own code (`inspect_build`, after the build: `nm` and
+`readelf` over the built .so files, the source's @triton.jit functions), and which flags rest on what
+(`flags_for`). The child's profile can be forged by the candidate, so the parent's look proves absence
+only: no function beyond pybind11's and torch's glue and no Triton kernel is `no_custom_kernel` whatever
+the child says. Whether code that is there ran, only the profile says: a flag on that alone is a claim.
 """
 
 from __future__ import annotations
@@ -182,16 +174,10 @@ def own_share(profile) -> float | None:
 def flags_for(profile, shape_results: list[TrialResult], own: OwnCode | None = None,
               shapes: list[ShapeRun] = (), interpreted_eager_ms: float | None = None,
               library_ok: bool = False) -> tuple[list[Flag], list[Flag]]:
-    """(every flag, those raised on the child's claims alone).
-
-    `no_custom_kernel`: the parent's finding where it found no code of the candidate's own; else the
-    child's claim where its profile puts the call in PyTorch's ops. `interpreted_eager_ms`: eager's
-    time, where Triton's interpreter ran the candidate's kernels; their Python time would hide
-    PyTorch's share of the call there, so PyTorch did the work when its ops alone took half as long
-    as eager's whole call. With `library_ok` (library_allowed: a KernelBench level-2 or -3 task),
-    PyTorch's share may be most of the call, and only one where its own code took under
-    POLICY.library_own_fraction is claimed PyTorch's. `shape_specialized`: the parent's finding where a held-out
-    size failed; else the child's claim where its profile says its own kernel did not run at one of them."""
+    """(every flag, those raised on the child's claims alone). `no_custom_kernel`: the parent's finding
+    where it found no own code, else the child's claim where its profile puts the call in PyTorch's ops
+    (pytorch_did_it, given `interpreted_eager_ms` and `library_ok`). `shape_specialized`: the parent's finding
+    where a held-out size failed, else the child's claim where its own kernel did not run at one."""
     flags, claimed = [], []
     if own is not None and own.holds_own is False:
         flags.append(Flag.no_custom_kernel)
@@ -207,8 +193,10 @@ def flags_for(profile, shape_results: list[TrialResult], own: OwnCode | None = N
 
 
 def pytorch_did_it(profile, interpreted_eager_ms: float | None = None, library_ok: bool = False) -> bool | None:
-    """The child's claim, from one profile: PyTorch's ops did the call's work (None: no profile).
-    With `library_ok`, only when the candidate's own code did next to none of it (POLICY.library_own_fraction)."""
+    """The child's claim, from one profile: PyTorch's ops did the call's work (None: no profile). With
+    `library_ok` (library_allowed), only where its own code did under POLICY.library_own_fraction; with
+    `interpreted_eager_ms` (eager's time, where Triton's interpreter's Python hides PyTorch's share), where
+    PyTorch's ops alone took POLICY.no_custom_kernel_fraction of eager's call."""
     if profile is None or profile.torch_fraction is None or profile.error:
         return None
     if library_ok:

@@ -1,17 +1,9 @@
-"""The reference process: expected outputs in float64 and baseline timings, in a process that never
-imported candidate code, so a candidate that patches torch cannot move them.
-
-    python -m pipeline.judge.reference --result-fd N      (requests arrive as JSON lines on stdin)
-
-It lives for a task's whole run on the parent's side: `baselines` once, then per attempt, with that
-attempt's own seeds, its expected values: all in one `expect` where they are small, else an `expect`
-of the outputs' shapes and one per checked call (pipeline.judge.evaluate.AttemptPlan.specs). Where
-torch.compile is timed, a thread warms the compiler up at start (CompilerWarmup) while the process
-serves `expect`; every op that times anything, and `settle`, waits for it first. Expected outputs
-go, in full and as float64, into sealed memfds handed to the parent over a Unix socket, where the
-parent compares them with the candidate's outputs; past POLICY.ahead_bytes the parent hands over the
-outbox instead and the comparison runs here, on the device (`compare`). Requests, events and memfds
-are pipeline.judge.refproto's."""
+"""The reference process (`python -m pipeline.judge.reference --result-fd N`, requests as JSON lines on
+stdin): expected outputs in float64 and baseline timings, in a process that never imported candidate
+code, so a candidate that patches torch cannot move them. It lives for a task's run: baselines once,
+then per attempt its expected values as sealed memfds handed to the parent over a Unix socket or, past
+POLICY.ahead_bytes, the comparison itself on its device (`compare`). Nothing is timed before the
+compiler's warm-up ends (CompilerWarmup). Requests, events and memfds are pipeline.judge.refproto's."""
 
 from __future__ import annotations
 
@@ -80,9 +72,8 @@ class Reference:
         self.clock: Clock | None = None
         self.compiled: dict[str, Any] = {}  # torch.compile of the attempt's model, per size
         self.plays: dict[str, tuple[str, replays.Captured]] = {}  # play's graphs by kind, and what they were made for
-        # Per size, a model without weights and its torch.compile, kept across attempts: compiled anew
-        # for every attempt's fresh instance, its first block costs tenths of a second more
-        # (docs/decisions/spares-and-startup.md). A model with weights is built anew per init seed.
+        # Per size, a model without weights and its torch.compile, kept across attempts, so no attempt's first
+        # block pays a fresh compile (docs/decisions/spares-and-startup.md); one with weights is built per init seed.
         self.kept: dict[str, Kept] = {}
         self.warmed: set[str] = set()  # sizes whose torch.compile had this attempt's warm-up calls
 
@@ -119,13 +110,9 @@ class Reference:
         return replays.expected_digest(parts, w, POLICY.digest_chunk)
 
     def play(self, request: R.Play) -> dict[str, float]:
-        """Milliseconds on this process's clock to play, as the candidate's replayed Bound request is
-        played (pipeline.child.replays), a null model shaped as the candidate's (zeros for a forward),
-        and where asked eager's and torch.compile's forwards: each time is then a window less a null
-        one. Each is captured untimed at the first request of its shape, on one set of inputs for all,
-        and kept for the attempt: memory given back to the driver between requests and taken again
-        slowed the candidate's next play (docs/decisions/gpu-timing.md). A model whose forward cannot
-        be captured is left out."""
+        """Milliseconds on this clock to play, as the candidate's request is, a null model shaped as the
+        candidate's and the asked models (eager, compiled), each captured untimed at its shape's first request
+        and kept for the attempt (docs/decisions/gpu-timing.md); one that cannot be captured is left out."""
         times = {}
         key = request.model_dump_json(exclude={"models"})  # what a capture was made for
         for kind in ("null", *request.models):
@@ -162,13 +149,9 @@ class Reference:
 
     def expected(self, size: str, init_seed: int, seed: int, variant: str, pack_inputs: bool = False,
                  output: bool = True, values: bool = True, errors: bool = True) -> dict[str, Any]:
-        """The reference's output for one call, in float64, written into a sealed memfd (`values_fd`,
-        the caller's to close; with `values` False only what describes it: shapes and dtypes);
-        with `pack_inputs`, the call's inputs too, packed as the inbox holds them
-        (pipeline.child.protocol), in another (`inputs_fd`).
-
-        The float64 parts go into the memfd one after another, with no joined copy
-        (docs/decisions/memory-and-outputs.md)."""
+        """The reference's output for one call in float64, its parts one after another in a sealed memfd
+        (`values_fd`, the caller's to close); with `values` False only its shapes and dtypes. With
+        `pack_inputs`, the call's inputs too, packed as the inbox holds them (`inputs_fd`)."""
         module, m32, m64 = self.models_for(size, init_seed)
         inputs = tasks.make_inputs(module, seed, variant, self.device)
         meta: dict[str, Any] = {}
@@ -177,9 +160,8 @@ class Reference:
         if not output:
             return meta
         if not values:
-            # Only what describes the call (the outbox's slots are sized from it): the run dtype's
-            # forward alone. The float64 forward and the error pass here were a whole checked call's
-            # work on a task of gigabytes, made again when that call is checked (Session.fetch).
+            # Only what describes the call (it sizes the outbox's slots): the run dtype's forward alone; the
+            # float64 forward comes when the call is checked (Session.fetch).
             reseed(m32, inputs, seed)
             with torch.no_grad():
                 out32, parts32 = _parts(m32(*inputs))
@@ -192,10 +174,9 @@ class Reference:
         return {**meta, **described}
 
     def compare(self, request: R.Compare, fd: int) -> R.Compared:
-        """A checked call's output, read from the outbox memfd `fd` where the parent's request says,
-        against its float64 forward here (tensor_stats): a gigabyte output's float64 values neither
-        leave the device nor go through a memfd to the parent. The tolerances are the parent's rule
-        (tolerance_for) on the errors of the call's trial (request.errs) or, for a trial, its own."""
+        """A checked call's output, read from the outbox memfd `fd` where the request says, against its float64
+        forward here (tensor_stats), so large float64 values never leave the device. Tolerances by the parent's
+        rule (tolerance_for) on the errors of the call's trial (request.errs) or, for a trial, its own."""
         spec = request.spec
         module, m32, m64 = self.models_for(spec.size, request.init_seed)
         inputs = [tasks.make_inputs(module, spec.seed, spec.variant, self.device)]
@@ -213,10 +194,9 @@ class Reference:
         return R.Compared(key=spec.key, stats=stats, **described)
 
     def _forward64(self, m32, m64, held: list, module, seed: int, variant: str, errors: bool):
-        """One call's float64 parts (on this process's device) and what describes them; with `errors`,
-        PyTorch's own error in the run's dtype too. `held`: [the call's inputs], emptied here: at most
-        about twice the float64 forward's own inputs and output stay alive, as the run dtype's inputs
-        go while it runs and are drawn again from the seed after (the draw is deterministic)."""
+        """One call's float64 parts (on this device) and what describes them; with `errors`, PyTorch's own
+        error in the run's dtype too. `held`: [the call's inputs], emptied here, so they can go during the
+        float64 forward (drawn again from the seed after, where there is no room: _room)."""
         inputs = held.pop()
         inputs64 = _as64(inputs)
         if not errors:  # the float64 values alone (refproto.Spec.errors): no run-dtype forward to keep inputs for
@@ -253,17 +233,15 @@ class Reference:
 
     def time_block(self, size, init_seed: int, seeds: list[int], warmup: int = 0,
                    pair: bool = False, cold: bool = False) -> list[float] | list[list[float]]:
-        """One block of eager calls, timed exactly as the candidate's (timing.time_sides), between the
-        candidate's own blocks: the speedups are ratios of times taken side by side. With `pair`, each
-        set once drawn is timed eager then compiled (timing.time_sides): [eager times, compiled
-        times]. With `cold`, as the cpu's Bound request beside it times the candidate: every set
-        drawn first, then a call on each in turn (timing.time_cold)."""
+        """One block of eager calls timed exactly as the candidate's, between its blocks (timing.time_sides).
+        `pair`: each set timed eager then compiled, [eager times, compiled times]. `cold`: as the cpu's Bound
+        request beside it, every set drawn first, then a call on each in turn (timing.time_cold)."""
         module, m32, _ = self.models_for(size, init_seed)
         if self.clock is None:
             self.clock = Clock(self.device)
         with torch.no_grad():
-            # The attempt's first block: sets of its size, and the warm-up the candidate had; at least one call after an `expect` released the
-            # models (in gradient mode a rebuilt model's first call drew its upstream: 7-11 ms of a 0.5 ms call).
+            # The attempt's first block: sets of its size, and the warm-up the candidate had; at least one call
+            # after an `expect` released the models (a rebuilt model's first call in gradient mode draws its upstream).
             if self.sets is None or self.sets_size != size_key(size):
                 self.sets = tasks.block_sets(module, tasks.make_inputs(module, seeds[0], "base", self.device), self.device)
                 self.sets_size = size_key(size)
@@ -468,9 +446,8 @@ def main(argv: list[str] | None = None) -> int:
         elif isinstance(request, R.Settle):  # sent before a child's calibration, which must see a quiet machine
             send(warmed)
         if cuda and not isinstance(request, (R.TimeBlock, R.Play)):
-            # This process stays alive beside every candidate of its task: it keeps no device memory
-            # between requests (but an attempt's eager blocks, released when its timing ends), so
-            # tasks' references together never starve a candidate.
+            # This process lives beside every candidate of its task: it keeps no device memory between requests
+            # (but an attempt's eager blocks, until its timing ends), so references never starve a candidate.
             torch.cuda.empty_cache()
         send(R.Done(op=request.op, memory_mib=(torch.cuda.memory_allocated() >> 20, torch.cuda.memory_reserved() >> 20)
                     if cuda else None))

@@ -1,21 +1,9 @@
-"""The protocol between the parent and a task's reference process (pipeline.judge.reference): typed
-JSON lines, and the memfds handed over beside them.
-
-    parent (TaskBench.request)                       reference
-    Start (the first line)                     ->    loads the task              <- Ready
-    MeasureBaselines | CheckHealth | TimeBlock |
-    Expect | Compare | Digests | Play | Floor |
-    Settle | Release                           ->    its events, one a line      <- ... Done
-
-Each request's events end with Done. A line that does not parse is an error on either side: the
-reference exits on it, and the parent takes a reference that sent one as failed, as a dead one.
-
-Expected values (and, on the cpu's inbox path, the Bound calls' packed inputs) travel as sealed
-memfds over a Unix socket (SCM_RIGHTS), never as files: under /tmp a child that escaped its sandbox
-could read them and return them as its answers, and a gigabyte output would fill the disk. The
-reference sends a line's descriptors in one datagram just before the line that names them
-(ExpectedCall.fds) and closes its own; the parent takes them as it reads that line, holds them only
-for the attempt and passes them to no child (sandbox.start gives a child only the descriptors it lists).
+"""The protocol between the parent (TaskBench.request) and a task's reference process: typed JSON lines
+(Start first, then requests, each answered by events ending in Done) and memfds handed over beside them.
+A line that does not parse is an error on either side: the reference exits on it, and the parent takes
+a reference that sent one as failed. Expected values (and the cpu's packed Bound inputs) travel as
+sealed memfds over a Unix socket, never as files a child out of its sandbox could read: sent just
+before the line that names them (ExpectedCall.fds), held by the parent for the attempt, passed to no child.
 """
 
 from __future__ import annotations
@@ -131,8 +119,7 @@ class Spec(Message):
     values: bool = True
     """The output's float64 values (values_fd); False: only its shapes and dtypes."""
     errors: bool = True
-    """Also PyTorch's own error in the run's dtype on these inputs (a second forward and a pass over
-    both); False: the float64 values alone, where the parent takes the rest from its size's trial."""
+    """Also PyTorch's own error in the run's dtype here (another forward); False: the float64 values alone."""
 
 
 class Expect(Message):
@@ -299,8 +286,7 @@ class Compared(Described):
     key: str
     """The Spec's key."""
     stats: list[tuple[float, float, tuple[float, int, float, float] | None] | None]
-    """(max |got - ref|, max |ref|, (excess, index, ref, got) of the value furthest past its bound or
-    None); None for a part holding NaN or Inf."""
+    """Per part (max |got - ref|, max |ref|, (excess, index, ref, got) furthest past its bound or None); None: NaN or Inf."""
 
 
 class ExpectedCall(Described):
@@ -343,8 +329,7 @@ class Digest(Message):
 class Played(Message):
     event: Literal["played"] = "played"
     ms: dict[str, float]
-    """Each request's milliseconds on the reference's clock, by model ("null", "eager", "compiled"); a
-    model asked for that could not be replayed (its forward cannot be captured) is missing."""
+    """Milliseconds on the reference's clock by model ("null", "eager", "compiled"); one not replayable is missing."""
     busy: Busy | None = None
     """None: the times do not stand on a busy device."""
 
@@ -387,8 +372,7 @@ class Done(Message):
     op: str
     """The request's op."""
     memory_mib: tuple[int, int] | None = None
-    """On a GPU, this process's allocator after the request: (allocated, reserved) MiB. A capture of
-    the candidate's that runs out of memory says it (beside.replayed)."""
+    """On a GPU, this process's allocator after the request: (allocated, reserved) MiB (beside.replayed)."""
 
 
 Event = Annotated[Union[Ready, Measured, HealthFigures, Block, ExpectedCall, Compared, Digest, Played, PlayFailed,

@@ -1,10 +1,7 @@
-"""One attempt's conversation with its child, in the protocol's fixed order (pipeline.child.protocol).
-
-The session sends each request, waits for exactly the reply that request calls for (under the
-child's deadline), times the request with the parent's clock, and copies the outputs it will check
-out of the outbox before it sends anything else. Any other reply ends the attempt: `Failed` with the
-verdict its step calls for, garbage or a reply out of order with `protocol_error`, silence with
-`timeout`, a dead child with `crashed`. Never the run.
+"""One attempt's conversation with its child, in the protocol's fixed order (pipeline.child.protocol):
+each request is timed by the parent's clock and must get exactly the reply it calls for within its
+step's limit. Anything else ends the attempt, never the run: `Failed` with its step's verdict, garbage
+or an out-of-order reply `protocol_error`, silence `timeout`, a dead child `crashed`.
 """
 
 from __future__ import annotations
@@ -45,9 +42,8 @@ class Session(Checks):
         self.judged: list[TrialResult] = []
         self.calibration: list[Window] = []
         self.bound_windows: list[Window] = []
-        # Replayed Bound requests (cuda, pipeline.child.replays): calibration and windows; the reference's null
-        # replays, index for index (None where none: beside.play, clocks.paired_per_call); the reference's
-        # digests of the checked replays; why the forward could not be captured.
+        # Replayed Bound requests (cuda): calibration and windows; the reference's null replays index for index
+        # (None where none: clocks.paired_per_call); its digests of the checked replays; why capture failed.
         self.replay_calibration, self.replay_windows = [], []
         self.null_calibration, self.null_windows = [], []  # list[float | None] each
         self.out_shape: list[int] = []
@@ -95,10 +91,8 @@ class Session(Checks):
         inbox while the child is stopped, so that no work on them can happen before the clock starts."""
         self.step = what
         limit = self.limit(request)
-        # The values are written while the child's session is stopped, then the clock starts: the write
-        # is the parent's work, not the candidate's; a child that will not stop gets it in the window.
-        # What other processes take of the window (clocks.between): the child's threads' once it is
-        # stopped (a stopped thread waits on no run queue), ours from the start.
+        # Revealed inputs are written while the child is stopped, then the clock starts: the write is the
+        # parent's work (a child that will not stop gets it in its window); a stopped thread waits on no run queue.
         stopped = self.child.pause() if reveal else None
         # Load out of windows on the cpu only (clocks.unloaded_ms): on a GPU the reads would be most of a window.
         counted = self.bench.device == "cpu"
@@ -115,10 +109,9 @@ class Session(Checks):
             self.child.resume(stopped)
         if request is not None:
             self.child.send(request)
-        # The limit counts time the child could run: time its main thread waited on a run queue
-        # (other processes held its cores) is added, up to the ceiling (a step given the ceiling: up
-        # to the child's deadline), so a loaded box times out no honest step. A hang waits on no run
-        # queue; crowding one's own core buys the cap.
+        # The limit counts time the child could run: its main thread's run-queue waits are added, up to the
+        # ceiling (or the child's deadline), so a loaded box times out no honest step; crowding its own core
+        # buys at most the cap, and a hang waits on no run queue.
         ends = [sent + limit]
         cap = sent + self.settings.step_ceiling_s if limit < self.settings.step_ceiling_s else self.child.deadline
 
@@ -152,11 +145,9 @@ class Session(Checks):
         return reply, (at - sent) * 1e3
 
     def limit(self, request: P.Message | None) -> float:
-        """Seconds the child gets to answer `request`: the floor, plus step_factor times its calls at
-        the eager baseline, at most the ceiling. A call-free step (import, calibration, the profile)
-        gets the floor; the first calls (Setup) three floors, for a kernel compiled or tuned on first
-        use; loading (before any candidate code) and a trial at another size, whose calls the
-        baseline does not measure, the ceiling."""
+        """Seconds the child gets to answer `request`: the floor plus step_factor x its calls at eager's
+        baseline, at most the ceiling. Setup gets three floors (a kernel compiled on first use); loading and a
+        trial at another size (calls the baseline does not measure) the ceiling."""
         s, b = self.settings, self.bench.baselines
         eager_s = b.eager.median_ms / 1e3 if b and b.eager else None
         floor = 3 * s.step_floor_s if isinstance(request, P.Setup) else s.step_floor_s
@@ -226,8 +217,8 @@ class Session(Checks):
             profile, _ = self.ask(request, P.ProfileDone, "the profile")
         self.mark("profile")
         shape_results, shape_runs = [], []
-        # Eager as timed beside this attempt's blocks, where it was: against the baseline (minutes before,
-        # another load) a fallback's PyTorch ops read under half of eager and falls_back went unflagged.
+        # Eager as timed beside this attempt's blocks, where it was: a baseline from minutes before, under
+        # another load, let a fallback to PyTorch go unflagged.
         interpreted = ((statistics.median(t for ts in self.eager for t in ts) if any(self.eager) else self.bench.baselines.eager.median_ms)
                        if backends.interpreted(self.bench.backend) and self.bench.baselines else None)
         for trial in plan.trials[len(main):]:
@@ -278,13 +269,9 @@ class Session(Checks):
         return self.parent_clock()
 
     def parent_clock(self) -> tuple[Verdict, str] | None:
-        """The one clock, the parent's: each Bound request's window less a null request's, per call.
-        On the cpu less what other processes took of them and less the calibration's fastest null
-        request (clocks.net_per_call); on a GPU, of replayed requests, less the reference's null replay
-        beside each and the calibration's offset (clocks.paired_per_call), else less the calibration's
-        median; where the calls could not be replayed the windows hold their host work (launches, Python)
-        and the figure is kept out of `best`. The child's own clock is never read. What the time means
-        (no figure, or impossible) is decide's (pipeline.verdicts), from `self.clock`."""
+        """The one clock: each Bound request's window less a null's, per call (clocks.net_per_call, or
+        paired_per_call where replayed); unreplayed GPU windows hold host work, so that figure stays out of
+        `best`. What the time means is decide's (pipeline.verdicts), from `self.clock`."""
         bench, cpu = self.bench, self.bench.device == "cpu"
         share = noise = None
         if cpu:

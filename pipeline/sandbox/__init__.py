@@ -1,17 +1,9 @@
-"""Starting a child process that may run hostile code.
-
-The child gets: a fresh process group (so a timeout kills everything it spawned), an environment
-built from an allow-list (no API keys, tokens or database paths), its own temporary working
-directory, and, for a candidate's child (`jail`), confinement the parent sets before any candidate
-code runs (confine.py here, pipeline/child/jail/jail.py): namespaces, Landlock, nobody's uid,
-seccomp, on every thread. A jailed child is a fork of the zygote (zygote.py: torch imported once per
-kgen process, not once per child), jailed as it starts. The parent stages what the child reads (code, task file, built
-extension) into the child's own job/ folder (Child.stage); it never names a path of the project.
-
-What the parent reads back is hostile: replies go through pipeline.child.protocol.Reader (an
-absolute deadline, a line limit); the log is read through the parent's own descriptor of the file it
-created, never by path (the child can replace the path with a link, a FIFO or a sparse giant), and
-only its last POLICY.log_tail_bytes bytes.
+"""Starting a child process that may run hostile code: a fresh process group, an environment from an
+allow-list (no API keys, tokens or database paths), its own temporary folder and, for a candidate's child
+(`Jail`), confinement set before any of its code runs (confine.py, in a fork of the zygote: zygote.py).
+The parent stages what the child reads into its job/ folder and never names a path of the project. What
+it reads back is hostile: replies through protocol.Reader (a deadline, a line limit), the log through
+the parent's own descriptor, never by path, and only its last POLICY.log_tail_bytes bytes.
 
 May import: core, child.
 """
@@ -81,8 +73,7 @@ class Child:
     pidns: int | None = None
     """The inode of the jailed child's pid namespace, once read (`room_namespace`)."""
     pidns_fd: int | None = None
-    """Held from `room_namespace` until `finish` has looked for leftovers: a namespace referenced is
-    never freed, so its inode cannot be another room's when the parent looks."""
+    """Held from `room_namespace` until `finish` has looked for leftovers, so its inode cannot be another room's."""
     status: dict | None = None
     """The jail's status line, once `confinement` read it: what held, as the jail saw it."""
     left: list[int] = field(default_factory=list)
@@ -164,10 +155,9 @@ class Child:
 
     def reply(self, deadline: float | None = None,
               later: Callable[[], float] | None = None) -> tuple[protocol.Message | None, float]:
-        """The next typed reply of a candidate's child and when it arrived; (None, t) at end of
-        stream. The wait ends at `deadline` or the child's own, whichever is first: TimeoutError.
-        `later`, asked when `deadline` passes, may move it (never past the child's own).
-        Anything but a valid reply raises protocol.ProtocolError."""
+        """The next typed reply of a candidate's child and when it arrived; (None, t) at end of stream.
+        TimeoutError at `deadline` or the child's own, whichever is first (`later`, asked when `deadline`
+        passes, may move it, never past the child's own). Anything but a valid reply: protocol.ProtocolError."""
         end = min(self.deadline, deadline) if deadline else self.deadline
         while True:
             try:
@@ -193,12 +183,9 @@ class Child:
         return (f"[kgen] ... {start} bytes of output cut ...\n" if start else "") + text
 
     def kill(self) -> None:
-        """End the child and everything it started. A jailed child: SIGKILL its outer process through
-        its pidfd (the zygote's child, unreaped until we have read its status); the room's first process dies
-        with it (its parent-death signal), and with that first process, pid 1 of the room's pid
-        namespace, the kernel ends every process left in the namespace, whatever pid it hopped to.
-        Any other child (the reference process, or KGEN_JAIL=0): its process group, then what is left
-        of its session (a process can leave its group, not its session: seccomp refuses setsid)."""
+        """End the child and everything it started. A jailed child: SIGKILL its outer process through its
+        pidfd; the room's pid 1 dies with it, and the kernel then ends every process left in the room. Any
+        other child: its process group, then what is left of its session (seccomp refuses setsid)."""
         if self.policy is not None:
             self.room_namespace()
             self.proc.kill()  # through its pidfd: that process and no other
@@ -251,11 +238,9 @@ class Child:
         return not left()
 
     def pause(self) -> list[int] | None:
-        """SIGSTOP every process in the child's session until `resume`: while the reference process
-        times eager calls beside the candidate's, nothing the candidate left running (a thread, a
-        helper process) may take the cpu from it. Swept until every member shows as stopped, since
-        a member not yet stopped can fork. Returns the members, all stopped (as the sweep's last scan
-        of /proc saw them: a stopped process cannot fork), or None when one would not stop in time."""
+        """SIGSTOP every process in the child's session until `resume`, so nothing the candidate left running
+        takes the cpu while the reference times eager; swept until all show stopped (a running one can fork).
+        The members, all stopped, or None when one would not stop in time."""
         seen: list[tuple[int, str]] = []
 
         def running() -> list[int]:
@@ -286,10 +271,9 @@ class Child:
                 pass
 
     def finish(self, grace: float = 10.0, keep_out: Path | None = None) -> tuple[int, str]:
-        """Wait for exit (killing the group at the deadline), then return (returncode, log). Its
-        stdin is closed first: a child waiting for a request reads end of file and exits. With
-        `keep_out`, the jailed child's out/ folder becomes that folder (once nothing of the child is
-        left to write it), owned by us and writable by us alone: later children only read it."""
+        """Wait for exit (killing the group at the deadline), then (returncode, log); stdin is closed first,
+        so a waiting child exits. With `keep_out`, the jailed child's out/ folder becomes that folder, once
+        nothing of the child is left, owned and writable by us alone."""
         if self.proc.stdin and not self.proc.stdin.closed:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
@@ -444,12 +428,10 @@ def _forked(module: str, argv: list[str], env: dict[str, str], cwd: str, policy:
 
 def start(module: str, args: list[str], timeout: float, extra_env: dict[str, str] | None = None,
           outbox: int | None = None, jail: Jail | None = None, keep: tuple[int, ...] = (), fork: bool = False) -> Child:
-    """Start `python -m module args...` sandboxed; messages come back on a pipe named by fd number.
-    With `outbox` (bytes), the child also gets a sealed memfd of that size (--outbox-fd). With `jail`
-    (a candidate's child), it is a fork of the candidates' zygote that the jail confines before any of
-    its code runs; without (the reference process, kgen's own code), it runs with the parent's rights,
-    forked from a zygote that has imported `module` where `fork`, else started afresh. It inherits
-    these descriptors and `keep` (the reference's handover socket), no other."""
+    """Start `python -m module args...` sandboxed; messages come back on a pipe named by fd number. `outbox`
+    (bytes): also a sealed memfd of that size (--outbox-fd). `jail`: a fork of the candidates' zygote, confined
+    before any of its code runs; without, kgen's own code with the parent's rights, forked from a zygote that
+    imported `module` where `fork`, else started afresh. It inherits only these descriptors and `keep`."""
     workdir = Path(tempfile.mkdtemp(prefix="kgen-child-"))
     log_path = workdir / "output.log"
     log = open(log_path, "wb")

@@ -1,14 +1,7 @@
 """An attempt's cgroup: a limit on its processes (threads count) and its memory, made by the parent
-before the room starts and removed after it ended.
-
-    room = cgroup.make("kgen-child-abc", pids=4096, memory_bytes=16 << 30)   # None where not allowed
-    policy["cgroups"] = room.folders          # the jail joins them before it forks (jail.enter_room)
-    ...
-    room.remove()                             # once nothing of the room is left
-
-cgroup v2 where its pids and memory controllers can be enabled under /sys/fs/cgroup, else the v1
-pids and memory hierarchies (a hybrid host mounts both); only as root. What a process's cgroup is,
-the parent reads for itself from /proc/PID/cgroup (`holds`).
+before the room starts (`make`; the jail joins `Room.folders` before it forks) and removed once the
+room is gone (`Room.remove`). cgroup v2 where its pids and memory controllers can be enabled, else v1's;
+only as root. The parent reads a process's cgroup for itself from /proc/PID/cgroup (`Room.holds`).
 """
 
 from __future__ import annotations
@@ -92,10 +85,9 @@ def _v1_ready() -> bool:
 
 
 def _sweep(parent: Path, workdirs: Path) -> None:
-    """Remove the empty cgroups a kgen killed before its rooms' `remove` left: those whose maker (the
-    pid after the name's last dot) has exited, or, for a name without one, whose workdir
-    (`workdirs`/NAME) is gone. rmdir refuses a cgroup that still holds a process, and a room whose
-    maker lives is never touched, wherever its workdir is (another process's TMPDIR)."""
+    """Remove the empty cgroups killed kgens left: those whose maker (the pid after the name's last dot)
+    has exited or, for a name without one, whose workdir (`workdirs`/NAME) is gone. rmdir refuses a
+    cgroup that still holds a process."""
     try:
         names = [entry.name for entry in os.scandir(parent) if entry.is_dir() and entry.name.startswith("kgen-child-")]
     except OSError:

@@ -1,22 +1,10 @@
-"""What the parent confines a candidate's process to, set before any of its code runs, and what
-the parent then checks for itself.
+"""What the parent confines a candidate's process to before any of its code runs (`jail_policy`,
+applied by the jail in a fork of the zygote), and what it then checks for itself (`verified`: /proc and
+the jail's status line, never the candidate's own report).
 
-    policy = jail_policy(workdir, writable=[out_dir], extra_read=[headers])
-    proc = zygote.fork(module, argv, env, cwd, policy, status_fd, ...)          # sandbox.start
-    confinement = verified(pid, status_line, policy)                            # after the jail ran
-
-The jail (pipeline/child/jail/jail.py) applies the policy in a fork of the zygote, before the
-candidate's code is imported: a network namespace, a mount namespace where /tmp, /dev/shm and every folder that an
-unprivileged uid could not cross are fresh and empty but for what the child needs, Landlock rules,
-the uid `nobody`, the seccomp filter. Every thread torch or a driver starts afterwards inherits all
-of it. The parent stores what it set, checked against /proc (uid, no new
-privileges, seccomp, namespaces) and the jail's status line (written before any candidate code
-existed); never the candidate's own report.
-
-A child's workdir (sandbox.start) holds `tmp/` (its HOME, TMPDIR and cwd: the one place it writes,
-owned by its uid), `job/` (what the parent stages for it: code, task file, built extension;
-read-only) and `py/` (links to the packages it imports, so that the project folder, where the
-database, generated code and builds live, is never a path it can read).
+A child's workdir (sandbox.start) holds `tmp/` (its HOME, TMPDIR and cwd: the one place it writes),
+`job/` (what the parent stages: code, task file, built extension; read-only) and `py/` (links to the
+packages it imports, so the project folder, the database's, is never a path it can read).
 """
 
 from __future__ import annotations
@@ -71,8 +59,8 @@ def _blockers(paths: list[str]) -> dict[str, set[str]]:
 def _python_paths() -> tuple[str, ...]:
     """Python, its standard library and packages; never the project folder (the database's)."""
     project = os.path.abspath(PACKAGE_ROOT)
-    # Never the working directory: `python -m` puts it first on sys.path, and a user's project folder,
-    # its database included, is where kgen is run from (the red team read it through a build child).
+    # Never the working directory: `python -m` puts it first on sys.path, and kgen runs from the
+    # user's project folder, its database included.
     cwd = os.path.abspath(os.getcwd())
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
     for p in sys.path:
@@ -109,9 +97,7 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
     uid = drop_to()
     masks: list[tuple[str, str, list[str]]] = []
     if uid is not None:  # root: a mount namespace of its own (the jail needs privilege for it)
-        # What the child reads or writes under a scratch folder stays (its workdir; on the device
-        # machine the carried packages in /tmp/site, or a checkout under /tmp); Landlock still
-        # limits it to those paths.
+        # What the child reads or writes under a scratch folder stays; Landlock still limits it to those paths.
         keep = [p for p in (*read, *write) if os.path.exists(p)]
         for scratch in SCRATCH_MASKS:
             if os.path.isdir(scratch) and not os.path.islink(scratch):
@@ -120,11 +106,8 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
                 masks.append((scratch, "1777", inside))
         for folder, names in sorted(_blockers([*read, *write]).items(), key=lambda kv: len(kv[0])):
             masks.append((folder, "0711", sorted(names)))
-    # On a GPU the CUDA driver opens a Unix socket as it starts (error 304 where socket(AF_UNIX) is
-    # refused: bench/probe_room_cuda.py), so a GPU room may make one; what it can reach is what the
-    # mount namespace leaves (/run, /tmp, /dev/shm empty) and a socket file nobody may write.
-    # On a GPU its own /proc entry is writable: the CUDA driver writes there as it starts (and fails
-    # with error 304 where it cannot); it is the process's own, and nothing there reaches another process.
+    # The CUDA driver starts only where it may make a Unix socket and write its own /proc entry (else
+    # error 304), so a GPU room may do both; the mount namespace leaves no host socket to reach.
     return {"rules": rules, "uid": uid, "room": True, "memlock": True, "masks": masks,
             "own_proc": "write" if gpu else "read", "unix_sockets": gpu, "cgroups": room.folders if room else [],
             "cgroup_expect": room.expected if room else [], "file_bytes": int(file_bytes),
@@ -133,12 +116,9 @@ def jail_policy(workdir: Path, top_packages: list[str], writable: list[str] = ()
 
 
 def verified(pid: int, status: dict | None, policy: dict | None) -> P.Confinement:
-    """The confinement the parent set on the room whose outer process is `pid`, as far as it checks
-    for itself, on the process that runs the command (the status line's host_pid, the child of the
-    room's pid 1, itself the child of `pid`): the uid,
-    no_new_privs and the seccomp filter from /proc/PID/status, each namespace by its inode against
-    ours, the cgroups from /proc/PID/cgroup, the file-size limit from /proc/PID/limits; Landlock from
-    the jail's status line (written before any candidate code ran). Nothing the child says."""
+    """The confinement of the room whose outer process is `pid`, as the parent checks it on the command's
+    process (the status line's host_pid, `pid`'s grandchild): uid, no_new_privs, seccomp, namespaces,
+    cgroups and file-size limit from /proc; Landlock from the jail's status line. Nothing the child says."""
     if policy is None or not status or status.get("missing") or status.get("error"):
         return P.Confinement(set_by="parent", detail=f"jail: {status}" if status else "no jail")
     inner, init = status.get("host_pid"), status.get("init_pid")

@@ -8,10 +8,8 @@ import os
 
 
 def pin(pid: int, cores: str | None) -> None:
-    """Keep a child on `cores` ("0,1"; KGEN_CORES in its environment): a GPU lane's timing processes
-    on the lane's own cores, builds on the rest (executor.core_plan). Set from here, right after
-    exec, before the interpreter has started a thread or a process, so all it starts inherit it;
-    the harness's seccomp filter then refuses sched_setaffinity, so candidate code cannot leave."""
+    """Keep a child on `cores` ("0,1"; KGEN_CORES in its environment), set right after exec so every
+    thread and process it starts inherits it; seccomp then refuses sched_setaffinity to candidate code."""
     if not cores:
         return
     with contextlib.suppress(ProcessLookupError, ValueError, OSError):  # gone already, or cores this machine lacks
@@ -19,13 +17,9 @@ def pin(pid: int, cores: str | None) -> None:
 
 
 def cpu_cores(threads: int) -> str:
-    """The cores a cpu-backend evaluation's child and reference process are held to: as many as the
-    threads eager and torch.compile are timed with (EvalConfig.cpu_threads), the first of ours. Both
-    sides of a speedup then get the same cores, so no kernel reads faster for using more cores than
-    eager was timed on. They take turns on them (the child is stopped while eager is timed).
-    KGEN_CPU_CORES ("1" or "2,3") names the cores to take first, in that order: two cpu jobs (or two
-    test workers) on one machine otherwise both time on its first core while the next sits mostly
-    idle (docs/decisions/cpu-timing.md)."""
+    """The cores a cpu evaluation's child and reference process share (taking turns): the first
+    `threads` of ours (EvalConfig.cpu_threads), so no kernel reads faster for using more cores than eager.
+    KGEN_CPU_CORES ("1" or "2,3") names the cores to take first, so two cpu jobs need not share one."""
     cores = sorted(os.sched_getaffinity(0))
     if (wanted := os.environ.get("KGEN_CPU_CORES", "").strip()):
         try:
@@ -39,9 +33,8 @@ def cpu_cores(threads: int) -> str:
 
 
 def pin_all(pid: int, cores: str | None) -> None:
-    """Move every thread of a running child onto `cores` (a spare taken for a lane). Threads it
-    starts later inherit the mask of the thread that starts them; a thread started while we walk
-    the list is caught by the next pass."""
+    """Move every thread of a running child onto `cores` (a spare taken for a lane); later threads
+    inherit the mask, and one started during the walk is caught by the next pass."""
     if not cores:
         return
     wanted = {int(c) for c in cores.split(",")}
@@ -61,10 +54,8 @@ def pin_all(pid: int, cores: str | None) -> None:
 
 @contextlib.contextmanager
 def on_cores(cores: str | None):
-    """The calling thread alone on `cores` ("0,1"), then back to the cores it had: a lane's job in
-    the parent, whose clock times every window (the one clock), runs beside its child and reference on
-    the lane's cores, not among the builds, where a wake-up waits milliseconds for a core. What the
-    thread starts meanwhile (nm, the child's processes before their own pinning) starts there too."""
+    """The calling thread (and what it starts meanwhile) on `cores` ("0,1"), then back: a lane's job
+    in the parent times every window, so it runs on the lane's cores, not among the builds."""
     if not cores:
         yield
         return
@@ -79,8 +70,7 @@ def on_cores(cores: str | None):
 @contextlib.contextmanager
 def spread(cores: list[int] | None):
     """Every thread of this process on `cores`, with as many torch threads, for work nothing times (a
-    checked call's values, while the child waits), then back: a gigabyte task's float64 forward is
-    about twice as fast on two cores as on one."""
+    checked call's values, while the child waits), then back."""
     if not cores:
         yield
         return

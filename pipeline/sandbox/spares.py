@@ -12,21 +12,11 @@ from . import Child, Jail, pin_all, start
 
 
 class Spares:
-    """Children started before they are needed, kept per environment (a GPU lane's), so that an
-    attempt does not wait for Python, torch, CUDA and the profiler to start: about ten seconds on a
-    GPU host, half of them the first profiler session (CUPTI; docs/decisions/spares-and-startup.md). A
-    spare runs no candidate code until it is taken, and each serves exactly one attempt.
-
-    Two ways to wait, chosen by `cores`:
-    - With `cores` (cores no lane times on, executor.core_plan), up to `depth` spares start ahead
-      and initialise CUDA and the profiler at once, on those cores, beside whatever the lane is
-      timing; taking one moves all its threads onto the lane's cores (KGEN_CORES). Fresh processes
-      starting CUDA and the profiler on other cores leave a timed kernel's median and p90 unchanged
-      (docs/decisions/spares-and-startup.md), and the parent's bound uses medians and minima, never a
-      single window.
-    - Without, one spare waits with torch loaded and touches no device until `release` sends it
-      its first line, which the caller does once the current attempt's timing is over.
-    With `refill` false, taking a spare starts no next one (`kgen eval` judges one candidate)."""
+    """Children started ahead, per environment (a GPU lane's); each runs no candidate code until taken
+    and serves one attempt. With `cores` (cores no lane times on) up to `depth` start and initialise
+    the device there at once, and one taken moves onto the lane's cores (KGEN_CORES); without, one
+    waits with torch loaded, touching no device until `release`. `refill` false: a take starts no next
+    (docs/decisions/spares-and-startup.md)."""
 
     def __init__(self, module: str, args: list[str], outbox: int | None = POLICY.outbox_bytes, refill: bool = True,
                  cores: str | None = None, depth: int = 2, jail: Jail | None = Jail()):

@@ -1,13 +1,9 @@
-"""The parent's side of the zygote (pipeline.child.zygote): one trusted process per kgen process that has
-imported torch and the harness, from which each jailed child is forked, so that a child starts in tens
-of milliseconds instead of the seconds of a fresh interpreter's `import torch`.
+"""The parent's side of the zygote (pipeline.child.zygote): one trusted process per kgen process, with
+torch and the harness imported, from which each jailed child is forked instead of paying a fresh `import torch`.
 
-    proc = fork(argv, env, cwd, policy, {0: stdin_r, 1: log, 2: log, 5: result_w, 9: status_w})
-
-`proc` stands where a subprocess.Popen of the jail stood (pid, stdin, poll, wait, returncode): the
-room's outer process, which is the zygote's child, not ours. We hold its pidfd, so a signal we send
-reaches that process and no other, and the zygote leaves it unreaped until `wait` has read its
-status: its pid names nothing else while we look at /proc through it.
+`Zygote.fork` returns a Popen-like `Forked`: the room's outer process, the zygote's child, not ours. We
+hold its pidfd, so our signals reach it alone, and the zygote leaves it unreaped until `wait` has read
+its status, so its pid names nothing else while we look at /proc.
 """
 
 from __future__ import annotations

@@ -1,40 +1,10 @@
 """The jail: confinement the parent sets on a candidate's process before any candidate code runs.
-
-    code = jail.enter(policy, status_fd, run)   # in a fork of the zygote (pipeline.child.zygote)
-
-The zygote forks a process of one thread for each room and calls `enter` there, before anything of
-the candidate exists; `run` (the harness, as `python -m` would run it) is called only in the room's
-last process, once every layer below is set. The room is made in three processes. The first (the
-"outer", the zygote's child, which the parent holds by its pidfd) joins the attempt's cgroups (the
-policy's `cgroups`: limits on processes and memory), unshares the network, IPC, UTS and pid
-namespaces (as root; else inside a user namespace of its own) and forks: the second is pid 1 of the
-new pid namespace. The outer then only relays the second's status line, adding its pid as the host
-sees it, waits for it and exits as it did; killed, it takes the second with it (the parent-death
-signal), and when the second, pid 1, ends, the kernel ends every process
-left in the namespace: nothing the candidate starts outlives the room, whatever pids it hops to.
-
-The second, pid 1, makes the room's mounts and forks the third, the command's process:
-
-1. (pid 1) a mount namespace (as root), where /proc is the pid namespace's own and each of the
-   policy's `masks` (/tmp, /dev/shm, /run, a 0700 home on the way to Python) is a fresh tmpfs holding
-   only the names beneath it the child needs, each the original mounted back in place, and its HOME
-   a tmpfs of `home_bytes`: no other attempt's scratch, no host service's socket, no disk to fill;
-2. limits: file size (`file_bytes`), no core dumps;
-3. Landlock rules (reads below the policy's read paths, writes below its write paths, the device
-   nodes it names, no TCP, no signals out of the domain);
-4. an unprivileged uid and gid with no supplementary groups (as root, where the policy names one);
-5. death with the parent, then the seccomp filter (seccomp.REFUSED: no new namespaces, keyrings,
-   io_uring, Unix sockets, setsid, affinity or parent-death changes);
-
-and only then calls `run`. Each layer is set on a process of one thread and is inherited by every
-thread and process started after it, so no thread of the candidate's process (one torch or the CUDA
-driver starts included) runs outside it. Why not a call in the harness after its imports: Landlock
-confines only the thread that calls it.
-
-The outer writes one JSON line on `status_fd` saying what held (the command's process reports it
-before `run`) and closes it; no process of the room holds that descriptor, so whatever the parent
-reads there was written before any candidate code existed. A layer the policy requires that cannot
-be set ends the process (status 126) instead of running unconfined.
+`enter(policy, status_fd, run)`, in a one-thread fork of the zygote, makes the room in three processes:
+the outer (held by the parent's pidfd) joins the cgroups and unshares the namespaces; pid 1 of the new
+pid namespace mounts, and when it ends the kernel ends all left in the room; the third sets limits,
+Landlock, uid and seccomp, then calls `run`. Each layer is set on a one-thread process, so every later
+thread inherits it. The status line is written before any candidate code exists; a required layer that
+cannot be set ends the process (status 126) instead of running unconfined.
 """
 
 from __future__ import annotations
@@ -276,9 +246,8 @@ def children(pid: int) -> list[int]:
 
 def _init(policy: dict, held: dict, relay_w: int, exit_w: int, status_fd: int, run: Callable[[], int | None]) -> None:
     """pid 1 of the room: its mounts, then the command's process, whose wait status it passes to the
-    outer process on `exit_w` before it ends (and with it, everything left in the room). It reaps
-    whatever the room orphans meanwhile. Signals from inside the room cannot reach it (pid 1 of a
-    namespace gets none it has no handler for), nor can the candidate's uid."""
+    outer on `exit_w` before it ends (ending the room), reaping orphans meanwhile. No signal from inside
+    the room reaches it (pid 1 of its namespace gets none it has no handler for, nor any of another uid)."""
     os.close(status_fd)
     if "error" not in held:
         try:

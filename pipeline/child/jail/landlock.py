@@ -1,10 +1,9 @@
 """Landlock: the child confines itself before it imports candidate code.
 
-After `restrict(read=[...], write=[...])` the process (and anything it starts) can read only beneath
-the read paths, write only beneath the write paths, open no TCP connection, and signal no process
-outside itself. The database lives outside every allowed path, so a candidate can neither read nor
-write it, whatever uid it runs as. Needs Linux 5.13+; on older kernels `restrict` returns False and
-the other layers (allow-listed environment, process group, uid drop) still hold.
+After `restrict(read=[...], write=[...])` the process (and all it starts) reads only beneath the read
+paths, writes only beneath the write paths, opens no TCP connection and signals nothing outside itself;
+the database is under no allowed path. Needs Linux 5.13+: before, `restrict` returns False and the
+other layers (environment allow-list, process group, uid drop) still hold.
 """
 
 from __future__ import annotations
@@ -58,9 +57,8 @@ class _Scope(enum.IntFlag):
 # What a confined child may read of the system: the jail's policy (pipeline/sandbox/confine.py) and the
 # harness's own second layer (harness.readable_paths) both use these.
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt")
-# Of /proc, only the system-wide files libraries read (CPU and memory info, kernel settings, the
-# NVIDIA driver's), besides the process's own entry. Never all of /proc: Landlock does not stop reading
-# another process's /proc/PID/environ, so the parent's or the user's shell's API keys would leak.
+# Of /proc, only system-wide files libraries read (cpu, memory, kernel, the NVIDIA driver's) and the process's
+# own entry: Landlock does not stop reading another process's /proc/PID/environ (the parent's API keys).
 PROC_READ = ("cpuinfo", "meminfo", "stat", "loadavg", "uptime", "version", "filesystems", "devices",
              "modules", "swaps", "sys", "driver")
 
